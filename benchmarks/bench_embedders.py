@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""Benchmark the embedders on CPU: latency, cache, throughput, and bge-m3's cost without its weights.
+
+Parts (``--parts``, comma-separated; default all):
+
+- ``minilm``: MiniLM single-query latency (p50/p99, uncached, distinct queries) per
+  thread count, next to ``SentenceTransformer.encode`` on the same weights;
+- ``cached``: a repeated query served by :class:`CachedEmbedder`;
+- ``throughput``: MiniLM batch throughput (queries/s at ``--batch``);
+- ``bge``: a model with bge-m3's architecture (XLM-RoBERTa large: 24 layers, hidden 1024,
+  16 heads, intermediate 4096, vocab 250002, 8194 positions) and RANDOM weights, saved
+  to a temp dir with a self-trained tokenizer and loaded through :class:`BGEM3Embedder`:
+  single-query p50/p99 and batch-32 throughput, fp32 versus ``quantize=True`` (int8).
+  Cost depends on shapes, not weight values, so this is bge-m3's CPU cost (the
+  tokenizer differs: token counts per query are reported).
+
+Example::
+
+    .venv/bin/python benchmarks/bench_embedders.py --json-out .bench/embedders.json
+    .venv/bin/python benchmarks/bench_embedders.py --parts bge --bge-layers 6   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from classifier import embedders as E  # noqa: E402
+
+PARTS = ("minilm", "cached", "throughput", "bge")
+
+_STARTS = ["how do I", "how can I", "can you help me", "I want to", "is it possible to", "please",
+           "what is the best way to", "show me how to", "why can't I", "where do I"]
+_VERBS = ["reset", "change", "cancel", "update", "delete", "export", "find", "declare", "track", "renew"]
+_OBJECTS = ["my password", "the invoice", "a constant", "my subscription", "the last order",
+            "an API key", "the shipping address", "a for loop", "my account email", "the report"]
+_TAILS = ["", "today", "in avap", "from the dashboard", "without losing data", "quickly", "on mobile",
+          "for my team", "before friday", "in the settings"]
+
+
+def make_queries(n: int, seed: int = 0) -> list[str]:
+    """``n`` distinct short queries (4-14 words), deterministic for a seed."""
+    combos = list(itertools.product(_STARTS, _VERBS, _OBJECTS, _TAILS))
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(combos), size=min(n, len(combos)), replace=False)
+    return [" ".join(w for w in combos[i] if w) + "?" * int(rng.integers(0, 2)) for i in picks]
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    a = np.asarray(seconds) * 1e3
+    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+            "mean_ms": float(a.mean()), "n": int(a.size)}
+
+
+def time_each(fn: Callable[[str], Any], queries: list[str], warmup: int = 5) -> dict[str, float]:
+    for q in queries[:warmup]:
+        fn(q)
+    out = []
+    for q in queries:
+        t0 = time.perf_counter()
+        fn(q)
+        out.append(time.perf_counter() - t0)
+    return percentiles(out)
+
+
+def throughput(enc: Callable[[list[str]], Any], queries: list[str], batch: int) -> dict[str, float]:
+    enc(queries[:batch])  # warm-up
+    t0 = time.perf_counter()
+    for s in range(0, len(queries), batch):
+        enc(queries[s:s + batch])
+    dt = time.perf_counter() - t0
+    return {"queries_per_s": len(queries) / dt, "batch": batch, "n": len(queries), "seconds": dt}
+
+
+def set_threads(n: int | None) -> int:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def bench_minilm(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
+    t0 = time.perf_counter()
+    emb = E.MiniLMEmbedder(device="cpu").load()
+    load_s = time.perf_counter() - t0
+    plain = E.MiniLMEmbedder(device="cpu", pack_weights=False).load()
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(E.minilm_model_dir()), device="cpu")
+    a = emb.encode(queries[:64])
+    b = st.encode(queries[:64], convert_to_numpy=True, normalize_embeddings=True)
+    agree = float((a * b).sum(axis=1).min())
+    for n in args.threads:
+        used = set_threads(n)
+        r = time_each(lambda q: emb.encode([q]), queries)
+        rows.append({"part": "minilm", "what": "MiniLM single query (uncached)", "threads": used, **r,
+                     "load_s": load_s, "min_cosine_vs_sentence_transformers": agree})
+        r = time_each(lambda q: plain.encode([q]), queries)
+        rows.append({"part": "minilm", "what": "same, pack_weights=False (plain nn.Linear)", "threads": used, **r})
+        r = time_each(lambda q: st.encode([q], show_progress_bar=False), queries)
+        rows.append({"part": "minilm", "what": "same, via SentenceTransformer.encode", "threads": used, **r})
+
+
+def bench_cached(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
+    set_threads(max(args.threads))
+    cached = E.CachedEmbedder(E.MiniLMEmbedder(device="cpu"))
+    hot = queries[:50]
+    cached.encode(hot)
+    rng = np.random.default_rng(1)
+    reps = [hot[i] for i in rng.integers(0, len(hot), size=5000)]
+    r = time_each(lambda q: cached.encode([q]), reps, warmup=50)
+    rows.append({"part": "cached", "what": "repeated query, CachedEmbedder hit", "threads": None, **r,
+                 "hits": cached.hits, "misses": cached.misses})
+
+
+def bench_throughput(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
+    used = set_threads(max(args.threads))
+    emb = E.MiniLMEmbedder(device="cpu")
+    data = (queries * (1 + args.throughput_n // len(queries)))[: args.throughput_n]
+    r = throughput(lambda b: emb.encode(b, batch_size=args.batch), data, args.batch)
+    rows.append({"part": "throughput", "what": f"MiniLM batch {args.batch}", "threads": used, **r})
+
+
+def build_random_bge_m3(path: Path, corpus: list[str], layers: int) -> dict[str, Any]:
+    """Save an XLM-RoBERTa-large-shaped model with random weights and a word-level tokenizer.
+
+    One token per word or punctuation run, plus ``<s>``/``</s>``: about what bge-m3's
+    250k-piece SentencePiece vocabulary gives for common English words.
+    """
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaModel
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    words = sorted({w for q in corpus for w, _ in pre_tokenizers.Whitespace().pre_tokenize_str(q)})
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<mask>"])
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>",
+                                     cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+                                     model_max_length=8192)
+    hf_tok.save_pretrained(str(path))
+    config = XLMRobertaConfig(vocab_size=250002, hidden_size=1024, num_hidden_layers=layers,
+                              num_attention_heads=16, intermediate_size=4096, max_position_embeddings=8194,
+                              type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
+                              eos_token_id=2)
+    torch.manual_seed(0)
+    model = XLMRobertaModel(config)  # with the pooler, like the real checkpoint
+    n_params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(str(path))
+    del model
+    gc.collect()
+    lengths = [len(hf_tok(q)["input_ids"]) for q in corpus]
+    return {"params": n_params, "tokens_per_query": float(np.mean(lengths))}
+
+
+def bench_bge(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-bge-m3-"))
+    try:
+        t0 = time.perf_counter()
+        info = build_random_bge_m3(tmp / "bge-m3-random", queries, args.bge_layers)
+        build_s = time.perf_counter() - t0
+        print(f"[bge] built random model ({info['params'] / 1e6:.0f}M params, "
+              f"{info['tokens_per_query']:.1f} tokens/query) in {build_s:.0f}s", file=sys.stderr, flush=True)
+        single = queries[: args.bge_single]
+        batch_data = queries[args.bge_single: args.bge_single + args.bge_batches * 32]
+        fp32_vecs = None
+        variants = [("fp32, plain nn.Linear", False, False), ("fp32, packed (default)", False, True),
+                    ("int8 dynamic (quantize=True)", True, True)]
+        for label, quantize, pack in variants:
+            emb = E.BGEM3Embedder(str(tmp / "bge-m3-random"), device="cpu", quantize=quantize, pack_weights=pack)
+            set_threads(max(args.threads))
+            t0 = time.perf_counter()
+            emb.load()
+            load_s = time.perf_counter() - t0
+            for n in args.threads:
+                used = set_threads(n)
+                r = time_each(lambda q: emb.encode([q]), single, warmup=3)
+                rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, single query",
+                             "threads": used, **r, "load_s": load_s, "layers": args.bge_layers,
+                             "tokens_per_query": info["tokens_per_query"]})
+                print(f"[bge] {label} threads={used}: p50 {r['p50_ms']:.0f} ms", file=sys.stderr, flush=True)
+            used = set_threads(max(args.threads))
+            r = throughput(lambda b: emb.encode(b, batch_size=32), batch_data, 32)
+            vecs = emb.encode(single[:32])
+            if fp32_vecs is None:
+                fp32_vecs = vecs
+            rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, batch 32",
+                         "threads": used, **r, "layers": args.bge_layers,
+                         "min_cosine_vs_plain_fp32": float((vecs * fp32_vecs).sum(axis=1).min())})
+            del emb
+            E.clear_loaded_models()
+            gc.collect()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| measurement | threads | p50 ms | p99 ms | queries/s | notes |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        notes = []
+        for k, fmt in (("load_s", "load {:.1f}s"), ("tokens_per_query", "{:.1f} tokens/query"),
+                       ("min_cosine_vs_sentence_transformers", "min cos vs ST {:.5f}"),
+                       ("min_cosine_vs_plain_fp32", "min cos vs plain fp32 {:.4f}"),
+                       ("n", "n={}"), ("hits", "hits={}")):
+            if r.get(k) is not None:
+                notes.append(fmt.format(r[k]))
+        p50 = r.get("p50_ms")
+        fmt_ms = (lambda v: "-" if v is None else (f"{v:.3f}" if v < 1 else f"{v:.1f}"))
+        qps = r.get("queries_per_s")
+        lines.append(f"| {r['what']} | {r['threads'] if r['threads'] is not None else '-'} | {fmt_ms(p50)} | "
+                     f"{fmt_ms(r.get('p99_ms'))} | {'-' if qps is None else f'{qps:.1f}'} | {', '.join(notes)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--queries", type=int, default=300, help="distinct queries for single-query latency")
+    p.add_argument("--threads", default="1,2", help="torch thread counts to time single queries with")
+    p.add_argument("--batch", type=int, default=64, help="MiniLM throughput batch size")
+    p.add_argument("--throughput-n", type=int, default=1024, help="queries encoded for MiniLM throughput")
+    p.add_argument("--bge-layers", type=int, default=24, help="transformer layers of the random bge-m3 (24 = real)")
+    p.add_argument("--bge-single", type=int, default=40, help="single queries timed per bge-m3 variant")
+    p.add_argument("--bge-batches", type=int, default=3, help="batches of 32 timed per bge-m3 variant")
+    p.add_argument("--json-out", type=Path, help="write all results as JSON here")
+    args = p.parse_args(argv)
+    parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        p.error(f"unknown part(s) {unknown}; choose from {PARTS}")
+    args.threads = [int(t) for t in args.threads.split(",")]
+
+    import torch
+
+    queries = make_queries(max(args.queries, args.bge_single + args.bge_batches * 32))
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+           "torch_default_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+           "loadavg_start": os.getloadavg(), "argv": sys.argv[1:]}
+    rows: list[dict] = []
+    started = time.perf_counter()
+    runners = {"minilm": bench_minilm, "cached": bench_cached, "throughput": bench_throughput, "bge": bench_bge}
+    for part in PARTS:
+        if part in parts:
+            print(f"[{part}] ...", file=sys.stderr, flush=True)
+            runners[part](args, queries[: args.queries] if part != "bge" else queries, rows)
+    env["loadavg_end"] = os.getloadavg()
+    env["total_s"] = time.perf_counter() - started
+    table = markdown(rows)
+    print(table)
+    print(f"\n{env['cpus']} CPUs, torch {env['torch']}, load average at start "
+          f"{env['loadavg_start'][0]:.2f}, at end {env['loadavg_end'][0]:.2f}; total {env['total_s']:.0f}s")
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps({"env": env, "results": rows}, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

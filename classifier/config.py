@@ -1,0 +1,104 @@
+"""Configuration with the precedence flag > environment variable > config file > default.
+
+The config file is TOML at ``$FLYWHEEL_CONFIG`` or ``<home>/config.toml``; the home
+directory is ``$FLYWHEEL_HOME`` or the user data directory (platformdirs).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from classifier.errors import ConfigError
+
+ENV = {
+    "home": "FLYWHEEL_HOME",
+    "model": "FLYWHEEL_MODEL",
+    "intents": "FLYWHEEL_INTENTS",
+    "log_db": "FLYWHEEL_LOG_DB",
+    "teacher": "FLYWHEEL_TEACHER",
+    "ollama_host": "OLLAMA_HOST",
+    "teacher_model": "FLYWHEEL_TEACHER_MODEL",
+    "teacher_timeout_s": "FLYWHEEL_TEACHER_TIMEOUT",
+    "audit_rate": "FLYWHEEL_AUDIT_RATE",
+}
+_FLOATS = {"teacher_timeout_s", "audit_rate"}
+
+
+def default_home() -> Path:
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("flywheel", appauthor=False))
+
+
+def starter_intents_path() -> Path:
+    """The starter intent set that ships in ``data/``."""
+    return Path(__file__).resolve().parent.parent / "data" / "starter_intents.yaml"
+
+
+@dataclass
+class Config:
+    home: Path
+    model: str | None = None          # a model version dir, or a models home with CURRENT
+    intents: str | None = None        # intent file for the default model
+    log_db: str | None = None         # None: <home>/log/flywheel.duckdb
+    teacher: str = "ollama"           # "ollama" or "off"
+    ollama_host: str | None = None
+    teacher_model: str | None = None
+    teacher_timeout_s: float | None = None
+    audit_rate: float = 0.02
+    sources: dict[str, str] = field(default_factory=dict)  # key -> flag|env|file|default
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log_db) if self.log_db else self.home / "log" / "flywheel.duckdb"
+
+
+def load_config(**flags: Any) -> Config:
+    """Resolve every setting; ``flags`` holds command-line values (``None`` = not given)."""
+    env_home = os.environ.get(ENV["home"])
+    home = Path(flags.get("home") or env_home or default_home()).expanduser()
+    cfg_path = Path(os.environ.get("FLYWHEEL_CONFIG") or home / "config.toml")
+    file_values: dict[str, Any] = {}
+    if cfg_path.is_file():
+        try:
+            file_values = tomllib.loads(cfg_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{cfg_path}: invalid config file: {exc}") from None
+        known = {f.name for f in fields(Config)} - {"sources", "home"}
+        unknown = sorted(set(file_values) - known)
+        if unknown:
+            raise ConfigError(f"{cfg_path}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    values: dict[str, Any] = {"home": home}
+    sources = {"home": "flag" if flags.get("home") else "env" if env_home else "default"}
+    for f in fields(Config):
+        if f.name in ("home", "sources"):
+            continue
+        if flags.get(f.name) is not None:
+            v, src = flags[f.name], "flag"
+        elif ENV.get(f.name) and os.environ.get(ENV[f.name]) not in (None, ""):
+            v, src = os.environ[ENV[f.name]], "env"
+        elif f.name in file_values:
+            v, src = file_values[f.name], "file"
+        else:
+            continue
+        if f.name in _FLOATS:
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{f.name} must be a number, got {v!r} (from {src})") from None
+        values[f.name] = v
+        sources[f.name] = src
+    cfg = Config(**values, sources=sources)
+    if cfg.teacher not in ("ollama", "off"):
+        raise ConfigError(f"teacher must be 'ollama' or 'off', got {cfg.teacher!r}")
+    if not 0.0 <= cfg.audit_rate <= 1.0:
+        raise ConfigError(f"audit_rate must be between 0 and 1, got {cfg.audit_rate}")
+    return cfg

@@ -1,0 +1,88 @@
+"""The result of one classification: a :class:`Decision` with its tier and layer."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Tier(str, Enum):
+    """How sure the decision is."""
+
+    CONFIDENT = "confident"
+    AMBIGUOUS = "ambiguous"
+    WEAK = "weak"
+    NO_MATCH = "no_match"
+
+
+class Layer(str, Enum):
+    """Which layer made the decision."""
+
+    DECLARED = "declared"
+    RULES = "rules"
+    EMBEDDING = "embedding"
+    LLM = "llm"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One label with its confidence (``label`` is ``None`` for out of scope)."""
+
+    label: str | None
+    confidence: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "confidence": round(float(self.confidence), 6)}
+
+
+@dataclass(frozen=True)
+class TeacherCall:
+    """What the LLM teacher was asked and answered, kept for the traffic log."""
+
+    model: str
+    label: str | None
+    valid: bool
+    latency_ms: float
+    error: str | None = None
+
+
+def new_decision_id() -> str:
+    """A unique, sortable-enough id for feedback (uuid4 hex)."""
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Decision:
+    """The answer of :meth:`classifier.Classifier.classify`.
+
+    ``to_dict`` gives exactly the public fields: ``id``, ``label``, ``confidence``,
+    ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version`` and
+    ``latency_ms`` (milliseconds per layer that ran). ``teacher`` records the LLM
+    call, if any, for the traffic log; it is not part of the public dict.
+    """
+
+    label: str | None
+    confidence: float
+    tier: Tier
+    layer: Layer
+    reason: str
+    alternatives: list[Candidate] = field(default_factory=list)
+    model_version: str | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    id: str = field(default_factory=new_decision_id)
+    teacher: TeacherCall | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "label": self.label,
+            "confidence": round(float(self.confidence), 6),
+            "tier": self.tier.value,
+            "layer": self.layer.value,
+            "alternatives": [c.to_dict() for c in self.alternatives],
+            "reason": self.reason,
+            "model_version": self.model_version,
+            "latency_ms": {k: round(v, 4) for k, v in self.latency_ms.items()},
+        }

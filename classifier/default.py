@@ -1,0 +1,116 @@
+"""The default classifier behind module-level :func:`classifier.classify`.
+
+Model resolution: the configured ``model`` (a version directory, or a models home
+with a ``CURRENT`` pointer), else the configured ``intents`` file, else the starter
+intents in ``data/``, trained on first use and cached under ``<home>/cache/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from classifier.config import Config, load_config, starter_intents_path
+from classifier.errors import ModelError
+from classifier.intents import IntentSet, load_intents
+
+log = logging.getLogger("flywheel.default")
+_lock = threading.Lock()
+_default: Any = None
+
+
+def current_version_dir(models_home: Path) -> Path:
+    """The version a models home's ``CURRENT`` pointer names."""
+    pointer = models_home / "CURRENT"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ModelError(f"{pointer}: cannot read the CURRENT pointer: {exc}") from None
+    if not name or "/" in name or name.startswith("."):
+        raise ModelError(f"{pointer}: invalid version name {name!r}")
+    return models_home / name
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if (p / "CURRENT").is_file():
+        return current_version_dir(p)
+    return p
+
+
+def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        lib = version("flywheel")
+    except PackageNotFoundError:
+        lib = "dev"
+    digest = hashlib.sha256(intents_path.read_bytes() + lib.encode()).hexdigest()[:12]
+    return cfg.home / "cache" / f"{intents_path.stem}-{digest}"
+
+
+def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -> Path:
+    """Train the intent set into ``target`` unless a valid version is already there."""
+    if (target / "manifest.json").is_file():
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "manifest.json").is_file():
+            return target
+        intents = load_intents(intents_path)
+        if progress:
+            print(f"flywheel: training the default model from {intents_path} (first use) ...", file=sys.stderr)
+        from classifier.trainer import fit_model
+
+        model = fit_model(intents, version=target.name, progress=progress)
+        model.save(target)
+    return target
+
+
+def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
+    if cfg.model:
+        return resolve_model_path(cfg.model)
+    intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
+    return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress)
+
+
+def build_teacher(cfg: Config, intents: IntentSet) -> Any:
+    if cfg.teacher == "off":
+        return None
+    from classifier.teacher import CircuitBreaker, OllamaTeacher
+
+    t = intents.teacher
+    return OllamaTeacher(model=cfg.teacher_model or t.model, host=cfg.ollama_host or t.host,
+                         timeout_s=cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s,
+                         breaker=CircuitBreaker(t.breaker_failures, t.breaker_reset_s))
+
+
+def build_classifier(cfg: Config | None = None, *, progress: bool = True, **kwargs: Any) -> Any:
+    from classifier.model import IntentModel
+    from classifier.pipeline import Classifier
+
+    cfg = cfg or load_config()
+    model = IntentModel.load(default_model_dir(cfg, progress=progress))
+    kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
+    return Classifier(model, **kwargs)
+
+
+def default_classifier() -> Any:
+    global _default
+    with _lock:
+        if _default is None:
+            _default = build_classifier()
+        return _default
+
+
+def reset_default() -> None:
+    """Forget the default classifier (tests; after changing configuration)."""
+    global _default
+    with _lock:
+        _default = None

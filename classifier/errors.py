@@ -1,0 +1,74 @@
+"""The named exceptions of flywheel.
+
+Everything the library raises on purpose derives from :class:`FlywheelError`, so a
+caller (the CLI, the gRPC servicer) can map it to an exit code or a status code
+without catching bare ``Exception``.
+"""
+
+from __future__ import annotations
+
+
+class FlywheelError(Exception):
+    """Base class of every error flywheel raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(FlywheelError):
+    """A configuration value or file is invalid."""
+
+    exit_code = 2
+
+
+class IntentFileError(ConfigError):
+    """An intent definition file is invalid.
+
+    The message names the file, the intent (when there is one) and the problem.
+    """
+
+    def __init__(self, path: str, problem: str, intent: str | None = None) -> None:
+        self.path = str(path)
+        self.intent = intent
+        self.problem = problem
+        where = f"{self.path}"
+        if intent is not None:
+            where += f": intent {intent!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class InvalidInputError(FlywheelError):
+    """The text (or another argument) given to ``classify`` is unusable."""
+
+    exit_code = 2
+
+
+class UnknownLabelError(InvalidInputError):
+    """A label (declared type, feedback label) is not in the intent set."""
+
+
+class ModelError(FlywheelError):
+    """A model version is missing, corrupt or does not match its encoder."""
+
+    exit_code = 3
+
+
+class NotFittedError(ModelError):
+    """A head or model was used before it was fitted."""
+
+
+class EmbedderError(FlywheelError):
+    """An embedding backend could not be loaded or failed to encode."""
+
+    exit_code = 3
+
+
+class TeacherError(FlywheelError):
+    """The LLM teacher failed: unreachable, slow, or answered something unusable.
+
+    ``kind`` is a short machine-readable cause: ``unavailable``, ``timeout``,
+    ``malformed``, ``unknown_label``, ``circuit_open`` or ``error``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"{kind}: {message}")

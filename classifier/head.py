@@ -1,0 +1,296 @@
+"""Layer 2's head: logistic regression on normalised embeddings, temperature-scaled,
+with an out-of-scope gate and cutoffs learned by cross-validation.
+
+Follows the scikit-learn estimator conventions: parameters are stored in
+``__init__`` (no work there), ``fit`` returns ``self`` and sets fitted attributes
+with a trailing underscore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+
+from classifier.calibration import expected_calibration_error, fit_temperature, softmax
+from classifier.errors import ModelError, NotFittedError
+
+OOS = "__oos__"
+
+
+def _normalise(X: Any) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float32)
+    if X.ndim != 2:
+        raise ValueError(f"expected a 2-d array of embeddings, got shape {X.shape}")
+    n = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.where(n > 0, n, 1.0)
+
+
+@dataclass(frozen=True)
+class HeadScores:
+    """Layer-2 scores for a batch.
+
+    probs : (n, n_classes) calibrated probabilities of the in-scope labels.
+    oos_class : (n,) calibrated probability of the out-of-scope class (0 without one).
+    p_oos : (n,) the gate's probability that the query is out of scope.
+    similarity : (n,) cosine similarity to the nearest in-scope training example.
+    """
+
+    probs: np.ndarray
+    oos_class: np.ndarray
+    p_oos: np.ndarray
+    similarity: np.ndarray
+
+
+class IntentHead(ClassifierMixin, BaseEstimator):
+    """Calibrated logistic regression with an out-of-scope gate.
+
+    Parameters
+    ----------
+    C : float
+        Inverse regularisation strength of the logistic regression.
+    cv : int or "auto"
+        Folds for the out-of-fold predictions that fit the temperature, the gate
+        and the cutoffs. ``"auto"``: 5, or 3 above 5,000 examples.
+    target_precision : float
+        The confident cutoff is the lowest confidence at which out-of-fold
+        precision reaches this.
+    max_ref_per_class : int
+        Training embeddings kept per intent for the nearest-example distance.
+    novelty_quantile : float
+        Without out-of-scope examples, a query is out of scope when its similarity
+        to the nearest example is below this quantile of in-scope queries.
+    random_state : int
+    max_iter : int
+
+    Attributes
+    ----------
+    classes_ : ndarray of str
+        The in-scope labels.
+    has_oos_ : bool
+        Whether out-of-scope examples (label ``None``) were in the training data.
+    lr_ : LogisticRegression
+    temperature_ : float
+    gate_ : LogisticRegression or None
+    thresholds_ : dict
+        ``confident``, ``ambiguous_ratio``, ``oos``, ``oos_confident``.
+    metrics_ : dict
+        Out-of-fold metrics (accuracy, ECE before/after scaling, ...).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> centres = np.eye(4, 16)
+    >>> X = np.vstack([c + 0.05 * rng.standard_normal((20, 16)) for c in centres])
+    >>> y = ["a"] * 20 + ["b"] * 20 + ["c"] * 20 + [None] * 20
+    >>> head = IntentHead(cv=3).fit(X, y)
+    >>> list(head.classes_)
+    ['a', 'b', 'c']
+    >>> head.predict(X[:1])[0]
+    'a'
+    """
+
+    def __init__(self, C: float = 20.0, cv: int | str = "auto", target_precision: float = 0.95,
+                 max_ref_per_class: int = 200, novelty_quantile: float = 0.01,
+                 random_state: int = 0, max_iter: int = 2000) -> None:
+        self.C = C
+        self.cv = cv
+        self.target_precision = target_precision
+        self.max_ref_per_class = max_ref_per_class
+        self.novelty_quantile = novelty_quantile
+        self.random_state = random_state
+        self.max_iter = max_iter
+
+    # ---------------------------------------------------------------- fitting
+    def _lr(self) -> LogisticRegression:
+        return LogisticRegression(C=self.C, max_iter=self.max_iter)
+
+    def fit(self, X: Any, y: Sequence[str | None]) -> "IntentHead":
+        X = _normalise(X)
+        y_arr = np.array([OOS if v is None else str(v) for v in y], dtype=object)
+        if len(y_arr) != len(X):
+            raise ValueError(f"X has {len(X)} rows but y has {len(y_arr)} labels")
+        in_mask = y_arr != OOS
+        classes = np.array(sorted(set(y_arr[in_mask])), dtype=object)
+        if len(classes) == 0:
+            raise ValueError("no in-scope examples to train on")
+        self.has_oos_ = bool((~in_mask).any())
+        if len(classes) < 2 and not self.has_oos_:
+            raise ValueError("need at least two intents, or one intent and out-of-scope examples")
+        self.classes_ = classes
+        self.lr_classes_ = np.concatenate([classes, [OOS]]) if self.has_oos_ else classes
+        yi = np.searchsorted(self.lr_classes_, y_arr) if not self.has_oos_ else \
+            np.array([len(classes) if v == OOS else int(np.searchsorted(classes, v)) for v in y_arr])
+        counts = np.bincount(yi, minlength=len(self.lr_classes_))
+        if counts.min() < 2:
+            bad = self.lr_classes_[int(counts.argmin())]
+            raise ValueError(f"label {'out-of-scope' if bad == OOS else bad!r} has fewer than 2 examples")
+        k = self.cv if isinstance(self.cv, int) else (5 if len(X) <= 5000 else 3)
+        k = int(max(2, min(k, counts.min())))
+
+        oof_logits = np.zeros((len(X), len(self.lr_classes_)))
+        oof_sim = np.zeros(len(X))
+        folds = StratifiedKFold(n_splits=k, shuffle=True, random_state=self.random_state)
+        for tr, va in folds.split(X, yi):
+            lr = self._lr().fit(X[tr], yi[tr])
+            z = np.full((len(va), len(self.lr_classes_)), -1e4)
+            z[:, lr.classes_] = lr.decision_function(X[va]) if len(lr.classes_) > 2 else \
+                _binary_logits(lr.decision_function(X[va]))
+            oof_logits[va] = z
+            ref = X[tr][in_mask[tr]]
+            oof_sim[va] = (X[va] @ ref.T).max(axis=1)
+
+        self.temperature_ = fit_temperature(oof_logits, yi)
+        probs = softmax(oof_logits, self.temperature_)
+        raw = softmax(oof_logits, 1.0)
+        feats = self._gate_features(probs, oof_sim)
+        is_oos = ~in_mask
+        if self.has_oos_:
+            self.gate_ = LogisticRegression(C=1.0, class_weight="balanced", max_iter=1000).fit(feats, is_oos)
+            p_oos = self.gate_.predict_proba(feats)[:, 1]
+            self.sim_quantiles_ = None
+        else:
+            self.gate_ = None
+            self.sim_quantiles_ = np.quantile(oof_sim, np.linspace(0, 1, 201))
+            p_oos = self._p_oos_from_sim(oof_sim)
+        self.thresholds_ = self._learn_thresholds(probs, yi, p_oos, is_oos)
+
+        pin = probs[:, : len(classes)]
+        top = pin.argmax(axis=1)
+        correct = (top == yi) & in_mask
+        self.metrics_ = {
+            "cv_folds": k,
+            "oof_top1_accuracy": float(correct[in_mask].mean()),
+            "oof_ece_raw": expected_calibration_error(raw[:, : len(classes)].max(1)[in_mask], correct[in_mask]),
+            "oof_ece": expected_calibration_error(pin.max(1)[in_mask], correct[in_mask]),
+            "temperature": self.temperature_,
+        }
+        rejected = p_oos >= self.thresholds_["oos"]
+        if self.has_oos_:
+            self.metrics_["oof_oos_recall"] = float(rejected[is_oos].mean())
+        self.metrics_["oof_in_scope_accuracy"] = float((correct & ~rejected)[in_mask].mean())
+
+        self.lr_ = self._lr().fit(X, yi)
+        self.ref_, self.ref_labels_ = self._references(X[in_mask], yi[in_mask])
+        self.n_features_in_ = X.shape[1]
+        return self
+
+    def _references(self, X: np.ndarray, yi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.random_state)
+        keep = []
+        for c in np.unique(yi):
+            idx = np.flatnonzero(yi == c)
+            if len(idx) > self.max_ref_per_class:
+                idx = rng.choice(idx, self.max_ref_per_class, replace=False)
+            keep.append(idx)
+        sel = np.sort(np.concatenate(keep))
+        return X[sel].astype(np.float16), yi[sel].astype(np.int32)
+
+    def _gate_features(self, probs: np.ndarray, sim: np.ndarray) -> np.ndarray:
+        n_in = len(self.classes_)
+        pmax = probs[:, :n_in].max(axis=1)
+        poos = probs[:, n_in] if probs.shape[1] > n_in else np.zeros(len(probs))
+        return np.column_stack([np.log(np.clip(pmax, 1e-9, None)), np.log(np.clip(poos, 1e-9, None)), sim])
+
+    def _p_oos_from_sim(self, sim: np.ndarray) -> np.ndarray:
+        # Share of in-scope training queries at least as far from their nearest example.
+        q = np.asarray(self.sim_quantiles_)
+        return 1.0 - np.interp(sim, q, np.linspace(0, 1, len(q)))
+
+    def _learn_thresholds(self, probs: np.ndarray, yi: np.ndarray, p_oos: np.ndarray,
+                          is_oos: np.ndarray) -> dict[str, float]:
+        n_in = len(self.classes_)
+        pin = probs[:, :n_in]
+        top, conf = pin.argmax(axis=1), pin.max(axis=1)
+        in_mask = ~is_oos
+        correct = (top == yi) & in_mask
+        if self.has_oos_:
+            # The cutoff that maximises in-scope accuracy + out-of-scope recall (CLINC150's two measures).
+            grid = np.unique(np.quantile(p_oos, np.linspace(0.0, 1.0, 401)))
+            scores = [((correct & (p_oos < t))[in_mask].mean() + (p_oos >= t)[is_oos].mean(), -t) for t in grid]
+            oos_t = float(grid[int(np.argmax([s[0] for s in scores]))])
+            oos_conf = _precision_cutoff(p_oos[p_oos >= oos_t], is_oos[p_oos >= oos_t], self.target_precision)
+        else:
+            oos_t = 1.0 - self.novelty_quantile
+            oos_conf = 1.1  # never sure without out-of-scope training data
+        accepted = p_oos < oos_t
+        confident = _precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
+        order = np.argsort(-pin, axis=1)
+        second_true = in_mask & (order[:, 1] == yi)
+        if second_true.any():
+            ratios = np.take_along_axis(pin, order[:, 1:2], 1)[:, 0] / np.clip(conf, 1e-12, None)
+            amb = float(np.clip(np.median(ratios[second_true]), 0.2, 0.9))
+        else:
+            amb = 0.5
+        return {"confident": confident, "ambiguous_ratio": amb, "oos": oos_t, "oos_confident": oos_conf}
+
+    # ------------------------------------------------------------- predicting
+    def _check(self) -> None:
+        if not hasattr(self, "lr_"):
+            raise NotFittedError("IntentHead is not fitted; call fit() first")
+
+    def scores(self, X: Any) -> HeadScores:
+        """Calibrated in-scope probabilities, out-of-scope probabilities and similarity."""
+        self._check()
+        X = _normalise(X)
+        if X.shape[1] != self.n_features_in_:
+            raise ModelError(f"head expects {self.n_features_in_}-d embeddings, got {X.shape[1]}-d")
+        z = self.lr_.decision_function(X)
+        if z.ndim == 1:
+            z = _binary_logits(z)
+        probs = softmax(z, self.temperature_)
+        ref = self._ref32()
+        sim = (X @ ref.T).max(axis=1) if len(ref) else np.zeros(len(X))
+        if self.gate_ is not None:
+            p_oos = self.gate_.predict_proba(self._gate_features(probs, sim))[:, 1]
+        else:
+            p_oos = self._p_oos_from_sim(sim)
+        n_in = len(self.classes_)
+        oos_class = probs[:, n_in] if self.has_oos_ else np.zeros(len(X))
+        return HeadScores(probs=probs[:, :n_in], oos_class=oos_class, p_oos=p_oos, similarity=sim)
+
+    def _ref32(self) -> np.ndarray:
+        cached = self.__dict__.get("_ref32_cache")
+        if cached is None:
+            cached = np.ascontiguousarray(self.ref_, dtype=np.float32)
+            self.__dict__["_ref32_cache"] = cached
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_ref32_cache", None)
+        return state
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """In-scope probabilities (rows sum to 1 minus the out-of-scope class share)."""
+        return self.scores(X).probs
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Top label per row, or ``None`` where the gate says out of scope."""
+        s = self.scores(X)
+        top = self.classes_[s.probs.argmax(axis=1)]
+        oos = (s.p_oos >= self.thresholds_["oos"]) | (s.oos_class >= s.probs.max(axis=1))
+        return np.where(oos, None, top)
+
+
+def _binary_logits(d: np.ndarray) -> np.ndarray:
+    return np.column_stack([-d / 2.0, d / 2.0])
+
+
+def _precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float) -> float:
+    """The lowest confidence t such that precision of {conf >= t} reaches ``target``
+    (1.0 when it never does; the smallest confidence when it always does)."""
+    if conf.size == 0:
+        return 1.0
+    order = np.argsort(-conf)
+    c, ok = conf[order], np.asarray(correct, dtype=float)[order]
+    prec = np.cumsum(ok) / np.arange(1, len(ok) + 1)
+    good = np.flatnonzero(prec >= target)
+    if good.size == 0:
+        return 1.0
+    return float(c[good[-1]])

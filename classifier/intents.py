@@ -1,0 +1,322 @@
+"""Intent definition files (YAML or TOML): intents, rules, out-of-scope examples,
+thresholds, embedder and teacher settings.
+
+A bad file raises :class:`~classifier.errors.IntentFileError` naming the file, the
+intent (when there is one) and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from classifier.errors import IntentFileError
+
+RULE_KINDS = ("contains", "prefix", "regex", "keywords")
+EMBEDDER_BACKENDS = ("minilm", "sentence-transformers", "bge-m3")
+
+_TOP_KEYS = {"version", "name", "description", "embedder", "teacher", "thresholds",
+             "rules", "intents", "out_of_scope"}
+_INTENT_KEYS = {"name", "description", "examples", "thresholds"}
+_RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
+_EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize"}
+_TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
+                 "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
+                 "confidence"}
+_THRESHOLD_KEYS = {"confident", "ambiguous_margin", "oos", "target_precision", "per_intent"}
+_PER_INTENT_KEYS = {"confident"}
+_OOS_KEYS = {"examples", "description"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A deterministic layer-1 rule. Exactly one of the match kinds is set."""
+
+    id: str
+    intent: str
+    priority: int = 0
+    kind: str = "contains"
+    patterns: tuple[Any, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Intent:
+    name: str
+    description: str
+    examples: tuple[str, ...]
+    confident: float | None = None  # per-intent override of the confident cutoff
+
+
+@dataclass(frozen=True)
+class EmbedderSettings:
+    backend: str = "minilm"
+    model: str | None = None
+    batch_size: int = 64
+    max_chars: int = 4000
+    device: str | None = None
+    use_fp16: bool = False
+    quantize: bool = False
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    backend: str = "ollama"
+    model: str = "llama3.1:8b"
+    host: str | None = None
+    timeout_s: float = 5.0
+    max_candidates: int = 6
+    examples_per_intent: int = 3
+    history_size: int = 6
+    breaker_failures: int = 3
+    breaker_reset_s: float = 30.0
+    confidence: float = 0.9  # reported for LLM decisions: the teacher's assumed accuracy
+
+
+@dataclass(frozen=True)
+class ThresholdSettings:
+    """Cutoffs; ``None`` means learned from data when the model is fitted."""
+
+    confident: float | None = None
+    ambiguous_margin: float | None = None
+    oos: float | None = None
+    target_precision: float = 0.95
+    per_intent: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IntentSet:
+    name: str
+    intents: tuple[Intent, ...]
+    rules: tuple[Rule, ...] = ()
+    oos_examples: tuple[str, ...] = ()
+    embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
+    teacher: TeacherSettings = field(default_factory=TeacherSettings)
+    thresholds: ThresholdSettings = field(default_factory=ThresholdSettings)
+    source: str = "<memory>"
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.intents)
+
+    def intent(self, name: str) -> Intent:
+        for i in self.intents:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+    def training_pairs(self) -> tuple[list[str], list[str | None]]:
+        """Texts and labels (``None`` for out of scope) of all examples."""
+        texts: list[str] = []
+        labels: list[str | None] = []
+        for i in self.intents:
+            texts.extend(i.examples)
+            labels.extend([i.name] * len(i.examples))
+        texts.extend(self.oos_examples)
+        labels.extend([None] * len(self.oos_examples))
+        return texts, labels
+
+
+def _read(path: Path) -> Any:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise IntentFileError(str(path), "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntentFileError(str(path), f"cannot read file: {exc}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            return tomllib.loads(raw)
+        return yaml.safe_load(raw)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise IntentFileError(str(path), f"not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
+
+
+def load_intents(path: str | Path) -> IntentSet:
+    """Read and validate an intent definition file (``.yaml``, ``.yml`` or ``.toml``)."""
+    p = Path(path)
+    return parse_intents(_read(p), source=str(p))
+
+
+class _Checker:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, problem: str, intent: str | None = None) -> IntentFileError:
+        return IntentFileError(self.source, problem, intent)
+
+    def mapping(self, value: Any, where: str, allowed: set[str], intent: str | None = None) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(f"{where} must be a mapping, got {type(value).__name__}", intent)
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.fail(f"unknown key {unknown[0]!r} in {where} (allowed: {', '.join(sorted(allowed))})", intent)
+        return value
+
+    def number(self, value: Any, where: str, lo: float, hi: float, intent: str | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(f"{where} must be a number, got {value!r}", intent)
+        if not lo <= float(value) <= hi:
+            raise self.fail(f"{where} must be between {lo} and {hi}, got {value!r}", intent)
+        return float(value)
+
+    def optional_number(self, value: Any, where: str, lo: float, hi: float, intent: str | None = None) -> float | None:
+        # None means "learn it"; 0.0 is a real threshold and is kept as such.
+        return None if value is None else self.number(value, where, lo, hi, intent)
+
+    def integer(self, value: Any, where: str, lo: int, intent: str | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise self.fail(f"{where} must be an integer >= {lo}, got {value!r}", intent)
+        return value
+
+    def texts(self, value: Any, where: str, intent: str | None = None) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(f"{where} must be a list of strings", intent)
+        out = []
+        for item in value:
+            if not isinstance(item, str) or not item.strip():
+                raise self.fail(f"{where} has an empty or non-string entry {item!r}", intent)
+            out.append(item.strip())
+        return tuple(out)
+
+
+def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
+    """Validate a parsed document (a dict) into an :class:`IntentSet`."""
+    c = _Checker(source)
+    doc = c.mapping(doc, "the top level", _TOP_KEYS)
+    if not doc:
+        raise c.fail("the file is empty")
+    if doc.get("version", 1) != 1:
+        raise c.fail(f"unsupported version {doc.get('version')!r} (supported: 1)")
+
+    raw_intents = doc.get("intents")
+    if not isinstance(raw_intents, list) or not raw_intents:
+        raise c.fail("'intents' must be a non-empty list")
+    intents: list[Intent] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(raw_intents):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            raise c.fail(f"intent #{n + 1} has no name")
+        name = name.strip()
+        raw = c.mapping(raw, "the intent", _INTENT_KEYS, name)
+        if name in seen:
+            raise c.fail("duplicate intent", name)
+        seen.add(name)
+        examples = c.texts(raw.get("examples"), "examples", name)
+        if not examples:
+            raise c.fail("intent has no examples", name)
+        th = c.mapping(raw.get("thresholds"), "thresholds", _PER_INTENT_KEYS, name)
+        conf = c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0, name)
+        desc = raw.get("description") or ""
+        if not isinstance(desc, str):
+            raise c.fail("description must be a string", name)
+        intents.append(Intent(name=name, description=desc.strip(), examples=examples, confident=conf))
+
+    rules = tuple(_parse_rule(c, r, n, seen) for n, r in enumerate(doc.get("rules") or []))
+    ids = [r.id for r in rules]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise c.fail(f"duplicate rule id {dup!r}")
+
+    oos = c.mapping(doc.get("out_of_scope"), "out_of_scope", _OOS_KEYS)
+    oos_examples = c.texts(oos.get("examples"), "out_of_scope.examples")
+
+    e = c.mapping(doc.get("embedder"), "embedder", _EMBEDDER_KEYS)
+    backend = e.get("backend", "minilm")
+    if backend not in EMBEDDER_BACKENDS:
+        raise c.fail(f"embedder.backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
+    embedder = EmbedderSettings(
+        backend=backend,
+        model=e.get("model"),
+        batch_size=c.integer(e.get("batch_size", 64), "embedder.batch_size", 1),
+        max_chars=c.integer(e.get("max_chars", 4000), "embedder.max_chars", 1),
+        device=e.get("device"),
+        use_fp16=bool(e.get("use_fp16", False)),
+        quantize=bool(e.get("quantize", False)),
+    )
+
+    t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)
+    if t.get("backend", "ollama") != "ollama":
+        raise c.fail(f"teacher.backend must be 'ollama', got {t.get('backend')!r}")
+    teacher = TeacherSettings(
+        model=str(t.get("model", TeacherSettings.model)),
+        host=t.get("host"),
+        timeout_s=c.number(t.get("timeout_s", 5.0), "teacher.timeout_s", 0.001, 600),
+        max_candidates=c.integer(t.get("max_candidates", 6), "teacher.max_candidates", 1),
+        examples_per_intent=c.integer(t.get("examples_per_intent", 3), "teacher.examples_per_intent", 0),
+        history_size=c.integer(t.get("history_size", 6), "teacher.history_size", 0),
+        breaker_failures=c.integer(t.get("breaker_failures", 3), "teacher.breaker_failures", 1),
+        breaker_reset_s=c.number(t.get("breaker_reset_s", 30.0), "teacher.breaker_reset_s", 0.0, 86400),
+        confidence=c.number(t.get("confidence", 0.9), "teacher.confidence", 0.0, 1.0),
+    )
+
+    th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)
+    per = c.mapping(th.get("per_intent"), "thresholds.per_intent", seen | set(th.get("per_intent") or {}))
+    per_intent: dict[str, float] = {}
+    for name, value in per.items():
+        if name not in seen:
+            raise c.fail(f"thresholds.per_intent names an unknown intent {name!r}")
+        if isinstance(value, dict):
+            value = c.mapping(value, "thresholds.per_intent", _PER_INTENT_KEYS, name).get("confident")
+        per_intent[name] = c.number(value, "thresholds.per_intent", 0.0, 1.0, name)
+    for i in intents:
+        if i.confident is not None:
+            per_intent.setdefault(i.name, i.confident)
+    thresholds = ThresholdSettings(
+        confident=c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0),
+        ambiguous_margin=c.optional_number(th.get("ambiguous_margin"), "thresholds.ambiguous_margin", 0.0, 1.0),
+        oos=c.optional_number(th.get("oos"), "thresholds.oos", 0.0, 1.0),
+        target_precision=c.number(th.get("target_precision", 0.95), "thresholds.target_precision", 0.0, 1.0),
+        per_intent=per_intent,
+    )
+    name = doc.get("name") or Path(source).stem
+    return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
+                     embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+
+
+def _parse_rule(c: _Checker, raw: Any, n: int, intents: set[str]) -> Rule:
+    if not isinstance(raw, dict):
+        raise c.fail(f"rule #{n + 1} must be a mapping")
+    rid = raw.get("id") or f"rule-{n + 1}"
+    intent = raw.get("intent")
+    c.mapping(raw, f"rule {rid!r}", _RULE_KEYS, intent if isinstance(intent, str) else None)
+    if intent not in intents:
+        raise c.fail(f"rule {rid!r} names an unknown intent", str(intent))
+    kinds = [k for k in RULE_KINDS if k in raw]
+    if len(kinds) != 1:
+        raise c.fail(f"rule {rid!r} must have exactly one of {', '.join(RULE_KINDS)}", intent)
+    kind = kinds[0]
+    value = raw[kind]
+    if kind == "keywords":
+        # A list of keyword sets; a rule matches when every word of any one set occurs.
+        sets = value if isinstance(value, list) and value and isinstance(value[0], list) else [value]
+        patterns = []
+        for s in sets:
+            if not isinstance(s, list) or not s or not all(isinstance(w, str) and w.strip() for w in s):
+                raise c.fail(f"rule {rid!r}: keywords must be a list of words or a list of word lists", intent)
+            patterns.append(frozenset(w.strip().lower() for w in s))
+        pats: tuple[Any, ...] = tuple(patterns)
+    else:
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, str) and v for v in values):
+            raise c.fail(f"rule {rid!r}: {kind} must be a non-empty string or list of strings", intent)
+        if kind == "regex":
+            for v in values:
+                try:
+                    re.compile(v)
+                except re.error as exc:
+                    raise c.fail(f"rule {rid!r}: invalid regex {v!r}: {exc}", intent) from None
+        pats = tuple(values)
+    priority = c.integer(raw.get("priority", 0), f"rule {rid!r} priority", -(10**9), intent)
+    return Rule(id=str(rid), intent=intent, priority=priority, kind=kind, patterns=pats,
+                description=str(raw.get("description") or ""))

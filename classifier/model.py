@@ -1,0 +1,194 @@
+"""A model version on disk: ``manifest.json`` + ``head.joblib`` + ``intents.yaml``.
+
+SetFit-style: the model (encoder settings + fitted head + intent set) is separate
+from the trainer. Loading checks the manifest against the head file (sha256,
+labels, dimension) and against the encoder, and refuses a corrupt or mismatched
+version with :class:`~classifier.errors.ModelError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from classifier.errors import IntentFileError, ModelError
+from classifier.intents import EmbedderSettings, IntentSet, load_intents
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+HEAD_FILE = "head.joblib"
+INTENTS_FILE = "intents.yaml"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("flywheel", "scikit-learn", "numpy", "torch", "transformers", "sentence-transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def new_version_name() -> str:
+    """``v20261122-104901-123456``: sorts by creation time."""
+    t = time.time()
+    return time.strftime("v%Y%m%d-%H%M%S", time.gmtime(t)) + f"-{int((t % 1) * 1e6):06d}"
+
+
+def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
+    """The inverse of :func:`classifier.intents.parse_intents` (for saving a copy)."""
+    rules = []
+    for r in intents.rules:
+        pats: Any = [sorted(p) for p in r.patterns] if r.kind == "keywords" else list(r.patterns)
+        rules.append({"id": r.id, "intent": r.intent, "priority": r.priority, r.kind: pats,
+                      **({"description": r.description} if r.description else {})})
+    th = intents.thresholds
+    return {
+        "version": 1,
+        "name": intents.name,
+        "embedder": asdict(intents.embedder),
+        "teacher": {k: v for k, v in asdict(intents.teacher).items()},
+        "thresholds": {"confident": th.confident, "ambiguous_margin": th.ambiguous_margin,
+                       "oos": th.oos, "target_precision": th.target_precision,
+                       "per_intent": dict(th.per_intent)},
+        "rules": rules,
+        "intents": [{"name": i.name, "description": i.description, "examples": list(i.examples)}
+                    for i in intents.intents],
+        "out_of_scope": {"examples": list(intents.oos_examples)},
+    }
+
+
+@dataclass
+class Manifest:
+    version: str
+    labels: list[str]
+    encoder: dict[str, Any]          # backend, model, id, dim
+    thresholds: dict[str, Any]
+    training_size: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+    intent_set: str = ""
+    head_sha256: str = ""
+    libraries: dict[str, str] = field(default_factory=library_versions)
+    format_version: int = FORMAT_VERSION
+    parent: str | None = None        # the version this one was trained to replace
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Manifest":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class IntentModel:
+    """Encoder settings + fitted :class:`~classifier.head.IntentHead` + intent set."""
+
+    intents: IntentSet
+    head: Any
+    manifest: Manifest
+    path: Path | None = None
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def encoder_settings(self) -> EmbedderSettings:
+        return self.intents.embedder
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the version directory atomically (a temp dir renamed into place)."""
+        import joblib
+
+        target = Path(directory)
+        if target.exists() and any(target.iterdir()):
+            raise ModelError(f"{target}: refusing to overwrite a non-empty model directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            joblib.dump(self.head, tmp / HEAD_FILE)
+            self.manifest.head_sha256 = _sha256(tmp / HEAD_FILE)
+            with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
+                yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
+            (tmp / MANIFEST).write_text(json.dumps(asdict(self.manifest), indent=2, sort_keys=False))
+            if target.exists():
+                target.rmdir()
+            os.replace(tmp, target)
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.path = target
+        return target
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], *, expected_encoder_id: str | None = None) -> "IntentModel":
+        """Load and verify a version directory; raise :class:`ModelError` if it is unusable."""
+        import joblib
+
+        d = Path(directory)
+        mpath = d / MANIFEST
+        if not mpath.is_file():
+            raise ModelError(f"{d}: not a model version (no {MANIFEST})")
+        try:
+            raw = json.loads(mpath.read_text(encoding="utf-8"))
+            manifest = Manifest.from_dict(raw)
+        except (ValueError, TypeError) as exc:
+            raise ModelError(f"{mpath}: corrupt manifest: {exc}") from None
+        if manifest.format_version != FORMAT_VERSION:
+            raise ModelError(f"{d}: format version {manifest.format_version} is not supported "
+                             f"(this flywheel reads {FORMAT_VERSION})")
+        hpath = d / HEAD_FILE
+        if not hpath.is_file():
+            raise ModelError(f"{d}: head file {HEAD_FILE} is missing")
+        if manifest.head_sha256 and _sha256(hpath) != manifest.head_sha256:
+            raise ModelError(f"{hpath}: checksum does not match the manifest (corrupt or replaced)")
+        try:
+            head = joblib.load(hpath)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt head
+            raise ModelError(f"{hpath}: cannot load head: {type(exc).__name__}: {exc}") from None
+        try:
+            intents = load_intents(d / INTENTS_FILE)
+        except IntentFileError as exc:
+            raise ModelError(f"{d}: bundled intents are invalid: {exc}") from None
+        labels = list(getattr(head, "classes_", []))
+        if labels != list(manifest.labels):
+            raise ModelError(f"{d}: head labels {labels} do not match manifest labels {manifest.labels}")
+        if sorted(manifest.labels) != sorted(intents.labels):
+            raise ModelError(f"{d}: manifest labels do not match the bundled intent set")
+        dim = getattr(head, "n_features_in_", None)
+        if dim is not None and int(dim) != int(manifest.encoder.get("dim", -1)):
+            raise ModelError(f"{d}: head expects {dim}-d embeddings, manifest encoder has "
+                             f"{manifest.encoder.get('dim')}")
+        if expected_encoder_id is not None and manifest.encoder.get("id") != expected_encoder_id:
+            raise ModelError(f"{d}: trained with encoder {manifest.encoder.get('id')!r}, "
+                             f"not {expected_encoder_id!r}")
+        return cls(intents=intents, head=head, manifest=manifest, path=d)
+
+    def check_encoder(self, encoder_id: str, dim: int) -> None:
+        """Refuse an encoder that is not the one the head was trained on."""
+        enc = self.manifest.encoder
+        if enc.get("id") != encoder_id or int(enc.get("dim", -1)) != int(dim):
+            raise ModelError(f"model {self.version} was trained with encoder {enc.get('id')!r} "
+                             f"({enc.get('dim')}-d), got {encoder_id!r} ({dim}-d)")

@@ -1,0 +1,345 @@
+"""The three-layer pipeline: declared type / rules -> embeddings -> LLM teacher.
+
+:class:`Classifier` holds one immutable runtime bundle (model, rules, thresholds)
+that :meth:`Classifier.swap_model` replaces in a single assignment, so a request
+in flight finishes on the model it started with while new ones use the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from classifier.errors import FlywheelError, InvalidInputError, TeacherError, UnknownLabelError
+from classifier.history import SessionHistory, coerce_history
+from classifier.intents import IntentSet
+from classifier.model import IntentModel
+from classifier.protocols import (DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink,
+                                  Teacher, TeacherRequest)
+from classifier.rules import RuleEngine
+from classifier.text import CleanText, clean_text
+from classifier.tiers import Layer2Result, Thresholds, assign_tier
+
+log = logging.getLogger("flywheel.classifier")
+
+# Ways of naming "out of scope" as a declared type.
+OUT_OF_SCOPE_NAMES = frozenset({"OUT_OF_SCOPE", "OOS", "NONE"})
+# Teacher failures that mean "ask again later" (the query is marked pending).
+RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open"})
+
+
+@dataclass(frozen=True)
+class _Runtime:
+    model: IntentModel
+    rules: RuleEngine
+    thresholds: Thresholds
+    labels: tuple[str, ...]
+    options: dict[str, LabelOption]
+
+    @classmethod
+    def build(cls, model: IntentModel) -> "_Runtime":
+        th = model.head.thresholds_
+        intents = model.intents
+        user = intents.thresholds
+        per_intent = dict(user.per_intent)
+        thresholds = Thresholds(
+            confident=user.confident if user.confident is not None else float(th["confident"]),
+            ambiguous_ratio=user.ambiguous_margin if user.ambiguous_margin is not None else float(th["ambiguous_ratio"]),
+            oos=user.oos if user.oos is not None else float(th["oos"]),
+            oos_confident=float(th.get("oos_confident", 1.1)),
+            per_intent=per_intent,
+        )
+        n_ex = intents.teacher.examples_per_intent
+        options = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
+        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options)
+
+
+class Classifier:
+    """The flywheel classifier.
+
+    Parameters
+    ----------
+    model : IntentModel
+        A fitted model version (see :meth:`load`).
+    embedder : Embedder, optional
+        Defaults to the model's encoder settings, built lazily (no model loading here).
+    teacher : Teacher or None
+        The LLM for what layer 2 is unsure of. ``None``: layer 2 always answers.
+    log_sink : LogSink, optional
+        Receives a :class:`DecisionRecord` for every decision.
+    on_long : {"truncate", "reject"}
+        What to do with text over the intent set's ``max_chars``.
+    audit_rate : float
+        Share of confident layer-2 decisions also sent to the teacher in the
+        background (``audit_callback`` receives ``(record, TeacherCall)``).
+
+    Examples
+    --------
+    >>> clf = Classifier.load("models/starter")            # doctest: +SKIP
+    >>> clf.classify("What is addVar in AVAP?").label      # doctest: +SKIP
+    'RETRIEVAL'
+    """
+
+    def __init__(self, model: IntentModel, *, embedder: Embedder | None = None,
+                 teacher: Teacher | None = None, log_sink: LogSink | None = None,
+                 on_long: str = "truncate", max_sessions: int = 10_000,
+                 audit_rate: float = 0.0,
+                 audit_callback: Callable[[DecisionRecord, TeacherCall], None] | None = None,
+                 rng: random.Random | None = None) -> None:
+        if on_long not in ("truncate", "reject"):
+            raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
+        if not 0.0 <= audit_rate <= 1.0:
+            raise ValueError(f"audit_rate must be between 0 and 1, got {audit_rate!r}")
+        self._rt = _Runtime.build(model)
+        if embedder is None:
+            from classifier.embedders import make_embedder
+
+            embedder = make_embedder(model.encoder_settings)
+        self.embedder = embedder
+        self.teacher = teacher
+        self.log_sink = log_sink
+        self.on_long = on_long
+        self.sessions = SessionHistory(model.intents.teacher.history_size, max_sessions)
+        self.audit_rate = audit_rate
+        self.audit_callback = audit_callback
+        self._rng = rng or random.Random()
+        self._audit_pool: Any = None
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------- model access
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> "Classifier":
+        """Load a saved model version directory."""
+        return cls(IntentModel.load(path), **kwargs)
+
+    @property
+    def model(self) -> IntentModel:
+        return self._rt.model
+
+    @property
+    def model_version(self) -> str:
+        return self._rt.model.version
+
+    @property
+    def intents(self) -> IntentSet:
+        return self._rt.model.intents
+
+    def check_encoder(self, model: IntentModel) -> None:
+        """Raise :class:`~classifier.errors.ModelError` if ``model`` needs another encoder."""
+        model.check_encoder(self.embedder.id, self.embedder.dim)
+
+    def swap_model(self, model: IntentModel) -> None:
+        """Serve ``model`` from now on. Refuses (ModelError) a model whose encoder differs."""
+        self.check_encoder(model)
+        rt = _Runtime.build(model)
+        with self._lock:
+            self._rt = rt
+        log.info("now serving model %s", model.version)
+
+    # ------------------------------------------------------------- classify
+    def classify(self, text: str, *, history: Iterable[Any] | None = None,
+                 declared_type: str | None = None, session_id: str | None = None) -> Decision:
+        """Classify one query; see the module docs for the layers and tiers."""
+        return self.classify_many([text], history=history, declared_type=declared_type,
+                                  session_id=session_id)[0]
+
+    def classify_many(self, texts: Sequence[str], *, history: Iterable[Any] | None = None,
+                      declared_type: str | None = None, session_id: str | None = None) -> list[Decision]:
+        """Classify several queries; layer 2 encodes them in batches.
+
+        Raises :class:`~classifier.errors.InvalidInputError` (naming the item) if any
+        text is unusable; nothing is classified or logged in that case.
+        """
+        if isinstance(texts, str):
+            raise InvalidInputError("classify_many takes a list of texts, not a string")
+        rt = self._rt
+        max_chars = rt.model.intents.embedder.max_chars
+        cleaned: list[CleanText] = []
+        for n, t in enumerate(texts):
+            try:
+                cleaned.append(clean_text(t, max_chars, on_long=self.on_long))
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"text #{n + 1}: {exc}" if len(texts) > 1 else str(exc)) from None
+        hist_arg = coerce_history(history, rt.model.intents.teacher.history_size) if history is not None else None
+        if declared_type is not None:
+            declared_type = self._check_declared(rt, declared_type)
+        t_start = time.perf_counter()
+        out: list[Decision | None] = [None] * len(cleaned)
+        rules_ms: dict[int, float] = {}
+        need_l2: list[int] = []
+        for i, c in enumerate(cleaned):
+            t0 = time.perf_counter()
+            if declared_type is not None:
+                label = None if declared_type in OUT_OF_SCOPE_NAMES else declared_type
+                out[i] = self._decision(rt, label, 1.0, Tier.NO_MATCH if label is None else Tier.CONFIDENT,
+                                        Layer.DECLARED, f"declared type {declared_type}", c,
+                                        {"declared": _ms(t0)})
+                continue
+            m = rt.rules.match(c.text)
+            lat = {"rules": _ms(t0)}
+            if m is not None:
+                out[i] = self._decision(rt, m.intent, 1.0, Tier.CONFIDENT, Layer.RULES, f"rule {m.rule_id}", c, lat)
+            else:
+                rules_ms[i] = lat["rules"]
+                need_l2.append(i)
+        vectors: dict[int, np.ndarray] = {}
+        if need_l2:
+            t0 = time.perf_counter()
+            X = self.embedder.encode([cleaned[i].text for i in need_l2])
+            scores = rt.model.head.scores(X)
+            per_item = _ms(t0) / len(need_l2)
+            for j, i in enumerate(need_l2):
+                vectors[i] = X[j]
+                res = assign_tier(scores.probs[j], rt.labels, float(scores.oos_class[j]),
+                                  float(scores.p_oos[j]), rt.thresholds)
+                out[i] = self._layer3(rt, cleaned[i], res, hist_arg, session_id,
+                                      {"rules": rules_ms[i], "embedding": per_item})
+        decisions: list[Decision] = []
+        for i, d in enumerate(out):
+            assert d is not None
+            if len(cleaned) == 1:
+                d.latency_ms["total"] = _ms(t_start)
+            decisions.append(d)
+            self._after(rt, d, cleaned[i], hist_arg, declared_type, session_id, vectors.get(i))
+        return decisions
+
+    # ------------------------------------------------------------- internals
+    def _check_declared(self, rt: _Runtime, declared: str) -> str:
+        if not isinstance(declared, str) or not declared.strip():
+            raise InvalidInputError("declared_type must be a non-empty string")
+        d = declared.strip()
+        if d in rt.labels:
+            return d
+        if d.upper() in OUT_OF_SCOPE_NAMES:
+            return "OUT_OF_SCOPE"
+        raise UnknownLabelError(f"unknown declared type {declared!r}; known: {', '.join(rt.labels)}, OUT_OF_SCOPE")
+
+    def _decision(self, rt: _Runtime, label: str | None, confidence: float, tier: Tier, layer: Layer,
+                  reason: str, c: CleanText, latency: dict[str, float],
+                  alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None) -> Decision:
+        if c.truncated:
+            reason += f"; text truncated from {c.original_chars} to {len(c.text)} characters"
+        return Decision(label=label, confidence=float(confidence), tier=tier, layer=layer, reason=reason,
+                        alternatives=alternatives or [], model_version=rt.model.version,
+                        latency_ms=latency, teacher=teacher)
+
+    def _from_layer2(self, rt: _Runtime, res: Layer2Result, c: CleanText, lat: dict[str, float],
+                     suffix: str = "", teacher: TeacherCall | None = None) -> Decision:
+        tier = res.tier
+        if suffix and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
+            tier = Tier.WEAK  # layer 2 was not sure enough; without the teacher it is a best guess
+        alts = res.alternatives if tier is not Tier.CONFIDENT else []
+        if tier is Tier.WEAK and not alts and res.label is not None:
+            alts = [c_ for c_ in res.candidates[:3]]
+        return self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
+                              alts, teacher)
+
+    def _layer3(self, rt: _Runtime, c: CleanText, res: Layer2Result, hist_arg: tuple[HistoryEntry, ...] | None,
+                session_id: str | None, lat: dict[str, float]) -> Decision:
+        if res.sure:
+            return self._from_layer2(rt, res, c, lat)
+        if self.teacher is None:
+            return self._from_layer2(rt, res, c, lat, "; no LLM teacher configured")
+        history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
+        req = self._request(rt, c.text, res, history)
+        t0 = time.perf_counter()
+        try:
+            ans = self.teacher.label(req)
+        except TeacherError as exc:
+            lat["llm"] = _ms(t0)
+            call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
+                               error=str(exc)) if exc.kind != "circuit_open" else None
+            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call)
+            d._pending = exc.kind in RETRYABLE_TEACHER_ERRORS  # type: ignore[attr-defined]
+            return d
+        except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
+            lat["llm"] = _ms(t0)
+            log.exception("teacher raised an unexpected error")
+            call = TeacherCall(self.teacher.model, None, False, lat["llm"], f"error: {exc}")
+            return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call)
+        lat["llm"] = _ms(t0)
+        call = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"])
+        conf = rt.model.intents.teacher.confidence
+        if ans.label is None:
+            return self._decision(rt, None, conf, Tier.NO_MATCH, Layer.LLM,
+                                  f"llm {ans.model}: out of scope (layer 2: {res.reason})", c, lat, [], call)
+        return self._decision(rt, ans.label, conf, Tier.CONFIDENT, Layer.LLM,
+                              f"llm {ans.model} chose {ans.label} (layer 2: {res.reason})", c, lat, [], call)
+
+    def _request(self, rt: _Runtime, text: str, res: Layer2Result,
+                 history: tuple[HistoryEntry, ...]) -> TeacherRequest:
+        k = rt.model.intents.teacher.max_candidates
+        names = list(rt.labels) if len(rt.labels) <= k else [c.label for c in res.candidates[:k]]
+        return TeacherRequest(text=text, options=tuple(rt.options[n] for n in names if n is not None),
+                              history=history, allow_out_of_scope=True)
+
+    def _after(self, rt: _Runtime, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
+               declared: str | None, session_id: str | None, vector: np.ndarray | None) -> None:
+        history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
+        if session_id:
+            self.sessions.add(session_id, d.label, c.text)
+        audit = (self.audit_rate > 0 and self.teacher is not None and d.layer is Layer.EMBEDDING
+                 and d.tier is Tier.CONFIDENT and self._rng.random() < self.audit_rate)
+        if self.log_sink is None and not audit:
+            return
+        record = DecisionRecord(decision=d, text=c.text, created_at=time.time(), session_id=session_id,
+                                declared_type=declared, history=tuple(history),
+                                encoder_id=self.embedder.id if vector is not None else None,
+                                embedding=vector, audit=audit,
+                                pending=bool(getattr(d, "_pending", False)))
+        if self.log_sink is not None:
+            try:
+                self.log_sink.write(record)
+            except FlywheelError as exc:  # the log must never fail a request
+                log.error("decision %s not logged: %s", d.id, exc)
+        if audit:
+            self._submit_audit(rt, record)
+
+    def _submit_audit(self, rt: _Runtime, record: DecisionRecord) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            if self._audit_pool is None:
+                self._audit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-audit")
+        labels = rt.labels
+        k = rt.model.intents.teacher.max_candidates
+        cand = record.decision.label
+        names = list(labels) if len(labels) <= k else ([cand] + [n for n in labels if n != cand])[:k]
+        req = TeacherRequest(record.text, tuple(rt.options[n] for n in names), record.history, True)
+        self._audit_pool.submit(self._run_audit, record, req)
+
+    def _run_audit(self, record: DecisionRecord, req: TeacherRequest) -> None:
+        assert self.teacher is not None
+        t0 = time.perf_counter()
+        try:
+            ans = self.teacher.label(req)
+            call = TeacherCall(ans.model, ans.label, True, ans.latency_ms)
+        except TeacherError as exc:
+            call = TeacherCall(self.teacher.model, None, False, _ms(t0), str(exc))
+        except Exception as exc:  # noqa: BLE001
+            call = TeacherCall(self.teacher.model, None, False, _ms(t0), f"error: {exc}")
+        if self.audit_callback is not None:
+            try:
+                self.audit_callback(record, call)
+            except Exception:  # noqa: BLE001
+                log.exception("audit callback failed")
+
+    def close(self) -> None:
+        """Finish background audits and close the log sink."""
+        if self._audit_pool is not None:
+            self._audit_pool.shutdown(wait=True)
+            self._audit_pool = None
+        if self.log_sink is not None:
+            self.log_sink.close()
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0

@@ -1,0 +1,57 @@
+"""The trainer (separate from the model, as in SetFit): fit layer 2 from an intent set
+plus optional extra labelled texts into a model version."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from classifier.embedders import make_embedder
+from classifier.head import IntentHead
+from classifier.intents import IntentSet
+from classifier.model import IntentModel, Manifest, new_version_name
+from classifier.protocols import Embedder
+
+
+def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
+              extra_texts: Sequence[str] = (), extra_labels: Sequence[str | None] = (),
+              extra_vectors: np.ndarray | None = None, version: str | None = None,
+              parent: str | None = None, progress: bool = False,
+              head: IntentHead | None = None) -> IntentModel:
+    """Embed the intent examples (and extra labelled texts) and fit an :class:`IntentHead`.
+
+    ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``
+    (the retrain job reuses logged embeddings this way).
+    """
+    if len(extra_texts) != len(extra_labels):
+        raise ValueError("extra_texts and extra_labels differ in length")
+    embedder = embedder or make_embedder(intents.embedder)
+    texts, labels = intents.training_pairs()
+    t0 = time.perf_counter()
+    X = embedder.encode(texts, progress=progress)
+    if len(extra_texts):
+        Xe = extra_vectors if extra_vectors is not None else embedder.encode(list(extra_texts), progress=progress)
+        X = np.vstack([X, Xe])
+        labels = list(labels) + list(extra_labels)
+    t_embed = time.perf_counter() - t0
+    if head is None:
+        head = IntentHead(target_precision=intents.thresholds.target_precision)
+    t0 = time.perf_counter()
+    head.fit(X, labels)
+    t_fit = time.perf_counter() - t0
+    manifest = Manifest(
+        version=version or new_version_name(),
+        labels=[str(c) for c in head.classes_],
+        encoder={"backend": intents.embedder.backend, "model": intents.embedder.model,
+                 "id": embedder.id, "dim": int(X.shape[1])},
+        thresholds={k: float(v) for k, v in head.thresholds_.items()},
+        training_size=len(labels),
+        metrics={**head.metrics_, "n_out_of_scope": int(sum(1 for v in labels if v is None)),
+                 "embed_seconds": round(t_embed, 3), "fit_seconds": round(t_fit, 3)},
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        intent_set=intents.name,
+        parent=parent,
+    )
+    return IntentModel(intents=intents, head=head, manifest=manifest)

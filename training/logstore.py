@@ -1,0 +1,712 @@
+"""The DuckDB traffic log: every decision, its labels and its layer-2 embedding.
+
+Design (why it is not "keep the database open")
+-----------------------------------------------
+DuckDB lets one process open a file read-write, and a second process opening the
+same file, even read-only, fails with a lock error. A serving process keeps logging
+for days while cron jobs (retrain, stats, the feedback CLI) read the log and add
+labels, so nobody may hold the file for long:
+
+1. **Write path: memory -> spool segment.** :meth:`DuckDBLogSink.write` only appends
+   the record to an in-memory deque (about a microsecond). A background thread turns
+   the queued records into one pyarrow Table every ``flush_interval_s`` (or as soon
+   as ``batch_size`` are queued) and writes it as an Arrow IPC *segment* file into
+   ``<path>.spool/`` (write to ``*.tmp``, fsync, atomic rename, fsync the folder).
+   The serving process never needs DuckDB's lock to make a decision durable, so a
+   reader holding the database can neither slow nor back up the serving process.
+2. **Ingest: spool -> DuckDB.** Whoever opens the database through :class:`LogStore`
+   (any read or label method, and the sink's writer every ``ingest_interval_s``)
+   first moves the finished segments into the tables with one bulk
+   ``INSERT ... BY NAME SELECT`` from the registered Arrow table, records the segment
+   names in ``ingested_segments`` *in the same transaction*, commits, and only then
+   deletes the files. A crash between commit and delete is healed on the next
+   ingest (the names say the files are already in), so each row lands exactly once.
+3. **Every open is short.** Each operation opens a connection, ingests, runs its
+   query, fetches the result into memory and closes. All opens go through
+   :func:`connect`, which retries DuckDB's lock error with bounded, jittered
+   exponential backoff (``busy_timeout_s``, default 30 s) and only then raises
+   :class:`LogStoreBusyError` ("log database is busy ..."). The sink's own periodic
+   ingest tries once and simply tries again later: its rows are already durable.
+   Within one process all opens of a file are serialised by one lock.
+
+What a hard crash (``kill -9``, power loss) can lose: only records still in memory,
+i.e. those handed to ``write`` less than about ``flush_interval_s`` (+ one batch write,
+~40 ms per 1,000 rows) before the crash; if the writer is behind, at most
+``max_buffer`` records. Everything :meth:`DuckDBLogSink.flush` acknowledged is in a
+fsynced segment or committed in the database, and a segment is deleted only after
+its rows are committed. Buffer full (``max_buffer`` queued, e.g. the disk is
+failing): ``write`` *blocks* until the writer has made room (back-pressure, never a
+drop); the failure itself is logged and raised by ``flush``/``close``.
+
+Rules for callers: do not mutate a record after ``write``; open sinks after forking
+(the writer thread does not survive ``fork``); readers are cheap (~30 ms) but each
+write method (labels) opens the file and checkpoints on close (~50-250 ms).
+
+Labels: human labels (:meth:`LogStore.add_human_label`) and back-filled teacher
+labels (:meth:`LogStore.add_teacher_label`) are append-only; the latest of each kind
+wins, and :class:`LabelledRow` exposes both. **A human label always wins over the
+teacher's** (:attr:`LabelledRow.target`). A teacher answer logged with
+``valid=False`` is kept for statistics but never reported as a teacher label.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from classifier.errors import FlywheelError
+from classifier.protocols import DecisionRecord, HistoryEntry
+from training.migrations import (SCHEMA_VERSION, SEGMENT_SCHEMA, _list_segments, _utcnow,
+                                 apply_migrations, current_version, ingest_spool,
+                                 records_to_table, write_segment)
+
+log = logging.getLogger("flywheel.logstore")
+
+__all__ = ["LogStore", "DuckDBLogSink", "LabelledRow", "LogStoreError", "LogStoreBusyError",
+           "connect", "stats", "SCHEMA_VERSION", "SEGMENT_SCHEMA", "records_to_table",
+           "write_segment", "ingest_spool"]
+
+
+class LogStoreError(FlywheelError):
+    """The traffic log cannot be opened, read or written."""
+
+    exit_code = 2
+
+
+class LogStoreBusyError(LogStoreError):
+    """Another process kept the log database locked for longer than ``busy_timeout_s``."""
+
+
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+#: Process-wide counters for diagnostics (benchmarks, tests): lock retries in :func:`connect`.
+stats: dict[str, int] = {"opens": 0, "lock_retries": 0}
+
+_process_locks: dict[str, threading.RLock] = {}
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(path: str) -> threading.RLock:
+    with _process_locks_guard:
+        lock = _process_locks.get(path)
+        if lock is None:
+            lock = _process_locks[path] = threading.RLock()
+        return lock
+
+
+def _to_utc(ts: float | datetime) -> datetime:
+    if isinstance(ts, datetime):
+        return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+    return datetime.fromtimestamp(float(ts), timezone.utc).replace(tzinfo=None)
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return "lock" in msg and "permission denied" not in msg
+
+
+def connect(path: str | os.PathLike, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S):
+    """Open ``path`` read-write, retrying DuckDB's lock error with bounded backoff.
+
+    ``busy_timeout_s=0`` tries once. Raises :class:`LogStoreBusyError` when the file
+    stayed locked that long and :class:`LogStoreError` for any other failure.
+    """
+    path = str(path)
+    deadline = time.monotonic() + max(0.0, busy_timeout_s)
+    delay = 0.005
+    while True:
+        try:
+            con = duckdb.connect(path)
+            stats["opens"] += 1
+            return con
+        except duckdb.IOException as exc:
+            if not _is_lock_error(exc):
+                raise LogStoreError(f"cannot open log database {path}: {exc}") from exc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LogStoreBusyError(
+                    f"log database is busy: {path} stayed locked by another process for "
+                    f"{busy_timeout_s:g}s ({exc})") from exc
+            stats["lock_retries"] += 1
+            time.sleep(min(left, delay * (0.5 + random.random())))
+            delay = min(delay * 2, 0.5)
+        except duckdb.Error as exc:
+            raise LogStoreError(f"cannot open log database {path}: {exc}") from exc
+
+
+def _arrow(con, sql: str, params: Sequence[Any]) -> pa.Table:
+    """Run a read query into an Arrow table (``to_arrow_table`` is ``arrow`` before duckdb 1.4)."""
+    rel = con.sql(sql, params=list(params))
+    fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+    return fetch()
+
+
+# --------------------------------------------------------------------------- the sink
+
+class _Marker:
+    __slots__ = ("event", "written")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.written = 0
+
+
+class _Writer:
+    """The state shared by a sink and its background thread (which never references
+    the sink itself, so an abandoned sink can be garbage collected and finalized)."""
+
+    def __init__(self, store: "LogStore", *, flush_interval_s: float, batch_size: int,
+                 max_buffer: int, ingest_interval_s: float | None, fsync: bool) -> None:
+        self.path, self.spool = store.path, store.spool_dir
+        self.busy_timeout_s = store.busy_timeout_s
+        self.flush_interval_s = flush_interval_s
+        self.batch_size = batch_size
+        self.max_buffer = max_buffer
+        self.ingest_interval_s = ingest_interval_s
+        self.fsync = fsync
+        self.buf: deque = deque()
+        self.wake = threading.Event()
+        self.room = threading.Condition(threading.Lock())
+        self.drain_lock = threading.Lock()
+        self.stopping = False
+        self.written = 0            # rows durably in segments
+        self.rejected = 0           # records that could not be converted (programming errors)
+        self.segments = 0
+        self.ingested = 0
+        self.stuck: tuple[list, _Marker | None] | None = None
+        self.error: BaseException | None = None
+        self.ingest_error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="flywheel-logsink", daemon=True)
+        self.thread.start()
+
+    # -- background thread
+    def _run(self) -> None:
+        next_ingest = time.monotonic() + (self.ingest_interval_s or 0.0)
+        retry = 0.0
+        give_up_at = None
+        while True:
+            stopping = self.stopping
+            if not stopping:
+                self.wake.wait(retry or self.flush_interval_s)
+                self.wake.clear()
+            ok = self._drain()
+            retry = 0.0 if ok else min(max(retry * 2, 0.05), 2.0)
+            if ok and self.ingest_interval_s is not None and not stopping \
+                    and time.monotonic() >= next_ingest:
+                self._try_ingest(0.0)
+                next_ingest = time.monotonic() + self.ingest_interval_s
+            if stopping:
+                if ok:
+                    if self.ingest_interval_s is not None:
+                        self._try_ingest(min(2.0, self.busy_timeout_s))
+                    return
+                give_up_at = give_up_at or time.monotonic() + self.busy_timeout_s
+                if time.monotonic() >= give_up_at:
+                    return
+                time.sleep(retry)
+
+    def _take(self) -> tuple[list, _Marker | None]:
+        buf, out = self.buf, []
+        while len(out) < self.batch_size:
+            try:
+                item = buf.popleft()
+            except IndexError:
+                break
+            if item.__class__ is _Marker:
+                return out, item
+            out.append(item)
+        return out, None
+
+    def _drain(self) -> bool:
+        """Write everything queued, in batches; False when a write failed (kept in ``stuck``)."""
+        with self.drain_lock:
+            return self._drain_locked()
+
+    def _drain_locked(self) -> bool:
+        while True:
+            if self.stuck is not None:
+                records, marker = self.stuck
+            else:
+                records, marker = self._take()
+                if not records and marker is None:
+                    return True
+            if records:
+                try:
+                    self.written += self._write(records)
+                except Exception as exc:  # disk full, spool removed, ... : keep and retry
+                    if self.error is None:
+                        log.error("traffic log: cannot write %d records to %s (%s); "
+                                  "buffering and retrying", len(records), self.spool, exc)
+                    self.stuck, self.error = (records, marker), exc
+                    return False
+            self.stuck = self.error = None
+            if marker is not None:
+                marker.written = self.written
+                marker.event.set()
+            with self.room:
+                self.room.notify_all()
+
+    def _write(self, records: list) -> int:
+        try:
+            table = records_to_table(records)
+        except Exception:
+            good = []
+            for r in records:
+                try:
+                    records_to_table([r])
+                    good.append(r)
+                except Exception as exc:
+                    self.rejected += 1
+                    log.error("traffic log: dropping malformed record %r: %s",
+                              getattr(getattr(r, "decision", None), "id", r), exc)
+            if not good:
+                return 0
+            table = records_to_table(good)
+        write_segment(self.spool, table, fsync=self.fsync)
+        self.segments += 1
+        return table.num_rows
+
+    def _try_ingest(self, busy_timeout_s: float) -> None:
+        lock = _process_lock(self.path)
+        got = lock.acquire(timeout=busy_timeout_s) if busy_timeout_s > 0 else lock.acquire(False)
+        if not got:  # a reader of this process holds it, and ingests for us
+            return
+        try:
+            if not _list_segments(self.spool):
+                return
+            con = connect(self.path, busy_timeout_s)
+            try:
+                self.ingested += ingest_spool(con, self.spool)
+                self.ingest_error = None
+            finally:
+                con.close()
+        except LogStoreBusyError:
+            pass  # a reader holds the file; rows are durable in the spool, try later
+        except Exception as exc:
+            if self.ingest_error is None:
+                log.warning("traffic log: ingest into %s failed (%s); rows stay in %s",
+                            self.path, exc, self.spool)
+            self.ingest_error = exc
+        finally:
+            lock.release()
+
+    # -- caller side
+    def wait_for_room(self) -> None:
+        with self.room:
+            while len(self.buf) >= self.max_buffer and self.thread.is_alive():
+                self.wake.set()
+                self.room.wait(0.1)
+
+    def flush(self, timeout: float | None) -> int:
+        marker = _Marker()
+        self.buf.append(marker)
+        self.wake.set()
+        start = time.monotonic()
+        err_since = None
+        while not marker.event.wait(0.02):
+            now = time.monotonic()
+            if not self.thread.is_alive():
+                self._drain()  # thread gone (closing): finish here
+                if not marker.event.is_set():
+                    raise LogStoreError(f"traffic log writer stopped; records for {self.spool} "
+                                        f"not written: {self.error}")
+                break
+            if self.error is not None:
+                err_since = err_since or now
+                if now - err_since >= self.busy_timeout_s:
+                    raise LogStoreError(
+                        f"traffic log cannot write to {self.spool}: {self.error} "
+                        f"({len(self.buf)} records buffered, still retrying)")
+            else:
+                err_since = None
+            if timeout is not None and now - start >= timeout:
+                raise LogStoreError(f"traffic log flush timed out after {timeout:g}s")
+        return marker.written
+
+    def close(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join()
+        if self.buf or self.stuck:  # a write raced with close, or the writer gave up
+            self._drain()
+        if self.stuck is not None or self.buf:
+            n = len(self.stuck[0]) if self.stuck else 0
+            raise LogStoreError(f"traffic log closed with {n + len(self.buf)} records unwritten "
+                                f"to {self.spool}: {self.error}")
+
+
+class DuckDBLogSink:
+    """A :class:`~classifier.protocols.LogSink` that never blocks the request path on I/O.
+
+    ``write`` enqueues; a background thread writes batches to the spool; see the module
+    docstring. Records passed to ``write`` must not be mutated afterwards. Get one from
+    :meth:`LogStore.open_sink`. Flushed and closed at interpreter exit if still open.
+    """
+
+    def __init__(self, store: "LogStore", *, flush_interval_s: float = 0.5,
+                 batch_size: int = 1000, max_buffer: int = 100_000,
+                 ingest_interval_s: float | None = 10.0, fsync: bool = True) -> None:
+        if batch_size < 1 or max_buffer < batch_size or flush_interval_s <= 0:
+            raise ValueError("need batch_size >= 1, max_buffer >= batch_size, flush_interval_s > 0")
+        self.path = store.path
+        self._w = _Writer(store, flush_interval_s=flush_interval_s, batch_size=batch_size,
+                          max_buffer=max_buffer, ingest_interval_s=ingest_interval_s, fsync=fsync)
+        self._buf, self._wake, self._max = self._w.buf, self._w.wake, max_buffer
+        self._batch = batch_size
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_quietly, self._w)
+
+    def write(self, record: DecisionRecord) -> None:
+        """Enqueue ``record`` (O(1)); blocks only while ``max_buffer`` records are queued."""
+        if self._w.stopping:  # closed, or flushed and stopped at interpreter exit
+            raise LogStoreError(f"traffic log sink for {self.path} is closed")
+        buf = self._buf
+        n = len(buf)
+        if n >= self._batch:
+            if n >= self._max:
+                self._w.wait_for_room()
+            self._wake.set()
+        buf.append(record)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Block until every record written before this call is durable; return the
+        total number of rows this sink has written. Raises :class:`LogStoreError` when
+        the spool stayed unwritable for ``busy_timeout_s`` (records stay buffered)."""
+        if self._w.stopping:
+            return self._w.written
+        return self._w.flush(timeout)
+
+    def close(self) -> None:
+        """Flush, try a last ingest into DuckDB, stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        self._w.close()
+
+    @property
+    def written(self) -> int:
+        return self._w.written
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    @property
+    def rejected(self) -> int:
+        """Malformed records dropped (no id/text/layer, wrong types): programming errors."""
+        return self._w.rejected
+
+    def __enter__(self) -> "DuckDBLogSink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close_quietly(writer: _Writer) -> None:
+    try:
+        writer.close()
+    except Exception as exc:  # at exit nobody can catch it
+        log.error("%s", exc)
+
+
+# --------------------------------------------------------------------------- the store
+
+@dataclass(frozen=True)
+class LabelledRow:
+    """One logged decision with the labels it got, for the retrain job.
+
+    ``teacher_label`` is the latest *valid* teacher answer (inline or back-filled;
+    ``None`` with ``has_teacher_label`` = out of scope); ``teacher_labels`` all of
+    them, oldest first. ``human_label`` is the latest human label (``None`` with
+    ``has_human_label`` = out of scope). Use :attr:`target`: a human label always
+    wins over the teacher's.
+    """
+
+    decision_id: str
+    text: str
+    created_at: float                 # unix seconds
+    layer: str
+    label: str | None                 # what the classifier answered
+    confidence: float | None
+    l2_label: str | None              # what layer 2 said (see ``_layer2``)
+    l2_confidence: float | None
+    teacher_label: str | None
+    teacher_model: str | None
+    has_teacher_label: bool
+    teacher_labels: tuple[str | None, ...]
+    human_label: str | None
+    human_author: str | None
+    has_human_label: bool
+    encoder_id: str | None
+    session_id: str | None = None
+    history: tuple[HistoryEntry, ...] = ()
+
+    @property
+    def target(self) -> tuple[str | None, str | None]:
+        """``(label, source)``: the human label if any, else the teacher's; source is
+        ``"human"``, ``"teacher"`` or ``None`` (no label at all)."""
+        if self.has_human_label:
+            return self.human_label, "human"
+        if self.has_teacher_label:
+            return self.teacher_label, "teacher"
+        return None, None
+
+
+def _history(items) -> tuple[HistoryEntry, ...]:
+    return tuple(HistoryEntry(h["label"], h["snippet"]) for h in (items or ()))
+
+
+_LABELLED_SQL = """
+WITH tl AS (
+    SELECT decision_id, teacher_label AS label, teacher_model AS model,
+           created_at AS ts, 0::BIGINT AS ord
+    FROM decisions WHERE teacher_valid
+    UNION ALL
+    SELECT decision_id, label, model, created_at, label_id
+    FROM labels WHERE source = 'teacher' AND valid
+), t AS (
+    SELECT decision_id, list(label ORDER BY ts, ord) AS labels,
+           list(model ORDER BY ts, ord) AS models, max(ts) AS ts
+    FROM tl GROUP BY decision_id
+), h AS (
+    SELECT decision_id, list(label ORDER BY created_at, label_id) AS labels,
+           list(author ORDER BY created_at, label_id) AS authors, max(created_at) AS ts
+    FROM labels WHERE source = 'human' GROUP BY decision_id
+)
+SELECT d.decision_id, d.text, epoch_us(d.created_at), d.layer, d.label, d.confidence,
+       d.l2_label, d.l2_confidence, t.labels, t.models, h.labels, h.authors,
+       d.encoder_id, d.session_id, d.history
+FROM decisions d
+LEFT JOIN t ON t.decision_id = d.decision_id
+LEFT JOIN h ON h.decision_id = d.decision_id
+WHERE {where}
+ORDER BY d.created_at, d.decision_id
+"""
+
+
+class LogStore:
+    """The traffic log at ``path`` (a DuckDB file; segments spool in ``<path>.spool/``).
+
+    Opening checks that the location is writable and applies the schema migrations,
+    so a bad path fails here with :class:`LogStoreError`, not as a lost log later.
+    No connection is kept: every method opens, ingests the spool, queries, fetches
+    into memory and closes (see the module docstring).
+    """
+
+    def __init__(self, path: str | os.PathLike, *,
+                 busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
+        p = Path(os.path.realpath(Path(path).expanduser()))
+        self.path = str(p)
+        self.spool_dir = Path(self.path + ".spool")
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._sinks: "weakref.WeakSet[DuckDBLogSink]" = weakref.WeakSet()
+        if p.is_dir():
+            raise LogStoreError(f"log database path {self.path} is a directory")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self.spool_dir.mkdir(exist_ok=True)
+            probe = self.spool_dir / f".probe-{os.getpid()}-{threading.get_ident()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise LogStoreError(f"log database path {self.path} is not writable: {exc}") from exc
+        with _process_lock(self.path):
+            con = connect(self.path, self.busy_timeout_s)
+            try:
+                self.migrations_applied = apply_migrations(con, self.path)
+                ingest_spool(con, self.spool_dir)
+            except (duckdb.Error, OSError) as exc:
+                raise LogStoreError(f"log database {self.path}: {exc}") from exc
+            finally:
+                con.close()
+
+    def __repr__(self) -> str:
+        return f"LogStore({self.path!r})"
+
+    # -- plumbing
+    def _run(self, fn, *, ingest: bool = True):
+        """Open (with lock retries), ingest the spool, run ``fn(con)``, close."""
+        with _process_lock(self.path):
+            con = connect(self.path, self.busy_timeout_s)
+            try:
+                if ingest:
+                    ingest_spool(con, self.spool_dir)
+                return fn(con)
+            except (duckdb.Error, OSError) as exc:
+                raise LogStoreError(f"log database {self.path}: {exc}") from exc
+            finally:
+                con.close()
+
+    def open_sink(self, *, flush_interval_s: float = 0.5, batch_size: int = 1000,
+                  max_buffer: int = 100_000, ingest_interval_s: float | None = 10.0,
+                  fsync: bool = True) -> DuckDBLogSink:
+        """A :class:`DuckDBLogSink` writing into this store (see its docstring)."""
+        sink = DuckDBLogSink(self, flush_interval_s=flush_interval_s, batch_size=batch_size,
+                             max_buffer=max_buffer, ingest_interval_s=ingest_interval_s,
+                             fsync=fsync)
+        self._sinks.add(sink)
+        return sink
+
+    def ingest(self) -> int:
+        """Move spooled segments into the database now; return the rows moved."""
+        return self._run(lambda con: ingest_spool(con, self.spool_dir), ingest=False)
+
+    @property
+    def schema_version(self) -> int:
+        return self._run(current_version)
+
+    # -- labels
+    def _add_label(self, decision_id: str, row: list) -> None:
+        def op(con):
+            if not con.execute("SELECT count(*) FROM decisions WHERE decision_id = ?",
+                               [decision_id]).fetchone()[0]:
+                return False
+            con.execute("INSERT INTO labels (decision_id, source, label, model, valid, "
+                        "latency_ms, author, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [decision_id, *row, _utcnow()])
+            return True
+
+        if self._run(op):
+            return
+        for sink in list(self._sinks):  # maybe still buffered in this process
+            sink.flush()
+        if not self._run(op):
+            raise LogStoreError(f"unknown decision id {decision_id!r} in log {self.path}")
+
+    def add_human_label(self, decision_id: str, label: str | None, *,
+                        author: str | None = None) -> None:
+        """Record a human label (``None`` = out of scope); the latest one wins and it
+        always beats the teacher's. Unknown ``decision_id`` -> :class:`LogStoreError`."""
+        if label is not None and not isinstance(label, str):
+            raise LogStoreError(f"label must be a string or None, got {label!r}")
+        self._add_label(decision_id, ["human", label, None, True, None, author])
+
+    def add_teacher_label(self, decision_id: str, label: str | None, model: str,
+                          valid: bool, latency_ms: float | None = None) -> None:
+        """Record a back-filled teacher answer. ``valid=False`` rows are kept for stats
+        and never reported as a teacher label."""
+        self._add_label(decision_id, ["teacher", label, model, bool(valid),
+                                      None if latency_ms is None else float(latency_ms), None])
+
+    def pending(self, limit: int | None = None) -> list[tuple[str, str, tuple[HistoryEntry, ...]]]:
+        """Decisions that needed the teacher while it was unavailable and have neither a
+        valid teacher label nor a resolution yet, oldest first: ``(id, text, history)``."""
+        sql = ("SELECT d.decision_id, d.text, d.history FROM decisions d WHERE d.pending "
+               "AND NOT EXISTS (SELECT 1 FROM resolutions r WHERE r.decision_id = d.decision_id) "
+               "AND NOT EXISTS (SELECT 1 FROM labels l WHERE l.decision_id = d.decision_id "
+               "AND l.source = 'teacher' AND l.valid) ORDER BY d.created_at, d.decision_id")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = self._run(lambda con: con.execute(sql).fetchall())
+        return [(r[0], r[1], _history(r[2])) for r in rows]
+
+    def mark_resolved(self, decision_ids: Iterable[str]) -> int:
+        """Take decisions off :meth:`pending`; returns how many known ids were newly marked."""
+        ids = pa.table({"decision_id": pa.array(list(dict.fromkeys(decision_ids)), pa.string())})
+
+        def op(con):
+            con.register("_flywheel_ids", ids)
+            try:
+                return con.execute(
+                    "INSERT INTO resolutions SELECT i.decision_id, ?::TIMESTAMP "
+                    "FROM _flywheel_ids i "
+                    "WHERE i.decision_id IN (SELECT decision_id FROM decisions) "
+                    "AND i.decision_id NOT IN (SELECT decision_id FROM resolutions)",
+                    [_utcnow()]).fetchone()[0]
+            finally:
+                con.unregister("_flywheel_ids")
+        return int(self._run(op) or 0)
+
+    # -- reads
+    def labelled_rows(self, since: float | datetime | None = None, *,
+                      labelled_only: bool = True) -> list[LabelledRow]:
+        """Decisions with a human label or a valid teacher label (all decisions when
+        ``labelled_only=False``), oldest first. With ``since`` (unix seconds or
+        datetime): only rows whose decision *or* one of whose labels is that new."""
+        conds, params = [], []
+        if labelled_only:
+            conds.append("(t.decision_id IS NOT NULL OR h.decision_id IS NOT NULL)")
+        if since is not None:
+            conds.append("(d.created_at >= ? OR t.ts >= ? OR h.ts >= ?)")
+            params += [_to_utc(since)] * 3
+        sql = _LABELLED_SQL.format(where=" AND ".join(conds) or "TRUE")
+        rows = self._run(lambda con: con.execute(sql, params).fetchall())
+        out = []
+        for (did, text, us, layer, label, conf, l2l, l2c, tls, tms, hls, has, enc, sid,
+             hist) in rows:
+            out.append(LabelledRow(
+                decision_id=did, text=text, created_at=us / 1e6, layer=layer, label=label,
+                confidence=conf, l2_label=l2l, l2_confidence=l2c,
+                teacher_label=tls[-1] if tls else None, teacher_model=tms[-1] if tms else None,
+                has_teacher_label=bool(tls), teacher_labels=tuple(tls or ()),
+                human_label=hls[-1] if hls else None, human_author=has[-1] if has else None,
+                has_human_label=bool(hls), encoder_id=enc, session_id=sid,
+                history=_history(hist)))
+        return out
+
+    def embeddings(self, encoder_id: str, decision_ids: Iterable[str] | None = None, *,
+                   texts: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Stored layer-2 vectors made by ``encoder_id`` (float32, 1-D), keyed by decision
+        id, or by text when ``texts`` is given (the newest vector of that text). With
+        neither, every vector of that encoder, keyed by decision id."""
+        if decision_ids is not None and texts is not None:
+            raise ValueError("pass decision_ids or texts, not both")
+        params: list = [encoder_id]
+        if texts is not None:
+            keys = pa.table({"k": pa.array(list(dict.fromkeys(texts)), pa.string())})
+            sql = ("SELECT d.text AS k, arg_max(e.vector, d.created_at) AS v FROM embeddings e "
+                   "JOIN decisions d ON d.decision_id = e.decision_id "
+                   "JOIN _flywheel_keys q ON q.k = d.text WHERE e.encoder_id = ? GROUP BY d.text")
+        elif decision_ids is not None:
+            keys = pa.table({"k": pa.array(list(dict.fromkeys(decision_ids)), pa.string())})
+            sql = ("SELECT e.decision_id AS k, e.vector AS v FROM embeddings e "
+                   "JOIN _flywheel_keys q ON q.k = e.decision_id WHERE e.encoder_id = ?")
+        else:
+            keys = None
+            sql = "SELECT decision_id AS k, vector AS v FROM embeddings WHERE encoder_id = ?"
+
+        def op(con):
+            if keys is not None:
+                con.register("_flywheel_keys", keys)
+            try:
+                return _arrow(con, sql, params)
+            finally:
+                if keys is not None:
+                    con.unregister("_flywheel_keys")
+        table = self._run(op)
+        ks = table.column("k").to_pylist()
+        if not ks:
+            return {}
+        vec = table.column("v").combine_chunks()
+        values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        offsets = vec.offsets.to_numpy()
+        return {k: values[offsets[i]:offsets[i + 1]] for i, k in enumerate(ks)}
+
+    def count(self) -> int:
+        """Number of logged decisions (after ingesting the spool)."""
+        return int(self._run(
+            lambda con: con.execute("SELECT count(*) FROM decisions").fetchone()[0]))
+
+    def layer_counts(self) -> dict[str, int]:
+        rows = self._run(lambda con: con.execute(
+            "SELECT layer, count(*) FROM decisions GROUP BY layer ORDER BY layer").fetchall())
+        return {layer: int(n) for layer, n in rows}
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
+        """Run one SQL statement (meant for stats) and return all rows."""
+        return self._run(lambda con: con.execute(sql, list(params or [])).fetchall())
