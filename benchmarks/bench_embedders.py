@@ -32,8 +32,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -112,9 +114,10 @@ def bench_minilm(args: argparse.Namespace, queries: list[str], rows: list[dict])
         r = time_each(lambda q: emb.encode([q]), queries)
         rows.append({"part": "minilm", "what": "MiniLM single query (uncached)", "threads": used, **r,
                      "load_s": load_s, "min_cosine_vs_sentence_transformers": agree})
-        r = time_each(lambda q: plain.encode([q]), queries)
+        few = queries[: args.compare_n]
+        r = time_each(lambda q: plain.encode([q]), few)
         rows.append({"part": "minilm", "what": "same, pack_weights=False (plain nn.Linear)", "threads": used, **r})
-        r = time_each(lambda q: st.encode([q], show_progress_bar=False), queries)
+        r = time_each(lambda q: st.encode([q], show_progress_bar=False), few)
         rows.append({"part": "minilm", "what": "same, via SentenceTransformer.encode", "threads": used, **r})
 
 
@@ -174,6 +177,14 @@ def build_random_bge_m3(path: Path, corpus: list[str], layers: int) -> dict[str,
     return {"params": n_params, "tokens_per_query": float(np.mean(lengths))}
 
 
+def encode_one(emb: E.BGEM3Embedder, q: str) -> np.ndarray:
+    return emb.encode([q])
+
+
+def encode_batch32(emb: E.BGEM3Embedder, batch: list[str]) -> np.ndarray:
+    return emb.encode(batch, batch_size=32)
+
+
 def bench_bge(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-bge-m3-"))
     try:
@@ -195,24 +206,28 @@ def bench_bge(args: argparse.Namespace, queries: list[str], rows: list[dict]) ->
             load_s = time.perf_counter() - t0
             for n in args.threads:
                 used = set_threads(n)
-                r = time_each(lambda q: emb.encode([q]), single, warmup=3)
+                r = time_each(partial(encode_one, emb), single, warmup=3)
                 rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, single query",
                              "threads": used, **r, "load_s": load_s, "layers": args.bge_layers,
                              "tokens_per_query": info["tokens_per_query"]})
                 print(f"[bge] {label} threads={used}: p50 {r['p50_ms']:.0f} ms", file=sys.stderr, flush=True)
             used = set_threads(max(args.threads))
-            r = throughput(lambda b: emb.encode(b, batch_size=32), batch_data, 32)
+            r = throughput(partial(encode_batch32, emb), batch_data, 32)
             vecs = emb.encode(single[:32])
             if fp32_vecs is None:
                 fp32_vecs = vecs
             rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, batch 32",
                          "threads": used, **r, "layers": args.bge_layers,
                          "min_cosine_vs_plain_fp32": float((vecs * fp32_vecs).sum(axis=1).min())})
-            del emb
+            del emb  # free the model before loading the next variant
             E.clear_loaded_models()
             gc.collect()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.3f}" if v < 1 else f"{v:.1f}")
 
 
 def markdown(rows: list[dict]) -> str:
@@ -227,10 +242,9 @@ def markdown(rows: list[dict]) -> str:
             if r.get(k) is not None:
                 notes.append(fmt.format(r[k]))
         p50 = r.get("p50_ms")
-        fmt_ms = (lambda v: "-" if v is None else (f"{v:.3f}" if v < 1 else f"{v:.1f}"))
         qps = r.get("queries_per_s")
-        lines.append(f"| {r['what']} | {r['threads'] if r['threads'] is not None else '-'} | {fmt_ms(p50)} | "
-                     f"{fmt_ms(r.get('p99_ms'))} | {'-' if qps is None else f'{qps:.1f}'} | {', '.join(notes)} |")
+        lines.append(f"| {r['what']} | {r['threads'] if r['threads'] is not None else '-'} | {_ms(p50)} | "
+                     f"{_ms(r.get('p99_ms'))} | {'-' if qps is None else f'{qps:.1f}'} | {', '.join(notes)} |")
     return "\n".join(lines)
 
 
@@ -238,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--queries", type=int, default=300, help="distinct queries for single-query latency")
+    p.add_argument("--compare-n", type=int, default=100,
+                   help="queries for the MiniLM comparison rows (plain nn.Linear, SentenceTransformer)")
     p.add_argument("--threads", default="1,2", help="torch thread counts to time single queries with")
     p.add_argument("--batch", type=int, default=64, help="MiniLM throughput batch size")
     p.add_argument("--throughput-n", type=int, default=1024, help="queries encoded for MiniLM throughput")
     p.add_argument("--bge-layers", type=int, default=24, help="transformer layers of the random bge-m3 (24 = real)")
-    p.add_argument("--bge-single", type=int, default=40, help="single queries timed per bge-m3 variant")
+    p.add_argument("--bge-single", type=int, default=30, help="single queries timed per bge-m3 variant")
     p.add_argument("--bge-batches", type=int, default=3, help="batches of 32 timed per bge-m3 variant")
     p.add_argument("--json-out", type=Path, help="write all results as JSON here")
     args = p.parse_args(argv)

@@ -339,9 +339,9 @@ def test_bge_m3_hub_id_not_cached_fails_clearly() -> None:
 
 def build_tiny_xlmr(path: Path, hidden: int = 64, layers: int = 2, heads: int = 4) -> Path:
     """Save a random XLM-RoBERTa model and a self-trained Unigram tokenizer to ``path``."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaModel
-    import torch
 
     corpus = SENTENCES + ["the quick brown fox jumps over the lazy dog",
                           "please track my package and tell me when it arrives",

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from classifier.errors import ModelError
+from classifier.intents import parse_intents
+from classifier.model import IntentModel
+from classifier.trainer import fit_model
+from tests.fakes import HashEmbedder
+
+DOC = {
+    "name": "tiny",
+    "rules": [{"id": "quota-rule", "intent": "PLATFORM", "contains": "quota"}],
+    "intents": [
+        {"name": "RETRIEVAL", "description": "docs", "examples": [
+            "what is addvar", "explain addparam", "what does addresult return", "how do loops work",
+            "what types exist", "documentation for requests"]},
+        {"name": "PLATFORM", "description": "account", "examples": [
+            "show my invoices", "what plan am i on", "cancel subscription", "my billing history",
+            "upgrade my plan", "payment method"]},
+    ],
+    "out_of_scope": {"examples": ["weather tomorrow", "cook pasta", "football score", "capital of france"]},
+}
+
+
+@pytest.fixture()
+def model():
+    return fit_model(parse_intents(DOC), embedder=HashEmbedder())
+
+
+def test_save_load_roundtrip(tmp_path, model):
+    d = model.save(tmp_path / "v1")
+    manifest = json.loads((d / "manifest.json").read_text())
+    for key in ("format_version", "labels", "encoder", "thresholds", "libraries", "training_size",
+                "metrics", "created_at", "head_sha256"):
+        assert key in manifest
+    assert manifest["encoder"] == {"backend": "minilm", "model": None, "id": "fake:hash-256", "dim": 256}
+    loaded = IntentModel.load(d, expected_encoder_id="fake:hash-256")
+    assert loaded.version == model.version
+    assert loaded.intents.rules[0].id == "quota-rule"
+    assert list(loaded.head.classes_) == ["PLATFORM", "RETRIEVAL"]
+
+
+def test_refuses_overwrite(tmp_path, model):
+    model.save(tmp_path / "v1")
+    with pytest.raises(ModelError, match="non-empty"):
+        model.save(tmp_path / "v1")
+
+
+def test_corrupt_head_is_refused(tmp_path, model):
+    d = model.save(tmp_path / "v1")
+    with (d / "head.joblib").open("r+b") as f:
+        f.seek(100)
+        f.write(b"garbage")
+    with pytest.raises(ModelError, match="checksum"):
+        IntentModel.load(d)
+
+
+def test_mismatched_manifest_is_refused(tmp_path, model):
+    d = model.save(tmp_path / "v1")
+    m = json.loads((d / "manifest.json").read_text())
+    m["labels"] = ["PLATFORM", "RETRIEVAL", "EXTRA"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ModelError, match="do not match"):
+        IntentModel.load(d)
+    m["labels"] = ["PLATFORM", "RETRIEVAL"]
+    m["encoder"]["dim"] = 384
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ModelError, match="256-d"):
+        IntentModel.load(d)
+
+
+def test_wrong_encoder_and_missing_files(tmp_path, model):
+    d = model.save(tmp_path / "v1")
+    with pytest.raises(ModelError, match="trained with encoder"):
+        IntentModel.load(d, expected_encoder_id="minilm:all-MiniLM-L6-v2")
+    with pytest.raises(ModelError, match="not a model version"):
+        IntentModel.load(tmp_path)
+    (d / "manifest.json").write_text("{not json")
+    with pytest.raises(ModelError, match="corrupt manifest"):
+        IntentModel.load(d)

@@ -1,0 +1,308 @@
+"""Labelled query files for training and evaluation: CLINC150 JSON, CSV and JSON Lines.
+
+:func:`load_labelled` reads one file into :class:`LabelledData` (texts and labels,
+``None`` for out of scope); :func:`intent_set_from_data` turns labelled data into an
+:class:`~classifier.intents.IntentSet` that :func:`classifier.trainer.fit_model` can fit.
+
+Formats
+-------
+``clinc150``
+    One JSON object of splits, each a list of ``[text, label]`` pairs (CLINC150's
+    ``data_full.json``). ``split="train"`` reads ``train`` + ``oos_train``,
+    ``split="test"`` reads ``test`` + ``oos_test`` (and ``"val"``: ``val`` + ``oos_val``).
+``csv``
+    A header row naming at least ``text_column`` and ``label_column``.
+``jsonl``
+    One JSON object per line with ``text_column`` and ``label_column`` keys; blank
+    lines are skipped. A JSON ``null`` label means out of scope.
+
+In every format a label equal to ``oos_label`` (default ``"oos"``) means out of scope.
+A bad file raises :class:`DatasetError` naming the file, the line or row, and the problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from classifier.errors import FlywheelError
+from classifier.intents import Intent, IntentSet, ThresholdSettings
+
+__all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
+           "intent_set_from_data"]
+
+FORMATS = ("clinc150", "csv", "jsonl")
+# split name -> the CLINC150 lists it reads (in-scope first, then out of scope)
+SPLITS = {"train": ("train", "oos_train"), "val": ("val", "oos_val"), "test": ("test", "oos_test")}
+_EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "clinc150"}
+
+
+class DatasetError(FlywheelError):
+    """A labelled data file is missing, unreadable or malformed.
+
+    The message names the file, the line or row (when there is one) and the problem.
+    """
+
+    exit_code = 2
+
+    def __init__(self, path: str | Path, problem: str, where: str | None = None) -> None:
+        self.path = str(path)
+        self.where = where
+        self.problem = problem
+        prefix = self.path if where is None else f"{self.path}: {where}"
+        super().__init__(f"{prefix}: {problem}")
+
+
+@dataclass(frozen=True)
+class LabelledData:
+    """Texts with their labels (``None`` = out of scope), in file order."""
+
+    texts: list[str]
+    labels: list[str | None]
+    source: str = field(default="<memory>", compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != len(self.labels):
+            raise ValueError(f"{len(self.texts)} texts but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def intent_labels(self) -> list[str]:
+        """The distinct in-scope labels, in order of first appearance."""
+        return list(dict.fromkeys(v for v in self.labels if v is not None))
+
+    @property
+    def n_out_of_scope(self) -> int:
+        return sum(1 for v in self.labels if v is None)
+
+    def counts(self) -> dict[str | None, int]:
+        """Examples per label (``None``: out of scope)."""
+        out: dict[str | None, int] = {}
+        for v in self.labels:
+            out[v] = out.get(v, 0) + 1
+        return out
+
+
+def infer_format(path: str | Path) -> str:
+    """The format implied by a file name's extension (``.csv``, ``.jsonl``/``.ndjson``, ``.json``)."""
+    suffix = Path(path).suffix.lower()
+    fmt = _EXTENSIONS.get(suffix)
+    if fmt is None:
+        raise DatasetError(path, f"cannot tell the format from the extension {suffix or '(none)'!r}; "
+                                 f"give one of: {', '.join(FORMATS)} (.csv, .jsonl/.ndjson, .json = clinc150)")
+    return fmt
+
+
+def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "train",
+                  text_column: str = "text", label_column: str = "label",
+                  oos_label: str | None = "oos") -> LabelledData:
+    """Read a labelled data file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    fmt : {"clinc150", "csv", "jsonl"}, optional
+        Default: inferred from the extension (``.json`` is read as CLINC150).
+    split : {"train", "test", "val"}
+        CLINC150 only: which lists to read (``train`` + ``oos_train``, ...).
+    text_column, label_column : str
+        CSV columns / JSONL keys holding the text and the label.
+    oos_label : str or None
+        The label that means out of scope (becomes ``None``).
+
+    Raises
+    ------
+    DatasetError
+        Missing or unreadable file, unknown format or split, invalid JSON (with the
+        line number), a missing column or key, an empty text or label, or no examples.
+    """
+    p = Path(path)
+    if fmt is None:
+        fmt = infer_format(p)
+    fmt = str(fmt).strip().lower()
+    if fmt == "json":
+        fmt = "clinc150"
+    if fmt not in FORMATS:
+        raise DatasetError(p, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt == "clinc150" and split not in SPLITS:
+        raise DatasetError(p, f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+    raw = _read_text(p)
+    reader = {"clinc150": _read_clinc150, "csv": _read_csv, "jsonl": _read_jsonl}[fmt]
+    texts: list[str] = []
+    labels: list[str | None] = []
+    for where, text, label in reader(p, raw, split=split, text_column=text_column, label_column=label_column):
+        t = _check_text(p, where, text)
+        if label is None:
+            labels.append(None)
+        else:
+            lab = _check_label(p, where, label)
+            labels.append(None if oos_label is not None and lab == oos_label else lab)
+        texts.append(t)
+    if not texts:
+        what = f"split {split!r} of " if fmt == "clinc150" else ""
+        raise DatasetError(p, f"{what}the file contains no examples")
+    return LabelledData(texts, labels, source=str(p))
+
+
+# --------------------------------------------------------------------------- readers
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise DatasetError(p, "file not found") from None
+    except IsADirectoryError:
+        raise DatasetError(p, "is a directory, not a file") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(p, f"not valid UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DatasetError(p, f"cannot read file: {exc.strerror or exc}") from None
+
+
+def _check_text(p: Path, where: str, text: Any) -> str:
+    if not isinstance(text, str):
+        raise DatasetError(p, f"text must be a string, got {_describe(text)}", where)
+    t = text.strip()
+    if not t:
+        raise DatasetError(p, "empty text", where)
+    return t
+
+
+def _check_label(p: Path, where: str, label: Any) -> str:
+    if isinstance(label, bool) or not isinstance(label, (str, int)):
+        raise DatasetError(p, f"label must be a string, got {_describe(label)}", where)
+    lab = str(label).strip()
+    if not lab:
+        raise DatasetError(p, "empty label", where)
+    return lab
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+Row = Iterator[tuple[str, Any, Any]]
+
+
+def _read_clinc150(p: Path, raw: str, *, split: str, **_: Any) -> Row:
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(p, f"invalid JSON on line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    if not isinstance(doc, dict):
+        raise DatasetError(p, f"a CLINC150 file must be a JSON object of splits, got {type(doc).__name__}"
+                              + (" (JSON Lines? pass fmt='jsonl')" if isinstance(doc, list) else ""))
+    in_key, oos_key = SPLITS[split]
+    if in_key not in doc and oos_key not in doc:
+        raise DatasetError(p, f"no {in_key!r} or {oos_key!r} list (keys: {', '.join(map(str, doc)) or 'none'})")
+    for key in (in_key, oos_key):
+        items = doc.get(key, [])
+        if not isinstance(items, list):
+            raise DatasetError(p, f"{key!r} must be a list of [text, label] pairs, got {type(items).__name__}")
+        for n, item in enumerate(items):
+            where = f"{key!r} item #{n + 1}"
+            if not isinstance(item, list) or len(item) != 2:
+                raise DatasetError(p, f"expected a [text, label] pair, got {_describe(item)}", where)
+            if item[1] is None:  # CLINC150 names out of scope "oos"; null is a mistake here
+                raise DatasetError(p, "label is null", where)
+            yield where, item[0], item[1]
+
+
+def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, **_: Any) -> Row:
+    reader = csv.reader(io.StringIO(raw, newline=""))
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise DatasetError(p, f"malformed CSV header: {exc}", "line 1") from None
+    if header is None or not any(h.strip() for h in header):
+        raise DatasetError(p, "empty file: expected a header row naming the columns")
+    names = [h.strip() for h in header]
+    missing = [c for c in (text_column, label_column) if c not in names]
+    if missing:
+        raise DatasetError(p, f"missing column {missing[0]!r} (columns: {', '.join(repr(n) for n in names)})",
+                           "header (line 1)")
+    ti, li = names.index(text_column), names.index(label_column)
+    row_no = 0
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DatasetError(p, f"malformed CSV: {exc}", f"line {start}") from None
+        if not row or all(not c.strip() for c in row):
+            continue  # blank line
+        row_no += 1
+        where = f"line {start} (row {row_no})" if reader.line_num == start else \
+            f"lines {start}-{reader.line_num} (row {row_no})"
+        if len(row) <= max(ti, li):
+            raise DatasetError(p, f"has {len(row)} field(s), expected {len(names)}", where)
+        yield where, row[ti], row[li]
+
+
+def _read_jsonl(p: Path, raw: str, *, text_column: str, label_column: str, **_: Any) -> Row:
+    # split on "\n" only: JSON strings may hold U+2028 and other characters splitlines() breaks on
+    for n, line in enumerate(raw.split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        where = f"line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(p, f"invalid JSON on line {n}: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError(p, f"expected a JSON object, got {type(obj).__name__}", where)
+        for key in (text_column, label_column):
+            if key not in obj:
+                raise DatasetError(p, f"missing key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'})", where)
+        yield where, obj[text_column], obj[label_column]
+
+
+# ----------------------------------------------------------------- intent sets
+def intent_set_from_data(data: LabelledData, *, name: str, base: IntentSet | None = None) -> IntentSet:
+    """An intent set with one intent per label of ``data``.
+
+    Each intent's examples are its texts and its description is the label name; the
+    out-of-scope examples are the texts labelled ``None``. Embedder, teacher and
+    threshold settings come from ``base`` when given (per-intent thresholds and rules
+    only for intents that exist in ``data``), else the defaults.
+
+    Raises
+    ------
+    DatasetError
+        ``data`` has no in-scope examples.
+    """
+    by_label: dict[str, list[str]] = {}
+    oos: list[str] = []
+    for text, label in zip(data.texts, data.labels):
+        if label is None:
+            oos.append(text)
+        else:
+            by_label.setdefault(label, []).append(text)
+    if not by_label:
+        raise DatasetError(data.source, "no in-scope examples: every text is labelled out of scope")
+    intents = tuple(Intent(name=label, description=label, examples=tuple(texts))
+                    for label, texts in by_label.items())
+    if base is None:
+        return IntentSet(name=name, intents=intents, oos_examples=tuple(oos), source=data.source)
+    known = set(by_label)
+    base_conf = {i.name: i.confident for i in base.intents if i.confident is not None}
+    intents = tuple(replace(i, confident=base_conf[i.name]) if i.name in base_conf else i for i in intents)
+    th = base.thresholds
+    thresholds = ThresholdSettings(confident=th.confident, ambiguous_margin=th.ambiguous_margin, oos=th.oos,
+                                   target_precision=th.target_precision,
+                                   per_intent={k: v for k, v in th.per_intent.items() if k in known})
+    rules = tuple(r for r in base.rules if r.intent in known)
+    return IntentSet(name=name, intents=intents, rules=rules, oos_examples=tuple(oos), embedder=base.embedder,
+                     teacher=base.teacher, thresholds=thresholds, source=data.source)

@@ -1,0 +1,439 @@
+"""Evaluate a classifier on labelled queries: accuracy, CLINC150's in-scope accuracy and
+out-of-scope recall, macro F1, calibration, tiers, latency and throughput.
+
+:func:`evaluate` returns a JSON-serialisable report dict, :func:`format_report` renders
+it for a terminal and :func:`write_plots` draws a reliability diagram and a confusion
+matrix (matplotlib, Agg canvas, imported only there).
+
+Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the report):
+
+- ``accuracy``: share of all queries whose decision label equals the true label
+  (out of scope is its own class: ``None == None`` is right);
+- ``in_scope_accuracy`` (Larson et al., 2019): over in-scope queries, the share
+  predicted with the right intent *and* not rejected as out of scope;
+- ``oos_recall``: over out-of-scope queries, the share predicted out of scope;
+- ``macro_f1``: unweighted mean F1 over every class seen in the truth or the
+  predictions (in-scope labels and out of scope);
+- ``ece``, ``top3_accuracy``, ``reliability``: from layer 2 alone (the head's
+  calibrated in-scope probabilities, without the out-of-scope gate), over in-scope
+  queries.
+
+Evaluation runs on a private copy of the classifier that shares its model and teacher
+but bypasses any :class:`~classifier.embedders.CachedEmbedder` (so repeated runs do not
+time cache hits) and logs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from classifier.calibration import expected_calibration_error, reliability_bins
+from classifier.decision import Decision, Layer, Tier
+from classifier.errors import InvalidInputError
+from classifier.text import clean_text
+
+__all__ = ["OOS_NAME", "evaluate", "classification_metrics", "format_report", "write_plots"]
+
+OOS_NAME = "OUT_OF_SCOPE"       # how out of scope is named in the report's label-keyed fields
+RELIABILITY_BINS = 15
+CHUNK_SIZE = 512
+TOP_CONFUSED_PAIRS = 10
+CONFUSION_MAX_LABELS = 20       # the confusion plot shows at most this many labels
+
+
+# ------------------------------------------------------------------ metrics
+def _name(label: str | None) -> str:
+    return OOS_NAME if label is None else str(label)
+
+
+def classification_metrics(true: Sequence[str | None], pred: Sequence[str | None], *,
+                           top_pairs: int = TOP_CONFUSED_PAIRS,
+                           confusion_labels: int = CONFUSION_MAX_LABELS) -> dict[str, Any]:
+    """Label-only metrics of predictions against the truth (``None`` = out of scope).
+
+    Returns ``n``, ``n_in_scope``, ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``,
+    ``oos_recall``, ``oos_precision``, ``macro_f1``, ``per_intent``, ``confused_pairs``
+    and ``confusion`` (the labels most involved in errors and their count matrix, rows
+    = true, columns = predicted). A rate with nothing to count is ``None``.
+
+    Examples
+    --------
+    >>> m = classification_metrics(["a", "a", "b", None], ["a", None, "b", None])
+    >>> m["accuracy"], m["in_scope_accuracy"], m["oos_recall"]
+    (0.75, 0.666667, 1.0)
+    """
+    if len(true) != len(pred):
+        raise ValueError(f"{len(true)} true labels but {len(pred)} predictions")
+    t = [_name(v) for v in true]
+    p = [_name(v) for v in pred]
+    n = len(t)
+    in_scope = np.array([v is not None for v in true], dtype=bool)
+    right = np.array([a == b for a, b in zip(t, p)], dtype=bool)
+    pred_oos = np.array([v is None for v in pred], dtype=bool)
+
+    classes = sorted(set(t) | set(p), key=lambda c: (c == OOS_NAME, c))  # out of scope last
+    index = {c: i for i, c in enumerate(classes)}
+    cm = np.zeros((len(classes), len(classes)), dtype=np.int64)
+    if n:
+        np.add.at(cm, ([index[c] for c in t], [index[c] for c in p]), 1)
+    tp = np.diag(cm).astype(float)
+    support = cm.sum(axis=1)
+    predicted = cm.sum(axis=0)
+    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
+    per_intent = {c: {"precision": _r(precision[i]), "recall": _r(recall[i]), "f1": _r(f1[i]),
+                      "support": int(support[i])} for i, c in enumerate(classes)}
+
+    off = cm.copy()
+    np.fill_diagonal(off, 0)
+    rows, cols = np.nonzero(off)
+    pairs = sorted(((classes[i], classes[j], int(off[i, j])) for i, j in zip(rows, cols)),
+                   key=lambda x: (-x[2], x[0], x[1]))
+    n_oos = int((~in_scope).sum())
+    return {
+        "n": n,
+        "n_in_scope": int(in_scope.sum()),
+        "n_out_of_scope": n_oos,
+        "accuracy": _r(right.mean()) if n else None,
+        "in_scope_accuracy": _r(right[in_scope].mean()) if in_scope.any() else None,
+        "oos_recall": _r(pred_oos[~in_scope].mean()) if n_oos else None,
+        "oos_precision": _r((~in_scope)[pred_oos].mean()) if pred_oos.any() else None,
+        "macro_f1": _r(f1.mean()) if len(classes) else None,
+        "per_intent": per_intent,
+        "confused_pairs": [list(x) for x in pairs[:top_pairs]],
+        "confusion": _confusion_subset(cm, classes, off, confusion_labels),
+    }
+
+
+def _confusion_subset(cm: np.ndarray, classes: list[str], off: np.ndarray, k: int) -> dict[str, Any]:
+    """The ``k`` labels most involved in errors (all when there are few) and their matrix."""
+    if len(classes) <= k:
+        keep = list(range(len(classes)))
+    else:
+        errors = off.sum(axis=0) + off.sum(axis=1)
+        order = sorted(range(len(classes)), key=lambda i: (-int(errors[i]), classes[i]))
+        keep = sorted(order[:k], key=lambda i: (classes[i] == OOS_NAME, classes[i]))
+    return {"labels": [classes[i] for i in keep], "matrix": cm[np.ix_(keep, keep)].tolist(),
+            "complete": len(keep) == len(classes), "n_labels": len(classes)}
+
+
+def _r(x: float) -> float:
+    return round(float(x), 6)
+
+
+# --------------------------------------------------------------- evaluation
+class _EvalEmbedder:
+    """Wraps the uncached embedder; remembers the vectors of the texts it encodes while
+    ``recording`` is on (so layer-2 scores need no second encoding pass)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.recording = False
+        self.seen: dict[str, np.ndarray] = {}
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, progress: bool = False) -> np.ndarray:
+        X = self.inner.encode(texts, batch_size=batch_size, progress=progress)
+        if self.recording:
+            for text, row in zip(texts, X):
+                self.seen[text] = row
+        return X
+
+
+def _uncached(embedder: Any) -> Any:
+    """The embedder behind any :class:`~classifier.embedders.CachedEmbedder` layers."""
+    from classifier.embedders import CachedEmbedder
+
+    while isinstance(embedder, CachedEmbedder) or (hasattr(embedder, "inner") and hasattr(embedder, "cache_info")):
+        embedder = embedder.inner
+    return embedder
+
+
+def _share(values: list[str], names: list[str]) -> dict[str, float]:
+    n = len(values)
+    out = {k: 0.0 for k in names}
+    for v in values:
+        out[v] = out.get(v, 0.0) + 1.0
+    return {k: _r(c / n) if n else 0.0 for k, c in out.items()}
+
+
+def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
+             latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE) -> dict[str, Any]:
+    """Classify labelled queries and measure the classifier.
+
+    Parameters
+    ----------
+    clf : Classifier
+        The classifier (its model, teacher and ``on_long`` are used; its embedding
+        cache and log sink are not).
+    texts, labels : sequences
+        The queries and their true labels (``None`` = out of scope).
+    progress : bool
+        Show a tqdm progress bar for the batch pass.
+    latency_sample : int
+        How many random queries to classify one at a time for the latency figures
+        (0: skip).
+    seed : int
+        Seed of the latency sample.
+    chunk_size : int
+        Queries per ``classify_many`` call in the batch pass.
+
+    Returns
+    -------
+    dict
+        The report (JSON-serialisable); see the module docs for the definitions.
+
+    Raises
+    ------
+    ValueError
+        ``texts`` and ``labels`` differ in length, or there are none.
+    InvalidInputError
+        A text is unusable (the message gives its 1-based position).
+    """
+    from tqdm.auto import tqdm
+
+    from classifier.pipeline import Classifier
+
+    texts = list(texts)
+    labels = [None if v is None else str(v) for v in labels]
+    if len(texts) != len(labels):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    if not texts:
+        raise ValueError("nothing to evaluate: no texts")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
+    model = clf.model
+    head = model.head
+    max_chars = model.intents.embedder.max_chars
+    on_long = getattr(clf, "on_long", "truncate")
+    cleaned: list[str] = []
+    for i, t in enumerate(texts):
+        try:
+            cleaned.append(clean_text(t, max_chars, on_long=on_long).text)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"query #{i + 1}: {exc}") from None
+
+    emb = _EvalEmbedder(_uncached(clf.embedder))
+    twin = Classifier(model, embedder=emb, teacher=getattr(clf, "teacher", None), log_sink=None, on_long=on_long)
+    classes = [str(c) for c in head.classes_]
+    class_index = {c: i for i, c in enumerate(classes)}
+
+    n = len(texts)
+    decisions: list[Decision] = []
+    conf_l2: list[float] = []          # head's top in-scope probability, per in-scope query
+    correct_l2: list[bool] = []
+    top3_l2: list[bool] = []
+    batch_s = 0.0
+    with tqdm(total=n, desc="evaluating", unit="query", disable=not progress) as bar:
+        for start in range(0, n, chunk_size):
+            stop = min(n, start + chunk_size)
+            emb.seen = {}
+            emb.recording = True
+            t0 = time.perf_counter()
+            decisions.extend(twin.classify_many(texts[start:stop]))
+            batch_s += time.perf_counter() - t0
+            emb.recording = False
+            idx = [i for i in range(start, stop) if labels[i] is not None]
+            if idx:
+                missing = list(dict.fromkeys(cleaned[i] for i in idx if cleaned[i] not in emb.seen))
+                if missing:  # decided by a rule: layer 2 never saw them
+                    emb.seen.update(zip(missing, emb.inner.encode(missing)))
+                probs = head.scores(np.stack([emb.seen[cleaned[i]] for i in idx])).probs
+                k = min(3, probs.shape[1])
+                top = np.argsort(-probs, axis=1)[:, :k]
+                for row, i in enumerate(idx):
+                    truth = class_index.get(labels[i], -1)
+                    conf_l2.append(float(probs[row, top[row, 0]]))
+                    correct_l2.append(bool(top[row, 0] == truth))
+                    top3_l2.append(bool(truth in top[row]))
+            bar.update(stop - start)
+    emb.seen = {}
+
+    preds = [d.label for d in decisions]
+    report: dict[str, Any] = {"model_version": model.version, "encoder": emb.id,
+                              "n_labels": len(classes)}
+    metrics = classification_metrics(labels, preds)
+    report.update({k: metrics[k] for k in ("n", "n_in_scope", "n_out_of_scope", "accuracy",
+                                           "in_scope_accuracy", "oos_recall", "oos_precision", "macro_f1")})
+    conf = np.array(conf_l2, dtype=np.float64)
+    ok = np.array(correct_l2, dtype=bool)
+    report["top1_accuracy_layer2"] = _r(ok.mean()) if ok.size else None
+    report["top3_accuracy"] = _r(np.mean(top3_l2)) if top3_l2 else None
+    report["ece"] = expected_calibration_error(conf, ok, RELIABILITY_BINS) if conf.size else None
+    report["reliability"] = [{"confidence": _r(c), "accuracy": _r(a), "count": k}
+                             for c, a, k in (reliability_bins(conf, ok, RELIABILITY_BINS) if conf.size else [])]
+    report["tier_share"] = _share([d.tier.value for d in decisions], [t.value for t in Tier])
+    report["layer_share"] = _share([d.layer.value for d in decisions], [x.value for x in Layer])
+    report["throughput_qps"] = round(n / batch_s, 2) if batch_s > 0 else None
+    report["batch_seconds"] = round(batch_s, 4)
+    report["latency_ms"] = _latency(twin, texts, latency_sample, seed)
+    report["unknown_labels"] = sorted({v for v in labels if v is not None and v not in class_index})
+    report["per_intent"] = metrics["per_intent"]
+    report["confused_pairs"] = metrics["confused_pairs"]
+    report["confusion"] = metrics["confusion"]
+    return report
+
+
+def _latency(clf: Any, texts: list[str], sample: int, seed: int) -> dict[str, Any] | None:
+    """Classify a random sample one query at a time; wall-clock milliseconds per call."""
+    k = min(int(sample), len(texts))
+    if k <= 0:
+        return None
+    idx = random.Random(seed).sample(range(len(texts)), k)
+    clf.classify(texts[idx[0]])  # warm-up, not timed
+    times = []
+    for i in idx:
+        t0 = time.perf_counter()
+        clf.classify(texts[i])
+        times.append((time.perf_counter() - t0) * 1000.0)
+    a = np.array(times)
+    return {"p50": round(float(np.percentile(a, 50)), 4), "p99": round(float(np.percentile(a, 99)), 4),
+            "mean": round(float(a.mean()), 4), "n": k, "cache": "bypassed"}
+
+
+# ------------------------------------------------------------------- output
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.1f}%"
+
+
+def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
+    """The report as readable terminal text (headline metrics, tiers, latency, confusions,
+    and the ``worst`` intents by F1)."""
+    n = report.get("n", 0)
+    lines = [f"Model {report.get('model_version', '?')} ({report.get('n_labels', '?')} intents, "
+             f"encoder {report.get('encoder', '?')})",
+             f"Evaluated on {n:,} queries: {report.get('n_in_scope', 0):,} in scope, "
+             f"{report.get('n_out_of_scope', 0):,} out of scope", ""]
+    ece = report.get("ece")
+    rows = [("accuracy (out of scope as a class)", _pct(report.get("accuracy"))),
+            ("in-scope accuracy", _pct(report.get("in_scope_accuracy"))),
+            ("out-of-scope recall", _pct(report.get("oos_recall"))),
+            ("out-of-scope precision", _pct(report.get("oos_precision"))),
+            ("macro F1", "n/a" if report.get("macro_f1") is None else f"{report['macro_f1']:.3f}"),
+            ("layer-2 top-1 accuracy (no gate)", _pct(report.get("top1_accuracy_layer2"))),
+            ("layer-2 top-3 accuracy", _pct(report.get("top3_accuracy"))),
+            ("layer-2 ECE", "n/a" if ece is None else f"{ece:.4f}")]
+    width = max(len(r[0]) for r in rows)
+    lines += [f"  {name:<{width}}  {value:>8}" for name, value in rows]
+    lines.append("")
+    for key, title in (("tier_share", "Tiers"), ("layer_share", "Layers")):
+        shares = report.get(key) or {}
+        lines.append(f"{title + ':':<8}" + "  ".join(f"{k} {_pct(v)}" for k, v in shares.items() if v))
+    lat = report.get("latency_ms")
+    if lat:
+        lines.append(f"Latency (one query at a time, {lat['n']} sampled, cache bypassed): "
+                     f"p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, mean {lat['mean']:.2f} ms")
+    if report.get("throughput_qps") is not None:
+        lines.append(f"Throughput (batch pass): {report['throughput_qps']:,.1f} queries/s")
+    unknown = report.get("unknown_labels") or []
+    if unknown:
+        shown = ", ".join(unknown[:10]) + (f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else "")
+        lines.append(f"Warning: {len(unknown)} true label(s) unknown to the model: {shown}")
+    pairs = report.get("confused_pairs") or []
+    if pairs:
+        lines += ["", "Most confused (true -> predicted):"]
+        cw = max(len(str(p[2])) for p in pairs)
+        lines += [f"  {p[2]:>{cw}}  {p[0]} -> {p[1]}" for p in pairs]
+    per = report.get("per_intent") or {}
+    if per and worst > 0:
+        items = sorted(per.items(), key=lambda kv: (kv[1]["f1"], -kv[1]["support"], kv[0]))[:worst]
+        lw = max(5, *(len(k) for k, _ in items))
+        lines += ["", f"Weakest intents by F1 ({min(worst, len(per))} of {len(per)}):",
+                  f"  {'label':<{lw}}  {'prec':>6}  {'recall':>6}  {'f1':>6}  {'support':>7}"]
+        lines += [f"  {k:<{lw}}  {v['precision']:>6.3f}  {v['recall']:>6.3f}  {v['f1']:>6.3f}  {v['support']:>7}"
+                  for k, v in items]
+    return "\n".join(lines)
+
+
+def write_plots(report: dict[str, Any], directory: str | Path) -> list[Path]:
+    """Write ``reliability.png`` (layer-2 reliability diagram) and ``confusion.png``
+    (the labels most involved in errors) into ``directory``; return their paths."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out_dir = Path(directory)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    version = report.get("model_version", "?")
+    paths: list[Path] = []
+
+    # Reliability diagram: accuracy per confidence bin against the diagonal.
+    fig = Figure(figsize=(6.5, 6.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax, ax_n = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    width = 1.0 / RELIABILITY_BINS
+    bins = report.get("reliability") or []
+    lefts = [min(int(b["confidence"] * RELIABILITY_BINS), RELIABILITY_BINS - 1) * width for b in bins]
+    ax.bar(lefts, [b["accuracy"] for b in bins], width=width, align="edge", color="#4C72B0",
+           edgecolor="black", linewidth=0.6, label="accuracy")
+    ax.bar(lefts, [b["confidence"] - b["accuracy"] for b in bins], bottom=[b["accuracy"] for b in bins],
+           width=width, align="edge", color="#DD8452", alpha=0.45, edgecolor="#DD8452", label="gap to confidence")
+    ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1, label="perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ece = report.get("ece")
+    ax.set_title(f"Layer-2 reliability, model {version}\nECE {ece:.4f}" if ece is not None
+                 else f"Layer-2 reliability, model {version}")
+    ax.legend(loc="upper left", fontsize=8)
+    ax_n.bar(lefts, [b["count"] for b in bins], width=width, align="edge", color="gray", edgecolor="black",
+             linewidth=0.6)
+    ax_n.set_xlabel("top in-scope confidence")
+    ax_n.set_ylabel("queries")
+    fig.tight_layout()
+    path = out_dir / "reliability.png"
+    fig.savefig(path)
+    paths.append(path)
+
+    # Confusion matrix of the labels most involved in errors.
+    conf = report.get("confusion") or {"labels": [], "matrix": [], "complete": True, "n_labels": 0}
+    names = list(conf["labels"])
+    m = np.array(conf["matrix"], dtype=float).reshape(len(names), len(names))
+    size = min(14.0, max(5.0, 0.45 * len(names) + 3.0))
+    fig = Figure(figsize=(size + 1.0, size), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    if names:
+        im = ax.imshow(np.log1p(m), cmap="Blues", aspect="equal")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="log(1 + count)")
+        ax.set_xticks(range(len(names)))
+        ax.set_yticks(range(len(names)))
+        ax.set_xticklabels([_short(s) for s in names], rotation=60, ha="right", fontsize=8)
+        ax.set_yticklabels([_short(s) for s in names], fontsize=8)
+        if len(names) <= 25:
+            hi = m.max() if m.size else 0
+            for i in range(len(names)):
+                for j in range(len(names)):
+                    if m[i, j]:
+                        ax.text(j, i, f"{int(m[i, j])}", ha="center", va="center", fontsize=7,
+                                color="white" if hi and math.log1p(m[i, j]) > 0.6 * math.log1p(hi) else "black")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    subset = "" if conf.get("complete", True) else \
+        f" ({len(names)} of {conf.get('n_labels', '?')} labels, most confused)"
+    ax.set_title(f"Confusion matrix{subset}\nmodel {version}", fontsize=10)
+    fig.tight_layout()
+    path = out_dir / "confusion.png"
+    fig.savefig(path)
+    paths.append(path)
+    return paths
+
+
+def _short(label: str, n: int = 28) -> str:
+    return label if len(label) <= n else label[: n - 1] + "…"
