@@ -15,31 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from classifier.config import Config, load_config, starter_intents_path
-from classifier.errors import ModelError
 from classifier.intents import IntentSet, load_intents
 
 log = logging.getLogger("flywheel.default")
 _lock = threading.Lock()
 _default: Any = None
-
-
-def current_version_dir(models_home: Path) -> Path:
-    """The version a models home's ``CURRENT`` pointer names."""
-    pointer = models_home / "CURRENT"
-    try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ModelError(f"{pointer}: cannot read the CURRENT pointer: {exc}") from None
-    if not name or "/" in name or name.startswith("."):
-        raise ModelError(f"{pointer}: invalid version name {name!r}")
-    return models_home / name
-
-
-def resolve_model_path(path: str | Path) -> Path:
-    p = Path(path).expanduser()
-    if (p / "CURRENT").is_file():
-        return current_version_dir(p)
-    return p
 
 
 def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
@@ -75,7 +55,7 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -
 
 def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
     if cfg.model:
-        return resolve_model_path(cfg.model)
+        return Path(cfg.model).expanduser()
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
     return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress)
 
@@ -95,8 +75,18 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True, **kwar
     from classifier.model import IntentModel
     from classifier.pipeline import Classifier
 
+    from classifier.registry import CURRENT, ModelRegistry
+
     cfg = cfg or load_config()
-    model = IntentModel.load(default_model_dir(cfg, progress=progress))
+    path = default_model_dir(cfg, progress=progress)
+    if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
+        registry = ModelRegistry(path)
+        model = registry.load_current()
+        kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
+        clf = Classifier(model, **kwargs)
+        clf.watch(registry)
+        return clf
+    model = IntentModel.load(path)
     kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
     return Classifier(model, **kwargs)
 

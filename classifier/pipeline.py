@@ -113,12 +113,32 @@ class Classifier:
         self._rng = rng or random.Random()
         self._audit_pool: Any = None
         self._lock = threading.Lock()
+        self.watcher: Any = None  # a registry.ModelWatcher when serving from a models home
 
     # ----------------------------------------------------------- model access
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> "Classifier":
         """Load a saved model version directory."""
         return cls(IntentModel.load(path), **kwargs)
+
+    @classmethod
+    def from_registry(cls, home: str | Path, *, watch: bool = True, interval_s: float = 2.0,
+                      **kwargs: Any) -> "Classifier":
+        """Serve the ``CURRENT`` version of a models home; with ``watch``, a newly promoted
+        version is swapped in without a restart (checked at most every ``interval_s``)."""
+        from classifier.registry import ModelRegistry
+
+        reg = ModelRegistry(home)
+        clf = cls(reg.load_current(), **kwargs)
+        if watch:
+            clf.watch(reg, interval_s)
+        return clf
+
+    def watch(self, registry: Any, interval_s: float = 2.0) -> None:
+        """Follow ``registry``'s CURRENT pointer (hot reload on promotion)."""
+        from classifier.registry import ModelWatcher
+
+        self.watcher = ModelWatcher(registry, self.swap_model, interval_s, current=self.model_version)
 
     @property
     def model(self) -> IntentModel:
@@ -160,6 +180,8 @@ class Classifier:
         """
         if isinstance(texts, str):
             raise InvalidInputError("classify_many takes a list of texts, not a string")
+        if self.watcher is not None:
+            self.watcher.poll()
         rt = self._rt
         max_chars = rt.model.intents.embedder.max_chars
         cleaned: list[CleanText] = []
@@ -334,6 +356,8 @@ class Classifier:
 
     def close(self) -> None:
         """Finish background audits and close the log sink."""
+        if self.watcher is not None:
+            self.watcher.stop()
         if self._audit_pool is not None:
             self._audit_pool.shutdown(wait=True)
             self._audit_pool = None

@@ -202,16 +202,13 @@ def test_evaluate_bypasses_the_embedding_cache(model):
     assert inner.texts_seen >= len(texts) + 4 + 1
 
 
-def test_evaluate_counts_a_rejected_in_scope_query_as_wrong(clf):
-    # Force everything out of scope: in-scope accuracy 0, oos recall 1, accuracy = oos share.
-    texts, labels = _test_queries()
-    report = evaluate(clf, texts, labels, progress=False, latency_sample=0)
-    from classifier.tiers import Thresholds
+def test_evaluate_counts_a_rejected_in_scope_query_as_wrong(model, fake, intent_set):
+    # An out-of-scope cutoff of 0 rejects everything: in-scope accuracy 0, oos recall 1.
+    from dataclasses import replace
 
-    rt = clf._rt
-    strict = type(rt)(rt.model, rt.rules, Thresholds(confident=0.5, ambiguous_ratio=0.5, oos=0.0),
-                      rt.labels, rt.options)
-    clf._rt = strict
+    strict = replace(model, intents=replace(intent_set, thresholds=ThresholdSettings(oos=0.0)))
+    clf = Classifier(strict, embedder=fake)
+    texts, labels = _test_queries()
     report = evaluate(clf, texts, labels, progress=False, latency_sample=0)
     assert report["in_scope_accuracy"] == 0.0 and report["oos_recall"] == 1.0
     assert report["accuracy"] == pytest.approx(2 / 8)
