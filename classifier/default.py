@@ -54,8 +54,12 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -
 
 
 def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
+    """The configured model, else the models home once a version was promoted there,
+    else the intent set (configured or starter) trained into the cache."""
     if cfg.model:
         return Path(cfg.model).expanduser()
+    if (cfg.models_dir / "CURRENT").is_file():
+        return cfg.models_dir
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
     return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress)
 

@@ -296,6 +296,19 @@ class Classifier:
         return self._decision(rt, ans.label, conf, Tier.CONFIDENT, Layer.LLM,
                               f"llm {ans.model} chose {ans.label} (layer 2: {res.reason})", c, lat, [], call)
 
+    def teacher_requests(self, texts: Sequence[str],
+                         histories: Sequence[tuple[HistoryEntry, ...]] | None = None) -> list[TeacherRequest]:
+        """The requests the pipeline would send the teacher for ``texts`` (layer 2's top
+        candidates with a large label set); used to back-fill pending decisions."""
+        rt = self._rt
+        X = self.embedder.encode([clean_text(t, rt.model.intents.embedder.max_chars).text for t in texts])
+        s = rt.model.head.scores(X)
+        out = []
+        for j, t in enumerate(texts):
+            res = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]), rt.thresholds)
+            out.append(self._request(rt, t, res, tuple(histories[j]) if histories else ()))
+        return out
+
     def _request(self, rt: _Runtime, text: str, res: Layer2Result,
                  history: tuple[HistoryEntry, ...]) -> TeacherRequest:
         k = rt.model.intents.teacher.max_candidates

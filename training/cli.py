@@ -47,7 +47,7 @@ def classify(
     home: Optional[Path] = HomeOpt,
 ) -> None:
     """Classify queries; prints one JSON decision per line."""
-    from classifier.default import build_classifier
+    from training.serving import open_classifier
 
     cfg = _config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host, log_db=log_db)
     hist = None
@@ -58,8 +58,8 @@ def classify(
             raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
     items = [t for t in (texts or []) if t != "-"]
     from_stdin = not texts or "-" in texts
-    sink = _open_sink(cfg) if log else None
-    clf = build_classifier(cfg, log_sink=sink)
+    served = open_classifier(cfg, log_decisions=log)
+    clf = served.classifier
     try:
         lines = (line.rstrip("\n") for line in sys.stdin) if from_stdin else iter(())
         for text in [*items, *lines]:
@@ -68,15 +68,7 @@ def classify(
             d = clf.classify(text, history=hist, declared_type=declared_type, session_id=session)
             _echo_json(d.to_dict())
     finally:
-        clf.close()
-
-
-def _open_sink(cfg: Config) -> Any:
-    try:
-        from training.logstore import LogStore
-    except ImportError:  # pragma: no cover - the log store ships with the package
-        return None
-    return LogStore(cfg.log_path).open_sink()
+        served.close()
 
 
 @app.command()

@@ -1,0 +1,41 @@
+"""Human labels: ``flywheel feedback`` and the Python API."""
+
+from __future__ import annotations
+
+from classifier.config import Config
+from classifier.errors import UnknownLabelError
+from classifier.pipeline import OUT_OF_SCOPE_NAMES
+from training.logstore import LogStore
+
+
+def known_labels(cfg: Config) -> tuple[str, ...] | None:
+    """Labels of the served model, to reject typos; ``None`` when no model exists yet."""
+    from classifier.default import default_model_dir
+    from classifier.errors import FlywheelError
+    from classifier.registry import CURRENT, ModelRegistry
+
+    try:
+        path = default_model_dir(cfg, progress=False)
+        if (path / CURRENT).is_file():
+            path = ModelRegistry(path).current_path()
+        import json
+
+        return tuple(json.loads((path / "manifest.json").read_text())["labels"])
+    except (FlywheelError, OSError, ValueError, KeyError):
+        return None
+
+
+def normalise_label(label: str, labels: tuple[str, ...] | None) -> str | None:
+    if label.strip().upper() in OUT_OF_SCOPE_NAMES:
+        return None
+    if labels is not None and label not in labels:
+        raise UnknownLabelError(f"unknown label {label!r}; known: {', '.join(labels)}, OUT_OF_SCOPE")
+    return label
+
+
+def record_feedback(cfg: Config, decision_id: str, label: str, *, author: str | None = None,
+                    store: LogStore | None = None) -> str | None:
+    """Store a human label for ``decision_id``; returns the stored label (None = out of scope)."""
+    value = normalise_label(label, known_labels(cfg))
+    (store or LogStore(cfg.log_path)).add_human_label(decision_id, value, author=author)
+    return value

@@ -1,0 +1,94 @@
+"""A classifier wired to the traffic log: every decision logged, audit answers and
+back-filled teacher labels stored. Used by the CLI and by the gRPC sidecar."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from classifier.config import Config
+from classifier.decision import TeacherCall
+from classifier.default import build_classifier
+from classifier.errors import FlywheelError, TeacherError
+from classifier.pipeline import Classifier, RETRYABLE_TEACHER_ERRORS
+from classifier.protocols import DecisionRecord
+from training.logstore import LogStore
+
+log = logging.getLogger("flywheel.serving")
+
+
+@dataclass
+class Served:
+    classifier: Classifier
+    store: LogStore | None
+
+    def close(self) -> None:
+        self.classifier.close()
+
+
+def open_classifier(cfg: Config, *, log_decisions: bool = True, progress: bool = True,
+                    **kwargs: Any) -> Served:
+    """Build the default classifier for ``cfg`` with the DuckDB log and audit sampling."""
+    store = LogStore(cfg.log_path) if log_decisions else None
+
+    def on_audit(record: DecisionRecord, call: TeacherCall) -> None:
+        if store is None:
+            return
+        try:
+            store.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms)
+        except FlywheelError as exc:
+            log.warning("audit answer for %s not stored: %s", record.decision.id, exc)
+
+    if store is not None:
+        kwargs.setdefault("log_sink", store.open_sink())
+        kwargs.setdefault("audit_rate", cfg.audit_rate)
+        kwargs.setdefault("audit_callback", on_audit)
+    clf = build_classifier(cfg, progress=progress, **kwargs)
+    return Served(clf, store)
+
+
+def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, limit: int | None = None,
+                     progress: bool = True) -> dict[str, Any]:
+    """Ask the teacher for decisions that needed it while it was down, in batches.
+
+    Valid answers become teacher labels and the decision leaves the pending list;
+    invalid answers are stored as invalid (never training data) and resolved too;
+    when the teacher is unreachable the run stops and the rest stays pending.
+    """
+    if clf.teacher is None:
+        raise FlywheelError("no teacher configured (teacher = off)")
+    todo = store.pending(limit)
+    counts: dict[str, Any] = {"pending": len(todo), "labelled": 0, "invalid": 0, "remaining": len(todo)}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="labelling pending", unit="query", file=sys.stderr)
+    try:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            requests = clf.teacher_requests([t for _, t, _ in batch], [h for _, _, h in batch])
+            resolved = []
+            for (did, _, _), req in zip(batch, requests):
+                try:
+                    ans = clf.teacher.label(req)
+                    store.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)
+                    counts["labelled"] += 1
+                except TeacherError as exc:
+                    if exc.kind in RETRYABLE_TEACHER_ERRORS:
+                        counts["stopped_because"] = str(exc)
+                        store.mark_resolved(resolved)
+                        return counts
+                    store.add_teacher_label(did, None, clf.teacher.model, False)
+                    counts["invalid"] += 1
+                resolved.append(did)
+                counts["remaining"] -= 1
+                if bar is not None:
+                    bar.update(1)
+            store.mark_resolved(resolved)
+    finally:
+        if bar is not None:
+            bar.close()
+    return counts
