@@ -4,15 +4,19 @@
 Parts (``--parts``, comma-separated; default all):
 
 - ``minilm``: MiniLM single-query latency (p50/p99, uncached, distinct queries) per
-  thread count, next to ``SentenceTransformer.encode`` on the same weights;
+  thread count, next to plain ``nn.Linear`` weights and ``SentenceTransformer.encode``;
 - ``cached``: a repeated query served by :class:`CachedEmbedder`;
-- ``throughput``: MiniLM batch throughput (queries/s at ``--batch``);
+- ``throughput``: MiniLM batch throughput (queries/s at ``--batch``) per thread count;
 - ``bge``: a model with bge-m3's architecture (XLM-RoBERTa large: 24 layers, hidden 1024,
   16 heads, intermediate 4096, vocab 250002, 8194 positions) and RANDOM weights, saved
-  to a temp dir with a self-trained tokenizer and loaded through :class:`BGEM3Embedder`:
-  single-query p50/p99 and batch-32 throughput, fp32 versus ``quantize=True`` (int8).
-  Cost depends on shapes, not weight values, so this is bge-m3's CPU cost (the
-  tokenizer differs: token counts per query are reported).
+  to a temp dir with a word-level tokenizer built from the queries, and loaded through
+  :class:`BGEM3Embedder`: single-query p50/p99 and batch-32 throughput, fp32 versus
+  ``quantize=True`` (int8). Cost depends on shapes, not weight values, so this is
+  bge-m3's CPU cost, up to tokenization (tokens per query are reported).
+
+Wall times on a shared machine suffer from other processes; the "CPU p50" column (CPU
+time of the calling thread) is much less sensitive, and ``--wait-quiet`` waits for idle
+CPUs before each part. The load average and CPU busy share are reported.
 
 Example::
 
@@ -64,21 +68,50 @@ def make_queries(n: int, seed: int = 0) -> list[str]:
     return [" ".join(w for w in combos[i] if w) + "?" * int(rng.integers(0, 2)) for i in picks]
 
 
-def percentiles(seconds: list[float]) -> dict[str, float]:
+def percentiles(seconds: list[float], cpu_seconds: list[float] | None = None) -> dict[str, float]:
     a = np.asarray(seconds) * 1e3
-    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-            "mean_ms": float(a.mean()), "n": int(a.size)}
+    out = {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+           "mean_ms": float(a.mean()), "n": int(a.size)}
+    if cpu_seconds is not None:  # CPU time of the calling thread: robust to other load
+        out["cpu_p50_ms"] = float(np.percentile(np.asarray(cpu_seconds) * 1e3, 50))
+    return out
 
 
 def time_each(fn: Callable[[str], Any], queries: list[str], warmup: int = 5) -> dict[str, float]:
     for q in queries[:warmup]:
         fn(q)
-    out = []
+    wall, cpu = [], []
     for q in queries:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         fn(q)
-        out.append(time.perf_counter() - t0)
-    return percentiles(out)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return percentiles(wall, cpu)
+
+
+def busy_fraction(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs busy over ``seconds`` (from /proc/stat), or None off Linux."""
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+
+    try:
+        t1, i1 = snap()
+        time.sleep(seconds)
+        t2, i2 = snap()
+    except OSError:
+        return None
+    return 1.0 - (i2 - i1) / max(1, t2 - t1)
+
+
+def wait_quiet(max_wait: float, threshold: float = 0.15) -> float | None:
+    """Wait (at most ``max_wait`` s) until other processes leave the CPUs mostly idle."""
+    deadline = time.monotonic() + max_wait
+    busy = busy_fraction()
+    while busy is not None and busy > threshold and time.monotonic() < deadline:
+        busy = busy_fraction()
+    return busy
 
 
 def throughput(enc: Callable[[list[str]], Any], queries: list[str], batch: int) -> dict[str, float]:
@@ -134,11 +167,12 @@ def bench_cached(args: argparse.Namespace, queries: list[str], rows: list[dict])
 
 
 def bench_throughput(args: argparse.Namespace, queries: list[str], rows: list[dict]) -> None:
-    used = set_threads(max(args.threads))
     emb = E.MiniLMEmbedder(device="cpu")
     data = (queries * (1 + args.throughput_n // len(queries)))[: args.throughput_n]
-    r = throughput(lambda b: emb.encode(b, batch_size=args.batch), data, args.batch)
-    rows.append({"part": "throughput", "what": f"MiniLM batch {args.batch}", "threads": used, **r})
+    for n in args.threads:
+        used = set_threads(n)
+        r = throughput(lambda b: emb.encode(b, batch_size=args.batch), data, args.batch)
+        rows.append({"part": "throughput", "what": f"MiniLM batch {args.batch}", "threads": used, **r})
 
 
 def build_random_bge_m3(path: Path, corpus: list[str], layers: int) -> dict[str, Any]:
@@ -195,30 +229,36 @@ def bench_bge(args: argparse.Namespace, queries: list[str], rows: list[dict]) ->
               f"{info['tokens_per_query']:.1f} tokens/query) in {build_s:.0f}s", file=sys.stderr, flush=True)
         single = queries[: args.bge_single]
         batch_data = queries[args.bge_single: args.bge_single + args.bge_batches * 32]
+        # (label, quantize, pack_weights, full): the plain nn.Linear baseline is timed on
+        # single queries at the first thread count only.
+        variants = [("fp32 (default: packed weights)", False, True, True),
+                    ("int8 dynamic (quantize=True)", True, True, True),
+                    ("fp32, plain nn.Linear (pack_weights=False)", False, False, False)]
         fp32_vecs = None
-        variants = [("fp32, plain nn.Linear", False, False), ("fp32, packed (default)", False, True),
-                    ("int8 dynamic (quantize=True)", True, True)]
-        for label, quantize, pack in variants:
+        for label, quantize, pack, full in variants:
             emb = E.BGEM3Embedder(str(tmp / "bge-m3-random"), device="cpu", quantize=quantize, pack_weights=pack)
             set_threads(max(args.threads))
             t0 = time.perf_counter()
             emb.load()
             load_s = time.perf_counter() - t0
-            for n in args.threads:
+            vecs = emb.encode(single[:32])
+            if fp32_vecs is None:
+                fp32_vecs = vecs
+            cos = float((vecs * fp32_vecs).sum(axis=1).min())
+            if args.wait_quiet > 0:
+                wait_quiet(args.wait_quiet)
+            for n in args.threads if full else args.threads[:1]:
                 used = set_threads(n)
                 r = time_each(partial(encode_one, emb), single, warmup=3)
                 rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, single query",
                              "threads": used, **r, "load_s": load_s, "layers": args.bge_layers,
-                             "tokens_per_query": info["tokens_per_query"]})
+                             "tokens_per_query": info["tokens_per_query"], "min_cosine_vs_fp32": cos})
                 print(f"[bge] {label} threads={used}: p50 {r['p50_ms']:.0f} ms", file=sys.stderr, flush=True)
-            used = set_threads(max(args.threads))
-            r = throughput(partial(encode_batch32, emb), batch_data, 32)
-            vecs = emb.encode(single[:32])
-            if fp32_vecs is None:
-                fp32_vecs = vecs
-            rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, batch 32",
-                         "threads": used, **r, "layers": args.bge_layers,
-                         "min_cosine_vs_plain_fp32": float((vecs * fp32_vecs).sum(axis=1).min())})
+            if full:
+                used = set_threads(max(args.threads))
+                r = throughput(partial(encode_batch32, emb), batch_data, 32)
+                rows.append({"part": "bge", "what": f"bge-m3 shape, random weights, {label}, batch 32",
+                             "threads": used, **r, "layers": args.bge_layers})
             del emb  # free the model before loading the next variant
             E.clear_loaded_models()
             gc.collect()
@@ -231,20 +271,21 @@ def _ms(v: float | None) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| measurement | threads | p50 ms | p99 ms | queries/s | notes |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = ["| measurement | threads | p50 ms | p99 ms | CPU p50 ms | queries/s | notes |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         notes = []
         for k, fmt in (("load_s", "load {:.1f}s"), ("tokens_per_query", "{:.1f} tokens/query"),
                        ("min_cosine_vs_sentence_transformers", "min cos vs ST {:.5f}"),
-                       ("min_cosine_vs_plain_fp32", "min cos vs plain fp32 {:.4f}"),
+                       ("min_cosine_vs_fp32", "min cos vs fp32 {:.4f}"),
                        ("n", "n={}"), ("hits", "hits={}")):
             if r.get(k) is not None:
                 notes.append(fmt.format(r[k]))
-        p50 = r.get("p50_ms")
         qps = r.get("queries_per_s")
-        lines.append(f"| {r['what']} | {r['threads'] if r['threads'] is not None else '-'} | {_ms(p50)} | "
-                     f"{_ms(r.get('p99_ms'))} | {'-' if qps is None else f'{qps:.1f}'} | {', '.join(notes)} |")
+        cells = [r["what"], "-" if r["threads"] is None else str(r["threads"]), _ms(r.get("p50_ms")),
+                 _ms(r.get("p99_ms")), _ms(r.get("cpu_p50_ms")), "-" if qps is None else f"{qps:.1f}",
+                 ", ".join(notes)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -260,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bge-layers", type=int, default=24, help="transformer layers of the random bge-m3 (24 = real)")
     p.add_argument("--bge-single", type=int, default=30, help="single queries timed per bge-m3 variant")
     p.add_argument("--bge-batches", type=int, default=3, help="batches of 32 timed per bge-m3 variant")
+    p.add_argument("--wait-quiet", type=float, default=20.0,
+                   help="before each part, wait up to this many seconds for other load to stop (0: don't)")
     p.add_argument("--json-out", type=Path, help="write all results as JSON here")
     args = p.parse_args(argv)
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
@@ -273,13 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     queries = make_queries(max(args.queries, args.bge_single + args.bge_batches * 32))
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
            "torch_default_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-           "loadavg_start": os.getloadavg(), "argv": sys.argv[1:]}
+           "loadavg_start": os.getloadavg(), "argv": sys.argv[1:], "busy_before": {}}
     rows: list[dict] = []
     started = time.perf_counter()
     runners = {"minilm": bench_minilm, "cached": bench_cached, "throughput": bench_throughput, "bge": bench_bge}
     for part in PARTS:
         if part in parts:
-            print(f"[{part}] ...", file=sys.stderr, flush=True)
+            busy = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_fraction()
+            env["busy_before"][part] = busy
+            print(f"[{part}] CPUs {100 * (busy or 0):.0f}% busy before starting", file=sys.stderr, flush=True)
             runners[part](args, queries[: args.queries] if part != "bge" else queries, rows)
     env["loadavg_end"] = os.getloadavg()
     env["total_s"] = time.perf_counter() - started

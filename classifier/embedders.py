@@ -375,6 +375,10 @@ class _LazyEmbedder:
     def _load(self) -> _Runner:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _known_dim(self) -> int | None:
+        """The dimension when it is known without loading the model, else None."""
+        return None
+
     # -- public API ----------------------------------------------------------------
     @property
     def is_loaded(self) -> bool:
@@ -388,7 +392,15 @@ class _LazyEmbedder:
 
     @property
     def dim(self) -> int:
-        """Embedding dimension (loads the model)."""
+        """Embedding dimension; loads the model unless the dimension is known without it.
+
+        (``isinstance(x, Embedder)`` reads ``dim`` on Python 3.11, so this keeps such
+        checks from loading MiniLM or a local bge-m3.)
+        """
+        if self._loaded is None:
+            known = self._known_dim()
+            if known is not None:
+                return known
         return self._runner().dim
 
     def load(self) -> _LazyEmbedder:
@@ -516,6 +528,9 @@ class MiniLMEmbedder(_LazyEmbedder):
     def id(self) -> str:
         return MINILM_ID
 
+    def _known_dim(self) -> int:
+        return 384
+
     def _key(self) -> Hashable:
         return ("minilm", *self._opts())
 
@@ -631,6 +646,13 @@ class BGEM3Embedder(_LazyEmbedder):
 
     def _key(self) -> Hashable:
         return ("bge-m3", self._source, self.max_length, *self._opts())
+
+    def _known_dim(self) -> int | None:
+        try:  # a local directory's config.json; hub ids are resolved on load only
+            cfg = json.loads((Path(self._source) / "config.json").read_text(encoding="utf-8"))
+            return int(cfg["hidden_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _local_dir(self) -> str:
         if os.path.isdir(self._source):

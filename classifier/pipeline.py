@@ -46,17 +46,8 @@ class _Runtime:
 
     @classmethod
     def build(cls, model: IntentModel) -> "_Runtime":
-        th = model.head.thresholds_
         intents = model.intents
-        user = intents.thresholds
-        per_intent = dict(user.per_intent)
-        thresholds = Thresholds(
-            confident=user.confident if user.confident is not None else float(th["confident"]),
-            ambiguous_ratio=user.ambiguous_margin if user.ambiguous_margin is not None else float(th["ambiguous_ratio"]),
-            oos=user.oos if user.oos is not None else float(th["oos"]),
-            oos_confident=float(th.get("oos_confident", 1.1)),
-            per_intent=per_intent,
-        )
+        thresholds = Thresholds.for_model(model)
         n_ex = intents.teacher.examples_per_intent
         options = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
         return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options)

@@ -7,7 +7,7 @@ threshold (a confident cutoff of 0.0 makes every in-scope answer confident).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,6 +31,21 @@ class Thresholds:
     oos: float
     oos_confident: float = 1.1
     per_intent: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def for_model(cls, model: Any) -> "Thresholds":
+        """The cutoffs ``model`` (an IntentModel) is served with: the intent file's fixed
+        values where set, else the head's learned ones."""
+        th = model.head.thresholds_
+        user = model.intents.thresholds
+        return cls(
+            confident=user.confident if user.confident is not None else float(th["confident"]),
+            ambiguous_ratio=user.ambiguous_margin if user.ambiguous_margin is not None
+            else float(th["ambiguous_ratio"]),
+            oos=user.oos if user.oos is not None else float(th["oos"]),
+            oos_confident=float(th.get("oos_confident", 1.1)),
+            per_intent=dict(user.per_intent),
+        )
 
     def confident_for(self, label: str) -> float:
         return self.per_intent.get(label, self.confident)

@@ -34,6 +34,7 @@ from classifier.embedders import (  # noqa: E402
 )
 from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
 from classifier.intents import EmbedderSettings  # noqa: E402
+from classifier.protocols import Embedder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,6 +132,9 @@ def test_minilm_constructor_does_not_load() -> None:
     assert e._key() not in loaded_models()
     assert e.id == MINILM_ID
     assert "not loaded" in repr(e)
+    # isinstance() on a runtime-checkable Protocol reads `dim` (Python 3.11): must not load
+    assert isinstance(CachedEmbedder(e), Embedder) and e.dim == 384
+    assert not e.is_loaded and e._key() not in loaded_models()
 
 
 # --------------------------------------------------------------------------- MiniLM
@@ -378,6 +382,7 @@ def tiny_bge(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bge_m3_tiny_model(tiny_bge: Path) -> None:
     e = BGEM3Embedder(str(tiny_bge), device="cpu")
     assert e.id == f"bge-m3:{tiny_bge}" and not e.is_loaded
+    assert e.dim == 64 and not e.is_loaded  # read from config.json
     v = e.encode(SENTENCES)
     assert v.shape == (len(SENTENCES), 64) and v.dtype == np.float32 and e.dim == 64
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)

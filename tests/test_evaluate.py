@@ -186,7 +186,7 @@ def test_evaluate_chunks_and_rules(model, fake, intent_set):
 
     clf = Classifier(replace(model, intents=rule_set), embedder=fake)
     texts, labels = _test_queries()
-    report = evaluate(clf, texts * 3, labels * 3, progress=False, latency_sample=3, chunk_size=5)
+    report = evaluate(clf, texts * 3, labels * 3, progress=True, latency_sample=3, chunk_size=5)
     assert report["n"] == 24
     assert report["layer_share"]["rules"] == pytest.approx(3 / 24, abs=1e-6)
     assert sum(b["count"] for b in report["reliability"]) == 18

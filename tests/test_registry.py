@@ -50,10 +50,11 @@ def test_hot_reload_without_failing_requests(tmp_path):
     clf = Classifier.from_registry(tmp_path, embedder=HashEmbedder(), interval_s=0.0)
     assert clf.model_version == "v1"
     errors, seen = [], set()
+    done = threading.Event()
 
     def worker():
         try:
-            for _ in range(200):
+            while not done.is_set():  # bounded: the main thread sets it after the swap
                 seen.add(clf.classify("show my invoices").model_version)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
@@ -63,8 +64,13 @@ def test_hot_reload_without_failing_requests(tmp_path):
         t.start()
     save(reg, "v2")
     reg.promote("v2")
+    for _ in range(500):  # wait (bounded) until a worker has served the new version
+        if "v2" in seen:
+            break
+        threading.Event().wait(0.01)
+    done.set()
     for t in threads:
-        t.join()
+        t.join(timeout=30)
     assert errors == []
     assert clf.classify("x y z").model_version == "v2"
     assert "v2" in seen

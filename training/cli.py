@@ -105,28 +105,26 @@ def train(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the typer app, mapping flywheel errors to one-line messages."""
+    from typer._click import exceptions as click_exc  # typer bundles its own click
+
     _register_optional_commands()
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
-        return exc.exit_code
+        return int(getattr(exc, "exit_code", 0) or 0)
     except typer.Abort:
         typer.echo("flywheel: aborted", err=True)
         return 130
     except KeyboardInterrupt:
         typer.echo("flywheel: interrupted", err=True)
         return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
-    return 0
+    except click_exc.ClickException as exc:  # usage errors: bad option values, missing arguments
+        exc.show()
+        return exc.exit_code
+    return int(rv) if isinstance(rv, int) else 0
 
 
 def _register_optional_commands() -> None:

@@ -282,11 +282,23 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     report["throughput_qps"] = round(n / batch_s, 2) if batch_s > 0 else None
     report["batch_seconds"] = round(batch_s, 4)
     report["latency_ms"] = _latency(twin, texts, latency_sample, seed)
+    report["torch_threads"] = _torch_threads()
     report["unknown_labels"] = sorted({v for v in labels if v is not None and v not in class_index})
     report["per_intent"] = metrics["per_intent"]
     report["confused_pairs"] = metrics["confused_pairs"]
     report["confusion"] = metrics["confusion"]
     return report
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op thread count when torch is in use (latency depends on it), else None."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # noqa: BLE001 - a partly imported or stubbed torch
+        return None
 
 
 def _latency(clf: Any, texts: list[str], sample: int, seed: int) -> dict[str, Any] | None:
@@ -336,7 +348,8 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
         lines.append(f"{title + ':':<8}" + "  ".join(f"{k} {_pct(v)}" for k, v in shares.items() if v))
     lat = report.get("latency_ms")
     if lat:
-        lines.append(f"Latency (one query at a time, {lat['n']} sampled, cache bypassed): "
+        threads = f", torch threads {report['torch_threads']}" if report.get("torch_threads") else ""
+        lines.append(f"Latency (one query at a time, {lat['n']} sampled, cache bypassed{threads}): "
                      f"p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, mean {lat['mean']:.2f} ms")
     if report.get("throughput_qps") is not None:
         lines.append(f"Throughput (batch pass): {report['throughput_qps']:,.1f} queries/s")

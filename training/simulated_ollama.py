@@ -35,15 +35,22 @@ an intent that is *not* offered       ``OUT_OF_SCOPE`` (no        a uniformly ra
 out of scope (or unknown text)        ``OUT_OF_SCOPE``            a uniformly random offered intent
 ====================================  ==========================  =====================================
 
-When ``OUT_OF_SCOPE`` is not in the enum, answers that would be ``OUT_OF_SCOPE``
+So ``accuracy`` is the accuracy on queries whose right label is offered; a client that
+offers only its top candidates and misses the right one sees a lower accuracy (as it
+would with a real LLM). When ``OUT_OF_SCOPE`` is not in the enum, answers that would be ``OUT_OF_SCOPE``
 become a random offered intent; when there is no other choice the answer is the only
 one possible. "Random" choices draw from the offered labels sorted by name, so they
 depend only on the *set* offered, not its order.
 
+A request with ``stream`` true gets the same single JSON object, which is also a valid
+one-line NDJSON stream (``done: true``).
+
 Latency: each answer sleeps ``latency_s * latency_scale * exp(latency_sigma * N(0,1))``
 seconds (a lognormal with median ``latency_s * latency_scale``; default 0.3 s,
 sigma 0.35, capped at 10x the median), or ``latency_fn(rng) * latency_scale`` when a
-``latency_fn`` is given. ``latency_scale=0.05`` shrinks the median to 15 ms for
+``latency_fn`` is given (the draws come from one RNG seeded with ``seed``, in arrival
+order, so only the answers, not the latencies, are reproducible per query).
+``latency_scale=0.05`` shrinks the median to 15 ms for
 benchmarks, ``0`` removes the sleep. ``max_parallel`` limits how many chat requests
 are served at once (a real Ollama serves ``OLLAMA_NUM_PARALLEL`` at a time; the rest
 queue); ``None`` serves all at once.
@@ -266,6 +273,11 @@ class SimulatedOllama:
             return mode
 
     @property
+    def truth(self) -> dict[str, str | None]:
+        """The served labels, text -> label (``None`` = out of scope); do not mutate."""
+        return self._truth
+
+    @property
     def requests(self) -> int:
         """``/api/chat`` requests received so far (all outcomes)."""
         return self.counts.get("chat", 0)
@@ -447,7 +459,7 @@ def _make_handler(sim: SimulatedOllama) -> type[BaseHTTPRequestHandler]:
                 return None
             return self.rfile.read(n) if n else b""
 
-        def _failure(self, mode: str, chat: bool) -> bool:
+        def _failure(self, mode: str) -> bool:
             """Serve the failure mode; True when the request was handled (failed)."""
             if mode == "down":
                 sim._count("down")
@@ -480,7 +492,7 @@ def _make_handler(sim: SimulatedOllama) -> type[BaseHTTPRequestHandler]:
             if chat:
                 sim._count("chat")
             mode = sim._take_mode()
-            if mode != "ok" and self._failure(mode, chat):
+            if mode != "ok" and self._failure(mode):
                 return
             try:
                 if path == "/" and method in ("GET", "HEAD"):

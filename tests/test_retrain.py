@@ -1,0 +1,506 @@
+"""Tests of the retrain job (training.retrain) and its data (training.dataset), with the
+fake HashEmbedder and synthetic traffic logs written through the real LogStore sink."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+import yaml
+from filelock import FileLock
+from typer.testing import CliRunner
+
+from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from classifier.intents import parse_intents
+from classifier.model import intents_to_doc
+from classifier.protocols import DecisionRecord
+from classifier.registry import ModelRegistry
+from classifier.text import normalise_key
+from classifier.trainer import fit_model
+from tests.fakes import HashEmbedder
+from training import retrain as retrain_mod
+from training.dataset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict, runtime_thresholds,
+                              split_role, split_value)
+from training.logstore import LogStore
+from training.retrain import register, retrain
+
+# ----------------------------------------------------------------- synthetic world
+FUNCS = ["addvar", "addparam", "addresult", "getlist", "itemfromlist", "variablefromjson", "ormaccess",
+         "requestpost", "requestget", "randomstring", "encodesha256", "gettimestamp", "replace", "substring"]
+DOC_TEMPLATES = ["what does {} do", "how do i call {}", "explain the {} function", "documentation for {}",
+                 "what parameters does {} take", "example of {} in avap", "what does {} return",
+                 "is {} deprecated"]
+THINGS = ["invoice", "subscription", "plan", "payment method", "billing address", "receipt", "account",
+          "api key", "team seats", "credit card", "refund", "tax id", "billing cycle", "discount"]
+ACC_TEMPLATES = ["show my {}", "where can i find my {}", "update my {}", "cancel my {}",
+                 "problem with my {}", "download the {} pdf", "change the {} details", "how much is my {}"]
+OOS_FILLS = ["paris", "tokyo", "lima", "oslo", "cairo", "rome", "pasta", "sushi", "tacos", "football",
+             "tennis", "chess", "french", "german"]
+OOS_TEMPLATES = ["weather in {} tomorrow", "best recipe with {}", "who won the {} match",
+                 "tell me a joke about {}", "translate hello into {}", "flights to {} next week"]
+PREFIXES = ["", "hi ", "hey ", "quick question "]
+SUFFIXES = ["", " please", " thanks", " asap"]
+
+INTENT_DOC = {
+    "name": "synthetic",
+    "intents": [
+        {"name": "RETRIEVAL", "description": "questions about the AVAP docs", "examples": [
+            t.format(f) for t, f in zip(DOC_TEMPLATES * 2, FUNCS)]},
+        {"name": "PLATFORM", "description": "account and billing", "examples": [
+            t.format(f) for t, f in zip(ACC_TEMPLATES * 2, THINGS)]},
+    ],
+    "out_of_scope": {"examples": [t.format(f) for t, f in zip(OOS_TEMPLATES * 2, OOS_FILLS[::-1])]},
+}
+ENC = HashEmbedder()  # for the vectors written into the log (not counted)
+
+
+class CountingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def encode(self, texts, *, batch_size=None, progress=False):
+        self.texts.extend(texts)
+        return super().encode(texts, batch_size=batch_size, progress=progress)
+
+
+def all_queries() -> list[tuple[str, str | None]]:
+    out = []
+    for label, temps, fills in (("RETRIEVAL", DOC_TEMPLATES, FUNCS), ("PLATFORM", ACC_TEMPLATES, THINGS),
+                                (None, OOS_TEMPLATES, OOS_FILLS)):
+        for p, t, f, s in itertools.product(PREFIXES, temps, fills, SUFFIXES):
+            out.append((p + t.format(f) + s, label))
+    examples = {normalise_key(t) for i in INTENT_DOC["intents"] for t in i["examples"]}
+    examples |= {normalise_key(t) for t in INTENT_DOC["out_of_scope"]["examples"]}
+    return [(t, y) for t, y in out if normalise_key(t) not in examples]
+
+
+QUERIES = all_queries()
+
+
+def sample(n: int, seed: int, exclude: set[str] = frozenset()) -> list[tuple[str, str | None]]:
+    pool = [q for q in QUERIES if q[0] not in exclude]
+    return random.Random(seed).sample(pool, n)
+
+
+_clock = itertools.count()
+
+
+def record(text: str, *, teacher: str | None = "__true__", true: str | None = None, valid: bool = True,
+           embed: bool = False, created_at: float | None = None) -> DecisionRecord:
+    """An LLM decision whose teacher answered ``teacher`` (default: the true label)."""
+    label = true if teacher == "__true__" else teacher
+    call = TeacherCall("fake-llm", label, valid, 15.0, None if valid else "malformed answer")
+    d = Decision(label=label, confidence=0.9, tier=Tier.CONFIDENT, layer=Layer.LLM,
+                 reason="test", alternatives=[Candidate("RETRIEVAL", 0.4), Candidate("PLATFORM", 0.35)],
+                 model_version="v0", latency_ms={"embedding": 1.0}, teacher=call)
+    vec = ENC.encode([text])[0] if embed else None
+    ts = created_at if created_at is not None else time.time() - 3600 + next(_clock) * 1e-3
+    return DecisionRecord(decision=d, text=text, created_at=ts, encoder_id=ENC.id if embed else None,
+                          embedding=vec)
+
+
+def write(store: LogStore, records) -> list[str]:
+    sink = store.open_sink(ingest_interval_s=None, fsync=False)
+    for r in records:
+        sink.write(r)
+    sink.flush()
+    sink.close()
+    return [r.decision.id for r in records]
+
+
+def human_labels(store: LogStore, pairs) -> None:
+    """Bulk version of ``add_human_label`` (one statement instead of one open per label)."""
+    pairs = list(pairs)
+    if not pairs:
+        return
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    values = ", ".join("(?, 'human', ?, NULL, TRUE, NULL, 'tester', ?::TIMESTAMP)" for _ in pairs)
+    params = [x for did, lab in pairs for x in (did, lab, now)]
+    store.query("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, author, created_at) "
+                f"VALUES {values}", params)
+
+
+class World:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.store = LogStore(tmp_path / "log" / "traffic.duckdb")
+        self.registry = ModelRegistry(tmp_path / "models")
+        self.intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
+        self.embedder = CountingEmbedder()
+
+    def run(self, **kw):
+        kw.setdefault("tolerance", 0.01)
+        return retrain(store=self.store, registry=self.registry, intents=self.intents,
+                       embedder=self.embedder, **kw)
+
+    def seed_traffic(self, n_teacher: int = 600, n_human: int = 40, seed: int = 0):
+        """Teacher-labelled traffic (every third row with its logged embedding) and a few
+        correct human labels. Returns (records, human ids)."""
+        items = sample(n_teacher + n_human, seed)
+        recs = [record(t, true=y, embed=(i % 3 == 0)) for i, (t, y) in enumerate(items)]
+        write(self.store, recs)
+        human = [(r.decision.id, y) for r, (_, y) in zip(recs[n_teacher:], items[n_teacher:])]
+        human_labels(self.store, human)
+        return recs, items
+
+
+@pytest.fixture()
+def world(tmp_path) -> World:
+    return World(tmp_path)
+
+
+def find(ts, text: str):
+    """(set name, label, source) of ``text`` in a training set, or None."""
+    key = normalise_key(text)
+    for name, part in (("train", ts), ("eval", ts.eval), ("recent", ts.recent)):
+        for t, y, s in zip(part.texts, part.labels, part.sources):
+            if normalise_key(t) == key:
+                return name, y, s
+    return None
+
+
+# ----------------------------------------------------------------------- the job
+def test_first_run_promotes_and_reuses_logged_embeddings(world):
+    recs, _ = world.seed_traffic()
+    n_logged_vectors = sum(r.embedding is not None for r in recs)
+    res = world.run()
+    assert res.outcome == "promoted", res.reason
+    assert res.version and world.registry.current_name() == res.version
+    assert res.champion is None and res.summary_line().startswith(f"promoted {res.version} (first model")
+    d = world.registry.home / res.version
+    report = json.loads((d / "report.json").read_text())
+    assert report["promoted"] is True and report["outcome"] == "promoted"
+    assert (d / "report.md").read_text().startswith("# flywheel retrain: promoted")
+    assert res.report_path == d / "report.json"
+    # every logged vector was reused; everything else was embedded in ONE call
+    emb = report["dataset"]["embeddings"]
+    assert emb["reused"] == n_logged_vectors
+    assert world.embedder.calls == 1
+    assert len(world.embedder.texts) == emb["computed"] == len(set(world.embedder.texts))
+    logged = {normalise_key(r.text) for r in recs if r.embedding is not None}
+    assert not logged & {normalise_key(t) for t in world.embedder.texts}
+    # the saved model bundles the full intent set and is what the registry serves
+    model = world.registry.load_current()
+    assert intents_to_doc(model.intents)["intents"] == intents_to_doc(world.intents)["intents"]
+    assert model.manifest.metrics["eval_split"] == "flywheel-hash-v1"
+    assert report["challenger"]["eval"]["accuracy"] > 0.8
+    assert report["challenger"]["recent"]["n"] >= 50
+    assert report["timing"]["fit_seconds"] > 0 and "per_intent" in report["challenger"]["eval"]
+    assert report["thresholds"]["tuning"]["method"].startswith("target_precision")
+
+
+def test_second_run_without_new_labels_skips(world):
+    recs, _ = world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    assert first.outcome == "promoted"
+    again = world.run(min_new_labels=1)
+    assert again.outcome == "skipped" and again.version is None
+    assert again.reason.startswith("0 new labels since " + first.version)
+    assert again.summary_line().startswith("skipped: 0 new labels")
+    assert [v.name for v in world.registry.versions()] == [first.version]
+    champion = world.registry.load_current()
+    since = champion.manifest.metrics["log_until"]
+    assert retrain_mod.count_new_labels(world.store, since) == 0
+    world.store.add_human_label(recs[0].decision.id, "PLATFORM")
+    world.store.add_teacher_label(recs[1].decision.id, "PLATFORM", "fake-llm", valid=True)
+    world.store.add_teacher_label(recs[2].decision.id, None, "fake-llm", valid=False)   # not a label
+    write(world.store, [record("hi what does addvar do asap", teacher="RETRIEVAL", created_at=time.time())])
+    assert retrain_mod.count_new_labels(world.store, since) == 3
+    assert world.run(min_new_labels=4).outcome == "skipped"
+
+
+def test_poisoned_human_labels_are_kept_not_promoted(world):
+    recs, items = world.seed_traffic()
+    champ = world.run()
+    assert champ.outcome == "promoted"
+    swap = {"RETRIEVAL": "PLATFORM", "PLATFORM": "RETRIEVAL", None: "RETRIEVAL"}
+    # wrong human labels on texts that train (never on evaluation rows)...
+    poison = [(r.decision.id, swap[y]) for r, (t, y) in zip(recs, items) if split_role(t, "human") == "train"]
+    # ... and a second batch of new traffic, all of it wrongly labelled by a human
+    used = {t for t, _ in items}
+    new = [(t, y) for t, y in sample(900, 1, used) if split_role(t, "human") == "train"]
+    new_recs = [record(t, true=y) for t, y in new]
+    write(world.store, new_recs)
+    poison += [(r.decision.id, swap[y]) for r, (_, y) in zip(new_recs, new)]
+    human_labels(world.store, poison)
+    res = world.run()
+    assert res.outcome == "kept", res.summary_line()
+    assert res.reason.startswith("accuracy ") and "< champion" in res.reason
+    assert res.summary_line().startswith(f"kept {champ.version}, challenger {res.version} not promoted: accuracy")
+    assert world.registry.current_name() == champ.version
+    report = json.loads((world.registry.home / res.version / "report.json").read_text())
+    assert report["promoted"] is False and report["outcome"] == "kept"
+    assert "NOT promoted" in (world.registry.home / res.version / "report.md").read_text()
+    assert report["challenger"]["accuracy"] < report["champion"]["accuracy"] - 0.01
+    assert report["dataset"]["conflicts"]["human_over_teacher"] >= len(poison) // 2
+
+
+def test_lock_held_skips(world):
+    world.registry.home.mkdir(parents=True)
+    lock = FileLock(str(world.registry.home / ".retrain.lock"))
+    lock.acquire()
+    try:
+        res = world.run()
+    finally:
+        lock.release()
+    assert res.outcome == "skipped" and res.reason == "another retrain is running"
+    assert world.registry.current_name() is None and world.embedder.calls == 0
+
+
+def test_dry_run_writes_nothing(world):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    res = world.run(dry_run=True)
+    assert res.outcome == "promoted" and res.version is None and res.report_path is None
+    assert res.summary_line().startswith("promoted (dry run)")
+    assert not world.registry.home.exists()
+    assert res.markdown.startswith("# flywheel retrain: promoted (dry run)")
+    # (a dry run next to a served champion: see test_cli_retrain)
+
+
+def test_retrain_while_another_thread_keeps_logging(world):
+    world.seed_traffic(n_teacher=300, n_human=10)
+    n0 = world.store.count()
+    sink = world.store.open_sink(flush_interval_s=0.02, ingest_interval_s=0.05, fsync=False)
+    stop = threading.Event()
+    written: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer():
+        try:
+            for i, (t, y) in enumerate(itertools.cycle(sample(200, 7))):
+                if stop.is_set() and i >= 50:
+                    break
+                sink.write(record(t, true=y, created_at=time.time()))
+                written.append(1)
+                time.sleep(0.002)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        res = world.run()
+    finally:
+        stop.set()
+        th.join()
+        sink.flush()
+        sink.close()
+    assert not errors
+    assert res.outcome == "promoted"
+    assert world.store.count() == n0 + len(written)
+
+
+# ---------------------------------------------------------------------- the data
+def test_human_label_beats_teacher_majority_and_ties_drop(world):
+    text = "hey show my invoice please"          # teacher says RETRIEVAL twice, a human says PLATFORM
+    recs = [record(text, teacher="RETRIEVAL"), record("Hey  SHOW my invoice please", teacher="RETRIEVAL"),
+            record(text, teacher="PLATFORM")]
+    tie = [record("quick question cancel my plan", teacher="PLATFORM"),
+           record("quick question cancel my plan", teacher="RETRIEVAL")]
+    majority = [record("hi update my plan", teacher=lab) for lab in ("PLATFORM", "PLATFORM", "RETRIEVAL")]
+    write(world.store, recs + tie + majority)
+    world.store.add_human_label(recs[1].decision.id, "PLATFORM")
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    where = find(ts, text)
+    assert where is not None and where[1:] == ("PLATFORM", "human")
+    assert where[0] == ("eval" if split_value(text) < 0.5 else "train")
+    assert find(ts, "quick question cancel my plan") is None
+    assert find(ts, "hi update my plan")[1:] == ("PLATFORM", "teacher")
+    c = ts.report["conflicts"]
+    assert c["human_over_teacher"] == 1 and c["teacher_tie_dropped"] == 1 and c["teacher_majority"] == 1
+    assert ts.report["duplicates_merged"] >= 5
+
+
+def test_invalid_teacher_answers_never_become_labels(world):
+    bad = record("hi show my receipt thanks", teacher="PLATFORM", valid=False)
+    ok = record("hey what does addvar do", teacher="RETRIEVAL")
+    write(world.store, [bad, ok])
+    world.store.add_teacher_label(ok.decision.id, "PLATFORM", "fake-llm", valid=False)
+    rows = {r.decision_id: r for r in world.store.labelled_rows()}
+    assert bad.decision.id not in rows                              # the store filters them...
+    assert rows[ok.decision.id].teacher_labels == ("RETRIEVAL",)
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert find(ts, bad.text) is None                               # ...and so does the dataset
+    assert find(ts, ok.text)[1] == "RETRIEVAL"
+    assert ts.report["invalid_teacher_answers_ignored"] == 2
+    assert all(s in ("intent_example", "teacher", "human") for s in ts.sources)
+
+
+def test_labels_of_removed_intents_are_dropped_and_counted(world):
+    recs = [record(f"hi old billing question {i}", teacher="OLD_BILLING") for i in range(3)]
+    recs.append(record("hey legacy thing", teacher="LEGACY"))
+    write(world.store, recs)
+    world.store.add_human_label(recs[3].decision.id, "OLD_BILLING")
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert ts.report["dropped_unknown_intent"] == {"total": 4, "by_label": {"OLD_BILLING": 4}}
+    assert all(find(ts, r.text) is None for r in recs)
+    assert set(ts.labels) | set(ts.eval.labels) <= {"RETRIEVAL", "PLATFORM", None}
+
+
+def test_noisy_teacher_guard_drops_contradicting_teacher_labels_only(world):
+    champion = fit_model(world.intents, embedder=HashEmbedder())
+    examples = {normalise_key(t) for t in world.intents.training_pairs()[0]}
+    cands = [p + base + s for base in ("show my invoice", "cancel my subscription", "update my plan")
+             for p in PREFIXES for s in SUFFIXES if normalise_key(p + base + s) not in examples]
+    X = HashEmbedder().encode(cands)
+    pred = layer2_predict(champion, X)
+    sure = [t for t, lab, ok in zip(cands, pred.labels, pred.sure) if ok and lab == "PLATFORM"]
+    teacher_text = next(t for t in sure if split_role(t, "teacher") == "train")
+    human_text = next(t for t in sure if split_role(t, "human") == "train" and t != teacher_text)
+    agree_text = next(t for t in sure if split_role(t, "teacher") == "train" and t not in (teacher_text, human_text))
+    recs = [record(teacher_text, teacher="RETRIEVAL"), record(human_text, teacher="RETRIEVAL"),
+            record(agree_text, teacher="PLATFORM")]
+    write(world.store, recs)
+    world.store.add_human_label(recs[1].decision.id, "RETRIEVAL")
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder, champion=champion)
+    guard = ts.report["noisy_teacher"]
+    assert guard["active"] and guard["checked"] == 2 and guard["dropped"] == 1
+    assert "champion" in guard["reason"] and "nearest intent examples" in guard["reason"]
+    assert guard["by_label"] == {"RETRIEVAL -> PLATFORM": 1}
+    assert guard["examples"][0]["text"] == teacher_text
+    assert find(ts, teacher_text) is None
+    assert find(ts, human_text) == ("train", "RETRIEVAL", "human")   # a human label is never dropped
+    assert find(ts, agree_text) == ("train", "PLATFORM", "teacher")
+    # without a champion the guard is off
+    off = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert not off.report["noisy_teacher"]["active"] and find(off, teacher_text) is not None
+
+
+def test_fixed_split_is_deterministic_and_disjoint(world):
+    recs, items = world.seed_traffic(n_teacher=300, n_human=60)
+    a = build_training_set(world.store, world.intents, embedder=world.embedder)
+    b = build_training_set(world.store, world.intents, embedder=HashEmbedder())
+    assert a.texts == b.texts and a.eval.texts == b.eval.texts and a.recent.texts == b.recent.texts
+    train = {normalise_key(t) for t in a.texts}
+    assert not train & {normalise_key(t) for t in a.eval.texts}
+    assert not train & {normalise_key(t) for t in a.recent.texts}
+    assert a.eval.counts()["teacher"] == 0 and set(a.recent.sources) <= {"teacher"}
+    assert all(split_value(t) < RECENT_HOLDOUT_SHARE for t in a.recent.texts)
+    held = [t for t, s in zip(a.eval.texts, a.eval.sources) if s == "intent_example"]
+    assert held and a.report["intent_examples_held_out"] == len(held)
+    fit_examples = {normalise_key(t) for t in a.fit_intents.training_pairs()[0]}
+    assert not fit_examples & {normalise_key(t) for t in held}
+    for t, s in zip(a.eval.texts, a.eval.sources):
+        assert split_value(t) < (0.2 if s == "intent_example" else 0.5)
+    assert a.vectors.dtype == np.float32 and a.vectors.shape == (len(a.texts), 256)
+    extra = a.extra()
+    assert "intent_example" not in extra.sources and len(extra) == len(a) - len(fit_examples)
+
+
+def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
+    import copy
+
+    from training.dataset import LabelledSet
+    from training.retrain import _retune, evaluate_layer2
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    items = sample(300, 3)
+    rng = random.Random(0)          # a noisy teacher: 20% of its labels are random
+    labels = [y if rng.random() < 0.8 else rng.choice(["RETRIEVAL", "PLATFORM", None]) for _, y in items]
+    recent = LabelledSet([t for t, _ in items], labels, HashEmbedder().encode([t for t, _ in items]),
+                         ["teacher"] * len(items), [None] * len(items))
+    cv = model.head.thresholds_["confident"]
+    prec = copy.deepcopy(model)
+    info = _retune(prec, recent, 0.95, None)
+    assert info["method"] == "target_precision" and info["cv_confident"] == cv
+    assert prec.head.thresholds_["confident"] == prec.manifest.thresholds["confident"] == info["confident"]
+    sure_share = 1 - evaluate_layer2(prec, recent)["llm_share"]
+    for budget in (0.5, 0.2):
+        m = copy.deepcopy(model)
+        info = _retune(m, recent, 0.95, budget)
+        assert info["budget_reachable"] and info["confident"] == min(info["precision_cutoff"], info["budget_cutoff"])
+        assert evaluate_layer2(m, recent)["llm_share"] <= budget + 1e-9
+        assert m.manifest.thresholds["confident"] == info["confident"]
+    assert sure_share < 0.8          # the precision target alone would leave most traffic to the LLM
+    m = copy.deepcopy(model)
+    info = _retune(m, recent, 0.95, 0.0)   # unreachable: some queries are never sure (ambiguous, out of scope)
+    assert info["budget_reachable"] is False and info["confident"] == 0.0
+    small = copy.deepcopy(model)
+    info = _retune(small, recent.select(range(49)), 0.95, 0.2)
+    assert info["method"] == "cross-validation" and small.head.thresholds_["confident"] == cv
+
+
+def test_champions_not_trained_by_retrain(world):
+    world.seed_traffic(n_teacher=150, n_human=40)
+    # trained with another encoder: cannot be evaluated on these embeddings -> no champion
+    other = fit_model(world.intents, embedder=HashEmbedder(dim=128, id="fake:hash-128"))
+    other.save(world.registry.version_dir("v-other"))
+    world.registry.promote("v-other")
+    res = world.run(dry_run=True)
+    assert res.outcome == "promoted" and res.champion is None
+    assert any("fake:hash-128" in n and "no champion" in n for n in res.report["notes"])
+    # same encoder but trained on every intent example (e.g. `flywheel train`): it may have
+    # seen the held-out examples, so the gate compares on traffic only
+    starter = fit_model(world.intents, embedder=HashEmbedder())
+    starter.save(world.registry.version_dir("v-starter"))
+    world.registry.promote("v-starter")
+    res = world.run(dry_run=True)
+    assert res.champion["version"] == starter.version and res.report["gate"]["set"] == "eval_traffic"
+    assert res.challenger["gate_set"] == "eval_traffic" and res.challenger["n"] >= 20
+    assert res.challenger["n"] == res.challenger["eval_traffic"]["n"] < res.challenger["eval"]["n"] + \
+        res.challenger["recent"]["n"]
+    assert any("not trained by retrain" in n for n in res.report["notes"])
+
+
+def test_runtime_thresholds_match_the_pipeline(world):
+    from classifier.pipeline import _Runtime
+
+    doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "per_intent": {"PLATFORM": 0.7}})
+    model = fit_model(parse_intents(doc), embedder=HashEmbedder())
+    assert runtime_thresholds(model) == _Runtime.build(model).thresholds
+
+
+# ----------------------------------------------------------------------- the CLI
+def _cli_app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # several commands in the real app: keep "retrain" a subcommand
+        pass
+
+    register(app)
+    return app
+
+
+def test_cli_retrain(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(retrain_mod, "_make_embedder", lambda settings: HashEmbedder())
+    world.seed_traffic(n_teacher=200, n_human=10)
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump(INTENT_DOC))
+    home = tmp_path / "home"
+    common = ["--home", str(home), "--log-db", world.store.path, "--quiet"]
+    runner = CliRunner()
+    app = _cli_app()
+    r = runner.invoke(app, ["retrain", *common, "--intents", str(intents_file)])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("promoted v") and any("report:" in ln for ln in lines)
+    assert ModelRegistry(home / "models").current_name() is not None
+    # second run: the champion's bundled intent set is used; nothing new -> skipped
+    r = runner.invoke(app, ["retrain", *common, "--json", "--min-new-labels", "1"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert {"outcome", "version", "challenger", "champion", "reason", "summary"} <= set(obj)
+    assert obj["outcome"] == "skipped" and obj["version"] is None
+    models = home / "models"
+    before = sorted(p.name for p in models.iterdir())
+    current = ModelRegistry(models).current_name()
+    r = runner.invoke(app, ["retrain", *common, "--json", "--dry-run", "--llm-budget", "0.2"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["outcome"] in ("promoted", "kept") and obj["version"] is None and obj["dry_run"] is True
+    assert obj["challenger"]["eval"]["n"] > 0 and obj["champion"]["version"] == current
+    assert sorted(p.name for p in models.iterdir()) == before       # the dry run wrote nothing
+    assert ModelRegistry(models).current_name() == current
+    # an error: one line, an error exit code, no traceback
+    r = runner.invoke(app, ["retrain", *common, "--intents", str(tmp_path / "missing.yaml")])
+    assert r.exit_code == 2 and "flywheel: error:" in r.output and "Traceback" not in r.output

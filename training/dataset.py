@@ -1,0 +1,555 @@
+"""The retrain job's data: distil the traffic log (teacher labels, human corrections on
+top) plus the intent examples into a training set, and the FIXED evaluation split.
+
+:func:`build_training_set` returns a :class:`TrainingSet`: the rows the new layer-2
+head is fitted on (``texts``, ``labels`` with ``None`` = out of scope, ``vectors``,
+``sources``), the evaluation sets ``eval`` and ``recent``, the reduced intent set
+``fit_intents`` to hand to :func:`classifier.trainer.fit_model`, and a ``report`` of
+counts (what was merged, dropped and why, how many embeddings were reused).
+
+Rules
+-----
+- **Duplicates.** Texts are merged by :func:`classifier.text.normalise_key`; one
+  merged text is one row.
+- **Which label.** An intent example's label is the definition and wins over anything
+  logged for the same text (disagreements are counted). Otherwise the latest human
+  label wins; otherwise the majority of the *valid* teacher answers (a tie drops the
+  text, counted). Invalid/failed teacher answers never become labels (the log store
+  reports only valid ones; their number is in the report).
+- **Removed intents.** A text whose resolved label names an intent that is no longer
+  in the intent set is dropped (counted by label).
+- **Noisy-teacher guard.** A *teacher* label (never a human one) on a training row is
+  dropped when the champion's layer 2 is sure of a different label (``sure`` with its
+  serving thresholds) AND the majority of the ``GUARD_K`` = 5 nearest training intent
+  examples (cosine) is a different label too. Both have to disagree, so the guard
+  cannot entrench the champion's own mistakes on its own.
+
+The fixed evaluation split
+--------------------------
+Membership depends only on a hash of the normalised text (:func:`split_value`, a
+number in [0, 1) from sha256), so it never changes between runs and a text never
+moves from evaluation into training when more traffic arrives:
+
+- intent examples: ``split_value < 0.20`` -> ``eval`` (but an intent, or out of scope,
+  keeps every example when holding out would leave it fewer than 2 to train on; an
+  example text listed under two intents always stays in training);
+- human-labelled texts: ``split_value < 0.50`` -> ``eval``;
+- teacher-labelled texts: ``split_value < 0.10`` -> held out; the most recent
+  ``RECENT_MAX`` = 2,000 of them (by latest decision time) form ``recent``, the
+  "recent traffic" slice. Older held-out texts are used for nothing.
+
+Because the thresholds are nested (0.10 < 0.20 < 0.50), a teacher-labelled text that
+is held out stays held out when a human labels it later. The noisy-teacher guard is
+applied to training rows only; evaluation labels are never filtered by a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from classifier.intents import IntentSet
+from classifier.text import normalise_key
+from classifier.tiers import Thresholds, assign_tier
+
+__all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
+           "GUARD_K", "SOURCES", "LabelledSet", "TrainingSet", "Layer2Batch", "build_training_set",
+           "split_value", "split_role", "runtime_thresholds", "layer2_predict", "knn_labels"]
+
+#: Recorded in the manifests of models trained by the retrain job: they never saw
+#: the evaluation rows of this split.
+SPLIT_ID = "flywheel-hash-v1"
+EXAMPLE_EVAL_SHARE = 0.20
+HUMAN_EVAL_SHARE = 0.50
+RECENT_HOLDOUT_SHARE = 0.10
+RECENT_MAX = 2000
+GUARD_K = 5
+SOURCES = ("intent_example", "teacher", "human")
+_CHUNK = 4096
+
+
+def split_value(text: str) -> float:
+    """A fixed pseudo-random number in [0, 1) for the normalised ``text``.
+
+    >>> split_value("Hello  World") == split_value("hello world")
+    True
+    """
+    h = hashlib.sha256(("flywheel-split\x00" + normalise_key(text)).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") / 2.0 ** 64
+
+
+def split_role(text: str, source: str) -> str:
+    """``"eval"``, ``"train"`` or ``"holdout"`` (teacher rows for the recent slice) by the
+    hash rule alone (the per-intent minimum for intent examples is applied on top)."""
+    u = split_value(text)
+    if source == "intent_example":
+        return "eval" if u < EXAMPLE_EVAL_SHARE else "train"
+    if source == "human":
+        return "eval" if u < HUMAN_EVAL_SHARE else "train"
+    if source == "teacher":
+        return "holdout" if u < RECENT_HOLDOUT_SHARE else "train"
+    raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
+
+
+# ----------------------------------------------------------------- containers
+@dataclass
+class LabelledSet:
+    """Labelled texts with their embeddings (rows aligned)."""
+
+    texts: list[str]
+    labels: list[str | None]
+    vectors: np.ndarray
+    sources: list[str]
+    decision_ids: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def n_out_of_scope(self) -> int:
+        return sum(1 for v in self.labels if v is None)
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(self.sources)
+        return {s: int(c.get(s, 0)) for s in SOURCES}
+
+    def select(self, idx: Iterable[int]) -> "LabelledSet":
+        idx = list(idx)
+        return LabelledSet([self.texts[i] for i in idx], [self.labels[i] for i in idx],
+                           self.vectors[np.asarray(idx, dtype=np.int64)] if idx else self.vectors[:0],
+                           [self.sources[i] for i in idx], [self.decision_ids[i] for i in idx])
+
+    def where(self, pred) -> "LabelledSet":
+        return self.select(i for i, s in enumerate(self.sources) if pred(s))
+
+    def concat(self, other: "LabelledSet") -> "LabelledSet":
+        return LabelledSet(self.texts + other.texts, self.labels + other.labels,
+                           np.vstack([self.vectors, other.vectors]).astype(np.float32, copy=False),
+                           self.sources + other.sources, self.decision_ids + other.decision_ids)
+
+
+@dataclass
+class TrainingSet(LabelledSet):
+    """The training rows (intent examples of ``fit_intents`` first, then logged texts)
+    plus the fixed evaluation sets and a report of counts."""
+
+    report: dict[str, Any]
+    eval: LabelledSet            # held-out intent examples + held-out human-labelled texts
+    recent: LabelledSet          # hash holdout of teacher-labelled texts, most recent RECENT_MAX
+    fit_intents: IntentSet       # the intent set minus the held-out examples
+    log_until: float             # unix time at which the log was read
+
+    def extra(self) -> LabelledSet:
+        """The logged training rows (what ``fit_model`` gets as ``extra_*``)."""
+        return self.where(lambda s: s != "intent_example")
+
+    def memo(self) -> dict[str, np.ndarray]:
+        """text -> vector of every row here (training and evaluation)."""
+        out: dict[str, np.ndarray] = {}
+        for part in (self.recent, self.eval, self):
+            for t, v in zip(part.texts, part.vectors):
+                out[t] = v
+        return out
+
+
+@dataclass
+class _Group:
+    key: str
+    text: str
+    example_labels: list[str | None] = field(default_factory=list)
+    humans: list[tuple[float, str | None, str]] = field(default_factory=list)  # (label time, label, id)
+    votes: list[str | None] = field(default_factory=list)                        # valid teacher answers
+    decisions: list[tuple[float, str]] = field(default_factory=list)             # (created_at, id)
+    latest: float = float("-inf")
+    n_human_rows: int = 0
+    n_teacher_rows: int = 0
+
+
+# --------------------------------------------------------------- layer 2 helpers
+def runtime_thresholds(model: Any) -> Thresholds:
+    """The cutoffs ``model`` is served with (see :meth:`Thresholds.for_model`)."""
+    return Thresholds.for_model(model)
+
+
+@dataclass
+class Layer2Batch:
+    """Layer 2's view of a batch: tiered labels, ``sure`` flags and calibrated scores."""
+
+    labels: list[str | None]      # what layer 2 answers (None = out of scope)
+    sure: np.ndarray              # bool: layer 2 decides alone (else the teacher is asked)
+    tiers: list[str]
+    probs: np.ndarray             # (n, n_classes) calibrated in-scope probabilities
+    oos_class: np.ndarray
+    p_oos: np.ndarray
+    classes: list[str]
+
+
+def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
+    """Score ``X`` with ``model``'s head and tier every row as the pipeline would."""
+    th = thresholds or runtime_thresholds(model)
+    classes = [str(c) for c in model.manifest.labels]
+    n = len(X)
+    if n == 0:
+        z = np.zeros((0, len(classes)))
+        return Layer2Batch([], np.zeros(0, bool), [], z, np.zeros(0), np.zeros(0), classes)
+    parts = [model.head.scores(X[i:i + _CHUNK]) for i in range(0, n, _CHUNK)]
+    probs = np.vstack([p.probs for p in parts])
+    oos_class = np.concatenate([p.oos_class for p in parts])
+    p_oos = np.concatenate([p.p_oos for p in parts])
+    labels: list[str | None] = []
+    tiers: list[str] = []
+    sure = np.zeros(n, dtype=bool)
+    for j in range(n):
+        res = assign_tier(probs[j], classes, float(oos_class[j]), float(p_oos[j]), th)
+        labels.append(res.label)
+        tiers.append(res.tier.value)
+        sure[j] = res.sure
+    return Layer2Batch(labels, sure, tiers, probs, oos_class, p_oos, classes)
+
+
+def _unit(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float32)
+    n = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.where(n > 0, n, 1.0)
+
+
+def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None], k: int = GUARD_K) -> list[str | None]:
+    """Majority label of the ``k`` nearest ``ref`` rows (cosine) for each row of ``X``;
+    a tie goes to the label whose nearest member is closest."""
+    if len(X) == 0:
+        return []
+    if len(ref) == 0:
+        raise ValueError("knn_labels needs at least one reference row")
+    R = _unit(ref)
+    k = min(k, len(R))
+    out: list[str | None] = []
+    for i in range(0, len(X), _CHUNK):
+        sims = _unit(X[i:i + _CHUNK]) @ R.T
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < len(R) else np.tile(np.arange(len(R)), (len(sims), 1))
+        for row, cand in zip(sims, top):
+            order = cand[np.argsort(-row[cand], kind="stable")]
+            votes: dict[Any, int] = {}
+            for j in order:                       # insertion order = nearest first
+                lab = ref_labels[j]
+                votes[lab] = votes.get(lab, 0) + 1
+            best = max(votes.values())
+            out.append(next(lab for lab, c in votes.items() if c == best))
+    return out
+
+
+# ------------------------------------------------------------------- building
+def _say(progress: bool):
+    def say(msg: str) -> None:
+        if progress:
+            print(f"flywheel retrain: {msg}", file=sys.stderr, flush=True)
+    return say
+
+
+def _lname(label: str | None) -> str:
+    return "OUT_OF_SCOPE" if label is None else str(label)
+
+
+def _empty(dim: int) -> LabelledSet:
+    return LabelledSet([], [], np.zeros((0, dim), dtype=np.float32), [], [])
+
+
+def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champion: Any = None,
+                       since: Any = None, progress: bool = False) -> TrainingSet:
+    """Build the training rows and the fixed evaluation split (see the module docs).
+
+    Parameters
+    ----------
+    store : training.logstore.LogStore or None
+        The traffic log (``None``: intent examples only).
+    intents : IntentSet
+        The intent set to train; labels outside it are dropped.
+    embedder : Embedder
+        Vectors logged with ``embedder.id`` are reused; only the misses are encoded, in
+        one ``encode`` call.
+    champion : IntentModel, optional
+        The served model, for the noisy-teacher guard (used only when it was trained
+        with the same encoder).
+    since : float or datetime, optional
+        Only log rows whose decision or labels are that new (passed to
+        :meth:`LogStore.labelled_rows`).
+    """
+    say = _say(progress)
+    t_start = time.perf_counter()
+    known = set(intents.labels)
+    dim = int(embedder.dim)
+    groups: dict[str, _Group] = {}
+
+    # 1. intent examples (the definition)
+    ex_texts, ex_labels = intents.training_pairs()
+    for text, label in zip(ex_texts, ex_labels):
+        key = normalise_key(text)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = _Group(key, text)
+        if label not in g.example_labels:
+            g.example_labels.append(label)
+
+    # 2. the log
+    if store is not None:
+        store.ingest()          # so that everything logged before ``log_until`` is in the tables
+    log_until = time.time()
+    rows = store.labelled_rows(since=since) if store is not None else []
+    invalid = 0
+    human_ts: dict[str, float] = {}
+    if store is not None:
+        invalid = int(store.query(
+            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
+            "(SELECT count(*) FROM labels WHERE source = 'teacher' AND NOT valid)")[0][0])
+        if any(r.has_human_label for r in rows):
+            human_ts = {did: us / 1e6 for did, us in store.query(
+                "SELECT decision_id, epoch_us(max(created_at)) FROM labels "
+                "WHERE source = 'human' GROUP BY decision_id")}
+    say(f"read {len(rows):,} labelled decisions from the log and {len(ex_texts):,} intent examples")
+    n_human_rows = n_teacher_rows = 0
+    for r in rows:
+        key = normalise_key(r.text)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = _Group(key, r.text)
+        g.decisions.append((r.created_at, r.decision_id))
+        if r.created_at >= g.latest:
+            g.latest = r.created_at
+            if not g.example_labels:
+                g.text = r.text
+        if r.has_human_label:
+            g.humans.append((human_ts.get(r.decision_id, r.created_at), r.human_label, r.decision_id))
+            n_human_rows += 1
+        elif r.has_teacher_label:
+            n_teacher_rows += 1
+        g.votes.extend(r.teacher_labels)
+
+    # 3. resolve one label per text
+    conflicts = Counter({"human_over_teacher": 0, "teacher_majority": 0, "teacher_tie_dropped": 0,
+                         "log_vs_intent_example": 0, "example_in_several_intents": 0})
+    dropped_unknown: Counter = Counter()
+    resolved: dict[str, tuple[str | None, str]] = {}   # key -> (label, source)
+    for key, g in groups.items():
+        log_label: Any = _MISSING
+        log_source = None
+        if g.humans:
+            _, log_label, _ = max(g.humans, key=lambda h: (h[0], h[2]))
+            log_source = "human"
+            if any(v != log_label for v in g.votes):
+                conflicts["human_over_teacher"] += 1
+        elif g.votes:
+            ranked = Counter(g.votes).most_common()
+            if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+                if not g.example_labels:
+                    conflicts["teacher_tie_dropped"] += 1
+                    continue
+            else:
+                log_label, log_source = ranked[0][0], "teacher"
+                if len(ranked) > 1:
+                    conflicts["teacher_majority"] += 1
+        if g.example_labels:
+            if len(g.example_labels) > 1:
+                conflicts["example_in_several_intents"] += 1
+            if log_label is not _MISSING and log_label not in g.example_labels:
+                conflicts["log_vs_intent_example"] += 1
+            resolved[key] = (g.example_labels[0], "intent_example")
+            continue
+        if log_label is _MISSING:
+            continue
+        if log_label is not None and log_label not in known:
+            dropped_unknown[log_label] += 1
+            continue
+        resolved[key] = (log_label, str(log_source))
+
+    # 4. the fixed split
+    held_examples: set[str] = set()
+    by_label: dict[Any, list[str]] = {}
+    for key, g in groups.items():
+        if g.example_labels:
+            for lab in g.example_labels:
+                by_label.setdefault(lab, []).append(key)
+    for lab, keys in by_label.items():
+        cand = {k for k in keys if len(groups[k].example_labels) == 1 and split_value(k) < EXAMPLE_EVAL_SHARE}
+        if len(set(keys)) - len(cand) >= 2:
+            held_examples |= cand
+    fit_intents = _reduced(intents, held_examples)
+
+    train_log: list[str] = []
+    eval_log: list[str] = []
+    holdout: list[str] = []
+    for key, (label, source) in resolved.items():
+        if source == "intent_example":
+            continue
+        role = split_role(key, source)
+        (eval_log if role == "eval" else holdout if role == "holdout" else train_log).append(key)
+    holdout.sort(key=lambda k: (groups[k].latest, k))
+    recent_keys = holdout[-RECENT_MAX:]
+
+    # 5. vectors: reuse logged ones, embed the misses in one batch
+    fit_texts, fit_labels = fit_intents.training_pairs()
+    first_at = {normalise_key(t): n for n, t in reversed(list(enumerate(ex_texts)))}
+    eval_ex_keys = sorted(held_examples, key=lambda k: first_at.get(k, 0))
+    needed_texts = (list(fit_texts) + [groups[k].text for k in eval_ex_keys]
+                    + [groups[k].text for k in train_log + eval_log + recent_keys])
+    t0 = time.perf_counter()
+    vectors, reused, computed = _vectors(store, embedder, dim, groups, needed_texts)
+    embed_s = time.perf_counter() - t0
+    say(f"embeddings: {reused:,} reused from the log, {computed:,} computed ({embed_s:.2f}s)")
+
+    def part(keys: list[str]) -> LabelledSet:
+        if not keys:
+            return _empty(dim)
+        texts = [groups[k].text for k in keys]
+        return LabelledSet(texts, [resolved[k][0] for k in keys],
+                           np.stack([vectors[t] for t in texts]).astype(np.float32, copy=False),
+                           [resolved[k][1] for k in keys],
+                           [max(groups[k].decisions)[1] if groups[k].decisions else None for k in keys])
+
+    examples = LabelledSet(list(fit_texts), list(fit_labels),
+                           np.stack([vectors[t] for t in fit_texts]).astype(np.float32, copy=False)
+                           if fit_texts else np.zeros((0, dim), np.float32),
+                           ["intent_example"] * len(fit_texts), [None] * len(fit_texts))
+    train_extra = part(train_log)
+    eval_set = part(eval_ex_keys).concat(part(eval_log))
+    recent = part(recent_keys)
+
+    # 6. the noisy-teacher guard (training rows, teacher labels only)
+    guard, keep = _guard(train_extra, examples, champion, embedder)
+    train_extra = train_extra.select(keep)
+    train = examples.concat(train_extra)
+
+    by_source = train.counts()
+    report: dict[str, Any] = {
+        "intent_examples": len(ex_texts),
+        "intent_examples_held_out": len(held_examples),
+        "log_rows": len(rows),
+        "log_rows_human": n_human_rows,
+        "log_rows_teacher": n_teacher_rows,
+        "unique_texts": len(groups),
+        "duplicates_merged": len(ex_texts) + len(rows) - len(groups),
+        "invalid_teacher_answers_ignored": invalid,
+        "conflicts": dict(conflicts),
+        "dropped_unknown_intent": {"total": int(sum(dropped_unknown.values())),
+                                   "by_label": dict(sorted(dropped_unknown.items()))},
+        "noisy_teacher": guard,
+        "train": {"n": len(train), "by_source": by_source, "n_out_of_scope": train.n_out_of_scope},
+        "eval": {"n": len(eval_set), "by_source": eval_set.counts(), "n_out_of_scope": eval_set.n_out_of_scope},
+        "recent": {"n": len(recent), "held_out_teacher_texts": len(holdout),
+                   "n_out_of_scope": recent.n_out_of_scope},
+        "embeddings": {"encoder_id": embedder.id, "reused": reused, "computed": computed,
+                       "seconds": round(embed_s, 3)},
+        "split": {"id": SPLIT_ID, "intent_example_eval_share": EXAMPLE_EVAL_SHARE,
+                  "human_eval_share": HUMAN_EVAL_SHARE, "teacher_holdout_share": RECENT_HOLDOUT_SHARE,
+                  "recent_max": RECENT_MAX},
+        "seconds": round(time.perf_counter() - t_start, 3),
+    }
+    say(f"training set: {len(train):,} rows ({by_source['intent_example']:,} intent examples, "
+        f"{by_source['teacher']:,} teacher, {by_source['human']:,} human); eval {len(eval_set):,}, "
+        f"recent {len(recent):,}; noisy teacher labels dropped: {guard['dropped']:,}")
+    return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
+                       report=report, eval=eval_set, recent=recent, fit_intents=fit_intents,
+                       log_until=log_until)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _reduced(intents: IntentSet, held: set[str]) -> IntentSet:
+    """``intents`` without the held-out examples and with duplicates (by normalised key)
+    within one intent removed."""
+    def keep(examples: Sequence[str]) -> tuple[str, ...]:
+        seen: set[str] = set()
+        out = []
+        for e in examples:
+            k = normalise_key(e)
+            if k in held or k in seen:
+                continue
+            seen.add(k)
+            out.append(e)
+        return tuple(out)
+
+    return replace(intents, intents=tuple(replace(i, examples=keep(i.examples)) for i in intents.intents),
+                   oos_examples=keep(intents.oos_examples))
+
+
+def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
+             texts: list[str]) -> tuple[dict[str, np.ndarray], int, int]:
+    """text -> vector for every text: the newest logged vector of its normalised text made
+    by ``embedder.id``, else encoded (all misses in one call)."""
+    out: dict[str, np.ndarray] = {}
+    uniq = list(dict.fromkeys(texts))
+    stored: dict[str, np.ndarray] = {}
+    if store is not None:
+        ids = [did for t in uniq for _, did in groups[normalise_key(t)].decisions]
+        if ids:
+            stored = store.embeddings(embedder.id, ids)
+    reused = 0
+    missing: list[str] = []
+    for t in uniq:
+        vec = None
+        for _, did in sorted(groups[normalise_key(t)].decisions, reverse=True):
+            v = stored.get(did)
+            if v is not None and v.shape == (dim,) and np.isfinite(v).all():
+                vec = v
+                break
+        if vec is None:
+            missing.append(t)
+        else:
+            out[t] = vec
+            reused += 1
+    if missing:
+        X = np.asarray(embedder.encode(missing), dtype=np.float32)
+        for t, v in zip(missing, X):
+            out[t] = v
+    return out, reused, len(missing)
+
+
+def _guard(rows: LabelledSet, examples: LabelledSet, champion: Any, embedder: Any) -> tuple[dict[str, Any], list[int]]:
+    reason = (f"teacher label disagrees with a sure layer-2 prediction of the champion AND with the "
+              f"majority of the {GUARD_K} nearest intent examples")
+    info: dict[str, Any] = {"active": False, "checked": 0, "dropped": 0, "reason": reason,
+                            "by_label": {}, "examples": []}
+    keep = list(range(len(rows)))
+    teacher_idx = [i for i, s in enumerate(rows.sources) if s == "teacher"]
+    if champion is None:
+        info["inactive_because"] = "no champion model"
+        return info, keep
+    enc = champion.manifest.encoder
+    if enc.get("id") != embedder.id or int(enc.get("dim", -1)) != rows.vectors.shape[1]:
+        info["inactive_because"] = (f"champion {champion.version} uses encoder {enc.get('id')!r}, "
+                                    f"not {embedder.id!r}")
+        return info, keep
+    if len(examples) == 0:
+        info["inactive_because"] = "no intent examples to compare with"
+        return info, keep
+    info["active"] = True
+    info["champion"] = champion.version
+    info["checked"] = len(teacher_idx)
+    if not teacher_idx:
+        return info, keep
+    X = rows.vectors[teacher_idx]
+    pred = layer2_predict(champion, X)
+    near = knn_labels(X, examples.vectors, examples.labels, GUARD_K)
+    drop: set[int] = set()
+    pairs: Counter = Counter()
+    for j, i in enumerate(teacher_idx):
+        lab = rows.labels[i]
+        if pred.sure[j] and pred.labels[j] != lab and near[j] != lab:
+            drop.add(i)
+            pairs[f"{_lname(lab)} -> {_lname(pred.labels[j])}"] += 1
+            if len(info["examples"]) < 10:
+                info["examples"].append({"text": rows.texts[i][:200], "teacher": lab,
+                                         "champion": pred.labels[j], "nearest_examples": near[j]})
+    info["dropped"] = len(drop)
+    info["by_label"] = dict(pairs.most_common())
+    return info, [i for i in keep if i not in drop]

@@ -1,0 +1,712 @@
+"""``flywheel retrain``: distil the teacher's labels (human corrections on top) from the
+traffic log back into layer 2, and promote the new model only if it is not worse.
+
+Run it from cron. One run:
+
+1. takes ``<models home>/.retrain.lock`` without waiting (held: outcome ``skipped``);
+2. loads the champion (the served ``CURRENT`` version; none, unloadable or trained with
+   another encoder: no champion, and the report says why);
+3. with ``min_new_labels``: counts the labels (valid teacher answers + human labels)
+   newer than the champion's training data and skips when there are fewer (unless the
+   intent set changed; without a usable champion the job always trains);
+4. builds the training set and the fixed evaluation split
+   (:func:`training.dataset.build_training_set`);
+5. fits the challenger (``fit_model`` with the held-out intent examples removed and the
+   logged rows as extras; the head's cutoffs come from its cross-validation), then
+   re-tunes the ``confident`` cutoff on the recent-traffic slice (>= 50 rows) for the
+   target precision, or for an LLM-call budget;
+6. evaluates champion and challenger on the same rows with the same embeddings:
+   accuracy, in-scope accuracy, out-of-scope recall, macro F1, per-intent precision and
+   recall, ECE and the LLM share (queries layer 2 is not ``sure`` of);
+7. promotes when ``challenger accuracy >= champion accuracy - tolerance`` (and the same
+   for out-of-scope recall when there are >= 20 out-of-scope evaluation queries);
+   otherwise keeps the champion. Every challenger is saved with ``report.json`` and
+   ``report.md``; ``dry_run`` saves and promotes nothing.
+
+Gate set: the fixed ``eval`` set. A champion not trained by this job (its manifest lacks
+``metrics.eval_split == SPLIT_ID``) may have trained on the held-out intent examples, so
+it is compared on the traffic part instead (held-out human-labelled texts + the recent
+slice) when that has at least 20 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from classifier.calibration import expected_calibration_error
+from classifier.errors import FlywheelError, ModelError
+from classifier.head import IntentHead, _precision_cutoff
+from classifier.intents import IntentSet
+from classifier.model import IntentModel, new_version_name
+from training.dataset import (SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict,
+                              runtime_thresholds)
+
+__all__ = ["RetrainError", "RetrainResult", "retrain", "register", "count_new_labels",
+           "evaluate_layer2", "LOCK_NAME", "MIN_TUNE_ROWS", "MIN_OOS_FOR_GATE", "MIN_GATE_ROWS"]
+
+LOCK_NAME = ".retrain.lock"
+MIN_TUNE_ROWS = 50          # recent-traffic rows needed to re-tune the confident cutoff
+MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
+MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
+OUTCOMES = ("promoted", "kept", "skipped")
+
+
+class RetrainError(FlywheelError):
+    """The retrain job could not run (e.g. the challenger cannot be trained)."""
+
+    exit_code = 1
+
+
+# ------------------------------------------------------------------- result
+@dataclass
+class RetrainResult:
+    """What one run did. ``outcome`` is ``promoted``, ``kept`` or ``skipped`` (with
+    ``dry_run`` it is what would have happened, and ``version`` is ``None``)."""
+
+    outcome: str
+    version: str | None
+    reason: str
+    challenger: dict[str, Any] | None = None
+    champion: dict[str, Any] | None = None
+    report_path: Path | None = None
+    dry_run: bool = False
+    report: dict[str, Any] = field(default_factory=dict)
+    markdown: str = ""
+
+    @property
+    def promoted(self) -> bool:
+        return self.outcome == "promoted" and not self.dry_run
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"outcome": self.outcome, "version": self.version, "reason": self.reason,
+               "summary": self.summary_line(), "dry_run": self.dry_run,
+               "report_path": str(self.report_path) if self.report_path else None,
+               "challenger": self.challenger, "champion": self.champion}
+        for k in ("gate", "dataset", "thresholds", "timing", "notes"):
+            if k in self.report:
+                out[k] = self.report[k]
+        return _jsonable(out)
+
+    def summary_line(self) -> str:
+        if self.outcome == "skipped":
+            return f"skipped: {self.reason}"
+        name = self.version or ("(dry run)" if self.dry_run else "?")
+        if self.dry_run and self.version:
+            name += " (dry run)"
+        ch = self.challenger or {}
+        cp = self.champion
+        n = ch.get("n") or 0
+        if self.outcome == "promoted":
+            if not cp:
+                return (f"promoted {name} (first model: accuracy {_f(ch.get('accuracy'))} on {n:,} eval queries; "
+                        f"LLM share {_pc(ch.get('llm_share'))})")
+            return (f"promoted {name} (accuracy {_f(cp.get('accuracy'))} -> {_f(ch.get('accuracy'))} on "
+                    f"{n:,} eval queries; LLM share {_pc(cp.get('llm_share'))} -> {_pc(ch.get('llm_share'))})")
+        champ = cp.get("version") if cp else "?"
+        return f"kept {champ}, challenger {name} not promoted: {self.reason}"
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.3f}"
+
+
+def _pc(x: Any) -> str:
+    return "n/a" if x is None else f"{100.0 * float(x):.0f}%"
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
+# ----------------------------------------------------------------- metrics
+def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
+    """Layer-2 metrics of ``model`` on ``data`` with its serving thresholds.
+
+    ``accuracy`` counts out of scope as a class; ``llm_share`` is the share of queries
+    layer 2 is not ``sure`` of (they would go to the teacher); ``sure_accuracy`` is the
+    accuracy on the rest; ``ece`` is over in-scope queries (top calibrated probability
+    vs. top label right).
+    """
+    from training.evaluate import classification_metrics
+
+    n = len(data)
+    if n == 0:
+        return {"n": 0, "n_in_scope": 0, "n_out_of_scope": 0, "accuracy": None, "in_scope_accuracy": None,
+                "oos_recall": None, "macro_f1": None, "ece": None, "llm_share": None, "sure_accuracy": None,
+                "per_intent": {}, "confused_pairs": []}
+    b = layer2_predict(model, data.vectors)
+    m = classification_metrics(data.labels, b.labels)
+    truth = np.array([v is not None for v in data.labels])
+    top = np.array(b.classes, dtype=object)[b.probs.argmax(axis=1)]
+    correct = np.array([t == y for t, y in zip(top, data.labels)])
+    ece = expected_calibration_error(b.probs.max(axis=1)[truth], correct[truth]) if truth.any() else None
+    right = np.array([p == y for p, y in zip(b.labels, data.labels)])
+    return {
+        "n": n, "n_in_scope": m["n_in_scope"], "n_out_of_scope": m["n_out_of_scope"],
+        "accuracy": m["accuracy"], "in_scope_accuracy": m["in_scope_accuracy"],
+        "oos_recall": m["oos_recall"], "macro_f1": m["macro_f1"], "ece": ece,
+        "llm_share": round(float(1.0 - b.sure.mean()), 6),
+        "sure_accuracy": round(float(right[b.sure].mean()), 6) if b.sure.any() else None,
+        "per_intent": {k: {"precision": v["precision"], "recall": v["recall"], "support": v["support"]}
+                       for k, v in m["per_intent"].items()},
+        "confused_pairs": m["confused_pairs"][:5],
+    }
+
+
+def count_new_labels(store: Any, since: float | None) -> int:
+    """Valid teacher answers (inline or back-filled) and human labels that reached the log
+    after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts from
+    when its decision was ingested (``logged_at``), so a decision that was still spooled
+    while the champion was trained counts as new."""
+    if store is None:
+        return 0
+    ts = datetime.fromtimestamp(since if since is not None else 0.0, timezone.utc).replace(tzinfo=None)
+    return int(store.query(
+        "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid AND coalesce(logged_at, created_at) > ?) + "
+        "(SELECT count(*) FROM labels WHERE (source = 'human' OR valid) AND created_at > ?)", [ts, ts])[0][0])
+
+
+def _trained_until(model: IntentModel) -> float | None:
+    v = model.manifest.metrics.get("log_until") if isinstance(model.manifest.metrics, dict) else None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return datetime.strptime(model.manifest.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _intent_shape(intents: IntentSet) -> tuple:
+    return (tuple((i.name, tuple(i.examples)) for i in intents.intents), tuple(intents.oos_examples))
+
+
+def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
+            llm_budget: float | None) -> dict[str, Any]:
+    """Re-tune the global ``confident`` cutoff on the recent-traffic slice (in place)."""
+    head = model.head
+    cv = float(head.thresholds_["confident"])
+    info: dict[str, Any] = {"on": "recent", "n": len(recent), "target_precision": target_precision,
+                            "llm_budget": llm_budget, "cv_confident": cv, "confident": cv}
+    if model.intents.thresholds.confident is not None:
+        info["note"] = ("the intent file fixes thresholds.confident; the tuned value is recorded "
+                        "but serving uses the fixed one")
+    if len(recent) < MIN_TUNE_ROWS:
+        info["method"] = "cross-validation"
+        info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
+        return info
+    th = runtime_thresholds(model)
+    s = head.scores(recent.vectors)
+    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
+    probs = s.probs
+    order = np.argsort(-probs, axis=1)
+    conf = probs[np.arange(len(probs)), order[:, 0]]
+    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
+    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
+    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
+    top = classes[order[:, 0]]
+    correct = np.array([t == y for t, y in zip(top, recent.labels)])
+    own = np.array([t in th.per_intent for t in top])
+    glob = ~rejected & ~close & ~own
+    t_prec = float(_precision_cutoff(conf[glob], correct[glob], target_precision))
+    info["precision_cutoff"] = t_prec
+    chosen = t_prec
+    info["method"] = "target_precision"
+    if llm_budget is not None:
+        oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
+        pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
+        fixed = int((rejected & ~oos_sure).sum() + (~rejected & close).sum()
+                    + (~rejected & ~close & own & (conf < pi_cut)).sum())
+        allowed = int(np.floor(llm_budget * len(recent) + 1e-9)) - fixed
+        c = np.sort(conf[glob])
+        if allowed < 0:
+            t_budget = 0.0
+            info["budget_reachable"] = False
+        else:
+            t_budget = 1.0 if allowed >= len(c) else float(c[allowed])
+            info["budget_reachable"] = True
+        info["budget_cutoff"] = t_budget
+        chosen = min(t_prec, t_budget)
+        info["method"] = "llm_budget" if t_budget < t_prec else "target_precision (within the LLM budget)"
+    head.thresholds_["confident"] = float(chosen)
+    model.manifest.thresholds = {k: float(v) for k, v in head.thresholds_.items()}
+    info["confident"] = float(chosen)
+    return info
+
+
+# ------------------------------------------------------------------ the job
+class _MemoEmbedder:
+    """Serves already computed vectors to ``fit_model`` (no second encoding pass)."""
+
+    def __init__(self, inner: Any, memo: dict[str, np.ndarray]) -> None:
+        self.inner, self.memo = inner, memo
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def encode(self, texts, *, batch_size=None, progress=False) -> np.ndarray:
+        miss = [t for t in dict.fromkeys(texts) if t not in self.memo]
+        if miss:
+            for t, v in zip(miss, self.inner.encode(miss, batch_size=batch_size, progress=progress)):
+                self.memo[t] = np.asarray(v, dtype=np.float32)
+        if not len(texts):
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self.memo[t] for t in texts]).astype(np.float32, copy=False)
+
+
+def _load_champion(registry: Any, embedder: Any, notes: list[str]) -> IntentModel | None:
+    name = registry.current_name()
+    if name is None:
+        notes.append("no champion: nothing promoted yet")
+        return None
+    try:
+        champ = registry.load_current()
+    except ModelError as exc:
+        notes.append(f"champion {name} cannot be loaded ({exc}); treated as no champion")
+        return None
+    enc = champ.manifest.encoder
+    if enc.get("id") != embedder.id or int(enc.get("dim", -1)) != int(embedder.dim):
+        notes.append(f"champion {name} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
+                     f"{embedder.id!r}; it cannot be evaluated on these embeddings, so it is treated as "
+                     f"no champion")
+        return None
+    return champ
+
+
+def _skip(reason: str, dry_run: bool, notes: list[str] | None = None) -> RetrainResult:
+    return RetrainResult("skipped", None, reason, dry_run=dry_run, report={"notes": notes or []})
+
+
+def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min_new_labels: int = 0,
+            dry_run: bool = False, tolerance: float = 0.01, target_precision: float | None = None,
+            llm_budget: float | None = None, progress: bool = False, now: Any = None) -> RetrainResult:
+    """Run the retrain job once; see the module docs.
+
+    Parameters
+    ----------
+    store : LogStore
+        The traffic log.
+    registry : ModelRegistry
+        The models home (champion = its CURRENT version; the challenger is saved there).
+    intents : IntentSet
+        The intent set to train.
+    embedder : Embedder
+        Its ``id`` must be the champion's encoder id for the champion to be compared.
+    min_new_labels : int
+        Skip unless at least this many labels arrived since the champion was trained.
+    dry_run : bool
+        Do everything except saving and promoting.
+    tolerance : float
+        How much worse (accuracy, out-of-scope recall) the challenger may be.
+    target_precision : float, optional
+        Precision of layer 2's sure answers the confident cutoff is tuned for (default:
+        the intent set's ``thresholds.target_precision``).
+    llm_budget : float, optional
+        Largest share of recent traffic layer 2 may leave to the teacher; the cutoff is
+        the lower of the precision cutoff and the strictest one within the budget.
+    progress : bool
+        Progress messages on stderr.
+    now : float or datetime, optional
+        The run's time for the report (default: now).
+    """
+    if not 0.0 <= tolerance <= 1.0:
+        raise RetrainError(f"tolerance must be between 0 and 1, got {tolerance}")
+    if llm_budget is not None and not 0.0 <= llm_budget <= 1.0:
+        raise RetrainError(f"llm_budget must be between 0 and 1, got {llm_budget}")
+    if target_precision is not None and not 0.0 < target_precision <= 1.0:
+        raise RetrainError(f"target_precision must be in (0, 1], got {target_precision}")
+    if min_new_labels < 0:
+        raise RetrainError(f"min_new_labels must be >= 0, got {min_new_labels}")
+    from filelock import FileLock, Timeout
+
+    home = Path(registry.home)
+    if dry_run and not home.is_dir():
+        lock: Any = nullcontext()  # a dry run creates nothing; nothing to protect yet
+    else:
+        home.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(home / LOCK_NAME))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return _skip("another retrain is running", dry_run)
+        except OSError as exc:
+            raise RetrainError(f"cannot take the retrain lock {home / LOCK_NAME}: {exc}") from None
+    try:
+        return _run(store=store, registry=registry, intents=intents, embedder=embedder,
+                    min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                    target_precision=target_precision, llm_budget=llm_budget, progress=progress, now=now)
+    finally:
+        if not isinstance(lock, nullcontext):
+            lock.release()
+
+
+def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, tolerance, target_precision,
+         llm_budget, progress, now) -> RetrainResult:
+    t_start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"flywheel retrain: {msg}", file=sys.stderr, flush=True)
+
+    run_at = now.timestamp() if isinstance(now, datetime) else float(now) if now is not None else time.time()
+    notes: list[str] = []
+    champion = _load_champion(registry, embedder, notes)
+    say(f"champion: {champion.version if champion else 'none'}")
+
+    if min_new_labels > 0 and champion is not None:
+        since = _trained_until(champion)
+        n_new = count_new_labels(store, since)
+        changed = _intent_shape(champion.intents) != _intent_shape(intents)
+        if n_new < min_new_labels and not changed:
+            return _skip(f"{n_new:,} new labels since {champion.version} (fewer than --min-new-labels "
+                         f"{min_new_labels})", dry_run, notes)
+        if changed:
+            notes.append("the intent set changed since the champion was trained")
+        say(f"{n_new:,} new labels since {champion.version}")
+
+    tp = float(target_precision if target_precision is not None else intents.thresholds.target_precision)
+    t0 = time.perf_counter()
+    ts: TrainingSet = build_training_set(store, intents, embedder=embedder, champion=champion, progress=progress)
+    t_data = time.perf_counter() - t0
+
+    # -- fit the challenger
+    from classifier.trainer import fit_model
+
+    name = new_version_name()
+    extra = ts.extra()
+    say(f"fitting the challenger on {len(ts):,} rows ...")
+    t0 = time.perf_counter()
+    try:
+        model = fit_model(ts.fit_intents, embedder=_MemoEmbedder(embedder, ts.memo()),
+                          extra_texts=extra.texts, extra_labels=extra.labels, extra_vectors=extra.vectors,
+                          version=name, parent=champion.version if champion else None,
+                          head=IntentHead(target_precision=tp))
+    except ValueError as exc:
+        raise RetrainError(f"cannot train the challenger: {exc}") from None
+    t_fit = time.perf_counter() - t0
+    model.intents = intents  # bundle the full intent set (the held-out examples are only left out of fitting)
+    cv_thresholds = {k: float(v) for k, v in model.head.thresholds_.items()}
+    tuning = _retune(model, ts.recent, tp, llm_budget)
+    say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
+        f"({tuning['method']})")
+
+    # -- evaluate
+    t0 = time.perf_counter()
+    traffic = ts.eval.where(lambda s: s != "intent_example").concat(ts.recent)
+    gate_name = "eval"
+    if champion is not None and champion.manifest.metrics.get("eval_split") != SPLIT_ID:
+        if len(traffic) >= MIN_GATE_ROWS:
+            gate_name = "eval_traffic"
+            notes.append(f"champion {champion.version} was not trained by retrain (it may have seen the "
+                         f"held-out intent examples): compared on traffic only (held-out human labels + "
+                         f"recent slice, {len(traffic):,} rows)")
+        else:
+            notes.append(f"champion {champion.version} was not trained by retrain and may have seen the "
+                         f"held-out intent examples; too little traffic to compare on traffic only")
+    if gate_name == "eval" and len(ts.eval) == 0 and len(ts.recent) > 0:
+        gate_name = "recent"
+        notes.append("the fixed eval set is empty (too few intent examples to hold any out, no human labels): "
+                     "compared on the recent-traffic slice")
+    sets = {"eval": ts.eval, "recent": ts.recent}
+    if gate_name == "eval_traffic":
+        sets["eval_traffic"] = traffic
+
+    def metrics(m: IntentModel, trained_here: bool) -> dict[str, Any]:
+        per = {k: evaluate_layer2(m, v) for k, v in sets.items()}
+        share_on = "recent" if per["recent"]["n"] else gate_name
+        return {"version": m.version, "accuracy": per[gate_name]["accuracy"], "n": per[gate_name]["n"],
+                "oos_recall": per[gate_name]["oos_recall"], "gate_set": gate_name,
+                "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on,
+                "thresholds": runtime_thresholds(m).to_dict(), **per}
+
+    ch = metrics(model, True)
+    cp = metrics(champion, False) if champion is not None else None
+    t_eval = time.perf_counter() - t0
+
+    # -- decide
+    checks = []
+    if cp is None:
+        outcome, reason = "promoted", "no usable champion: first model"
+    elif ch["n"] == 0:
+        outcome, reason = "kept", "no evaluation data to compare the challenger with the champion"
+    else:
+        n_oos = ch[gate_name]["n_out_of_scope"]
+        gate_metrics = ["accuracy"] + (["oos_recall"] if n_oos >= MIN_OOS_FOR_GATE else [])
+        failed = None
+        for metric in gate_metrics:
+            a, b = ch[gate_name][metric], cp[gate_name][metric]
+            ok = a is None or b is None or a >= b - tolerance - 1e-12
+            checks.append({"metric": metric, "challenger": a, "champion": b, "ok": ok})
+            if not ok and failed is None:
+                failed = (metric, a, b)
+        if failed is not None:
+            metric, a, b = failed
+            outcome = "kept"
+            reason = (f"{metric} {a:.3f} < champion {b:.3f} - tolerance {tolerance:g} "
+                      f"on {ch['n']:,} {gate_name} queries")
+        else:
+            outcome = "promoted"
+            reason = "; ".join(f"{c['metric']} {_f(c['challenger'])} >= champion {_f(c['champion'])} - "
+                               f"tolerance {tolerance:g}" for c in checks)
+        if n_oos < MIN_OOS_FOR_GATE:
+            notes.append(f"out-of-scope recall not gated: {n_oos} out-of-scope eval queries (< {MIN_OOS_FOR_GATE})")
+
+    model.manifest.metrics.update({
+        "eval_split": SPLIT_ID, "log_until": ts.log_until,
+        "eval_accuracy": ch["eval"]["accuracy"], "eval_n": ch["eval"]["n"],
+        "recent_llm_share": ch["recent"]["llm_share"], "recent_n": ch["recent"]["n"],
+        "confident_tuning": tuning["method"],
+    })
+    total = time.perf_counter() - t_start
+    report = {
+        "outcome": outcome, "version": None if dry_run else name, "reason": reason,
+        "promoted": outcome == "promoted" and not dry_run, "dry_run": dry_run,
+        "created_at": datetime.fromtimestamp(run_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "champion_version": champion.version if champion else None,
+        "notes": notes,
+        "gate": {"set": gate_name, "n": ch["n"], "tolerance": tolerance, "checks": checks},
+        "challenger": ch, "champion": cp,
+        "thresholds": {"cross_validation": cv_thresholds, "tuning": tuning,
+                       "saved": {k: float(v) for k, v in model.head.thresholds_.items()}},
+        "dataset": ts.report,
+        "timing": {"total_seconds": round(total, 3), "dataset_seconds": round(t_data, 3),
+                   "embed_seconds": ts.report["embeddings"]["seconds"],
+                   "embeddings_reused": ts.report["embeddings"]["reused"],
+                   "embeddings_computed": ts.report["embeddings"]["computed"],
+                   "fit_seconds": round(t_fit, 3), "head_fit_seconds": model.manifest.metrics.get("fit_seconds"),
+                   "eval_seconds": round(t_eval, 3)},
+    }
+    result = RetrainResult(outcome, None if dry_run else name, reason, challenger=ch, champion=cp,
+                           dry_run=dry_run, report=_jsonable(report))
+    result.markdown = render_markdown(result)
+    say(result.summary_line())
+    if dry_run:
+        if progress:
+            print(result.markdown, file=sys.stderr)
+        return result
+
+    path = registry.version_dir(name)
+    model.save(path)
+    result.report_path = path / "report.json"
+    (path / "report.json").write_text(json.dumps(result.report, indent=2, ensure_ascii=False) + "\n",
+                                      encoding="utf-8")
+    (path / "report.md").write_text(result.markdown + "\n", encoding="utf-8")
+    if outcome == "promoted":
+        registry.promote(name)
+        say(f"promoted {name}")
+    return result
+
+
+# ------------------------------------------------------------------- output
+def _row(label: str, key: str, cp: dict | None, ch: dict, pct: bool = True) -> str:
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%" if pct else f"{x:.4f}"
+    a = fmt(cp.get(key)) if cp else "-"
+    return f"| {label} | {a} | {fmt(ch.get(key))} |"
+
+
+def render_markdown(result: RetrainResult) -> str:
+    """The readable ``report.md``."""
+    r = result.report
+    ch = result.challenger or {}
+    cp = result.champion
+    lines = [f"# flywheel retrain: {result.outcome}" + (" (dry run)" if result.dry_run else ""), "",
+             result.summary_line(), "",
+             f"- run at: {r.get('created_at')}",
+             f"- challenger: {result.version or '(not saved: dry run)'}"
+             + ("" if result.dry_run else (" — promoted" if result.outcome == "promoted" else " — NOT promoted")),
+             f"- champion: {r.get('champion_version') or 'none'}",
+             f"- decision: {result.reason}",
+             f"- gate: accuracy on the `{r['gate']['set']}` set ({r['gate']['n']:,} queries), "
+             f"tolerance {r['gate']['tolerance']:g}"]
+    lines += [f"- note: {n}" for n in r.get("notes", [])]
+    for part in ("eval", "recent") + (("eval_traffic",) if "eval_traffic" in ch else ()):
+        c = ch.get(part) or {}
+        p = cp.get(part) if cp else None
+        lines += ["", f"## {part} ({c.get('n', 0):,} queries, {c.get('n_out_of_scope', 0):,} out of scope)", "",
+                  "| metric | champion | challenger |", "|---|---|---|",
+                  _row("accuracy", "accuracy", p, c), _row("in-scope accuracy", "in_scope_accuracy", p, c),
+                  _row("out-of-scope recall", "oos_recall", p, c), _row("macro F1", "macro_f1", p, c, False),
+                  _row("ECE", "ece", p, c, False), _row("LLM share", "llm_share", p, c),
+                  _row("accuracy when sure", "sure_accuracy", p, c)]
+    ev = ch.get("eval") or {}
+    if ev.get("per_intent"):
+        pev = (cp or {}).get("eval") or {}
+        lines += ["", "## Per intent (eval)", "", "| intent | support | precision | recall |", "|---|---|---|---|"]
+        for k, v in ev["per_intent"].items():
+            o = (pev.get("per_intent") or {}).get(k)
+            pp = f"{o['precision']:.3f} -> " if o else ""
+            rr = f"{o['recall']:.3f} -> " if o else ""
+            lines.append(f"| {k} | {v['support']} | {pp}{v['precision']:.3f} | {rr}{v['recall']:.3f} |")
+    d = r.get("dataset", {})
+    if d:
+        tr = d["train"]["by_source"]
+        nt = d["noisy_teacher"]
+        lines += ["", "## Training data", "",
+                  f"- training rows: {d['train']['n']:,} ({tr['intent_example']:,} intent examples, "
+                  f"{tr['teacher']:,} teacher, {tr['human']:,} human; {d['train']['n_out_of_scope']:,} out of scope)",
+                  f"- log: {d['log_rows']:,} labelled decisions ({d['log_rows_human']:,} with a human label); "
+                  f"{d['unique_texts']:,} unique texts, {d['duplicates_merged']:,} duplicates merged",
+                  f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,}",
+                  "- conflicts: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in d["conflicts"].items()),
+                  f"- dropped, intent no longer defined: {d['dropped_unknown_intent']['total']:,}"
+                  + (f" ({', '.join(f'{k} {v}' for k, v in d['dropped_unknown_intent']['by_label'].items())})"
+                     if d['dropped_unknown_intent']['total'] else ""),
+                  f"- noisy teacher labels dropped: {nt['dropped']:,} of {nt['checked']:,} checked"
+                  + (f" ({nt['reason']})" if nt.get("active") else f" (guard off: {nt.get('inactive_because')})"),
+                  f"- evaluation: {d['eval']['n']:,} fixed eval rows, {d['recent']['n']:,} recent-traffic rows "
+                  f"(split {d['split']['id']})"]
+    th = r.get("thresholds", {})
+    if th:
+        t = th["tuning"]
+        lines += ["", "## Thresholds", "",
+                  f"- confident: {t['cv_confident']:.4f} (cross-validation) -> {t['confident']:.4f} ({t['method']}"
+                  + (f"; {t['why']}" if t.get("why") else "") + ")",
+                  "- saved: " + ", ".join(f"{k}={v:.4f}" for k, v in th["saved"].items())]
+        if t.get("note"):
+            lines.append(f"- note: {t['note']}")
+    tm = r.get("timing", {})
+    if tm:
+        lines += ["", "## Timing", "",
+                  f"- total {tm['total_seconds']:.2f}s: data {tm['dataset_seconds']:.2f}s (embedding "
+                  f"{tm['embed_seconds']:.2f}s; {tm['embeddings_reused']:,} vectors reused from the log, "
+                  f"{tm['embeddings_computed']:,} computed), fit {tm['fit_seconds']:.2f}s, "
+                  f"evaluation {tm['eval_seconds']:.2f}s"]
+    return "\n".join(lines)
+
+
+def _readable(result: RetrainResult) -> list[str]:
+    out = [result.summary_line()]
+    if result.outcome == "skipped":
+        return out
+    ch, cp = result.challenger or {}, result.champion
+    for who, m in (("challenger", ch), ("champion", cp)):
+        if not m:
+            continue
+        e = m.get("eval", {})
+        out.append(f"  {who:<10} {m['version']}: accuracy {_f(m.get('accuracy'))} ({m.get('gate_set')}, "
+                   f"n={m.get('n', 0):,}), in-scope {_f(e.get('in_scope_accuracy'))}, oos recall "
+                   f"{_f(e.get('oos_recall'))}, macro F1 {_f(e.get('macro_f1'))}, ECE {_f(e.get('ece'))}, "
+                   f"LLM share {_pc(m.get('llm_share'))} ({m.get('llm_share_on')})")
+    d = result.report.get("dataset", {})
+    if d:
+        tr = d["train"]["by_source"]
+        out.append(f"  training rows {d['train']['n']:,} ({tr['intent_example']:,} examples, {tr['teacher']:,} "
+                   f"teacher, {tr['human']:,} human); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
+                   f"{d['dropped_unknown_intent']['total']:,} removed intents, "
+                   f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
+    for n in result.report.get("notes", []):
+        out.append(f"  note: {n}")
+    if result.report_path:
+        out.append(f"  report: {result.report_path}")
+    return out
+
+
+# ------------------------------------------------------------------ the CLI
+def _make_embedder(settings: Any) -> Any:
+    """The embedder for an intent set's settings (tests replace this)."""
+    from classifier.embedders import make_embedder
+
+    return make_embedder(settings)
+
+
+def register(app: Any) -> None:
+    """Add the ``retrain`` command to a typer app."""
+    import typer
+
+    @app.command("retrain")
+    def retrain_command(
+        min_new_labels: int = typer.Option(0, "--min-new-labels", min=0,
+                                           help="Skip unless this many labels arrived since the champion."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        tolerance: float = typer.Option(0.01, "--tolerance", help="How much worse the challenger may be."),
+        target_precision: Optional[float] = typer.Option(None, "--target-precision",
+                                                         help="Precision of layer 2's sure answers."),
+        llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
+                                                   help="Largest share of traffic left to the LLM, e.g. 0.05."),
+        models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
+        log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
+        intents: Optional[Path] = typer.Option(None, "--intents",
+                                               help="Intent file (default: the champion's bundled intent set)."),
+        home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
+    ) -> None:
+        """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
+        try:
+            result = _cli_run(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                              target_precision=target_precision, llm_budget=llm_budget, models=models,
+                              log_db=log_db, intents=intents, home=home, progress=not quiet)
+        except FlywheelError as exc:
+            typer.echo(f"flywheel: error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            typer.echo(f"flywheel: error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        except Exception as exc:  # noqa: BLE001 - cron wants one line, not a traceback
+            if os.environ.get("FLYWHEEL_DEBUG"):
+                raise
+            typer.echo(f"flywheel: error: retrain failed: {type(exc).__name__}: {exc} "
+                       f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
+            raise typer.Exit(1) from None
+        if as_json:
+            sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+            return
+        for line in _readable(result):
+            typer.echo(line)
+        if result.dry_run and result.markdown:
+            typer.echo("")
+            typer.echo(result.markdown)
+
+
+def _cli_run(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget, models, log_db, intents,
+             home, progress) -> RetrainResult:
+    from classifier.config import load_config, starter_intents_path
+    from classifier.intents import load_intents
+    from classifier.registry import ModelRegistry
+    from training.logstore import LogStore
+
+    cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
+    registry = ModelRegistry(Path(models).expanduser() if models else cfg.models_dir)
+    if intents is not None:
+        intent_set = load_intents(intents)
+    else:
+        intent_set = None
+        if registry.current_name() is not None:
+            try:
+                intent_set = registry.load_current().intents
+            except ModelError:
+                intent_set = None
+        if intent_set is None:
+            intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
+    embedder = _make_embedder(intent_set.embedder)
+    store = LogStore(cfg.log_path)
+    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
+                   min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                   target_precision=target_precision, llm_budget=llm_budget, progress=progress)

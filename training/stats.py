@@ -1,0 +1,516 @@
+"""How the flywheel converges: layer shares, tiers, audits and confusions from the traffic log.
+
+:func:`convergence` reads the DuckDB traffic log (:class:`training.logstore.LogStore`)
+with one SQL statement (one consistent snapshot) and returns a JSON-ready dict;
+:func:`format_table` renders it for a terminal; :func:`register` adds the
+``flywheel stats`` command.
+
+Definitions (every count is over the ``decisions`` table, windows included):
+
+- ``layer_share``: share of decisions made by each layer (``declared``, ``rules``,
+  ``embedding``, ``llm`` are always present; any other logged value is added).
+  ``llm_share`` is ``layer_share["llm"]``; ``teacher_calls`` counts decisions for
+  which the teacher was called inline (valid answer or not).
+- ``tier_share``: share of each tier (``confident``, ``ambiguous``, ``weak``,
+  ``no_match`` always present).
+- teacher label of a decision: its latest *valid* teacher answer, inline or
+  back-filled (``labels`` rows with ``source='teacher' AND valid``), exactly as
+  :meth:`LogStore.labelled_rows` picks it; ``None`` means out of scope.
+  Human label: the latest ``source='human'`` row.
+- audits: ``audited`` = audit-sampled decisions; ``audit_labelled`` = those with a
+  valid teacher label; ``audit_agree`` = those whose teacher label equals the layer-2
+  label (``l2_label``; out of scope equals out of scope); ``audit_agreement`` =
+  ``audit_agree / audit_labelled`` (``None`` when nothing was answered yet: an audit
+  still waiting for the teacher is not counted as a disagreement).
+- pending: ``pending_flagged`` = decisions that needed the teacher while it was
+  unavailable; ``pending`` = those still open, with the definition of
+  :meth:`LogStore.pending`: not in ``resolutions`` and without a valid back-filled
+  teacher label.
+- confusions: ``confused_l2_teacher`` = ``(layer2, teacher, n)`` over decisions that
+  have a layer-2 answer (``l2_confidence`` not NULL) and a teacher label that
+  differs; ``confused_human_served`` = ``(served, human, n)`` over decisions whose
+  human label differs from the served ``label``. Top ``top`` pairs by count (ties by
+  name, out of scope last); ``None`` = out of scope. ``teacher_labelled``,
+  ``human_labelled`` and ``human_corrected`` give the denominators.
+
+Windows: ``window="day"`` (also ``"hour"``, ``"week"``) groups by UTC calendar
+period; ``start``/``end`` are the period bounds (``end`` exclusive) and periods
+without traffic are omitted. ``window=N`` cuts the log, ordered by
+``(created_at, decision_id)``, into consecutive blocks of N decisions (the last may
+be shorter); ``start``/``end`` are the first and last decision times of the block.
+Every window also has ``first``/``last`` (its first and last decision times), its
+``index`` (0-based, counted over all windows) and ``n`` (its decisions); ``n_windows``
+is the number of windows in the whole log (``last=K`` returns only the last K, and
+only those are summarised, so ``--window 1 --last 20`` stays cheap on a big log).
+Shares are rounded to 6 digits; ``layer_counts`` gives the raw layer counts.
+Timestamps are ISO 8601 UTC strings ending in ``Z``.
+
+CLI (errors follow the project's convention: bad option values and log problems
+raise :class:`~classifier.errors.FlywheelError` subclasses with exit code 2, which
+``training.cli.main`` prints as one ``flywheel: error: ...`` line):
+``flywheel stats [--window day|hour|week|N] [--last K] [--top K] [--json]
+[--log-db PATH] [--home DIR]``; the log path is ``load_config(home=..., log_db=...).log_path``.
+A missing log file is not an error: ``flywheel stats`` prints
+``no traffic log at PATH yet`` on stderr, reports ``total`` 0 (with ``"missing":
+true`` in ``--json``) and exits 0, so cron jobs and dashboards need no special case.
+It never creates the file. Other log problems (a directory, locked for too long,
+newer schema) raise :class:`~training.logstore.LogStoreError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from classifier.errors import InvalidInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import typer
+
+    from training.logstore import LogStore
+
+__all__ = ["LAYERS", "TIERS", "convergence", "empty_stats", "format_table", "parse_window",
+           "register", "stats_for_path"]
+
+LAYERS = ("declared", "rules", "embedding", "llm")
+TIERS = ("confident", "ambiguous", "weak", "no_match")
+PERIODS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
+OOS_NAME = "OUT_OF_SCOPE"
+
+_COUNTS = ("audited", "audit_labelled", "audit_agree", "pending_flagged", "pending",
+           "teacher_calls", "teacher_labelled", "human_labelled", "human_corrected")
+_COLUMNS = ("scope", "kind", "w", "k1", "k2", "n", "n_windows", "first_at", "last_at") + _COUNTS
+
+_BASE_SQL = """
+WITH tl AS (
+    SELECT decision_id, teacher_label AS label, created_at AS ts, 0::BIGINT AS ord
+    FROM decisions WHERE teacher_valid
+    UNION ALL
+    SELECT decision_id, label, created_at, label_id
+    FROM labels WHERE source = 'teacher' AND valid
+), t AS (
+    SELECT decision_id, label FROM tl
+    QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts DESC, ord DESC) = 1
+), h AS (
+    SELECT decision_id, label FROM labels WHERE source = 'human'
+    QUALIFY row_number() OVER (PARTITION BY decision_id
+                               ORDER BY created_at DESC, label_id DESC) = 1
+), bf AS (
+    SELECT DISTINCT decision_id FROM labels WHERE source = 'teacher' AND valid
+), res AS (
+    SELECT DISTINCT decision_id FROM resolutions
+), base AS MATERIALIZED (
+    SELECT d.created_at, d.layer, d.tier, d.label, d.l2_label,
+           d.l2_confidence IS NOT NULL AS has_l2,
+           d.audit, d.pending,
+           d.pending AND res.decision_id IS NULL AND bf.decision_id IS NULL AS pending_open,
+           d.teacher_model IS NOT NULL AS teacher_called,
+           t.decision_id IS NOT NULL AS has_t, t.label AS t_label,
+           h.decision_id IS NOT NULL AS has_h, h.label AS h_label,
+           {window} AS w
+    FROM decisions d
+    LEFT JOIN t ON t.decision_id = d.decision_id
+    LEFT JOIN h ON h.decision_id = d.decision_id
+    LEFT JOIN bf ON bf.decision_id = d.decision_id
+    LEFT JOIN res ON res.decision_id = d.decision_id
+)
+"""
+
+_WINDOW_AGG = {
+    "n": "count(*)",
+    "first_at": "min(created_at)",
+    "last_at": "max(created_at)",
+    "audited": "count(*) FILTER (WHERE audit)",
+    "audit_labelled": "count(*) FILTER (WHERE audit AND has_t)",
+    "audit_agree": "count(*) FILTER (WHERE audit AND has_t AND has_l2 "
+                   "AND l2_label IS NOT DISTINCT FROM t_label)",
+    "pending_flagged": "count(*) FILTER (WHERE pending)",
+    "pending": "count(*) FILTER (WHERE pending_open)",
+    "teacher_calls": "count(*) FILTER (WHERE teacher_called)",
+    "teacher_labelled": "count(*) FILTER (WHERE has_t)",
+    "human_labelled": "count(*) FILTER (WHERE has_h)",
+    "human_corrected": "count(*) FILTER (WHERE has_h AND h_label IS DISTINCT FROM label)",
+}
+
+
+def _select(scope: str, kind: str, cols: dict[str, str], where: str, keys: str) -> str:
+    """One branch of the UNION: ``scope`` "window" (grouped by ``w``, over the kept
+    windows) or "total" (the whole log, ``w`` NULL)."""
+    exprs = []
+    for c in _COLUMNS:
+        if c == "scope":
+            exprs.append(f"'{scope}' AS scope")
+        elif c == "kind":
+            exprs.append(f"'{kind}' AS kind")
+        elif c == "w":
+            exprs.append("w" if scope == "window" else "NULL AS w")
+        elif c == "n_windows" and scope == "total" and kind == "window":
+            exprs.append("count(DISTINCT w) AS n_windows")
+        elif c in cols:
+            exprs.append(f"{cols[c]} AS {c}")
+        elif c in ("k1", "k2"):
+            exprs.append(f"NULL::VARCHAR AS {c}")
+        elif c in ("first_at", "last_at"):
+            exprs.append(f"NULL::TIMESTAMP AS {c}")
+        else:
+            exprs.append(f"NULL::BIGINT AS {c}")
+    group = ", ".join(g for g in (("w" if scope == "window" else ""), keys) if g)
+    src = "kept" if scope == "window" else "base"
+    return (f"SELECT {', '.join(exprs)} FROM {src}" + (f" WHERE {where}" if where else "")
+            + (f" GROUP BY {group}" if group else ""))
+
+
+def _sql(window_expr: str, last: int | None) -> str:
+    keep = "TRUE" if last is None else (
+        f"w >= (SELECT min(w) FROM (SELECT DISTINCT w FROM base ORDER BY w DESC LIMIT {int(last)}))")
+    branches = [
+        ("window", _WINDOW_AGG, "", ""),
+        ("layer", {"k1": "layer", "n": "count(*)"}, "", "layer"),
+        ("tier", {"k1": "tier", "n": "count(*)"}, "", "tier"),
+        ("l2_teacher", {"k1": "l2_label", "k2": "t_label", "n": "count(*)"},
+         "has_l2 AND has_t AND l2_label IS DISTINCT FROM t_label", "l2_label, t_label"),
+        ("human_served", {"k1": "label", "k2": "h_label", "n": "count(*)"},
+         "has_h AND h_label IS DISTINCT FROM label", "label, h_label"),
+    ]
+    parts = [_select(scope, kind, cols, where, keys)
+             for scope in ("window", "total") for kind, cols, where, keys in branches]
+    return (_BASE_SQL.format(window=window_expr)
+            + f", kept AS (SELECT * FROM base WHERE {keep})\n"
+            + "\nUNION ALL\n".join(parts))
+
+
+def parse_window(window: str | int) -> str | int:
+    """``"day"``/``"hour"``/``"week"`` or a positive decision count (int or digit string)."""
+    if isinstance(window, bool):
+        raise InvalidInputError(f"window must be 'day', 'hour', 'week' or a positive integer, got {window!r}")
+    if isinstance(window, int):
+        n = window
+    else:
+        w = str(window).strip().lower()
+        if w in PERIODS:
+            return w
+        try:
+            n = int(w)
+        except ValueError:
+            raise InvalidInputError(
+                f"window must be 'day', 'hour', 'week' or a positive integer, got {window!r}") from None
+    if n < 1:
+        raise InvalidInputError(f"window must be a positive number of decisions, got {n}")
+    return n
+
+
+def _int_option(name: str, value: str) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidInputError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _check_limits(last: int | None, top: int) -> None:
+    if last is not None and (isinstance(last, bool) or last < 1):
+        raise InvalidInputError(f"--last must be >= 1, got {last}")
+    if isinstance(top, bool) or top < 0:
+        raise InvalidInputError(f"--top must be >= 0, got {top}")
+
+
+def _iso(ts: datetime | None) -> str | None:
+    if ts is None:
+        return None
+    return ts.isoformat(timespec="seconds") + "Z"
+
+
+def _shares(counts: dict[str | None, int], n: int, always: Sequence[str]) -> dict[str, float]:
+    named = {("none" if k is None else str(k)): v for k, v in counts.items()}
+    keys = list(always) + sorted(k for k in named if k not in always)
+    return {k: (round(named.get(k, 0) / n, 6) if n else 0.0) for k in keys}
+
+
+def _top(pairs: dict[tuple[str | None, str | None], int], names: tuple[str, str],
+         top: int) -> list[dict[str, Any]]:
+    items = sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0][0] is None, kv[0][0] or "",
+                                                  kv[0][1] is None, kv[0][1] or ""))
+    return [{names[0]: a, names[1]: b, "n": int(n)} for (a, b), n in items[:top]]
+
+
+def _summary(n: int, layers: dict, tiers: dict, counts: dict[str, int],
+             l2t: dict, hs: dict, top: int) -> dict[str, Any]:
+    agree, labelled = counts["audit_agree"], counts["audit_labelled"]
+    layer_share = _shares(layers, n, LAYERS)
+    return {
+        "n": n,
+        "layer_share": layer_share,
+        "layer_counts": {k: int(layers.get(k, 0)) for k in layer_share},
+        "tier_share": _shares(tiers, n, TIERS),
+        "llm_share": layer_share["llm"],
+        **{k: int(counts[k]) for k in _COUNTS},
+        "audit_agreement": round(agree / labelled, 6) if labelled else None,
+        "confused_l2_teacher": _top(l2t, ("layer2", "teacher"), top),
+        "confused_human_served": _top(hs, ("served", "human"), top),
+    }
+
+
+def empty_stats(window: str | int = "day") -> dict[str, Any]:
+    """The result of :func:`convergence` on an empty log."""
+    window = parse_window(window)
+    out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
+    out.pop("n")
+    return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
+            "windows": []}
+
+
+def convergence(store: "LogStore", *, window: str | int = "day", last: int | None = None,
+                top: int = 5) -> dict[str, Any]:
+    """Convergence statistics of the traffic log, overall and per window.
+
+    Parameters
+    ----------
+    store : LogStore
+        The traffic log (its spool is ingested first, as by every read).
+    window : {"day", "hour", "week"} or int
+        Calendar windows (UTC), or blocks of that many decisions.
+    last : int, optional
+        Keep only the last ``last`` windows in ``windows`` (totals cover the whole log).
+    top : int
+        How many confused pairs to list, overall and per window.
+
+    Returns
+    -------
+    dict
+        ``total``, ``window``, ``first``/``last``, the summary fields described in the
+        module docstring (``layer_share``, ``tier_share``, ``llm_share``, audit, pending,
+        confusion fields) for the whole log, and ``windows``: one dict per window,
+        oldest first, with ``index``, ``start``, ``end``, ``first``, ``last`` and the
+        same summary fields, where ``n`` is the window's decision count.
+    """
+    window = parse_window(window)
+    _check_limits(last, top)
+    if isinstance(window, int):
+        wexpr = f"(row_number() OVER (ORDER BY d.created_at, d.decision_id) - 1) // {int(window)}"
+    else:
+        wexpr = f"date_trunc('{window}', d.created_at)::TIMESTAMP"
+    rows = store.query(_sql(wexpr, last))
+
+    per: dict[Any, dict[str, Any]] = {}
+    total_slot = _slot()
+    for row in rows:
+        r = dict(zip(_COLUMNS, row))
+        if r["scope"] == "total":
+            s = total_slot
+        else:
+            s = per.get(r["w"])
+            if s is None:
+                s = per[r["w"]] = _slot()
+        kind = r["kind"]
+        if kind == "window":
+            s["n"], s["first"], s["last"] = int(r["n"]), r["first_at"], r["last_at"]
+            s["counts"] = {k: int(r[k] or 0) for k in _COUNTS}
+            s["n_windows"] = int(r["n_windows"] or 0)
+        elif kind == "layer":
+            s["layers"][r["k1"]] = int(r["n"])
+        elif kind == "tier":
+            s["tiers"][r["k1"]] = int(r["n"])
+        elif kind == "l2_teacher":
+            s["l2t"][(r["k1"], r["k2"])] = int(r["n"])
+        elif kind == "human_served":
+            s["hs"][(r["k1"], r["k2"])] = int(r["n"])
+
+    if not total_slot["n"]:
+        return {**empty_stats(window), "n_windows": 0}
+    keys = sorted(per)
+    n_windows = total_slot["n_windows"]
+    windows = []
+    for i, w in enumerate(keys, start=n_windows - len(keys)):
+        s = per[w]
+        if isinstance(window, int):
+            start, end = s["first"], s["last"]
+        else:
+            start, end = w, w + PERIODS[window]
+        windows.append({"index": i, "start": _iso(start), "end": _iso(end),
+                        "first": _iso(s["first"]), "last": _iso(s["last"]),
+                        **_summary(s["n"], s["layers"], s["tiers"], s["counts"], s["l2t"], s["hs"],
+                                   top)})
+    t = total_slot
+    summary = _summary(t["n"], t["layers"], t["tiers"], t["counts"], t["l2t"], t["hs"], top)
+    summary.pop("n")
+    return {"total": t["n"], "window": window, **summary,
+            "first": _iso(t["first"]), "last": _iso(t["last"]),
+            "n_windows": n_windows, "windows": windows}
+
+
+def _slot() -> dict[str, Any]:
+    return {"layers": {}, "tiers": {}, "l2t": {}, "hs": {}, "n": 0, "n_windows": 0,
+            "first": None, "last": None, "counts": {k: 0 for k in _COUNTS}}
+
+
+# --------------------------------------------------------------------------- rendering
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.1f}%"
+
+
+_SHORT = {"declared": "decl", "embedding": "embed", "confident": "conf", "ambiguous": "ambig",
+          "no_match": "nomatch"}
+
+
+def _minute(iso: str | None) -> str:
+    return "-" if not iso else iso[:16].replace("T", " ")
+
+
+def _name(label: str | None) -> str:
+    return OOS_NAME if label is None else str(label)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, cell in enumerate(r):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _audit_cell(s: dict[str, Any]) -> str:
+    if not s["audited"]:
+        return "-"
+    if not s["audit_labelled"]:
+        return f"0/{s['audited']} answered"
+    return f"{s['audit_agree']}/{s['audit_labelled']} {_pct(s['audit_agreement'])}"
+
+
+def format_table(stats: dict[str, Any]) -> str:
+    """Render :func:`convergence`'s result as aligned plain text for a terminal."""
+    lines: list[str] = []
+    total = int(stats.get("total", 0))
+    where = f" (log: {stats['log_path']})" if stats.get("log_path") else ""
+    lines.append(f"flywheel stats: {total:,} decisions{where}")
+    if stats.get("missing"):
+        lines.append("  no traffic log yet: nothing has been logged")
+        return "\n".join(lines)
+    if not total:
+        lines.append("  the traffic log is empty")
+        return "\n".join(lines)
+    lines.append(f"  from {stats.get('first')} to {stats.get('last')}")
+    lines.append("  layers: " + "  ".join(f"{k} {_pct(v)}" for k, v in stats["layer_share"].items()))
+    lines.append("  tiers:  " + "  ".join(f"{k} {_pct(v)}" for k, v in stats["tier_share"].items()))
+    lines.append(f"  audits: {stats['audited']} sampled, {stats['audit_labelled']} answered by the "
+                 f"teacher, agreement with layer 2 {_pct(stats['audit_agreement'])}"
+                 + (f" ({stats['audit_agree']}/{stats['audit_labelled']})" if stats["audit_labelled"] else ""))
+    lines.append(f"  pending: {stats['pending']} open ({stats['pending_flagged']} flagged in all)"
+                 f"   teacher calls: {stats['teacher_calls']}   teacher-labelled: "
+                 f"{stats['teacher_labelled']}   human-labelled: {stats['human_labelled']} "
+                 f"({stats['human_corrected']} corrected)")
+    windows = stats.get("windows") or []
+    if windows:
+        w = stats.get("window")
+        by_count = isinstance(w, int)
+        layer_keys = list(stats["layer_share"])
+        tier_keys = list(stats["tier_share"])
+        if by_count:
+            head_cols = ["#", "first", "last"]
+        else:
+            head_cols = [str(w)]
+        headers = (head_cols + ["n"] + [_SHORT.get(k, k) for k in layer_keys]
+                   + [_SHORT.get(k, k) for k in tier_keys] + ["audit agree", "pending"])
+        rows = []
+        for s in windows:
+            if by_count:
+                head = [str(s["index"] + 1), _minute(s["first"]), _minute(s["last"])]
+            else:
+                start = s["start"] or "-"
+                head = [start[:13] + "h" if w == "hour" else start[:10]]
+            rows.append(head + [f"{s['n']:,}"]
+                        + [_pct(s["layer_share"].get(k, 0.0)) for k in layer_keys]
+                        + [_pct(s["tier_share"].get(k, 0.0)) for k in tier_keys]
+                        + [_audit_cell(s), str(s["pending"])])
+        title = f"per window of {w:,} decisions" if by_count else f"per {w} (UTC)"
+        shown = len(windows)
+        if shown < _n_windows(stats):
+            title += f", last {shown} of {_n_windows(stats)}"
+        lines.append("")
+        lines.append(title + ": layer and tier shares, audit agreement (agree/answered), "
+                     "open pending")
+        lines.extend("  " + ln for ln in _table(headers, rows,
+                                                 set(range(len(head_cols), len(headers)))))
+    for key, (a, b), title in (
+            ("confused_l2_teacher", ("layer2", "teacher"), "top confusions, layer 2 -> teacher"),
+            ("confused_human_served", ("served", "human"), "top human corrections, served -> human")):
+        pairs = stats.get(key) or []
+        if pairs:
+            lines.append("")
+            lines.append(title + ":")
+            rows = [[_name(p[a]), "->", _name(p[b]), str(p["n"])] for p in pairs]
+            lines.extend("  " + ln for ln in _table([a, "", b, "n"], rows, {3}))
+    return "\n".join(lines)
+
+
+def _n_windows(stats: dict[str, Any]) -> int:
+    return int(stats.get("n_windows", len(stats.get("windows") or [])))
+
+
+# --------------------------------------------------------------------------- command line
+
+def stats_for_path(path: str | Path, *, window: str | int = "day", last: int | None = None,
+                   top: int = 5) -> dict[str, Any]:
+    """:func:`convergence` of the log at ``path``; a missing log gives ``total`` 0 and
+    ``"missing": true`` (the file is not created)."""
+    p = Path(path).expanduser()
+    window = parse_window(window)
+    _check_limits(last, top)
+    spool = Path(str(p) + ".spool")
+    if not p.exists() and not (spool.is_dir() and any(spool.glob("*.arrow"))):
+        out = empty_stats(window)
+        out.update(log_path=str(p), missing=True)
+        return out
+    from training.logstore import LogStore
+
+    store = LogStore(p)
+    full = convergence(store, window=window, last=last, top=top)
+    full["log_path"] = store.path
+    full["missing"] = False
+    return full
+
+
+def register(app: "typer.Typer") -> None:
+    """Add the ``stats`` command to ``app`` (once per app)."""
+    import typer
+
+    for info in getattr(app, "registered_commands", []):
+        if info.name == "stats":
+            return
+
+    @app.command("stats")
+    def stats_command(
+        window: str = typer.Option("day", "--window",
+                                   help="'day' (also 'hour', 'week') or N: windows of N decisions."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+        home: Optional[Path] = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)"),
+        last: Optional[str] = typer.Option(None, "--last", metavar="N",
+                                           help="Show only the last N windows."),
+        top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),
+    ) -> None:
+        """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions."""
+        from classifier.config import load_config
+
+        # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
+        # exit code 2), which training.cli.main prints as one "flywheel: error: ..." line.
+        # (--last/--top are parsed here, not by typer, for the same one-line errors)
+        last_n = None if last is None else _int_option("--last", last)
+        top_n = _int_option("--top", top)
+        cfg = load_config(home=home, log_db=log_db)
+        result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n)
+        if result.get("missing"):
+            typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
+                       err=True)
+        if as_json:
+            sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        else:
+            typer.echo(format_table(result))
