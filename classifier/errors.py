@@ -36,6 +36,12 @@ class IntentFileError(ConfigError):
         super().__init__(f"{where}: {problem}")
 
 
+class TrainingError(FlywheelError):
+    """Layer 2 cannot be fitted from the data given (too few examples, one intent, ...)."""
+
+    exit_code = 2
+
+
 class InvalidInputError(FlywheelError):
     """The text (or another argument) given to ``classify`` is unusable."""
 

@@ -233,7 +233,8 @@ class Classifier:
             return d
         if d.upper() in OUT_OF_SCOPE_NAMES:
             return "OUT_OF_SCOPE"
-        raise UnknownLabelError(f"unknown declared type {declared!r}; known: {', '.join(rt.labels)}, OUT_OF_SCOPE")
+        known = ", ".join(rt.labels[:20]) + (f", … ({len(rt.labels)} in all)" if len(rt.labels) > 20 else "")
+        raise UnknownLabelError(f"unknown declared type {declared!r}; known: {known}, OUT_OF_SCOPE")
 
     def _decision(self, rt: _Runtime, label: str | None, confidence: float, tier: Tier, layer: Layer,
                   reason: str, c: CleanText, latency: dict[str, float],
@@ -245,10 +246,10 @@ class Classifier:
                         latency_ms=latency, teacher=teacher)
 
     def _from_layer2(self, rt: _Runtime, res: Layer2Result, c: CleanText, lat: dict[str, float],
-                     suffix: str = "", teacher: TeacherCall | None = None) -> Decision:
+                     suffix: str = "", teacher: TeacherCall | None = None, degraded: bool = False) -> Decision:
         tier = res.tier
-        if suffix and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
-            tier = Tier.WEAK  # layer 2 was not sure enough; without the teacher it is a best guess
+        if degraded and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
+            tier = Tier.WEAK  # the teacher was needed and failed: layer 2's answer is a best guess
         alts = res.alternatives if tier is not Tier.CONFIDENT else []
         if tier is Tier.WEAK and not alts and res.label is not None:
             alts = [c_ for c_ in res.candidates[:3]]
@@ -270,14 +271,14 @@ class Classifier:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind != "circuit_open" else None
-            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call)
+            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=True)
             d._pending = exc.kind in RETRYABLE_TEACHER_ERRORS  # type: ignore[attr-defined]
             return d
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
             lat["llm"] = _ms(t0)
             log.exception("teacher raised an unexpected error")
             call = TeacherCall(self.teacher.model, None, False, lat["llm"], f"error: {exc}")
-            return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call)
+            return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call, degraded=True)
         lat["llm"] = _ms(t0)
         call = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"])
         conf = rt.model.intents.teacher.confidence

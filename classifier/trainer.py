@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from classifier.embedders import make_embedder
+from classifier.errors import TrainingError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, Manifest, new_version_name
@@ -27,7 +28,7 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
     """
     if len(extra_texts) != len(extra_labels):
         raise ValueError("extra_texts and extra_labels differ in length")
-    embedder = embedder or make_embedder(intents.embedder)
+    embedder = embedder if embedder is not None else make_embedder(intents.embedder)
     texts, labels = intents.training_pairs()
     t0 = time.perf_counter()
     X = embedder.encode(texts, progress=progress)
@@ -39,7 +40,10 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
     if head is None:
         head = IntentHead(target_precision=intents.thresholds.target_precision)
     t0 = time.perf_counter()
-    head.fit(X, labels)
+    try:
+        head.fit(X, labels)
+    except ValueError as exc:  # too few examples, a single intent, ...
+        raise TrainingError(f"cannot fit layer 2 for intent set {intents.name!r}: {exc}") from None
     t_fit = time.perf_counter() - t0
     manifest = Manifest(
         version=version or new_version_name(),

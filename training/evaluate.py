@@ -393,8 +393,9 @@ def write_plots(report: dict[str, Any], directory: str | Path) -> list[Path]:
     lefts = [min(int(b["confidence"] * RELIABILITY_BINS), RELIABILITY_BINS - 1) * width for b in bins]
     ax.bar(lefts, [b["accuracy"] for b in bins], width=width, align="edge", color="#4C72B0",
            edgecolor="black", linewidth=0.6, label="accuracy")
-    ax.bar(lefts, [b["confidence"] - b["accuracy"] for b in bins], bottom=[b["accuracy"] for b in bins],
-           width=width, align="edge", color="#DD8452", alpha=0.45, edgecolor="#DD8452", label="gap to confidence")
+    ax.bar(lefts, [abs(b["confidence"] - b["accuracy"]) for b in bins],
+           bottom=[min(b["confidence"], b["accuracy"]) for b in bins], width=width, align="edge",
+           facecolor="none", edgecolor="#C44E52", hatch="//", linewidth=0.8, label="gap to mean confidence")
     ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1, label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -406,7 +407,9 @@ def write_plots(report: dict[str, Any], directory: str | Path) -> list[Path]:
     ax_n.bar(lefts, [b["count"] for b in bins], width=width, align="edge", color="gray", edgecolor="black",
              linewidth=0.6)
     ax_n.set_xlabel("top in-scope confidence")
-    ax_n.set_ylabel("queries")
+    if bins:
+        ax_n.set_yscale("log")
+    ax_n.set_ylabel("queries (log)")
     fig.tight_layout()
     path = out_dir / "reliability.png"
     fig.savefig(path)
