@@ -1,0 +1,214 @@
+"""The flywheel benchmark on CLINC150: does the LLM share fall while accuracy holds?
+
+Layer 2 starts from 5 examples per intent. The 15,000 training queries plus the 100
+out-of-scope training queries, shuffled with a fixed seed, are streamed as live
+traffic through ``Classifier.classify()`` with the DuckDB log on. The teacher is a
+simulated LLM behind a local server that speaks Ollama's API (right with probability
+``--accuracy``, else a plausible wrong label, lognormal latency). Every
+``--retrain-every`` queries the real ``flywheel retrain`` command runs in a separate
+process against the same log while the serving process keeps it open; a promoted
+version is hot-reloaded by the serving classifier.
+
+Per window it reports: LLM share, end-to-end accuracy on the window, layer-2
+accuracy on the CLINC150 test split (test + oos_test, out of scope counted as a
+class), the retrain outcome and its wall time.
+
+    python benchmarks/bench_flywheel.py --data ../shared/datasets/clinc150/data_full.json \
+        --json-out .bench/flywheel.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from classifier.decision import Layer  # noqa: E402
+from classifier.embedders import make_embedder  # noqa: E402
+from classifier.intents import load_intents  # noqa: E402
+from classifier.pipeline import Classifier  # noqa: E402
+from classifier.registry import ModelRegistry  # noqa: E402
+from classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
+from classifier.tiers import Thresholds, assign_tier  # noqa: E402
+from classifier.trainer import fit_model  # noqa: E402
+from training.logstore import LogStore  # noqa: E402
+from training.simulated_ollama import SimulatedOllama  # noqa: E402
+
+
+def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int) -> dict:
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for text, label in train:
+        by_label[label].append(text)
+    rng = random.Random(seed)
+    intents = []
+    for label in sorted(by_label):
+        intents.append({"name": label, "description": label.replace("_", " "),
+                        "examples": rng.sample(by_label[label], per_intent)})
+    return {"version": 1, "name": "clinc150-seed", "intents": intents,
+            "teacher": {"model": "simulated", "max_candidates": max_candidates, "timeout_s": 5.0}}
+
+
+def layer2_accuracy(model, X: np.ndarray, truth: list[str | None]) -> dict[str, float]:
+    s = model.head.scores(X)
+    th = Thresholds.for_model(model)
+    labels = tuple(model.manifest.labels)
+    pred, sure = [], []
+    for j in range(len(X)):
+        r = assign_tier(s.probs[j], labels, float(s.oos_class[j]), float(s.p_oos[j]), th)
+        pred.append(r.label)
+        sure.append(r.sure)
+    pred_a = np.array(pred, dtype=object)
+    truth_a = np.array(truth, dtype=object)
+    ins = truth_a != None  # noqa: E711
+    return {"accuracy": float((pred_a == truth_a).mean()),
+            "in_scope_accuracy": float((pred_a[ins] == truth_a[ins]).mean()),
+            "oos_recall": float((pred_a[~ins] == None).mean()),  # noqa: E711
+            "llm_share_on_test": float(1 - np.mean(sure))}
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
+    ap.add_argument("--per-intent", type=int, default=5)
+    ap.add_argument("--accuracy", type=float, default=0.9, help="simulated teacher accuracy")
+    ap.add_argument("--latency-s", type=float, default=0.3, help="median teacher latency")
+    ap.add_argument("--latency-scale", type=float, default=0.1, help="multiplier on the latency (time budget)")
+    ap.add_argument("--retrain-every", type=int, default=1000)
+    ap.add_argument("--max-candidates", type=int, default=20)
+    ap.add_argument("--retrain-args", default="", help="extra arguments for flywheel retrain")
+    ap.add_argument("--limit", type=int, default=None, help="stream only this many queries (smoke runs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+
+    data = json.loads(Path(args.data).read_text())
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="flywheel-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    intents_file = work / "seed_intents.yaml"
+    intents_file.write_text(yaml.safe_dump(starter_intents(data["train"], args.per_intent, args.seed,
+                                                           args.max_candidates)))
+    intents = load_intents(intents_file)
+    models_home, log_db = work / "models", work / "log.duckdb"
+    registry = ModelRegistry(models_home)
+    embedder = make_embedder(intents.embedder)
+
+    t0 = time.perf_counter()
+    seed_model = fit_model(intents, embedder=embedder, version="v0-seed")
+    seed_model.save(registry.version_dir("v0-seed"))
+    registry.promote("v0-seed")
+    print(f"seed model: {len(intents.labels)} intents x {args.per_intent} examples "
+          f"({time.perf_counter() - t0:.1f}s)", flush=True)
+
+    test = data["test"] + data["oos_test"]
+    test_texts = [t for t, _ in test]
+    test_truth = [None if lab == "oos" else lab for _, lab in test]
+    t0 = time.perf_counter()
+    X_test = embedder.encode(test_texts, progress=True)
+    print(f"embedded the test split ({len(test_texts)}) in {time.perf_counter() - t0:.1f}s", flush=True)
+
+    stream = data["train"] + data["oos_train"]
+    random.Random(args.seed).shuffle(stream)
+    if args.limit:
+        stream = stream[: args.limit]
+    truth = {t: (None if lab == "oos" else lab) for split in ("train", "oos_train", "test", "oos_test")
+             for t, lab in data[split]}
+
+    rows = []
+    with SimulatedOllama(truth, accuracy=args.accuracy, latency_s=args.latency_s,
+                         latency_scale=args.latency_scale, seed=args.seed) as sim:
+        store = LogStore(log_db)
+        sink = store.open_sink()
+        teacher = OllamaTeacher("simulated", host=sim.url, timeout_s=5.0,
+                                breaker=CircuitBreaker(intents.teacher.breaker_failures, 5.0))
+        clf = Classifier.from_registry(models_home, embedder=embedder, teacher=teacher, log_sink=sink,
+                                       interval_s=0.0)
+        base = layer2_accuracy(clf.model, X_test, test_truth)
+        print(f"window 0: layer-2 accuracy on test {base['accuracy']:.3f}", flush=True)
+        rows.append({"window": 0, "queries": 0, "llm_share": None, "e2e_accuracy": None,
+                     "layer2_test": base, "model": clf.model_version, "retrain": None})
+        env = {**os.environ, "FLYWHEEL_HOME": str(work / "home")}
+        for w, start in enumerate(range(0, len(stream), args.retrain_every), 1):
+            chunk = stream[start:start + args.retrain_every]
+            t_serve = time.perf_counter()
+            llm = right = 0
+            lat = []
+            for text, lab in chunk:
+                d = clf.classify(text)
+                lat.append(d.latency_ms.get("total", 0.0))
+                llm += d.layer is Layer.LLM
+                right += d.label == (None if lab == "oos" else lab)
+            serve_s = time.perf_counter() - t_serve
+            sink.flush()
+            t_re = time.perf_counter()
+            cmd = [sys.executable, "-m", "training.cli", "retrain", "--json", "--quiet",
+                   "--models", str(models_home), "--log-db", str(log_db), *args.retrain_args.split()]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+            re_s = time.perf_counter() - t_re
+            try:
+                out = json.loads(proc.stdout.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                out = {"outcome": "error", "stderr": proc.stderr[-2000:], "rc": proc.returncode}
+            clf.watcher.poll(force=True)
+            l2 = layer2_accuracy(clf.model, X_test, test_truth)
+            row = {"window": w, "queries": start + len(chunk), "llm_share": llm / len(chunk),
+                   "e2e_accuracy": right / len(chunk), "serve_s": round(serve_s, 1),
+                   "latency_ms_p50": float(np.percentile(lat, 50)), "retrain_s": round(re_s, 1),
+                   "retrain": out.get("outcome"), "retrain_reason": out.get("reason"),
+                   "model": clf.model_version, "layer2_test": l2}
+            rows.append(row)
+            print(f"window {w:2d} ({row['queries']:5d} q): LLM share {row['llm_share']:.3f}  "
+                  f"e2e acc {row['e2e_accuracy']:.3f}  layer-2 test acc {l2['accuracy']:.3f} "
+                  f"(in-scope {l2['in_scope_accuracy']:.3f}, oos recall {l2['oos_recall']:.3f})  "
+                  f"retrain: {row['retrain']} in {re_s:.0f}s", flush=True)
+            if row["retrain"] == "error":
+                print(out.get("stderr", ""), file=sys.stderr)
+        clf.close()
+        sim_counts = dict(sim.counts)
+
+    total_q = sum(len(stream[i:i + args.retrain_every]) for i in range(0, len(stream), args.retrain_every))
+    summary = {
+        "queries": total_q,
+        "teacher_accuracy_setting": args.accuracy,
+        "llm_share_last_window": rows[-1]["llm_share"],
+        "layer2_test_accuracy_final": rows[-1]["layer2_test"]["accuracy"],
+        "e2e_accuracy_overall": float(np.average([r["e2e_accuracy"] for r in rows[1:]],
+                                                 weights=[min(args.retrain_every, total_q - (r["window"] - 1)
+                                                              * args.retrain_every) for r in rows[1:]])),
+        "promotions": sum(r["retrain"] == "promoted" for r in rows[1:]),
+        "simulator": sim_counts,
+    }
+    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        l2 = r["layer2_test"]
+        took = "" if r.get("retrain_s") is None else f" ({r['retrain_s']}s)"
+        print(f"| {r['window']} | {r['queries']} | {_pct(r['llm_share'])} | {_pct(r['e2e_accuracy'])} | "
+              f"{_pct(l2['accuracy'])} | {_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
+              f"{r['retrain'] or ''}{took} |")
+    print("\n" + json.dumps(summary, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"summary": summary, "windows": rows, "args": vars(args)},
+                                                  indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
