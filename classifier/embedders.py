@@ -229,7 +229,7 @@ class _MeanPoolRunner(_Runner):
     """
 
     def __init__(self, path: Path, device: str | None, use_fp16: bool, quantize: bool,
-                 max_length: int, pack: bool) -> None:
+                 max_length: int, pack: bool, layers: tuple[int, ...] | None = None) -> None:
         _offline()
         from transformers import AutoModel, AutoTokenizer
 
@@ -240,7 +240,11 @@ class _MeanPoolRunner(_Runner):
             model.pooler = None  # the CLS pooler's output is never used: skip it
         self.model = _prepare(model, self.device, use_fp16, quantize, pack)
         self.max_length = max_length
-        self.dim = int(model.config.hidden_size)
+        n_layers = int(model.config.num_hidden_layers)
+        if layers is not None and not all(0 <= i <= n_layers for i in layers):
+            raise EmbedderError(f"embedder.layers must be between 0 and {n_layers}, got {list(layers)}")
+        self.layers = layers
+        self.dim = int(model.config.hidden_size) * (len(layers) if layers else 1)
         self._tok_lock = threading.Lock()  # HF fast tokenizers are not re-entrant
 
     def encode_batch(self, texts: list[str]) -> np.ndarray:
@@ -251,10 +255,14 @@ class _MeanPoolRunner(_Runner):
                                    return_tensors="pt")
         with torch.inference_mode():
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            hidden = self.model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            pooled = torch.nn.functional.normalize(pooled.float(), p=2.0, dim=-1)
+            out = self.model(**batch, output_hidden_states=self.layers is not None)
+            states = [out.last_hidden_state] if self.layers is None else [out.hidden_states[i] for i in self.layers]
+            mask = batch["attention_mask"].unsqueeze(-1).to(states[0].dtype)
+            denom = mask.sum(dim=1).clamp(min=1e-9)
+            # mean-pool each chosen layer, normalise each, concatenate, normalise again
+            parts = [torch.nn.functional.normalize(((h * mask).sum(dim=1) / denom).float(), p=2.0, dim=-1)
+                     for h in states]
+            pooled = torch.nn.functional.normalize(torch.cat(parts, dim=-1), p=2.0, dim=-1)
             return pooled.cpu().numpy()
 
 
@@ -516,23 +524,32 @@ class MiniLMEmbedder(_LazyEmbedder):
         Call ``torch.set_num_threads(num_threads)`` when the model is first used. This is
         process-wide. ``1`` is the safe choice for serving single queries on a small
         shared machine: several intra-op threads on busy cores can be 10x slower.
+    layers : sequence of int, optional
+        Instead of the last layer's mean pooling, mean-pool these hidden states (0 is
+        the embedding layer, 6 the last), normalise each and concatenate them
+        (``384 * len(layers)`` dims). ``(3, 4, 5, 6)`` is more accurate on CLINC150
+        (see BENCHMARKS.md) at a higher layer-2 cost; the id records the layers.
     """
 
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
                  max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
-                 pack_weights: bool = True, num_threads: int | None = None) -> None:
+                 pack_weights: bool = True, num_threads: int | None = None,
+                 layers: Sequence[int] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
+        self.layers = tuple(int(i) for i in layers) if layers else None
 
     @property
     def id(self) -> str:
+        if self.layers:
+            return f"{MINILM_ID}:mean-layers-{'-'.join(map(str, self.layers))}"
         return MINILM_ID
 
     def _known_dim(self) -> int:
-        return 384
+        return 384 * (len(self.layers) if self.layers else 1)
 
     def _key(self) -> Hashable:
-        return ("minilm", *self._opts())
+        return ("minilm", *self._opts(), self.layers)
 
     def _load(self) -> _Runner:
         path = minilm_model_dir()
@@ -542,7 +559,8 @@ class MiniLMEmbedder(_LazyEmbedder):
             max_length = int(cfg.get("max_seq_length", max_length))
         except (OSError, ValueError):
             pass
-        return _MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights)
+        return _MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights,
+                               self.layers)
 
 
 class SentenceTransformerEmbedder(_LazyEmbedder):
@@ -788,14 +806,16 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": settings.quantize,
-                              "num_threads": getattr(settings, "num_threads", None)}
+                              "num_threads": settings.num_threads}
     inner: _LazyEmbedder
+    if settings.layers and backend != "minilm":
+        raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
     if backend == "minilm":
         if settings.model and settings.model.strip().lower() not in _MINILM_ALIASES:
             raise EmbedderError(
                 f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
                 "(use backend 'sentence-transformers' for another model directory)")
-        inner = MiniLMEmbedder(**common)
+        inner = MiniLMEmbedder(**common, layers=settings.layers)
     elif backend == "sentence-transformers":
         if not settings.model:
             raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")

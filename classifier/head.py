@@ -214,12 +214,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             grid = np.unique(np.quantile(p_oos, np.linspace(0.0, 1.0, 401)))
             scores = [((correct & (p_oos < t))[in_mask].mean() + (p_oos >= t)[is_oos].mean(), -t) for t in grid]
             oos_t = float(grid[int(np.argmax([s[0] for s in scores]))])
-            oos_conf = _precision_cutoff(p_oos[p_oos >= oos_t], is_oos[p_oos >= oos_t], self.target_precision)
+            oos_conf = precision_cutoff(p_oos[p_oos >= oos_t], is_oos[p_oos >= oos_t], self.target_precision)
         else:
             oos_t = 1.0 - self.novelty_quantile
             oos_conf = 1.1  # never sure without out-of-scope training data
         accepted = p_oos < oos_t
-        confident = _precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
+        confident = precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
         order = np.argsort(-pin, axis=1)
         second_true = in_mask & (order[:, 1] == yi)
         if second_true.any():
@@ -282,15 +282,32 @@ def _binary_logits(d: np.ndarray) -> np.ndarray:
     return np.column_stack([-d / 2.0, d / 2.0])
 
 
-def _precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float) -> float:
-    """The lowest confidence t such that precision of {conf >= t} reaches ``target``
-    (1.0 when it never does; the smallest confidence when it always does)."""
+def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, top_share: float = 0.1,
+                     min_top: int = 10, unreachable: float | None = 1.0) -> float | None:
+    """The lowest confidence t such that the precision of {conf >= t} reaches ``target``
+    times the *precision ceiling* (``unreachable``, default 1.0, when it never does).
+
+    The ceiling is the precision of the ``top_share`` most confident answers (at least
+    ``min_top``). On clean labels it is 1.0 and the target is absolute; on labels from
+    a noisy teacher (say 90% right) no cutoff can measure 95% precision, and an
+    absolute target would send all traffic to the LLM, so the target is taken
+    relative to the agreement layer 2 reaches where it is surest.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> conf = np.array([0.99, 0.9, 0.8, 0.6, 0.5])
+    >>> precision_cutoff(conf, np.array([1, 1, 1, 0, 0]), 0.95, min_top=1)
+    0.8
+    """
     if conf.size == 0:
-        return 1.0
+        return unreachable
     order = np.argsort(-conf)
     c, ok = conf[order], np.asarray(correct, dtype=float)[order]
     prec = np.cumsum(ok) / np.arange(1, len(ok) + 1)
-    good = np.flatnonzero(prec >= target)
+    k = min(len(ok), max(min_top, int(np.ceil(top_share * len(ok)))))
+    ceiling = float(prec[k - 1])
+    good = np.flatnonzero(prec >= target * min(1.0, ceiling) - 1e-12)
     if good.size == 0:
-        return 1.0
+        return unreachable
     return float(c[good[-1]])

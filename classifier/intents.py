@@ -24,7 +24,8 @@ _TOP_KEYS = {"version", "name", "description", "embedder", "teacher", "threshold
              "rules", "intents", "out_of_scope"}
 _INTENT_KEYS = {"name", "description", "examples", "thresholds"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
-_EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize"}
+_EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
+                  "num_threads", "layers"}
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence"}
@@ -62,6 +63,8 @@ class EmbedderSettings:
     device: str | None = None
     use_fp16: bool = False
     quantize: bool = False
+    num_threads: int | None = None   # torch intra-op threads (process-wide); 1 is best for serving
+    layers: tuple[int, ...] | None = None  # minilm: mean-pool and concatenate these hidden layers
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         device=e.get("device"),
         use_fp16=bool(e.get("use_fp16", False)),
         quantize=bool(e.get("quantize", False)),
+        num_threads=None if e.get("num_threads") is None else c.integer(e["num_threads"], "embedder.num_threads", 1),
+        layers=_layers(c, e.get("layers")),
     )
 
     t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)
@@ -282,6 +287,15 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
                      embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+
+
+def _layers(c: _Checker, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                           and i >= 0 for i in value):
+        raise c.fail(f"embedder.layers must be a non-empty list of layer numbers, got {value!r}")
+    return tuple(value)
 
 
 def _parse_rule(c: _Checker, raw: Any, n: int, intents: set[str]) -> Rule:

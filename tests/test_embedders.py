@@ -415,3 +415,19 @@ def test_bge_m3_quantized_close_to_fp32(tiny_bge: Path) -> None:
     np.testing.assert_allclose(np.linalg.norm(vq, axis=1), 1.0, atol=1e-5)
     assert _cos(vq, fp32).min() > 0.9
     assert "DynamicQuantizedLinear" in repr(q.model.model)
+
+
+@pytest.mark.slow
+def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
+    from classifier.embedders import make_embedder
+    from classifier.intents import EmbedderSettings
+
+    multi = make_embedder(EmbedderSettings(layers=(3, 4, 5, 6)))
+    plain = make_embedder(EmbedderSettings())
+    assert multi.id == "minilm:all-MiniLM-L6-v2:mean-layers-3-4-5-6" and multi.id != plain.id
+    X = multi.encode(["What is my balance?", "what's my account balance", "play some jazz"])
+    assert X.shape == (3, 1536) and multi.dim == 1536
+    assert np.allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-5)
+    assert X[0] @ X[1] > X[0] @ X[2]
+    with pytest.raises(EmbedderError, match="only supported by the minilm backend"):
+        make_embedder(EmbedderSettings(backend="bge-m3", model="/nonexistent", layers=(1,)))

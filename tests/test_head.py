@@ -93,3 +93,17 @@ def test_cut_at_drop_has_no_fixed_k():
     c = [Candidate(str(i), 0.1) for i in range(5)] + [Candidate("x", 0.01)]
     assert len(cut_at_drop(c, 0.5)) == 5
     assert len(cut_at_drop([Candidate("a", 0.9), Candidate("b", 0.05)], 0.5)) == 1
+
+
+def test_precision_target_is_relative_to_noisy_labels():
+    from classifier.head import precision_cutoff
+
+    rng = np.random.default_rng(0)
+    conf = np.sort(rng.uniform(0.3, 1.0, 1000))[::-1]
+    truly_right = conf > 0.5
+    noisy = truly_right & (rng.random(1000) < 0.9)  # a teacher that is right 90% of the time
+    t = precision_cutoff(conf, noisy, 0.95)
+    assert t < 1.0  # an absolute 0.95 is unreachable against 90%-right labels; relative is not
+    assert 0.45 < t < 0.75
+    assert precision_cutoff(conf, truly_right, 0.95) == pytest.approx(t, abs=0.2)
+    assert precision_cutoff(np.array([]), np.array([]), 0.95) == 1.0

@@ -83,3 +83,12 @@ def test_cli_exit_code_2_on_bad_file(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "dup.yaml: intent 'A': duplicate intent" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_embedder_layers_and_threads_are_validated():
+    s = parse_intents(doc(embedder={"layers": [3, 4, 5, 6], "num_threads": 1}))
+    assert s.embedder.layers == (3, 4, 5, 6) and s.embedder.num_threads == 1
+    with pytest.raises(IntentFileError, match="embedder.layers"):
+        parse_intents(doc(embedder={"layers": "all"}))
+    with pytest.raises(IntentFileError, match="embedder.num_threads"):
+        parse_intents(doc(embedder={"num_threads": 0}))

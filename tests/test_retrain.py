@@ -420,7 +420,9 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
         assert info["budget_reachable"] and info["confident"] == min(info["precision_cutoff"], info["budget_cutoff"])
         assert evaluate_layer2(m, recent)["llm_share"] <= budget + 1e-9
         assert m.manifest.thresholds["confident"] == info["confident"]
-    assert sure_share < 0.8          # the precision target alone would leave most traffic to the LLM
+    # the target is relative to what a noisy (80%-right) teacher lets layer 2 measure, so it
+    # does not send most traffic to the LLM (an absolute 0.95 would have: unreachable)
+    assert sure_share > 0.8
     m = copy.deepcopy(model)
     info = _retune(m, recent, 0.95, 0.0)   # unreachable: some queries are never sure (ambiguous, out of scope)
     assert info["budget_reachable"] is False and info["confident"] == 0.0

@@ -45,7 +45,7 @@ import numpy as np
 
 from classifier.calibration import expected_calibration_error
 from classifier.errors import FlywheelError, ModelError
-from classifier.head import IntentHead, _precision_cutoff
+from classifier.head import IntentHead, precision_cutoff
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, new_version_name
 from training.dataset import (SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict,
@@ -228,10 +228,15 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
-    t_prec = float(_precision_cutoff(conf[glob], correct[glob], target_precision))
+    found = precision_cutoff(conf[glob], correct[glob], target_precision, unreachable=None)
+    t_prec = 1.0 if found is None else float(found)
     info["precision_cutoff"] = t_prec
     chosen = t_prec
     info["method"] = "target_precision"
+    if found is None and llm_budget is None:
+        chosen = cv  # unreachable on recent traffic: never send everything to the LLM
+        info["method"] = "cross-validation"
+        info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
     if llm_budget is not None:
         oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
         pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
