@@ -30,26 +30,18 @@ sys.path.insert(0, str(ROOT))
 from classifier.decision import Decision, Layer, TeacherCall, Tier  # noqa: E402
 from classifier.embedders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
-from classifier.protocols import DecisionRecord  # noqa: E402
+from classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from training.logstore import LogStore  # noqa: E402
 from training.retrain import retrain  # noqa: E402
 
 
-class CountingEmbedder:
+class CountingEmbedder(DelegatingEmbedder):
     """Wraps the real embedder and counts texts it had to encode."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.encoded = 0
-
-    @property
-    def id(self):
-        return self.inner.id
-
-    @property
-    def dim(self):
-        return self.inner.dim
 
     def encode(self, texts, **kw):
         self.encoded += len(texts)

@@ -32,7 +32,7 @@ import numpy as np
 
 from classifier.errors import EmbedderError, InvalidInputError
 from classifier.intents import EMBEDDER_BACKENDS, EmbedderSettings
-from classifier.protocols import Embedder
+from classifier.protocols import DelegatingEmbedder, Embedder
 
 __all__ = [
     "MINILM_ID",
@@ -692,7 +692,7 @@ class BGEM3Embedder(_LazyEmbedder):
                             self.pack_weights)
 
 
-class CachedEmbedder:
+class CachedEmbedder(DelegatingEmbedder):
     """Thread-safe LRU cache of vectors in front of another :class:`Embedder`.
 
     Keyed by the exact text. ``encode`` serves cached rows and sends only the misses
@@ -715,20 +715,12 @@ class CachedEmbedder:
     def __init__(self, inner: Embedder, maxsize: int = 20000) -> None:
         if maxsize < 0:
             raise EmbedderError(f"maxsize must be >= 0, got {maxsize!r}")
-        self.inner = inner
+        super().__init__(inner)
         self.maxsize = int(maxsize)
         self.hits = 0
         self.misses = 0
         self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
-
-    @property
-    def id(self) -> str:
-        return self.inner.id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -240,14 +240,17 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         X = _normalise(X)
         if X.shape[1] != self.n_features_in_:
             raise ModelError(f"head expects {self.n_features_in_}-d embeddings, got {X.shape[1]}-d")
-        z = self.lr_.decision_function(X)
-        if z.ndim == 1:
-            z = _binary_logits(z)
+        # plain numpy instead of decision_function/predict_proba: the same numbers without
+        # sklearn's per-call input validation, which dominates single-query latency
+        z = X @ self.lr_.coef_.T + self.lr_.intercept_
+        if z.shape[1] == 1:
+            z = _binary_logits(z[:, 0])
         probs = softmax(z, self.temperature_)
         ref = self._ref32()
         sim = (X @ ref.T).max(axis=1) if len(ref) else np.zeros(len(X))
         if self.gate_ is not None:
-            p_oos = self.gate_.predict_proba(self._gate_features(probs, sim))[:, 1]
+            g = self._gate_features(probs, sim) @ self.gate_.coef_[0] + self.gate_.intercept_[0]
+            p_oos = 1.0 / (1.0 + np.exp(-g))
         else:
             p_oos = self._p_oos_from_sim(sim)
         n_in = len(self.classes_)

@@ -41,6 +41,26 @@ class Embedder(Protocol):
         ...
 
 
+class DelegatingEmbedder:
+    """Base for an embedder that wraps another: ``id`` and ``dim`` are the inner one's,
+    and ``encode`` passes through unless a subclass overrides it."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
+               progress: bool = False) -> np.ndarray:
+        return self.inner.encode(texts, batch_size=batch_size, progress=progress)
+
+
 @dataclass(frozen=True)
 class HistoryEntry:
     """One earlier turn in the compact intent history: its label and a short snippet."""

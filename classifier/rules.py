@@ -41,6 +41,28 @@ class RuleEngine:
         self._checks: list[tuple[RuleMatch, Callable[[str, str, frozenset[str] | None], bool], bool]] = []
         for r in self.rules:
             self._checks.append((RuleMatch(r.id, r.intent), *self._compile(r)))
+        self._prefilter = self._compile_prefilter(self.rules)
+        self._has_keywords = any(r.kind == "keywords" for r in self.rules)
+
+    @staticmethod
+    def _compile_prefilter(rules: Sequence[Rule]) -> "re.Pattern[str] | None":
+        """One alternation of every pattern rule: the common no-match case costs one C-level
+        scan instead of a Python call per rule. ``None`` if the patterns cannot be combined
+        (e.g. a pattern with inline global flags)."""
+        parts = []
+        for r in rules:
+            if r.kind == "regex":
+                parts += [f"(?:{p})" for p in r.patterns]
+            elif r.kind == "prefix":
+                parts += [rf"(?:\A\s*{re.escape(p)})" for p in r.patterns]
+            elif r.kind == "contains":
+                parts += [re.escape(p) for p in r.patterns]
+        if not parts:
+            return None
+        try:
+            return re.compile("|".join(parts), re.IGNORECASE)
+        except re.error:
+            return None
 
     @staticmethod
     def _compile(r: Rule) -> tuple[Callable[[str, str, frozenset[str] | None], bool], bool]:
@@ -49,8 +71,13 @@ class RuleEngine:
             sets = tuple(r.patterns)
             return (lambda _t, _l, words: any(s <= words for s in sets)), True  # type: ignore[operator]
         if r.kind == "regex":
-            rx = re.compile("|".join(f"(?:{p})" for p in r.patterns), re.IGNORECASE)
-            return (lambda t, _l, _w: rx.search(t) is not None), False
+            # compiled one by one: a pattern with inline global flags such as "(?i)..." is
+            # valid alone but not inside an alternation
+            rxs = tuple(re.compile(p, re.IGNORECASE) for p in r.patterns)
+            if len(rxs) == 1:
+                rx = rxs[0]
+                return (lambda t, _l, _w: rx.search(t) is not None), False
+            return (lambda t, _l, _w: any(x.search(t) is not None for x in rxs)), False
         if r.kind == "prefix":
             prefixes = tuple(p.lower() for p in r.patterns)
             return (lambda _t, low, _w: low.lstrip().startswith(prefixes)), False
@@ -60,6 +87,8 @@ class RuleEngine:
     def match(self, text: str) -> RuleMatch | None:
         """The first matching rule, or ``None``."""
         if not self._checks:
+            return None
+        if self._prefilter is not None and not self._has_keywords and self._prefilter.search(text) is None:
             return None
         low = text.lower()
         words: frozenset[str] | None = None

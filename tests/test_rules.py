@@ -39,3 +39,19 @@ def test_hundreds_of_rules_still_match_correctly():
     eng = RuleEngine(rules)
     assert eng.match("contains word317 here").rule_id == "r317"
     assert eng.match("nothing") is None
+
+
+def test_prefilter_agrees_with_rule_by_rule_matching():
+    rules = [Rule(id="c", intent="A", kind="contains", patterns=("Quota",)),
+             Rule(id="p", intent="B", kind="prefix", patterns=("hello bot",)),
+             Rule(id="r", intent="C", kind="regex", patterns=(r"\d+ ?%",))]
+    eng = RuleEngine(rules)
+    assert eng._prefilter is not None
+    for text, want in [("my QUOTA", "c"), ("  Hello Bot!", "p"), ("say hello bot", None), ("at 5%", "r"),
+                       ("nothing here", None)]:
+        m = eng.match(text)
+        assert (m.rule_id if m else None) == want
+    # a pattern that compiles alone but not inside an alternation disables only the prefilter
+    odd = RuleEngine([Rule(id="g", intent="A", kind="regex", patterns=("(?i)zzz",))] + rules)
+    assert odd._prefilter is None
+    assert odd.match("at 5%").rule_id == "r" and odd.match("ZZZ").rule_id == "g"

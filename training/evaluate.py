@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from classifier.protocols import DelegatingEmbedder
+
 from classifier.calibration import expected_calibration_error, reliability_bins
 from classifier.decision import Decision, Layer, Tier
 from classifier.errors import InvalidInputError
@@ -130,22 +132,14 @@ def _r(x: float) -> float:
 
 
 # --------------------------------------------------------------- evaluation
-class _EvalEmbedder:
+class _EvalEmbedder(DelegatingEmbedder):
     """Wraps the uncached embedder; remembers the vectors of the texts it encodes while
     ``recording`` is on (so layer-2 scores need no second encoding pass)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.recording = False
         self.seen: dict[str, np.ndarray] = {}
-
-    @property
-    def id(self) -> str:
-        return self.inner.id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def encode(self, texts: Sequence[str], *, batch_size: int | None = None, progress: bool = False) -> np.ndarray:
         X = self.inner.encode(texts, batch_size=batch_size, progress=progress)

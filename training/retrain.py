@@ -46,6 +46,7 @@ import numpy as np
 from classifier.calibration import expected_calibration_error
 from classifier.errors import FlywheelError, ModelError
 from classifier.head import IntentHead, precision_cutoff
+from classifier.protocols import DelegatingEmbedder
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, new_version_name
 from training.dataset import (SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict,
@@ -260,19 +261,12 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
 
 
 # ------------------------------------------------------------------ the job
-class _MemoEmbedder:
+class _MemoEmbedder(DelegatingEmbedder):
     """Serves already computed vectors to ``fit_model`` (no second encoding pass)."""
 
     def __init__(self, inner: Any, memo: dict[str, np.ndarray]) -> None:
-        self.inner, self.memo = inner, memo
-
-    @property
-    def id(self) -> str:
-        return self.inner.id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
+        super().__init__(inner)
+        self.memo = memo
 
     def encode(self, texts, *, batch_size=None, progress=False) -> np.ndarray:
         miss = [t for t in dict.fromkeys(texts) if t not in self.memo]
