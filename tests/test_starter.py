@@ -26,3 +26,17 @@ def test_heldout_accuracy_of_the_starter_model():
     # confident answers meet the target precision the cutoff was learned for (0.95)
     conf = [ok for d, ok in zip(decisions, right) if d.tier.value == "confident"]
     assert len(conf) >= len(rows) // 2 and sum(conf) / len(conf) >= 0.95
+
+
+def test_module_level_classify_trains_once_and_caches_under_home(_isolated_home):
+    from classifier import classify
+    from classifier.default import reset_default
+
+    d = classify("Write an AVAP function that adds two numbers")
+    assert d.label == "CODE_GENERATION" and d.layer.value == "embedding"
+    cached = list((_isolated_home / "cache").glob("starter_intents-*/manifest.json"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime
+    reset_default()  # a new process would find the cached version and not train again
+    assert classify("usage percentage of 20%").reason == "rule usage-figures"
+    assert cached[0].stat().st_mtime == mtime
