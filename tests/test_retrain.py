@@ -424,8 +424,11 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     # does not send most traffic to the LLM (an absolute 0.95 would have: unreachable)
     assert sure_share > 0.8
     m = copy.deepcopy(model)
-    info = _retune(m, recent, 0.95, 0.0)   # unreachable: some queries are never sure (ambiguous, out of scope)
+    before = evaluate_layer2(m, recent)["llm_share"]
+    info = _retune(m, recent, 0.95, 0.0)   # the cutoff alone cannot: ambiguous and out-of-scope escalations
     assert info["budget_reachable"] is False and info["confident"] == 0.0
+    # ... so the surest of those are decided at layer 2 too
+    assert evaluate_layer2(m, recent)["llm_share"] <= min(0.02, before)
     small = copy.deepcopy(model)
     info = _retune(small, recent.select(range(49)), 0.95, 0.2)
     assert info["method"] == "cross-validation" and small.head.thresholds_["confident"] == cv
@@ -506,3 +509,23 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
     # an error: one line, an error exit code, no traceback
     r = runner.invoke(app, ["retrain", *common, "--intents", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and "flywheel: error:" in r.output and "Traceback" not in r.output
+
+
+def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
+    from training.dataset import LabelledSet
+    from training.retrain import _noise_margins
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    items = sample(200, 5)
+    data = LabelledSet([t for t, _ in items], [y for _, y in items], HashEmbedder().encode([t for t, _ in items]),
+                       ["teacher"] * len(items), [None] * len(items))
+    from classifier.head import IntentHead
+    from training.dataset import layer2_predict
+
+    assert _noise_margins(model, model, data)["accuracy"] == 0.0
+    other = fit_model(world.intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
+    a, b = layer2_predict(model, data.vectors).labels, layer2_predict(other, data.vectors).labels
+    disagree = sum(x != y for x, y in zip(a, b))
+    assert disagree > 0
+    # 1.96 paired standard errors: at least 1.96 * sqrt(1) / n with a single disagreement
+    assert _noise_margins(model, other, data)["accuracy"] >= 1.9 / len(items)

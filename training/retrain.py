@@ -18,7 +18,7 @@ Run it from cron. One run:
 6. evaluates champion and challenger on the same rows with the same embeddings:
    accuracy, in-scope accuracy, out-of-scope recall, macro F1, per-intent precision and
    recall, ECE and the LLM share (queries layer 2 is not ``sure`` of);
-7. promotes when ``challenger accuracy >= champion accuracy - tolerance`` (and the same
+7. promotes when ``challenger accuracy >= champion accuracy - tolerance - noise`` (and the same
    for out-of-scope recall when there are >= 20 out-of-scope evaluation queries);
    otherwise keeps the champion. Every challenger is saved with ``report.json`` and
    ``report.md``; ``dry_run`` saves and promotes nothing.
@@ -174,6 +174,52 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     }
 
 
+def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
+                      amb_esc: np.ndarray, n_budget: int) -> dict[str, Any]:
+    """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
+    ``n_budget`` of these escalations remain, the least sure ones."""
+    oos_scores = np.sort(np.maximum(s.p_oos, s.oos_class)[oos_esc])
+    ratios = np.sort((second / np.clip(conf, 1e-12, None))[amb_esc])[::-1]
+    total = len(oos_scores) + len(ratios)
+    k_oos = int(round(n_budget * len(oos_scores) / total)) if total else 0
+    k_amb = max(0, n_budget - k_oos)
+    out: dict[str, Any] = {}
+    if k_oos < len(oos_scores):  # escalated when below the cutoff: keep the k_oos lowest
+        head.thresholds_["oos_confident"] = float(oos_scores[k_oos])
+        out["oos_confident"] = float(oos_scores[k_oos])
+    if k_amb < len(ratios):      # ambiguous when at or above the ratio: keep the k_amb highest
+        r = float(ratios[k_amb - 1]) if k_amb > 0 else min(1.0, float(ratios[0]) + 1e-6)
+        head.thresholds_["ambiguous_ratio"] = r
+        out["ambiguous_ratio"] = head.thresholds_["ambiguous_ratio"]
+    return out
+
+
+def _noise_margins(challenger: IntentModel, champion: IntentModel, data: LabelledSet,
+                   z: float = 1.96) -> dict[str, float]:
+    """How much worse the challenger may look on ``data`` by chance alone (z standard errors).
+
+    Accuracy uses the paired (McNemar) standard error of the difference: only queries
+    on which the two models disagree count. Out-of-scope recall uses the unpaired
+    standard error over the out-of-scope queries. With a few hundred eval queries this
+    is several points: a fixed tolerance alone would reject challengers on noise.
+    """
+    if len(data) == 0:
+        return {"accuracy": 0.0, "oos_recall": 0.0}
+    truth = list(data.labels)
+    r_ch = np.array([p == y for p, y in zip(layer2_predict(challenger, data.vectors).labels, truth)])
+    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, data.vectors).labels, truth)])
+    n = len(truth)
+    worse, better = int((r_cp & ~r_ch).sum()), int((~r_cp & r_ch).sum())
+    se_acc = np.sqrt(max(worse + better - (better - worse) ** 2 / n, 0.0)) / n
+    oos = np.array([y is None for y in truth])
+    if oos.any():
+        p1, p2 = r_ch[oos].mean(), r_cp[oos].mean()
+        se_oos = float(np.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / oos.sum()))
+    else:
+        se_oos = 0.0
+    return {"accuracy": float(z * se_acc), "oos_recall": float(z * se_oos)}
+
+
 def count_new_labels(store: Any, since: float | None) -> int:
     """Valid teacher answers (inline or back-filled) and human labels that reached the log
     after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts from
@@ -246,8 +292,14 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         allowed = int(np.floor(llm_budget * len(recent) + 1e-9)) - fixed
         c = np.sort(conf[glob])
         if allowed < 0:
+            # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
+            # sure of and near-ties already exceed it. Decide the surest of those at layer 2
+            # too (share the budget between them by their counts); the least sure still go
+            # to the LLM.
             t_budget = 0.0
             info["budget_reachable"] = False
+            info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
+                                          int(np.floor(llm_budget * len(recent) + 1e-9))))
         else:
             t_budget = 1.0 if allowed >= len(c) else float(c[allowed])
             info["budget_reachable"] = True
@@ -456,22 +508,25 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
     else:
         n_oos = ch[gate_name]["n_out_of_scope"]
         gate_metrics = ["accuracy"] + (["oos_recall"] if n_oos >= MIN_OOS_FOR_GATE else [])
+        margins = _noise_margins(model, champion, sets[gate_name])
         failed = None
         for metric in gate_metrics:
             a, b = ch[gate_name][metric], cp[gate_name][metric]
-            ok = a is None or b is None or a >= b - tolerance - 1e-12
-            checks.append({"metric": metric, "challenger": a, "champion": b, "ok": ok})
+            noise = margins[metric]
+            ok = a is None or b is None or a >= b - tolerance - noise - 1e-12
+            checks.append({"metric": metric, "challenger": a, "champion": b, "noise_margin": round(noise, 6),
+                           "ok": ok})
             if not ok and failed is None:
-                failed = (metric, a, b)
+                failed = (metric, a, b, noise)
         if failed is not None:
-            metric, a, b = failed
+            metric, a, b, noise = failed
             outcome = "kept"
-            reason = (f"{metric} {a:.3f} < champion {b:.3f} - tolerance {tolerance:g} "
+            reason = (f"{metric} {a:.3f} < champion {b:.3f} - tolerance {tolerance:g} - noise {noise:.3f} "
                       f"on {ch['n']:,} {gate_name} queries")
         else:
             outcome = "promoted"
             reason = "; ".join(f"{c['metric']} {_f(c['challenger'])} >= champion {_f(c['champion'])} - "
-                               f"tolerance {tolerance:g}" for c in checks)
+                               f"tolerance {tolerance:g} - noise {c['noise_margin']:.3f}" for c in checks)
         if n_oos < MIN_OOS_FOR_GATE:
             notes.append(f"out-of-scope recall not gated: {n_oos} out-of-scope eval queries (< {MIN_OOS_FOR_GATE})")
 
