@@ -64,6 +64,9 @@ class IntentHead(ClassifierMixin, BaseEstimator):
     novelty_quantile : float
         Without out-of-scope examples, a query is out of scope when its similarity
         to the nearest example is below this quantile of in-scope queries.
+    cv_max_samples : int or None
+        Out-of-fold predictions (for the temperature, the gate and the cutoffs) use at
+        most this many examples, a stratified sample; the final model uses all of them.
     random_state : int
     max_iter : int
 
@@ -97,12 +100,13 @@ class IntentHead(ClassifierMixin, BaseEstimator):
 
     def __init__(self, C: float = 20.0, cv: int | str = "auto", target_precision: float = 0.95,
                  max_ref_per_class: int = 200, novelty_quantile: float = 0.01,
-                 random_state: int = 0, max_iter: int = 2000) -> None:
+                 cv_max_samples: int | None = 20000, random_state: int = 0, max_iter: int = 2000) -> None:
         self.C = C
         self.cv = cv
         self.target_precision = target_precision
         self.max_ref_per_class = max_ref_per_class
         self.novelty_quantile = novelty_quantile
+        self.cv_max_samples = cv_max_samples
         self.random_state = random_state
         self.max_iter = max_iter
 
@@ -132,6 +136,9 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             raise ValueError(f"label {'out-of-scope' if bad == OOS else bad!r} has fewer than 2 examples")
         k = self.cv if isinstance(self.cv, int) else (5 if len(X) <= 5000 else 3)
         k = int(max(2, min(k, counts.min())))
+        X_all, yi_all, in_all = X, yi, in_mask
+        if self.cv_max_samples is not None and len(X) > self.cv_max_samples:
+            X, yi, in_mask = self._subsample(X, yi, in_mask)
 
         oof_logits = np.zeros((len(X), len(self.lr_classes_)))
         oof_sim = np.zeros(len(X))
@@ -175,10 +182,24 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             self.metrics_["oof_oos_recall"] = float(rejected[is_oos].mean())
         self.metrics_["oof_in_scope_accuracy"] = float((correct & ~rejected)[in_mask].mean())
 
-        self.lr_ = self._lr().fit(X, yi)
-        self.ref_, self.ref_labels_ = self._references(X[in_mask], yi[in_mask])
-        self.n_features_in_ = X.shape[1]
+        self.metrics_["cv_samples"] = int(len(X))
+        self.lr_ = self._lr().fit(X_all, yi_all)
+        self.ref_, self.ref_labels_ = self._references(X_all[in_all], yi_all[in_all])
+        self.n_features_in_ = X_all.shape[1]
         return self
+
+    def _subsample(self, X: np.ndarray, yi: np.ndarray, in_mask: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A stratified sample of ``cv_max_samples`` rows, keeping >= 2 of every label."""
+        rng = np.random.default_rng(self.random_state)
+        share = self.cv_max_samples / len(X)
+        keep = []
+        for c in np.unique(yi):
+            idx = np.flatnonzero(yi == c)
+            n = min(len(idx), max(2, int(round(share * len(idx)))))
+            keep.append(rng.choice(idx, n, replace=False))
+        sel = np.sort(np.concatenate(keep))
+        return X[sel], yi[sel], in_mask[sel]
 
     def _references(self, X: np.ndarray, yi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.random_state)

@@ -107,3 +107,11 @@ def test_precision_target_is_relative_to_noisy_labels():
     assert 0.45 < t < 0.75
     assert precision_cutoff(conf, truly_right, 0.95) == pytest.approx(t, abs=0.2)
     assert precision_cutoff(np.array([]), np.array([]), 0.95) == 1.0
+
+
+def test_cross_validation_can_use_a_sample_but_the_final_fit_uses_everything():
+    X, y, centres = blobs(n_per=100)
+    head = IntentHead(cv=3, cv_max_samples=120).fit(X, y)
+    assert 110 <= head.metrics_["cv_samples"] <= 130
+    assert head.lr_.coef_.shape[1] == X.shape[1] and len(head.ref_) == 400  # all in-scope rows (<= 200/class)
+    assert list(head.predict(centres)) == ["L0", "L1", "L2", "L3"]
