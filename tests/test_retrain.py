@@ -429,6 +429,14 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     assert info["budget_reachable"] is False and info["confident"] == 0.0
     # ... so the surest of those are decided at layer 2 too
     assert evaluate_layer2(m, recent)["llm_share"] <= min(0.02, before)
+    # the budget is a share of all traffic: measured on the latest logged decisions when given
+    traffic_items = sample(200, 11)
+    traffic = HashEmbedder().encode([t for t, _ in traffic_items])
+    m = copy.deepcopy(model)
+    info = _retune(m, recent, 0.95, 0.1, traffic)
+    assert info["budget_on"] == "latest 200 logged decisions"
+    unlabelled = LabelledSet([t for t, _ in traffic_items], [None] * 200, traffic, ["traffic"] * 200, [None] * 200)
+    assert evaluate_layer2(m, unlabelled)["llm_share"] <= 0.1 + 1e-9
     small = copy.deepcopy(model)
     info = _retune(small, recent.select(range(49)), 0.95, 0.2)
     assert info["method"] == "cross-validation" and small.head.thresholds_["confident"] == cv

@@ -174,6 +174,28 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     }
 
 
+def _layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray) -> tuple:
+    """Scores, top/second probabilities, out-of-scope and near-tie flags, top labels."""
+    s = model.head.scores(X)
+    probs = s.probs
+    order = np.argsort(-probs, axis=1)
+    conf = probs[np.arange(len(probs)), order[:, 0]]
+    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
+    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
+    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
+    return s, conf, second, rejected, close, classes[order[:, 0]]
+
+
+def recent_traffic_vectors(store: Any, encoder_id: str, n: int = 2000) -> np.ndarray | None:
+    """Embeddings of the latest ``n`` logged decisions made with ``encoder_id``."""
+    if store is None:
+        return None
+    ids = [r[0] for r in store.query("SELECT decision_id FROM decisions WHERE encoder_id = ? "
+                                     "ORDER BY created_at DESC LIMIT ?", [encoder_id, int(n)])]
+    vecs = store.embeddings(encoder_id, ids) if ids else {}
+    return np.stack([vecs[i] for i in ids if i in vecs]) if vecs else None
+
+
 def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
                       amb_esc: np.ndarray, n_budget: int) -> dict[str, Any]:
     """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
@@ -249,8 +271,15 @@ def _intent_shape(intents: IntentSet) -> tuple:
 
 
 def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
-            llm_budget: float | None) -> dict[str, Any]:
-    """Re-tune the global ``confident`` cutoff on the recent-traffic slice (in place)."""
+            llm_budget: float | None, traffic: np.ndarray | None = None) -> dict[str, Any]:
+    """Re-tune the global ``confident`` cutoff on the recent-traffic slice (in place).
+
+    The precision target needs labels, so it uses the teacher-labelled ``recent`` slice.
+    The LLM budget is a share of *all* traffic; ``traffic`` (embeddings of the latest
+    logged decisions, labelled or not) measures it when given. The teacher-labelled
+    slice alone is the hard part of the traffic (it went to the LLM) and would
+    overstate the share.
+    """
     head = model.head
     cv = float(head.thresholds_["confident"])
     info: dict[str, Any] = {"on": "recent", "n": len(recent), "target_precision": target_precision,
@@ -263,15 +292,8 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
         return info
     th = runtime_thresholds(model)
-    s = head.scores(recent.vectors)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
-    probs = s.probs
-    order = np.argsort(-probs, axis=1)
-    conf = probs[np.arange(len(probs)), order[:, 0]]
-    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
-    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
-    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
-    top = classes[order[:, 0]]
+    s, conf, second, rejected, close, top = _layer2_state(model, th, classes, recent.vectors)
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
@@ -285,11 +307,19 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         info["method"] = "cross-validation"
         info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
     if llm_budget is not None:
+        if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
+            s, conf, second, rejected, close, top = _layer2_state(model, th, classes, traffic)
+            own = np.array([t in th.per_intent for t in top])
+            glob = ~rejected & ~close & ~own
+            info["budget_on"] = f"latest {len(traffic):,} logged decisions"
+        else:
+            info["budget_on"] = "recent teacher-labelled slice"
         oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
         pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
+        n_ref = len(conf)
         fixed = int((rejected & ~oos_sure).sum() + (~rejected & close).sum()
                     + (~rejected & ~close & own & (conf < pi_cut)).sum())
-        allowed = int(np.floor(llm_budget * len(recent) + 1e-9)) - fixed
+        allowed = int(np.floor(llm_budget * n_ref + 1e-9)) - fixed
         c = np.sort(conf[glob])
         if allowed < 0:
             # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
@@ -299,7 +329,7 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
             t_budget = 0.0
             info["budget_reachable"] = False
             info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
-                                          int(np.floor(llm_budget * len(recent) + 1e-9))))
+                                          int(np.floor(llm_budget * n_ref + 1e-9))))
         else:
             t_budget = 1.0 if allowed >= len(c) else float(c[allowed])
             info["budget_reachable"] = True
@@ -462,7 +492,8 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
     t_fit = time.perf_counter() - t0
     model.intents = intents  # bundle the full intent set (the held-out examples are only left out of fitting)
     cv_thresholds = {k: float(v) for k, v in model.head.thresholds_.items()}
-    tuning = _retune(model, ts.recent, tp, llm_budget)
+    traffic = recent_traffic_vectors(store, embedder.id) if llm_budget is not None else None
+    tuning = _retune(model, ts.recent, tp, llm_budget, traffic)
     say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
         f"({tuning['method']})")
 
