@@ -89,6 +89,12 @@ def _offline() -> None:
     """Make Hugging Face libraries offline for this process (unless the user chose)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:  # transformers' own "Loading weights" bar on every load is noise in a CLI's output
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
 
 
 def minilm_model_dir() -> Path:
