@@ -10,6 +10,7 @@ from classifier.errors import InvalidInputError
 
 DEFAULT_MAX_CHARS = 4000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SPACE = re.compile(r"\s+")
 
 
@@ -38,10 +39,12 @@ def clean_text(text: object, max_chars: int = DEFAULT_MAX_CHARS, *, on_long: str
     """
     if not isinstance(text, str):
         raise InvalidInputError(f"text must be a string, got {type(text).__name__}")
-    if any("\ud800" <= ch <= "\udfff" for ch in text):
+    if _SURROGATE.search(text) is not None:
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         text = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
-    text = unicodedata.normalize("NFC", _CONTROL.sub(" ", text))
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    text = _CONTROL.sub(" ", text)
     text = _SPACE.sub(" ", text).strip()
     if not text:
         raise InvalidInputError("text is empty or whitespace only")
