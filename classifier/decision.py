@@ -60,7 +60,8 @@ class Decision:
     ``to_dict`` gives exactly the public fields: ``id``, ``label``, ``confidence``,
     ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version`` and
     ``latency_ms`` (milliseconds per layer that ran). ``teacher`` records the LLM
-    call, if any, for the traffic log; it is not part of the public dict.
+    call, if any, and ``pending`` whether the teacher was needed but unavailable; both
+    are for the traffic log and not part of the public dict.
     """
 
     label: str | None
@@ -73,6 +74,7 @@ class Decision:
     latency_ms: dict[str, float] = field(default_factory=dict)
     id: str = field(default_factory=new_decision_id)
     teacher: TeacherCall | None = None
+    pending: bool = False  # the teacher was needed but unavailable: label it later (log only)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -53,6 +53,20 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -
     return target
 
 
+def existing_model_dir(cfg: Config) -> Path | None:
+    """The version the default classifier would serve, if it exists already (trains nothing)."""
+    from classifier.registry import CURRENT, ModelRegistry
+
+    if cfg.model:
+        path = Path(cfg.model).expanduser()
+        return ModelRegistry(path).current_path() if (path / CURRENT).is_file() else path
+    if (cfg.models_dir / CURRENT).is_file():
+        return ModelRegistry(cfg.models_dir).current_path()
+    intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
+    cached = cached_model_dir(cfg, intents_path) if intents_path.is_file() else None
+    return cached if cached is not None and (cached / "manifest.json").is_file() else None
+
+
 def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
     """The configured model, else the models home once a version was promoted there,
     else the intent set (configured or starter) trained into the cache."""

@@ -272,7 +272,7 @@ class Classifier:
             call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind != "circuit_open" else None
             d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=True)
-            d._pending = exc.kind in RETRYABLE_TEACHER_ERRORS  # type: ignore[attr-defined]
+            d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
             return d
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
             lat["llm"] = _ms(t0)
@@ -321,7 +321,7 @@ class Classifier:
                                 declared_type=declared, history=tuple(history),
                                 encoder_id=self.embedder.id if vector is not None else None,
                                 embedding=vector, audit=audit,
-                                pending=bool(getattr(d, "_pending", False)))
+                                pending=d.pending)
         if self.log_sink is not None:
             try:
                 self.log_sink.write(record)

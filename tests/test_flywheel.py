@@ -145,3 +145,14 @@ def test_models_cli_list_promote_rollback(tmp_path, capsys):
 def test_stats_rejects_bad_windows(window, capsys, tmp_path):
     rc = main(["stats", "--home", str(tmp_path), "--window", window])
     assert rc == 2 and "window" in capsys.readouterr().err
+
+
+def test_feedback_checks_labels_without_training_a_model(tmp_path, capsys):
+    store = LogStore(tmp_path / "log" / "flywheel.duckdb")
+    clf = classifier(SURE, log_sink=store.open_sink())
+    d = clf.classify("show my invoices")
+    clf.close()
+    rc = main(["feedback", "--home", str(tmp_path), d.id, "NOT_A_LABEL"])
+    assert rc == 2 and "unknown label 'NOT_A_LABEL'" in capsys.readouterr().err  # starter intent labels
+    assert main(["feedback", "--home", str(tmp_path), d.id, "PLATFORM"]) == 0
+    assert not (tmp_path / "cache").exists()  # no default model was trained to learn the labels

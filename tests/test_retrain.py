@@ -27,7 +27,7 @@ from classifier.text import normalise_key
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder
 from training import retrain as retrain_mod
-from training.dataset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict, runtime_thresholds,
+from training.dataset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict,
                               split_role, split_value)
 from training.logstore import LogStore
 from training.retrain import register, retrain
@@ -464,12 +464,18 @@ def test_champions_not_trained_by_retrain(world):
     assert any("not trained by retrain" in n for n in res.report["notes"])
 
 
-def test_runtime_thresholds_match_the_pipeline(world):
+def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
     from classifier.pipeline import _Runtime
+    from classifier.tiers import Thresholds
 
-    doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "per_intent": {"PLATFORM": 0.7}})
+    doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "confident": 0.0, "per_intent": {"PLATFORM": 0.7}})
     model = fit_model(parse_intents(doc), embedder=HashEmbedder())
-    assert runtime_thresholds(model) == _Runtime.build(model).thresholds
+    th = Thresholds.for_model(model)
+    learned = model.head.thresholds_
+    assert th.oos == 0.4 and th.confident == 0.0  # the intent file's values, 0.0 included
+    assert th.ambiguous_ratio == learned["ambiguous_ratio"] and th.oos_confident == learned["oos_confident"]
+    assert th.per_intent == {"PLATFORM": 0.7}
+    assert _Runtime.build(model).thresholds == th  # what retrain evaluates is what the pipeline serves
 
 
 # ----------------------------------------------------------------------- the CLI

@@ -7,6 +7,7 @@ with the error's code (2 for bad input or files, 3 for model problems).
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -61,10 +62,9 @@ def classify(
     served = open_classifier(cfg, log_decisions=log)
     clf = served.classifier
     try:
-        lines = (line.rstrip("\n") for line in sys.stdin) if from_stdin else iter(())
-        for text in [*items, *lines]:
-            if from_stdin and not text.strip() and not items:
-                continue
+        # stdin is read line by line: each decision is printed as soon as it is made
+        lines = (ln.rstrip("\n") for ln in sys.stdin if ln.strip()) if from_stdin else iter(())
+        for text in itertools.chain(items, lines):
             d = clf.classify(text, history=hist, declared_type=declared_type, session_id=session)
             _echo_json(d.to_dict())
     finally:

@@ -60,7 +60,7 @@ from classifier.tiers import Thresholds, assign_tier
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
            "GUARD_K", "SOURCES", "LabelledSet", "TrainingSet", "Layer2Batch", "build_training_set",
-           "split_value", "split_role", "runtime_thresholds", "layer2_predict", "knn_labels"]
+           "split_value", "split_role", "layer2_predict", "knn_labels"]
 
 #: Recorded in the manifests of models trained by the retrain job: they never saw
 #: the evaluation rows of this split.
@@ -172,11 +172,6 @@ class _Group:
 
 
 # --------------------------------------------------------------- layer 2 helpers
-def runtime_thresholds(model: Any) -> Thresholds:
-    """The cutoffs ``model`` is served with (see :meth:`Thresholds.for_model`)."""
-    return Thresholds.for_model(model)
-
-
 @dataclass
 class Layer2Batch:
     """Layer 2's view of a batch: tiered labels, ``sure`` flags and calibrated scores."""
@@ -192,7 +187,7 @@ class Layer2Batch:
 
 def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
     """Score ``X`` with ``model``'s head and tier every row as the pipeline would."""
-    th = thresholds or runtime_thresholds(model)
+    th = thresholds if thresholds is not None else Thresholds.for_model(model)
     classes = [str(c) for c in model.manifest.labels]
     n = len(X)
     if n == 0:

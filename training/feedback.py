@@ -9,18 +9,20 @@ from training.logstore import LogStore
 
 
 def known_labels(cfg: Config) -> tuple[str, ...] | None:
-    """Labels of the served model, to reject typos; ``None`` when no model exists yet."""
-    from classifier.default import default_model_dir
+    """Labels of the served model (or of the intent file it would be trained from), to
+    reject typos; ``None`` when neither can be read. Never trains or loads a model."""
+    import json
+
+    from classifier.config import starter_intents_path
+    from classifier.default import existing_model_dir
     from classifier.errors import FlywheelError
-    from classifier.registry import CURRENT, ModelRegistry
+    from classifier.intents import load_intents
 
     try:
-        path = default_model_dir(cfg, progress=False)
-        if (path / CURRENT).is_file():
-            path = ModelRegistry(path).current_path()
-        import json
-
-        return tuple(json.loads((path / "manifest.json").read_text())["labels"])
+        path = existing_model_dir(cfg)
+        if path is not None:
+            return tuple(json.loads((path / "manifest.json").read_text())["labels"])
+        return load_intents(cfg.intents or starter_intents_path()).labels
     except (FlywheelError, OSError, ValueError, KeyError):
         return None
 

@@ -49,8 +49,8 @@ from classifier.head import IntentHead, precision_cutoff
 from classifier.protocols import DelegatingEmbedder
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, new_version_name
-from training.dataset import (SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict,
-                              runtime_thresholds)
+from classifier.tiers import Thresholds
+from training.dataset import SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict
 
 __all__ = ["RetrainError", "RetrainResult", "retrain", "register", "count_new_labels",
            "evaluate_layer2", "LOCK_NAME", "MIN_TUNE_ROWS", "MIN_OOS_FOR_GATE", "MIN_GATE_ROWS"]
@@ -291,7 +291,7 @@ def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         info["method"] = "cross-validation"
         info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
         return info
-    th = runtime_thresholds(model)
+    th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = _layer2_state(model, th, classes, recent.vectors)
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
@@ -524,7 +524,7 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
         return {"version": m.version, "accuracy": per[gate_name]["accuracy"], "n": per[gate_name]["n"],
                 "oos_recall": per[gate_name]["oos_recall"], "gate_set": gate_name,
                 "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on,
-                "thresholds": runtime_thresholds(m).to_dict(), **per}
+                "thresholds": Thresholds.for_model(m).to_dict(), **per}
 
     ch = metrics(model, True)
     cp = metrics(champion, False) if champion is not None else None
