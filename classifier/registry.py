@@ -3,7 +3,8 @@
 A models home holds one directory per version plus a ``CURRENT`` file naming the
 served version and ``HISTORY`` (one promoted version per line, oldest first) for
 rollback. ``CURRENT`` is replaced atomically (write a temp file, fsync, rename), so
-a reader sees the old or the new name, never a partial one.
+a reader sees the old or the new name, never a partial one. :meth:`ModelRegistry.prune`
+deletes the versions nobody needs any more (old kept challengers, old promotions).
 """
 
 from __future__ import annotations
@@ -11,19 +12,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from classifier.errors import ModelError
+from classifier.errors import InvalidInputError, ModelError
 from classifier.model import MANIFEST, IntentModel
 
 log = logging.getLogger("flywheel.registry")
 
 CURRENT = "CURRENT"
 HISTORY = "HISTORY"
+# a version being deleted is first renamed to ``..pruning-<name>-<random>``: hidden, so
+# ``versions()`` no longer sees it, and recognisable, so a later prune can finish the job
+# (two dots: a save in progress is ``.<name>.<random>`` and a name never starts with a dot)
+PRUNING_PREFIX = "..pruning-"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -135,6 +142,113 @@ class ModelRegistry:
         _atomic_write(self.home / CURRENT, prev + "\n")
         log.info("rolled back to %s", prev)
         return prev
+
+    def prune(self, *, keep_promoted: int = 5, keep_recent: int = 3, dry_run: bool = False) -> list[str]:
+        """Delete the version directories that nothing needs any more.
+
+        A version is kept when it is any of:
+
+        * the served version (``CURRENT``), always;
+        * one of the last ``keep_promoted`` entries of ``HISTORY``, so :meth:`rollback`
+          keeps working that far back;
+        * one of the ``keep_recent`` newest versions (in the order of :meth:`versions`,
+          by name, which is creation order for the ``vYYYYMMDD-HHMMSS-ffffff`` names
+          retrain gives), promoted or not.
+
+        Every other version directory is removed, kept challengers and old promotions
+        alike. Only version directories (those :meth:`versions` lists: not hidden, with a
+        manifest) are touched; ``CURRENT``, ``HISTORY``, lock files and stray files or
+        folders stay as they are. The ``HISTORY`` lines of removed versions are dropped
+        first (atomically), so a rollback never points at a deleted version; then each
+        directory is renamed to a hidden ``..pruning-*`` name and deleted, so an
+        interrupted prune never leaves a half-deleted directory that looks like a
+        version (leftovers are deleted by the next prune).
+
+        The registry takes no lock: a caller that may run beside ``flywheel retrain``
+        should hold the retrain lock (``flywheel models prune`` does).
+
+        Parameters
+        ----------
+        keep_promoted : int, default 5
+            How many of the latest ``HISTORY`` entries to keep (``0``: none but ``CURRENT``).
+        keep_recent : int, default 3
+            How many of the newest versions to keep whatever their status (``0``: none).
+        dry_run : bool, default False
+            Only compute the names; delete and rewrite nothing.
+
+        Returns
+        -------
+        list of str
+            The names of the versions removed (with ``dry_run``, those that would be),
+            oldest first.
+
+        Raises
+        ------
+        InvalidInputError
+            If ``keep_promoted`` or ``keep_recent`` is negative or not an integer.
+        ModelError
+            If a version directory cannot be moved out of the way.
+        """
+        for arg, value in (("keep_promoted", keep_promoted), ("keep_recent", keep_recent)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInputError(f"{arg} must be an integer >= 0, got {value!r}")
+            if value < 0:
+                raise InvalidInputError(f"{arg} must be >= 0, got {value}")
+        names = [v.name for v in self.versions()]
+        protected = set(names[-keep_recent:]) if keep_recent else set()
+        if keep_promoted:
+            protected.update(self.history()[-keep_promoted:])
+        current = self.current_name()
+        if current is not None:
+            protected.add(current)
+        doomed = [n for n in names if n not in protected]
+        if dry_run or not doomed:
+            if not dry_run:
+                self._remove_leftovers()
+            return doomed
+        # HISTORY first: if we stop half way, the survivors are plain unpromoted versions
+        gone = set(doomed)
+        hist = self.history()
+        kept_hist = [n for n in hist if n not in gone]
+        if kept_hist != hist:
+            kept_hist = [n for i, n in enumerate(kept_hist) if i == 0 or kept_hist[i - 1] != n]
+            _atomic_write(self.home / HISTORY, "".join(n + "\n" for n in kept_hist))
+        removed = []
+        for name in doomed:
+            if name == self.current_name():  # promoted by hand meanwhile: leave it
+                log.warning("not pruning %s: it was promoted while pruning", name)
+                continue
+            src = self.home / name
+            tmp = self.home / f"{PRUNING_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(src, tmp)
+            except FileNotFoundError:  # deleted meanwhile by someone else
+                continue
+            except OSError as exc:
+                raise ModelError(f"cannot remove version {src}: {exc}") from exc
+            removed.append(name)
+            self._delete(tmp)
+            log.info("pruned %s", name)
+        self._remove_leftovers()
+        return removed
+
+    @staticmethod
+    def _delete(path: Path) -> None:
+        try:
+            if path.is_symlink() or not path.is_dir():  # a link: drop it, never what it points to
+                path.unlink()
+            else:
+                shutil.rmtree(path)
+        except OSError as exc:  # hidden already; the next prune tries again
+            log.warning("could not delete %s (will retry on the next prune): %s", path, exc)
+
+    def _remove_leftovers(self) -> None:
+        """Finish the deletions an interrupted prune left behind (``..pruning-*``)."""
+        if not self.home.is_dir():
+            return
+        for p in self.home.iterdir():
+            if p.name.startswith(PRUNING_PREFIX):
+                self._delete(p)
 
 
 class ModelWatcher:

@@ -3,7 +3,7 @@ import threading
 import pytest
 
 from classifier import Classifier
-from classifier.errors import ModelError
+from classifier.errors import InvalidInputError, ModelError
 from classifier.intents import parse_intents
 from classifier.registry import ModelRegistry
 from classifier.trainer import fit_model
@@ -94,3 +94,138 @@ def test_corrupt_new_version_is_refused_old_keeps_serving(tmp_path, caplog):
     (tmp_path / "CURRENT").write_text("v3\n")
     assert clf.classify("show my invoices").model_version == "v1"
     assert "v3" in clf.watcher.refused
+
+
+# ------------------------------------------------------------------------ prune
+def _names(path):
+    return sorted(p.name for p in path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """v00..v08 fitted once; each test saves them into its own home."""
+    return {f"v{i:02d}": fit_model(parse_intents(DOC), embedder=HashEmbedder(), version=f"v{i:02d}")
+            for i in range(9)}
+
+
+@pytest.fixture
+def pruneable(tmp_path, fitted):
+    """v01..v08: v01, v03, v05 promoted in turn (v05 served), the rest kept challengers;
+    plus things that are not versions."""
+    home = tmp_path / "models"
+    reg = ModelRegistry(home)
+    for i in range(1, 9):
+        fitted[f"v{i:02d}"].save(reg.version_dir(f"v{i:02d}"))
+    for name in ("v01", "v03", "v05"):
+        reg.promote(name)
+    (home / "notes").mkdir()                                   # a stray folder, no manifest
+    (home / "notes" / "todo.txt").write_text("keep me")
+    (home / "README.txt").write_text("stray file")
+    (home / ".retrain.lock").write_text("")
+    (home / ".v09.tmp1234").mkdir()                            # a save in progress (hidden)
+    (home / ".v09.tmp1234" / "manifest.json").write_text("{}")
+    return reg
+
+
+def test_prune_keeps_current_last_promoted_and_recent(pruneable):
+    reg, home = pruneable, pruneable.home
+    before = _names(home)
+    assert reg.prune(keep_promoted=2, keep_recent=2, dry_run=True) == ["v01", "v02", "v04", "v06"]
+    assert _names(home) == before and reg.history() == ["v01", "v03", "v05"]  # the dry run changed nothing
+    assert reg.prune(keep_promoted=2, keep_recent=2) == ["v01", "v02", "v04", "v06"]
+    assert [v.name for v in reg.versions()] == ["v03", "v05", "v07", "v08"]
+    assert _names(home) == sorted([".retrain.lock", ".v09.tmp1234", "CURRENT", "HISTORY", "README.txt",
+                                   "notes", "v03", "v05", "v07", "v08"])
+    assert (home / "notes" / "todo.txt").read_text() == "keep me"
+    assert (home / ".v09.tmp1234" / "manifest.json").is_file()
+    assert reg.current_name() == "v05" and reg.history() == ["v03", "v05"]
+    assert reg.prune(keep_promoted=2, keep_recent=2) == []     # idempotent
+    assert reg.rollback() == "v03"                             # rollback still works ...
+    with pytest.raises(ModelError, match="nothing to roll back"):
+        reg.rollback()                                         # ... as far back as was kept
+
+
+def test_prune_always_keeps_current(pruneable):
+    reg = pruneable
+    reg.promote("v01")                                         # HISTORY v01 v03 v05 v01
+    assert reg.prune(keep_promoted=0, keep_recent=0) == ["v02", "v03", "v04", "v05", "v06", "v07", "v08"]
+    assert [v.name for v in reg.versions()] == ["v01"]
+    assert reg.current_name() == "v01" and reg.history() == ["v01"]
+    assert reg.load_current().version == "v01"
+
+
+def test_prune_recent_counts_kept_challengers_and_large_keeps_remove_nothing(pruneable):
+    reg = pruneable
+    # keep_recent larger than the number of versions, keep_promoted larger than HISTORY
+    assert reg.prune(keep_promoted=10, keep_recent=10, dry_run=True) == []
+    # the newest versions are kept challengers: they survive, older challengers go
+    assert reg.prune(keep_promoted=3, keep_recent=3) == ["v02", "v04"]
+    assert [v.name for v in reg.versions()] == ["v01", "v03", "v05", "v06", "v07", "v08"]
+    assert reg.history() == ["v01", "v03", "v05"]
+
+
+def test_prune_negative_keeps_are_refused(pruneable):
+    before = _names(pruneable.home)
+    with pytest.raises(InvalidInputError, match="keep_promoted must be >= 0, got -1"):
+        pruneable.prune(keep_promoted=-1)
+    with pytest.raises(InvalidInputError, match="keep_recent must be >= 0, got -3"):
+        pruneable.prune(keep_recent=-3, dry_run=True)
+    with pytest.raises(InvalidInputError, match="keep_recent must be an integer"):
+        pruneable.prune(keep_recent=1.5)
+    assert _names(pruneable.home) == before
+
+
+def test_prune_finishes_interrupted_deletions_and_unlinks_linked_versions(tmp_path, fitted, pruneable):
+    reg, home = pruneable, pruneable.home
+    half = home / "..pruning-v00-deadbeef"                      # left by a prune that crashed
+    (half / "sub").mkdir(parents=True)
+    (half / "sub" / "head.joblib").write_bytes(b"x")
+    outside = tmp_path / "elsewhere" / "v00"
+    fitted["v00"].save(outside)
+    (home / "v00").symlink_to(outside, target_is_directory=True)
+    assert "v00" in [v.name for v in reg.versions()]
+    assert reg.prune(keep_promoted=1, keep_recent=1) == ["v00", "v01", "v02", "v03", "v04", "v06", "v07"]
+    assert not half.exists() and not any(p.name.startswith("..pruning-") for p in home.iterdir())
+    assert (outside / "manifest.json").is_file()               # only the link went
+    assert [v.name for v in reg.versions()] == ["v05", "v08"] and reg.history() == ["v05"]
+
+
+def test_cli_models_prune(pruneable, capsys):
+    import typer
+    from filelock import FileLock
+    from typer.testing import CliRunner
+
+    from classifier.errors import FlywheelError
+    from training.cli import main
+    from training.cli_commands import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def _main() -> None:  # several commands: keep "models" a subcommand
+        pass
+
+    register(app)
+    home = pruneable.home
+    args = ["models", "prune", "--models", str(home), "--keep-promoted", "2", "--keep-recent", "2"]
+    before = _names(home)
+    r = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == ["would remove v01", "would remove v02", "would remove v04",
+                                     "would remove v06",
+                                     f"dry run: would remove 4 of 8 versions, 4 kept, in {home}"]
+    assert _names(home) == before
+    with FileLock(str(home / ".retrain.lock")):                # a retrain is running: refuse
+        r = CliRunner().invoke(app, args)
+    assert isinstance(r.exception, FlywheelError) and "a retrain is running" in str(r.exception)
+    assert _names(home) == before
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == ["removed v01", "removed v02", "removed v04", "removed v06",
+                                     f"removed 4 of 8 versions, 4 kept, in {home}"]
+    assert [v.name for v in ModelRegistry(home).versions()] == ["v03", "v05", "v07", "v08"]
+    # through the real entry point: a negative keep is one error line and exit code 2
+    capsys.readouterr()
+    assert main(["models", "prune", "--models", str(home), "--keep-recent", "-1"]) == 2
+    assert capsys.readouterr().err == "flywheel: error: keep_recent must be >= 0, got -1\n"
+    assert [v.name for v in ModelRegistry(home).versions()] == ["v03", "v05", "v07", "v08"]

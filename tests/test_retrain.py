@@ -400,7 +400,8 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     import copy
 
     from training.dataset import LabelledSet
-    from training.retrain import _retune, evaluate_layer2
+    from training.gate import evaluate_layer2
+    from training.tuning import TrafficSample, retune as _retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -433,8 +434,8 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     traffic_items = sample(200, 11)
     traffic = HashEmbedder().encode([t for t, _ in traffic_items])
     m = copy.deepcopy(model)
-    info = _retune(m, recent, 0.95, 0.1, traffic)
-    assert info["budget_on"] == "latest 200 logged decisions"
+    info = _retune(m, recent, 0.95, 0.1, TrafficSample(traffic, np.ones(200), 200, 200, 0, 0, 0))
+    assert info["budget_on"].startswith("latest 200 logged decisions: 200 unlabelled")
     unlabelled = LabelledSet([t for t, _ in traffic_items], [None] * 200, traffic, ["traffic"] * 200, [None] * 200)
     assert evaluate_layer2(m, unlabelled)["llm_share"] <= 0.1 + 1e-9
     small = copy.deepcopy(model)
@@ -527,7 +528,7 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
     from training.dataset import LabelledSet
-    from training.retrain import _noise_margins
+    from training.gate import noise_margins as _noise_margins
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(200, 5)
@@ -543,3 +544,71 @@ def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(w
     assert disagree > 0
     # 1.96 paired standard errors: at least 1.96 * sqrt(1) / n with a single disagreement
     assert _noise_margins(model, other, data)["accuracy"] >= 1.9 / len(items)
+
+
+def layer2_record(text: str, label: str | None) -> DecisionRecord:
+    """A decision layer 2 made on its own (no teacher), with its logged embedding."""
+    d = Decision(label=label, confidence=0.97, tier=Tier.CONFIDENT, layer=Layer.EMBEDDING, reason="test",
+                 alternatives=[], model_version="v0", latency_ms={"embedding": 1.0})
+    return DecisionRecord(decision=d, text=text, created_at=time.time() - 60 + next(_clock) * 1e-3,
+                          encoder_id=ENC.id, embedding=ENC.encode([text])[0])
+
+
+def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(world):
+    from training.tuning import traffic_sample
+
+    items = sample(600, 20)
+    write(world.store, [record(t, true=y, embed=True) for t, y in items])
+    seen = {t for t, _ in items}
+    easy = sample(300, 21, exclude=seen)
+    write(world.store, [layer2_record(t, y) for t, y in easy])
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    s = traffic_sample(world.store, ENC.id, ts, n=2000)
+    # the teacher-labelled decisions (most of them training rows) are represented by the
+    # held-out recent slice, reweighted to their count; layer-2 decisions count as themselves
+    assert s.n_decisions == 900 and s.n_labelled == 600 and s.n_unlabelled == 300
+    assert s.n_held_out == len(ts.recent) and 0 < len(ts.recent) < 120
+    assert len(s) == 300 + len(ts.recent)
+    assert s.weights.sum() == pytest.approx(900.0)
+    assert np.allclose(s.weights[300:], 600 / len(ts.recent)) and np.all(s.weights[:300] == 1.0)
+    # no vector of a training row is in the sample
+    train_vecs = {v.tobytes() for v in ts.vectors}
+    assert not any(v.tobytes() in train_vecs for v in s.vectors)
+    # only the latest n decisions: the 300 layer-2 ones are the newest
+    s = traffic_sample(world.store, ENC.id, ts, n=300)
+    assert s.n_decisions == 300 and s.n_labelled == 0 and np.all(s.weights == 1.0)
+    assert traffic_sample(world.store, "other-encoder", ts) is None
+
+
+def test_weighted_budget_counts_heavy_rows(world):
+    import copy
+
+    from training.dataset import LabelledSet
+    from training.tuning import TrafficSample, retune
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    items = sample(300, 3)
+    X = HashEmbedder().encode([t for t, _ in items])
+    recent = LabelledSet([t for t, _ in items], [y for _, y in items], X, ["teacher"] * 300, [None] * 300)
+    conf = model.head.scores(X).probs.max(axis=1)
+    # weight the least sure half 5x: the budget must count them 5x, so fewer fit under it
+    w = np.where(conf <= np.median(conf), 5.0, 1.0)
+    budget = 0.3
+    cut = {}
+    for name, weights in (("flat", np.ones(300)), ("heavy", w)):
+        m = copy.deepcopy(model)
+        info = retune(m, recent, 0.95, budget, TrafficSample(X, weights, 300, 300, 0, 0, 0))
+        assert info["budget_reachable"]
+        cut[name] = info["budget_cutoff"]
+    assert cut["heavy"] < cut["flat"]
+
+    def weighted_share(cutoff):
+        from training.dataset import layer2_predict
+        m = copy.deepcopy(model)
+        m.head.thresholds_["confident"] = cutoff
+        m.manifest.thresholds = dict(m.head.thresholds_)
+        sure = layer2_predict(m, X).sure
+        return float(w[~sure].sum() / w.sum())
+
+    assert weighted_share(cut["heavy"]) <= budget + 1e-9
+    assert weighted_share(cut["flat"]) > budget   # tuned as if unweighted, it overshoots the weighted budget

@@ -1,6 +1,6 @@
 """Commands beyond classify/train, registered on the typer app by :func:`register`:
-``eval``, ``feedback``, ``label``, ``models``, plus ``retrain`` and ``stats`` from
-their own modules."""
+``eval``, ``feedback``, ``label``, ``models`` (list, promote, rollback, prune), plus
+``retrain`` and ``stats`` from their own modules."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def label_command(
         typer.echo(f"stopped early: {counts['stopped_because']}")
 
 
-models_app = typer.Typer(help="Model versions: list, promote, rollback.", no_args_is_help=True)
+models_app = typer.Typer(help="Model versions: list, promote, rollback, prune.", no_args_is_help=True)
 
 
 def _registry(models: Optional[Path], home: Optional[Path]):
@@ -161,6 +161,41 @@ def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
                     home: Optional[Path] = typer.Option(None, "--home")) -> None:
     """Serve the previously promoted version again."""
     typer.echo(f"rolled back to {_registry(models, home).rollback()}")
+
+
+@models_app.command("prune")
+def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
+                                                   help="Keep the last N promoted versions (rollback depth)."),
+                 keep_recent: int = typer.Option(3, "--keep-recent",
+                                                 help="Keep the N newest versions, promoted or not."),
+                 dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+                 models: Optional[Path] = typer.Option(None, "--models"),
+                 home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Delete old versions; the served one, the last promoted and the newest stay."""
+    reg = _registry(models, home)
+    total = len(reg.versions())
+    if dry_run or not reg.home.is_dir():
+        removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run)
+    else:  # never delete beside a running retrain (it saves, then promotes, a new version)
+        from filelock import FileLock, Timeout
+
+        from training.retrain import LOCK_NAME
+
+        lock = FileLock(str(reg.home / LOCK_NAME))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise FlywheelError(f"a retrain is running ({reg.home / LOCK_NAME} is held); "
+                                "try again when it is done") from None
+        try:
+            removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent)
+        finally:
+            lock.release()
+    verb = "would remove" if dry_run else "removed"
+    for name in removed:
+        typer.echo(f"{verb} {name}")
+    typer.echo(f"{'dry run: ' if dry_run else ''}{verb} {len(removed)} of {total} versions, "
+               f"{total - len(removed)} kept, in {reg.home}")
 
 
 def register(app: typer.Typer) -> None:

@@ -144,6 +144,8 @@ class TrainingSet(LabelledSet):
     recent: LabelledSet          # hash holdout of teacher-labelled texts, most recent RECENT_MAX
     fit_intents: IntentSet       # the intent set minus the held-out examples
     log_until: float             # unix time at which the log was read
+    train_keys: frozenset = frozenset()     # normalised keys of the training rows
+    logged_keys: frozenset = frozenset()    # normalised keys of every labelled logged text
 
     def extra(self) -> LabelledSet:
         """The logged training rows (what ``fit_model`` gets as ``extra_*``)."""
@@ -448,7 +450,8 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
         f"recent {len(recent):,}; noisy teacher labels dropped: {guard['dropped']:,}")
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=eval_set, recent=recent, fit_intents=fit_intents,
-                       log_until=log_until)
+                       log_until=log_until, train_keys=frozenset(normalise_key(t) for t in train.texts),
+                       logged_keys=frozenset(k for k, g in groups.items() if g.decisions))
 
 
 class _Missing:

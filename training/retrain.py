@@ -43,21 +43,20 @@ from typing import Any, Optional
 
 import numpy as np
 
-from classifier.calibration import expected_calibration_error
 from classifier.errors import FlywheelError, ModelError
-from classifier.head import IntentHead, precision_cutoff
+from classifier.head import IntentHead
 from classifier.protocols import DelegatingEmbedder
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, new_version_name
 from classifier.tiers import Thresholds
-from training.dataset import SPLIT_ID, LabelledSet, TrainingSet, build_training_set, layer2_predict
+from training.dataset import SPLIT_ID, TrainingSet, build_training_set
+from training.gate import MIN_OOS_FOR_GATE, decide, evaluate_layer2
+from training.tuning import MIN_TUNE_ROWS, retune, traffic_sample
 
 __all__ = ["RetrainError", "RetrainResult", "retrain", "register", "count_new_labels",
            "evaluate_layer2", "LOCK_NAME", "MIN_TUNE_ROWS", "MIN_OOS_FOR_GATE", "MIN_GATE_ROWS"]
 
 LOCK_NAME = ".retrain.lock"
-MIN_TUNE_ROWS = 50          # recent-traffic rows needed to re-tune the confident cutoff
-MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
 OUTCOMES = ("promoted", "kept", "skipped")
 
@@ -140,108 +139,6 @@ def _jsonable(x: Any) -> Any:
 
 
 # ----------------------------------------------------------------- metrics
-def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
-    """Layer-2 metrics of ``model`` on ``data`` with its serving thresholds.
-
-    ``accuracy`` counts out of scope as a class; ``llm_share`` is the share of queries
-    layer 2 is not ``sure`` of (they would go to the teacher); ``sure_accuracy`` is the
-    accuracy on the rest; ``ece`` is over in-scope queries (top calibrated probability
-    vs. top label right).
-    """
-    from training.evaluate import classification_metrics
-
-    n = len(data)
-    if n == 0:
-        return {"n": 0, "n_in_scope": 0, "n_out_of_scope": 0, "accuracy": None, "in_scope_accuracy": None,
-                "oos_recall": None, "macro_f1": None, "ece": None, "llm_share": None, "sure_accuracy": None,
-                "per_intent": {}, "confused_pairs": []}
-    b = layer2_predict(model, data.vectors)
-    m = classification_metrics(data.labels, b.labels)
-    truth = np.array([v is not None for v in data.labels])
-    top = np.array(b.classes, dtype=object)[b.probs.argmax(axis=1)]
-    correct = np.array([t == y for t, y in zip(top, data.labels)])
-    ece = expected_calibration_error(b.probs.max(axis=1)[truth], correct[truth]) if truth.any() else None
-    right = np.array([p == y for p, y in zip(b.labels, data.labels)])
-    return {
-        "n": n, "n_in_scope": m["n_in_scope"], "n_out_of_scope": m["n_out_of_scope"],
-        "accuracy": m["accuracy"], "in_scope_accuracy": m["in_scope_accuracy"],
-        "oos_recall": m["oos_recall"], "macro_f1": m["macro_f1"], "ece": ece,
-        "llm_share": round(float(1.0 - b.sure.mean()), 6),
-        "sure_accuracy": round(float(right[b.sure].mean()), 6) if b.sure.any() else None,
-        "per_intent": {k: {"precision": v["precision"], "recall": v["recall"], "support": v["support"]}
-                       for k, v in m["per_intent"].items()},
-        "confused_pairs": m["confused_pairs"][:5],
-    }
-
-
-def _layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray) -> tuple:
-    """Scores, top/second probabilities, out-of-scope and near-tie flags, top labels."""
-    s = model.head.scores(X)
-    probs = s.probs
-    order = np.argsort(-probs, axis=1)
-    conf = probs[np.arange(len(probs)), order[:, 0]]
-    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
-    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
-    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
-    return s, conf, second, rejected, close, classes[order[:, 0]]
-
-
-def recent_traffic_vectors(store: Any, encoder_id: str, n: int = 2000) -> np.ndarray | None:
-    """Embeddings of the latest ``n`` logged decisions made with ``encoder_id``."""
-    if store is None:
-        return None
-    ids = [r[0] for r in store.query("SELECT decision_id FROM decisions WHERE encoder_id = ? "
-                                     "ORDER BY created_at DESC LIMIT ?", [encoder_id, int(n)])]
-    vecs = store.embeddings(encoder_id, ids) if ids else {}
-    return np.stack([vecs[i] for i in ids if i in vecs]) if vecs else None
-
-
-def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
-                      amb_esc: np.ndarray, n_budget: int) -> dict[str, Any]:
-    """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
-    ``n_budget`` of these escalations remain, the least sure ones."""
-    oos_scores = np.sort(np.maximum(s.p_oos, s.oos_class)[oos_esc])
-    ratios = np.sort((second / np.clip(conf, 1e-12, None))[amb_esc])[::-1]
-    total = len(oos_scores) + len(ratios)
-    k_oos = int(round(n_budget * len(oos_scores) / total)) if total else 0
-    k_amb = max(0, n_budget - k_oos)
-    out: dict[str, Any] = {}
-    if k_oos < len(oos_scores):  # escalated when below the cutoff: keep the k_oos lowest
-        head.thresholds_["oos_confident"] = float(oos_scores[k_oos])
-        out["oos_confident"] = float(oos_scores[k_oos])
-    if k_amb < len(ratios):      # ambiguous when at or above the ratio: keep the k_amb highest
-        r = float(ratios[k_amb - 1]) if k_amb > 0 else min(1.0, float(ratios[0]) + 1e-6)
-        head.thresholds_["ambiguous_ratio"] = r
-        out["ambiguous_ratio"] = head.thresholds_["ambiguous_ratio"]
-    return out
-
-
-def _noise_margins(challenger: IntentModel, champion: IntentModel, data: LabelledSet,
-                   z: float = 1.96) -> dict[str, float]:
-    """How much worse the challenger may look on ``data`` by chance alone (z standard errors).
-
-    Accuracy uses the paired (McNemar) standard error of the difference: only queries
-    on which the two models disagree count. Out-of-scope recall uses the unpaired
-    standard error over the out-of-scope queries. With a few hundred eval queries this
-    is several points: a fixed tolerance alone would reject challengers on noise.
-    """
-    if len(data) == 0:
-        return {"accuracy": 0.0, "oos_recall": 0.0}
-    truth = list(data.labels)
-    r_ch = np.array([p == y for p, y in zip(layer2_predict(challenger, data.vectors).labels, truth)])
-    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, data.vectors).labels, truth)])
-    n = len(truth)
-    worse, better = int((r_cp & ~r_ch).sum()), int((~r_cp & r_ch).sum())
-    se_acc = np.sqrt(max(worse + better - (better - worse) ** 2 / n, 0.0)) / n
-    oos = np.array([y is None for y in truth])
-    if oos.any():
-        p1, p2 = r_ch[oos].mean(), r_cp[oos].mean()
-        se_oos = float(np.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / oos.sum()))
-    else:
-        se_oos = 0.0
-    return {"accuracy": float(z * se_acc), "oos_recall": float(z * se_oos)}
-
-
 def count_new_labels(store: Any, since: float | None) -> int:
     """Valid teacher answers (inline or back-filled) and human labels that reached the log
     after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts from
@@ -268,78 +165,6 @@ def _trained_until(model: IntentModel) -> float | None:
 
 def _intent_shape(intents: IntentSet) -> tuple:
     return (tuple((i.name, tuple(i.examples)) for i in intents.intents), tuple(intents.oos_examples))
-
-
-def _retune(model: IntentModel, recent: LabelledSet, target_precision: float,
-            llm_budget: float | None, traffic: np.ndarray | None = None) -> dict[str, Any]:
-    """Re-tune the global ``confident`` cutoff on the recent-traffic slice (in place).
-
-    The precision target needs labels, so it uses the teacher-labelled ``recent`` slice.
-    The LLM budget is a share of *all* traffic; ``traffic`` (embeddings of the latest
-    logged decisions, labelled or not) measures it when given. The teacher-labelled
-    slice alone is the hard part of the traffic (it went to the LLM) and would
-    overstate the share.
-    """
-    head = model.head
-    cv = float(head.thresholds_["confident"])
-    info: dict[str, Any] = {"on": "recent", "n": len(recent), "target_precision": target_precision,
-                            "llm_budget": llm_budget, "cv_confident": cv, "confident": cv}
-    if model.intents.thresholds.confident is not None:
-        info["note"] = ("the intent file fixes thresholds.confident; the tuned value is recorded "
-                        "but serving uses the fixed one")
-    if len(recent) < MIN_TUNE_ROWS:
-        info["method"] = "cross-validation"
-        info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
-        return info
-    th = Thresholds.for_model(model)
-    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
-    s, conf, second, rejected, close, top = _layer2_state(model, th, classes, recent.vectors)
-    correct = np.array([t == y for t, y in zip(top, recent.labels)])
-    own = np.array([t in th.per_intent for t in top])
-    glob = ~rejected & ~close & ~own
-    found = precision_cutoff(conf[glob], correct[glob], target_precision, unreachable=None)
-    t_prec = 1.0 if found is None else float(found)
-    info["precision_cutoff"] = t_prec
-    chosen = t_prec
-    info["method"] = "target_precision"
-    if found is None and llm_budget is None:
-        chosen = cv  # unreachable on recent traffic: never send everything to the LLM
-        info["method"] = "cross-validation"
-        info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
-    if llm_budget is not None:
-        if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
-            s, conf, second, rejected, close, top = _layer2_state(model, th, classes, traffic)
-            own = np.array([t in th.per_intent for t in top])
-            glob = ~rejected & ~close & ~own
-            info["budget_on"] = f"latest {len(traffic):,} logged decisions"
-        else:
-            info["budget_on"] = "recent teacher-labelled slice"
-        oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
-        pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
-        n_ref = len(conf)
-        fixed = int((rejected & ~oos_sure).sum() + (~rejected & close).sum()
-                    + (~rejected & ~close & own & (conf < pi_cut)).sum())
-        allowed = int(np.floor(llm_budget * n_ref + 1e-9)) - fixed
-        c = np.sort(conf[glob])
-        if allowed < 0:
-            # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
-            # sure of and near-ties already exceed it. Decide the surest of those at layer 2
-            # too (share the budget between them by their counts); the least sure still go
-            # to the LLM.
-            t_budget = 0.0
-            info["budget_reachable"] = False
-            info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
-                                          int(np.floor(llm_budget * n_ref + 1e-9))))
-        else:
-            t_budget = 1.0 if allowed >= len(c) else float(c[allowed])
-            info["budget_reachable"] = True
-        info["budget_cutoff"] = t_budget
-        chosen = min(t_prec, t_budget)
-        info["method"] = "llm_budget" if t_budget < t_prec else "target_precision (within the LLM budget)"
-    head.thresholds_["confident"] = float(chosen)
-    model.manifest.thresholds = {k: float(v) for k, v in head.thresholds_.items()}
-    info["confident"] = float(chosen)
-    return info
 
 
 # ------------------------------------------------------------------ the job
@@ -492,8 +317,8 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
     t_fit = time.perf_counter() - t0
     model.intents = intents  # bundle the full intent set (the held-out examples are only left out of fitting)
     cv_thresholds = {k: float(v) for k, v in model.head.thresholds_.items()}
-    traffic = recent_traffic_vectors(store, embedder.id) if llm_budget is not None else None
-    tuning = _retune(model, ts.recent, tp, llm_budget, traffic)
+    sample = traffic_sample(store, embedder.id, ts) if llm_budget is not None else None
+    tuning = retune(model, ts.recent, tp, llm_budget, sample)
     say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
         f"({tuning['method']})")
 
@@ -531,35 +356,8 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
     t_eval = time.perf_counter() - t0
 
     # -- decide
-    checks = []
-    if cp is None:
-        outcome, reason = "promoted", "no usable champion: first model"
-    elif ch["n"] == 0:
-        outcome, reason = "kept", "no evaluation data to compare the challenger with the champion"
-    else:
-        n_oos = ch[gate_name]["n_out_of_scope"]
-        gate_metrics = ["accuracy"] + (["oos_recall"] if n_oos >= MIN_OOS_FOR_GATE else [])
-        margins = _noise_margins(model, champion, sets[gate_name])
-        failed = None
-        for metric in gate_metrics:
-            a, b = ch[gate_name][metric], cp[gate_name][metric]
-            noise = margins[metric]
-            ok = a is None or b is None or a >= b - tolerance - noise - 1e-12
-            checks.append({"metric": metric, "challenger": a, "champion": b, "noise_margin": round(noise, 6),
-                           "ok": ok})
-            if not ok and failed is None:
-                failed = (metric, a, b, noise)
-        if failed is not None:
-            metric, a, b, noise = failed
-            outcome = "kept"
-            reason = (f"{metric} {a:.3f} < champion {b:.3f} - tolerance {tolerance:g} - noise {noise:.3f} "
-                      f"on {ch['n']:,} {gate_name} queries")
-        else:
-            outcome = "promoted"
-            reason = "; ".join(f"{c['metric']} {_f(c['challenger'])} >= champion {_f(c['champion'])} - "
-                               f"tolerance {tolerance:g} - noise {c['noise_margin']:.3f}" for c in checks)
-        if n_oos < MIN_OOS_FOR_GATE:
-            notes.append(f"out-of-scope recall not gated: {n_oos} out-of-scope eval queries (< {MIN_OOS_FOR_GATE})")
+    outcome, reason, checks = decide(model, champion, ch, cp, sets[gate_name] if cp else None, gate_name,
+                                     tolerance, notes)
 
     model.manifest.metrics.update({
         "eval_split": SPLIT_ID, "log_until": ts.log_until,

@@ -1,0 +1,208 @@
+"""Re-tune the challenger's ``confident`` cutoff for a target precision or an LLM budget.
+
+The precision target needs labels, so it is measured on the held-out teacher-labelled
+``recent`` slice. The LLM budget is a share of *all* traffic and is measured on a
+:class:`TrafficSample` of the latest logged decisions, built so that it estimates what
+the challenger will see:
+
+- **Rows the challenger was trained on are left out.** The model is over-sure on its
+  own training rows, so counting them understates the share it will send to the LLM.
+- **Labelled traffic is represented by held-out rows, reweighted.** Most
+  teacher-labelled texts (the hard traffic: they went to the LLM) are training rows.
+  Their stratum keeps its weight, the number of labelled decisions among the latest
+  ``n``, but is measured on the held-out labelled rows (the hash split makes them a
+  random sample of it): the recent teacher slice plus held-out human labels.
+- Unlabelled decisions (decided by layer 2, never sent to the teacher) count once each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from classifier.head import IntentHead, precision_cutoff
+from classifier.model import IntentModel
+from classifier.text import normalise_key
+from classifier.tiers import Thresholds
+from training.dataset import LabelledSet, TrainingSet
+
+__all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "layer2_state"]
+
+MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
+
+
+@dataclass
+class TrafficSample:
+    """Embeddings standing for recent traffic, with a weight per row (see module docs)."""
+
+    vectors: np.ndarray
+    weights: np.ndarray
+    n_decisions: int             # decisions read from the log
+    n_unlabelled: int            # of those, counted as themselves
+    n_labelled: int              # of those, labelled: represented by held-out rows
+    n_held_out: int              # held-out labelled rows standing for them
+    n_excluded: int              # unlabelled decisions whose text is a training row
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def describe(self) -> str:
+        return (f"latest {self.n_decisions:,} logged decisions: {self.n_unlabelled:,} unlabelled as themselves, "
+                f"{self.n_labelled:,} labelled as {self.n_held_out:,} held-out rows (weight "
+                f"{self.n_labelled / max(self.n_held_out, 1):.2f}), {self.n_excluded:,} training texts left out")
+
+
+def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000) -> TrafficSample | None:
+    """The budget sample of the latest ``n`` decisions logged with ``encoder_id``.
+
+    ``None`` when the log has none, or the sample would be smaller than
+    :data:`MIN_TUNE_ROWS`.
+    """
+    if store is None:
+        return None
+    rows = store.query("SELECT decision_id, text FROM decisions WHERE encoder_id = ? "
+                       "ORDER BY created_at DESC LIMIT ?", [encoder_id, int(n)])
+    if not rows:
+        return None
+    unlabelled: list[str] = []
+    n_labelled = n_excluded = 0
+    for did, text in rows:
+        key = normalise_key(text)
+        if key in ts.logged_keys:
+            n_labelled += 1
+        elif key in ts.train_keys:
+            n_excluded += 1
+        else:
+            unlabelled.append(did)
+    vecs = store.embeddings(encoder_id, unlabelled) if unlabelled else {}
+    parts = [np.stack([vecs[i] for i in unlabelled if i in vecs])] if vecs else []
+    weights = [np.ones(len(parts[0]))] if parts else []
+    held: LabelledSet = ts.recent.concat(ts.eval.where(lambda s: s == "human"))
+    if n_labelled and len(held):
+        parts.append(held.vectors)
+        weights.append(np.full(len(held), n_labelled / len(held)))
+    if not parts or sum(len(p) for p in parts) < MIN_TUNE_ROWS:
+        return None
+    return TrafficSample(np.vstack(parts).astype(np.float32, copy=False), np.concatenate(weights),
+                         n_decisions=len(rows), n_unlabelled=len(vecs), n_labelled=n_labelled,
+                         n_held_out=len(held) if n_labelled else 0, n_excluded=n_excluded)
+
+
+def layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray) -> tuple:
+    """Scores, top/second probabilities, out-of-scope and near-tie flags, top labels."""
+    s = model.head.scores(X)
+    probs = s.probs
+    order = np.argsort(-probs, axis=1)
+    conf = probs[np.arange(len(probs)), order[:, 0]]
+    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
+    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
+    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
+    return s, conf, second, rejected, close, classes[order[:, 0]]
+
+
+def _fits(weights: np.ndarray, budget: float) -> int:
+    """How many leading rows (already in escalation order) fit in ``budget`` weight."""
+    return int(np.searchsorted(np.cumsum(weights), budget + 1e-9, side="right"))
+
+
+def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
+                      amb_esc: np.ndarray, w: np.ndarray, budget: float) -> dict[str, Any]:
+    """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
+    ``budget`` weight of these escalations remains, the least sure ones."""
+    oos_score = np.maximum(s.p_oos, s.oos_class)[oos_esc]
+    o = np.argsort(oos_score, kind="stable")
+    oos_scores, oos_w = oos_score[o], w[oos_esc][o]
+    ratio = (second / np.clip(conf, 1e-12, None))[amb_esc]
+    r_order = np.argsort(-ratio, kind="stable")
+    ratios, amb_w = ratio[r_order], w[amb_esc][r_order]
+    total = float(oos_w.sum() + amb_w.sum())
+    b_oos = budget * float(oos_w.sum()) / total if total else 0.0
+    k_oos = _fits(oos_w, b_oos)
+    k_amb = _fits(amb_w, max(0.0, budget - float(oos_w[:k_oos].sum())))
+    out: dict[str, Any] = {}
+    if k_oos < len(oos_scores):  # escalated when below the cutoff: keep the k_oos lowest
+        head.thresholds_["oos_confident"] = float(oos_scores[k_oos])
+        out["oos_confident"] = float(oos_scores[k_oos])
+    if k_amb < len(ratios):      # ambiguous when at or above the ratio: keep the k_amb highest
+        r = float(ratios[k_amb - 1]) if k_amb > 0 else min(1.0, float(ratios[0]) + 1e-6)
+        head.thresholds_["ambiguous_ratio"] = r
+        out["ambiguous_ratio"] = r
+    return out
+
+
+def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
+           llm_budget: float | None, traffic: TrafficSample | None = None) -> dict[str, Any]:
+    """Re-tune the global ``confident`` cutoff (in place) and return what was done.
+
+    The cutoff is the precision cutoff on ``recent`` (for ``target_precision``, relative
+    to the precision layer 2 reaches on its surest answers; see
+    :func:`classifier.head.precision_cutoff`), lowered when needed so that at most
+    ``llm_budget`` of the traffic goes to the LLM. The budget is measured on ``traffic``
+    (weighted) when given, else on ``recent``. Fewer than :data:`MIN_TUNE_ROWS` recent
+    rows: the cross-validation cutoff is kept.
+    """
+    head = model.head
+    cv = float(head.thresholds_["confident"])
+    info: dict[str, Any] = {"on": "recent", "n": len(recent), "target_precision": target_precision,
+                            "llm_budget": llm_budget, "cv_confident": cv, "confident": cv}
+    if model.intents.thresholds.confident is not None:
+        info["note"] = ("the intent file fixes thresholds.confident; the tuned value is recorded "
+                        "but serving uses the fixed one")
+    if len(recent) < MIN_TUNE_ROWS:
+        info["method"] = "cross-validation"
+        info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
+        return info
+    th = Thresholds.for_model(model)
+    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
+    s, conf, second, rejected, close, top = layer2_state(model, th, classes, recent.vectors)
+    correct = np.array([t == y for t, y in zip(top, recent.labels)])
+    own = np.array([t in th.per_intent for t in top])
+    glob = ~rejected & ~close & ~own
+    found = precision_cutoff(conf[glob], correct[glob], target_precision, unreachable=None)
+    t_prec = 1.0 if found is None else float(found)
+    info["precision_cutoff"] = t_prec
+    chosen = t_prec
+    info["method"] = "target_precision"
+    if found is None and llm_budget is None:
+        chosen = cv  # unreachable on recent traffic: never send everything to the LLM
+        info["method"] = "cross-validation"
+        info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
+    if llm_budget is not None:
+        if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
+            s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
+            own = np.array([t in th.per_intent for t in top])
+            glob = ~rejected & ~close & ~own
+            w = np.asarray(traffic.weights, dtype=np.float64)
+            info["budget_on"] = traffic.describe()
+        else:
+            w = np.ones(len(conf))
+            info["budget_on"] = "recent teacher-labelled slice"
+        oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
+        pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
+        budget_w = llm_budget * float(w.sum())
+        fixed = float(w[(rejected & ~oos_sure) | (~rejected & close)
+                        | (~rejected & ~close & own & (conf < pi_cut))].sum())
+        order = np.argsort(conf[glob], kind="stable")
+        c, cw = conf[glob][order], w[glob][order]
+        if budget_w - fixed < 0:
+            # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
+            # sure of and near-ties already exceed it. Decide the surest of those at layer 2
+            # too (share the budget between them by their weights); the least sure still go
+            # to the LLM.
+            t_budget = 0.0
+            info["budget_reachable"] = False
+            info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
+                                          w, budget_w))
+        else:
+            k = _fits(cw, budget_w - fixed)
+            t_budget = 1.0 if k >= len(c) else float(c[k])
+            info["budget_reachable"] = True
+        info["budget_cutoff"] = t_budget
+        chosen = min(t_prec, t_budget)
+        info["method"] = "llm_budget" if t_budget < t_prec else "target_precision (within the LLM budget)"
+    head.thresholds_["confident"] = float(chosen)
+    model.manifest.thresholds = {k: float(v) for k, v in head.thresholds_.items()}
+    info["confident"] = float(chosen)
+    return info
