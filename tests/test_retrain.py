@@ -574,6 +574,12 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
     # no vector of a training row is in the sample
     train_vecs = {v.tobytes() for v in ts.vectors}
     assert not any(v.tobytes() in train_vecs for v in s.vectors)
+    # a window with few labelled decisions: measured on the newest held-out rows
+    # (older escalations were made by weaker champions), at least min_held of them
+    s = traffic_sample(world.store, ENC.id, ts, n=400, min_held=20)
+    assert s.n_labelled == 100 and s.n_held_out == 20 and len(s) == 300 + 20
+    newest = ts.recent.vectors[-20:]
+    assert np.array_equal(s.vectors[300:], newest)
     # only the latest n decisions: the 300 layer-2 ones are the newest
     s = traffic_sample(world.store, ENC.id, ts, n=300)
     assert s.n_decisions == 300 and s.n_labelled == 0 and np.all(s.weights == 1.0)

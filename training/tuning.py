@@ -10,8 +10,11 @@ the challenger will see:
 - **Labelled traffic is represented by held-out rows, reweighted.** Most
   teacher-labelled texts (the hard traffic: they went to the LLM) are training rows.
   Their stratum keeps its weight, the number of labelled decisions among the latest
-  ``n``, but is measured on the held-out labelled rows (the hash split makes them a
-  random sample of it): the recent teacher slice plus held-out human labels.
+  ``n``, but is measured on held-out labelled rows (the hash split makes them a random
+  sample of it): the held-out teacher rows among those decisions, or, when there are
+  fewer than ``min_held``, the newest ``min_held`` of the recent teacher slice (older
+  escalations were made by weaker champions and are easier: using all of them
+  understates the share), plus held-out human labels.
 - Unlabelled decisions (decided by layer 2, never sent to the teacher) count once each.
 """
 
@@ -54,7 +57,8 @@ class TrafficSample:
                 f"{self.n_labelled / max(self.n_held_out, 1):.2f}), {self.n_excluded:,} training texts left out")
 
 
-def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000) -> TrafficSample | None:
+def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
+                   min_held: int = 50) -> TrafficSample | None:
     """The budget sample of the latest ``n`` decisions logged with ``encoder_id``.
 
     ``None`` when the log has none, or the sample would be smaller than
@@ -67,11 +71,13 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000) 
     if not rows:
         return None
     unlabelled: list[str] = []
+    window_keys: set[str] = set()
     n_labelled = n_excluded = 0
     for did, text in rows:
         key = normalise_key(text)
         if key in ts.logged_keys:
             n_labelled += 1
+            window_keys.add(key)
         elif key in ts.train_keys:
             n_excluded += 1
         else:
@@ -79,7 +85,10 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000) 
     vecs = store.embeddings(encoder_id, unlabelled) if unlabelled else {}
     parts = [np.stack([vecs[i] for i in unlabelled if i in vecs])] if vecs else []
     weights = [np.ones(len(parts[0]))] if parts else []
-    held: LabelledSet = ts.recent.concat(ts.eval.where(lambda s: s == "human"))
+    in_window = [i for i, t in enumerate(ts.recent.texts) if normalise_key(t) in window_keys]
+    if len(in_window) < min_held:   # ts.recent is oldest first
+        in_window = list(range(max(0, len(ts.recent) - min_held), len(ts.recent)))
+    held: LabelledSet = ts.recent.select(in_window).concat(ts.eval.where(lambda s: s == "human"))
     if n_labelled and len(held):
         parts.append(held.vectors)
         weights.append(np.full(len(held), n_labelled / len(held)))
