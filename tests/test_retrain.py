@@ -618,3 +618,38 @@ def test_weighted_budget_counts_heavy_rows(world):
 
     assert weighted_share(cut["heavy"]) <= budget + 1e-9
     assert weighted_share(cut["flat"]) > budget   # tuned as if unweighted, it overshoots the weighted budget
+
+
+def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
+    import copy
+
+    from classifier.tiers import Thresholds
+    from training.dataset import LabelledSet
+    from training.tuning import layer2_state, retune
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    items = sample(300, 3)
+    X = HashEmbedder().encode([t for t, _ in items])
+    th = Thresholds.for_model(model)
+    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
+    s, conf, second, rejected, close, top = layer2_state(model, th, classes, X)
+    unsure_reject = rejected & (np.maximum(s.p_oos, s.oos_class) < th.oos_confident)
+    assert unsure_reject.sum() >= 10
+    truth = [y for _, y in items]
+    # the teacher says the queries layer 2 is unsure it should reject are in scope
+    wrong = [("RETRIEVAL" if u else y) for u, y in zip(unsure_reject, truth)]
+    for labels, relaxed in ((truth, None), (wrong, False)):
+        recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * 300, [None] * 300)
+        m = copy.deepcopy(model)
+        info = retune(m, recent, 0.95, 0.0)
+        assert info["budget_reachable"] is False
+        kind = info["relaxed_escalations"]["out_of_scope"]
+        assert kind["n"] == int(unsure_reject.sum())
+        if relaxed is False:
+            assert kind["relaxed"] is False and kind["accuracy"] == 0.0
+            # those rejections still go to the LLM: oos_confident untouched
+            assert m.head.thresholds_["oos_confident"] == model.head.thresholds_["oos_confident"]
+            assert "oos_confident" not in info
+        else:
+            assert kind["accuracy"] > 0.5 and kind["relaxed"] is True
+            assert m.head.thresholds_["oos_confident"] < model.head.thresholds_["oos_confident"]

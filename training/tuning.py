@@ -34,6 +34,8 @@ from training.dataset import LabelledSet, TrainingSet
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "layer2_state"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
+MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
+RELAX_MIN_ACCURACY = 0.5    # the budget hands a kind of escalation to layer 2 only above this
 
 
 @dataclass
@@ -117,19 +119,26 @@ def _fits(weights: np.ndarray, budget: float) -> int:
 
 
 def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
-                      amb_esc: np.ndarray, w: np.ndarray, budget: float) -> dict[str, Any]:
+                      amb_esc: np.ndarray, w: np.ndarray, budget: float,
+                      allow: dict[str, bool]) -> dict[str, Any]:
     """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
-    ``budget`` weight of these escalations remains, the least sure ones."""
+    ``budget`` weight of these escalations remains, the least sure ones. A kind that
+    ``allow`` forbids keeps all its escalations (they count against the budget)."""
     oos_score = np.maximum(s.p_oos, s.oos_class)[oos_esc]
     o = np.argsort(oos_score, kind="stable")
     oos_scores, oos_w = oos_score[o], w[oos_esc][o]
     ratio = (second / np.clip(conf, 1e-12, None))[amb_esc]
     r_order = np.argsort(-ratio, kind="stable")
     ratios, amb_w = ratio[r_order], w[amb_esc][r_order]
-    total = float(oos_w.sum() + amb_w.sum())
-    b_oos = budget * float(oos_w.sum()) / total if total else 0.0
-    k_oos = _fits(oos_w, b_oos)
-    k_amb = _fits(amb_w, max(0.0, budget - float(oos_w[:k_oos].sum())))
+    w_oos, w_amb = float(oos_w.sum()), float(amb_w.sum())
+    if allow["out_of_scope"] and allow["near_tie"]:
+        total = w_oos + w_amb
+        b_oos = budget * w_oos / total if total else 0.0
+    else:
+        b_oos = w_oos if not allow["out_of_scope"] else max(0.0, budget - w_amb)
+    k_oos = len(oos_scores) if not allow["out_of_scope"] else _fits(oos_w, b_oos)
+    b_amb = max(0.0, budget - float(oos_w[:k_oos].sum()))
+    k_amb = len(ratios) if not allow["near_tie"] else _fits(amb_w, b_amb)
     out: dict[str, Any] = {}
     if k_oos < len(oos_scores):  # escalated when below the cutoff: keep the k_oos lowest
         head.thresholds_["oos_confident"] = float(oos_scores[k_oos])
@@ -139,6 +148,23 @@ def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.nda
         head.thresholds_["ambiguous_ratio"] = r
         out["ambiguous_ratio"] = r
     return out
+
+
+def _relax_allowed(recent: LabelledSet, rejected: np.ndarray, oos_sure: np.ndarray, close: np.ndarray,
+                   top: np.ndarray) -> tuple[dict[str, bool], dict[str, Any]]:
+    """Which kinds of escalation the budget may hand to layer 2: only those layer 2 gets
+    right more often than not on the held-out labelled rows (at least
+    :data:`MIN_KIND_ROWS` of them). Layer 2's unsure *out-of-scope* answers, for one, can
+    be mostly wrong: deciding them to save LLM calls would trade accuracy for cost."""
+    kinds = {"out_of_scope": (rejected & ~oos_sure, np.array([y is None for y in recent.labels])),
+             "near_tie": (~rejected & close, np.array([t == y for t, y in zip(top, recent.labels)]))}
+    allow, seen = {}, {}
+    for kind, (mask, right) in kinds.items():
+        n = int(mask.sum())
+        acc = float(right[mask].mean()) if n else None
+        allow[kind] = n >= MIN_KIND_ROWS and acc is not None and acc > RELAX_MIN_ACCURACY
+        seen[kind] = {"n": n, "accuracy": None if acc is None else round(acc, 4), "relaxed": allow[kind]}
+    return allow, seen
 
 
 def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
@@ -166,6 +192,8 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = layer2_state(model, th, classes, recent.vectors)
+    allow, kinds = _relax_allowed(recent, rejected, np.maximum(s.p_oos, s.oos_class) >= th.oos_confident,
+                                  close, top)
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
@@ -198,12 +226,13 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         if budget_w - fixed < 0:
             # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
             # sure of and near-ties already exceed it. Decide the surest of those at layer 2
-            # too (share the budget between them by their weights); the least sure still go
-            # to the LLM.
+            # too (share the budget between them by their weights), but only the kinds it
+            # gets right more often than not; the rest still go to the LLM.
             t_budget = 0.0
             info["budget_reachable"] = False
+            info["relaxed_escalations"] = kinds
             info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
-                                          w, budget_w))
+                                          w, budget_w, allow))
         else:
             k = _fits(cw, budget_w - fixed)
             t_budget = 1.0 if k >= len(c) else float(c[k])
