@@ -625,31 +625,43 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
 
     from classifier.tiers import Thresholds
     from training.dataset import LabelledSet
+    from training.gate import evaluate_layer2
     from training.tuning import layer2_state, retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
-    items = sample(300, 3)
+    items = sample(1500, 3)
     X = HashEmbedder().encode([t for t, _ in items])
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = layer2_state(model, th, classes, X)
     unsure_reject = rejected & (np.maximum(s.p_oos, s.oos_class) < th.oos_confident)
-    assert unsure_reject.sum() >= 10
+    movable = unsure_reject & (s.oos_class < conf)
+    assert unsure_reject.sum() >= 10 and movable.sum() >= 10
     truth = [y for _, y in items]
-    # the teacher says the queries layer 2 is unsure it should reject are in scope
-    wrong = [("RETRIEVAL" if u else y) for u, y in zip(unsure_reject, truth)]
-    for labels, relaxed in ((truth, None), (wrong, False)):
-        recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * 300, [None] * 300)
+    other = {"RETRIEVAL": "PLATFORM", "PLATFORM": "RETRIEVAL"}
+    # the teacher says those queries are in scope, but never layer 2's top intent
+    wrong = [(other[t] if u else y) for u, t, y in zip(unsure_reject, top, truth)]
+    # the teacher says they are in scope and layer 2's top intent is right
+    in_scope = [(t if u else y) for u, t, y in zip(unsure_reject, top, truth)]
+    # the teacher says they are out of scope
+    out_of_scope = [(None if u else y) for u, y in zip(unsure_reject, truth)]
+    before = model.head.thresholds_
+    for labels, mode in ((out_of_scope, "reject"), (wrong, None), (in_scope, "accept")):
+        recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * len(items), [None] * len(items))
         m = copy.deepcopy(model)
         info = retune(m, recent, 0.95, 0.0)
         assert info["budget_reachable"] is False
         kind = info["relaxed_escalations"]["out_of_scope"]
-        assert kind["n"] == int(unsure_reject.sum())
-        if relaxed is False:
-            assert kind["relaxed"] is False and kind["accuracy"] == 0.0
-            # those rejections still go to the LLM: oos_confident untouched
-            assert m.head.thresholds_["oos_confident"] == model.head.thresholds_["oos_confident"]
-            assert "oos_confident" not in info
-        else:
-            assert kind["accuracy"] > 0.5 and kind["relaxed"] is True
-            assert m.head.thresholds_["oos_confident"] < model.head.thresholds_["oos_confident"]
+        assert kind["n"] == int(unsure_reject.sum()) and kind["relaxed"] == mode
+        after = m.head.thresholds_
+        if mode is None:       # those rejections still go to the LLM
+            assert kind["accuracy"] == 0.0 and kind["top_intent_accuracy"] == 0.0
+            assert after["oos_confident"] == before["oos_confident"] and after["oos"] == before["oos"]
+        elif mode == "reject":  # the surest are served as out of scope
+            assert kind["accuracy"] == 1.0
+            assert after["oos_confident"] < before["oos_confident"] and after["oos"] == before["oos"]
+        else:                   # the least out-of-scope-like are served as their top intent
+            assert kind["top_intent_accuracy"] == 1.0
+            assert after["oos"] > before["oos"] and after["oos_confident"] == before["oos_confident"]
+            served = evaluate_layer2(m, recent)
+            assert served["llm_share"] < evaluate_layer2(model, recent)["llm_share"]

@@ -120,51 +120,89 @@ def _fits(weights: np.ndarray, budget: float) -> int:
 
 def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
                       amb_esc: np.ndarray, w: np.ndarray, budget: float,
-                      allow: dict[str, bool]) -> dict[str, Any]:
-    """Lower ``oos_confident`` and raise ``ambiguous_ratio`` (in place) so that at most
-    ``budget`` weight of these escalations remains, the least sure ones. A kind that
-    ``allow`` forbids keeps all its escalations (they count against the budget)."""
-    oos_score = np.maximum(s.p_oos, s.oos_class)[oos_esc]
-    o = np.argsort(oos_score, kind="stable")
-    oos_scores, oos_w = oos_score[o], w[oos_esc][o]
+                      allow: dict[str, str | None]) -> dict[str, Any]:
+    """Hand the surest of these escalations to layer 2 (in place) so that at most
+    ``budget`` weight of them remains.
+
+    ``allow["out_of_scope"]``: ``"reject"`` lowers ``oos_confident`` (layer 2 serves its
+    surest unsure rejections as out of scope), ``"accept"`` raises ``oos`` (the least
+    out-of-scope-like of them are served as their top intent), ``None`` keeps them all
+    with the LLM. ``allow["near_tie"]``: ``"decide"`` raises ``ambiguous_ratio``.
+    """
+    oos_score = np.maximum(s.p_oos, s.oos_class)
     ratio = (second / np.clip(conf, 1e-12, None))[amb_esc]
     r_order = np.argsort(-ratio, kind="stable")
     ratios, amb_w = ratio[r_order], w[amb_esc][r_order]
-    w_oos, w_amb = float(oos_w.sum()), float(amb_w.sum())
-    if allow["out_of_scope"] and allow["near_tie"]:
+    w_oos, w_amb = float(w[oos_esc].sum()), float(amb_w.sum())
+    mode = allow.get("out_of_scope")
+    if mode and allow.get("near_tie"):
         total = w_oos + w_amb
         b_oos = budget * w_oos / total if total else 0.0
     else:
-        b_oos = w_oos if not allow["out_of_scope"] else max(0.0, budget - w_amb)
-    k_oos = len(oos_scores) if not allow["out_of_scope"] else _fits(oos_w, b_oos)
-    b_amb = max(0.0, budget - float(oos_w[:k_oos].sum()))
-    k_amb = len(ratios) if not allow["near_tie"] else _fits(amb_w, b_amb)
+        b_oos = w_oos if not mode else max(0.0, budget - w_amb)
     out: dict[str, Any] = {}
-    if k_oos < len(oos_scores):  # escalated when below the cutoff: keep the k_oos lowest
-        head.thresholds_["oos_confident"] = float(oos_scores[k_oos])
-        out["oos_confident"] = float(oos_scores[k_oos])
+    kept_oos = w_oos
+    if mode == "reject":
+        o = np.argsort(oos_score[oos_esc], kind="stable")
+        scores, ow = oos_score[oos_esc][o], w[oos_esc][o]
+        k = _fits(ow, b_oos)                 # escalated when below the cutoff: keep the k lowest
+        kept_oos = float(ow[:k].sum())
+        if k < len(scores):
+            head.thresholds_["oos_confident"] = out["oos_confident"] = float(scores[k])
+    elif mode == "accept":
+        movable = oos_esc & (s.oos_class < conf)      # rejected only by p_oos: a higher cutoff accepts them
+        fixed_w = float(w[oos_esc & ~movable].sum())
+        o = np.argsort(-s.p_oos[movable], kind="stable")
+        p, pw = s.p_oos[movable][o], w[movable][o]
+        k = _fits(pw, max(0.0, b_oos - fixed_w))     # keep the k most out-of-scope-like rejected
+        kept_oos = fixed_w + float(pw[:k].sum())
+        if k < len(p):
+            new = float(p[k - 1]) if k > 0 else float(p[0]) + 1e-6
+            new = min(new, float(head.thresholds_["oos_confident"]))
+            if new > head.thresholds_["oos"]:
+                head.thresholds_["oos"] = out["oos"] = new
+    b_amb = max(0.0, budget - kept_oos)
+    k_amb = _fits(amb_w, b_amb) if allow.get("near_tie") else len(ratios)
     if k_amb < len(ratios):      # ambiguous when at or above the ratio: keep the k_amb highest
         r = float(ratios[k_amb - 1]) if k_amb > 0 else min(1.0, float(ratios[0]) + 1e-6)
-        head.thresholds_["ambiguous_ratio"] = r
-        out["ambiguous_ratio"] = r
+        head.thresholds_["ambiguous_ratio"] = out["ambiguous_ratio"] = r
     return out
 
 
-def _relax_allowed(recent: LabelledSet, rejected: np.ndarray, oos_sure: np.ndarray, close: np.ndarray,
-                   top: np.ndarray) -> tuple[dict[str, bool], dict[str, Any]]:
-    """Which kinds of escalation the budget may hand to layer 2: only those layer 2 gets
-    right more often than not on the held-out labelled rows (at least
-    :data:`MIN_KIND_ROWS` of them). Layer 2's unsure *out-of-scope* answers, for one, can
-    be mostly wrong: deciding them to save LLM calls would trade accuracy for cost."""
-    kinds = {"out_of_scope": (rejected & ~oos_sure, np.array([y is None for y in recent.labels])),
-             "near_tie": (~rejected & close, np.array([t == y for t, y in zip(top, recent.labels)]))}
-    allow, seen = {}, {}
-    for kind, (mask, right) in kinds.items():
-        n = int(mask.sum())
-        acc = float(right[mask].mean()) if n else None
-        allow[kind] = n >= MIN_KIND_ROWS and acc is not None and acc > RELAX_MIN_ACCURACY
-        seen[kind] = {"n": n, "accuracy": None if acc is None else round(acc, 4), "relaxed": allow[kind]}
-    return allow, seen
+def _relax_allowed(recent: LabelledSet, s: Any, conf: np.ndarray, rejected: np.ndarray, oos_sure: np.ndarray,
+                   close: np.ndarray, top: np.ndarray) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """How the budget may hand each kind of escalation to layer 2: only in a way layer 2
+    gets right more often than not on the held-out labelled rows (at least
+    :data:`MIN_KIND_ROWS` of them).
+
+    Unsure out-of-scope answers are served as out of scope (``"reject"``) or as their top
+    intent (``"accept"``), whichever is right more often; on traffic with little out of
+    scope the rejections can be mostly wrong. Near-ties are served as their top intent
+    (``"decide"``). Otherwise they stay with the LLM (``None``): a budget never buys a
+    cheaper wrong answer.
+    """
+    labels = recent.labels
+    is_oos = np.array([y is None for y in labels])
+    top_right = np.array([t == y for t, y in zip(top, labels)])
+    unsure = rejected & ~oos_sure
+    movable = unsure & (s.oos_class < conf)
+
+    def acc(mask: np.ndarray, right: np.ndarray) -> float | None:
+        return float(right[mask].mean()) if mask.sum() >= MIN_KIND_ROWS else None
+
+    a_rej, a_acc = acc(unsure, is_oos), acc(movable, top_right)
+    best = max((a for a in ((a_rej, "reject"), (a_acc, "accept")) if a[0] is not None), default=None)
+    oos_mode = best[1] if best is not None and best[0] > RELAX_MIN_ACCURACY else None
+    a_amb = acc(~rejected & close, top_right)
+    amb_mode = "decide" if a_amb is not None and a_amb > RELAX_MIN_ACCURACY else None
+    seen = {"out_of_scope": {"n": int(unsure.sum()), "accuracy": _r(a_rej), "n_movable": int(movable.sum()),
+                             "top_intent_accuracy": _r(a_acc), "relaxed": oos_mode},
+            "near_tie": {"n": int((~rejected & close).sum()), "accuracy": _r(a_amb), "relaxed": amb_mode}}
+    return {"out_of_scope": oos_mode, "near_tie": amb_mode}, seen
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
@@ -192,8 +230,8 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = layer2_state(model, th, classes, recent.vectors)
-    allow, kinds = _relax_allowed(recent, rejected, np.maximum(s.p_oos, s.oos_class) >= th.oos_confident,
-                                  close, top)
+    allow, kinds = _relax_allowed(recent, s, conf, rejected,
+                                  np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top)
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
@@ -226,7 +264,7 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         if budget_w - fixed < 0:
             # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
             # sure of and near-ties already exceed it. Decide the surest of those at layer 2
-            # too (share the budget between them by their weights), but only the kinds it
+            # too (share the budget between them by their weights), but only in a way it
             # gets right more often than not; the rest still go to the LLM.
             t_budget = 0.0
             info["budget_reachable"] = False
