@@ -16,6 +16,11 @@ the challenger will see:
   escalations were made by weaker champions and are easier: using all of them
   understates the share), plus held-out human labels.
 - Unlabelled decisions (decided by layer 2, never sent to the teacher) count once each.
+
+When the ``confident`` cutoff alone cannot meet the budget (layer 2's unsure
+out-of-scope answers and near-ties are already over it), layer 2 may decide the surest
+of those too, but only in a way it gets right more often than not on the held-out
+labelled rows (see :func:`_relax_allowed`): a budget never buys a cheaper wrong answer.
 """
 
 from __future__ import annotations
@@ -214,7 +219,9 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     :func:`classifier.head.precision_cutoff`), lowered when needed so that at most
     ``llm_budget`` of the traffic goes to the LLM. The budget is measured on ``traffic``
     (weighted) when given, else on ``recent``. Fewer than :data:`MIN_TUNE_ROWS` recent
-    rows: the cross-validation cutoff is kept.
+    rows: the cross-validation cutoff is kept. When the cutoff alone cannot meet the
+    budget, ``oos_confident``, ``oos`` or ``ambiguous_ratio`` may be relaxed as well
+    (see the module docs); the returned dict says which, under ``relaxed_escalations``.
     """
     head = model.head
     cv = float(head.thresholds_["confident"])
