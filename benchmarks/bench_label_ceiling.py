@@ -5,8 +5,9 @@ the retrain job's training set from it exactly as ``flywheel retrain`` does, and
 the challenger twice on the same rows:
 
 - **as logged**: the teacher's labels (what retrain trains on);
-- **oracle labels**: the same texts with the CLINC150 ground truth instead, i.e. a
-  perfect teacher that was asked about exactly the same queries.
+- **oracle labels**: the same texts with the CLINC150 ground truth instead (for the
+  training rows and the held-out rows the cutoffs are tuned on), i.e. a perfect
+  teacher that was asked about exactly the same queries.
 
 Both are scored on the CLINC150 test split (test + oos_test, out of scope counted as a
 class) with their serving thresholds, after the same LLM-budget re-tuning. If the
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,7 +63,12 @@ def main() -> int:
     X_test = embedder.encode([t for t, _ in test])
     y_test = [None if lab == "oos" else lab for _, lab in test]
 
-    store = LogStore(work / "log.duckdb")
+    tmp = tempfile.TemporaryDirectory()   # a copy: the run's own log stays untouched
+    shutil.copy(work / "log.duckdb", Path(tmp.name) / "log.duckdb")
+    spool = work / "log.duckdb.spool"
+    if spool.is_dir():
+        shutil.copytree(spool, Path(tmp.name) / "log.duckdb.spool")
+    store = LogStore(Path(tmp.name) / "log.duckdb")
     champion = ModelRegistry(work / "models").load_current()
     ts = build_training_set(store, intents, embedder=embedder, champion=champion)
     extra = ts.extra()
@@ -77,13 +85,16 @@ def main() -> int:
     sample = traffic_sample(store, embedder.id, ts) if args.llm_budget is not None else None
 
     results = {}
-    for name, labels in (("as logged", list(extra.labels)), ("oracle labels", [truth[t] for t in extra.texts])):
+    oracle_recent = ts.recent.select(range(len(ts.recent)))
+    oracle_recent.labels = [truth[t] for t in oracle_recent.texts]
+    for name, labels, recent in (("as logged", list(extra.labels), ts.recent),
+                                 ("oracle labels", [truth[t] for t in extra.texts], oracle_recent)):
         t0 = time.perf_counter()
         model = fit_model(ts.fit_intents, embedder=_MemoEmbedder(embedder, ts.memo()), extra_texts=extra.texts,
                           extra_labels=labels, extra_vectors=extra.vectors, version=name.replace(" ", "-"),
                           head=IntentHead(target_precision=intents.thresholds.target_precision))
         model.intents = intents
-        retune(model, ts.recent, intents.thresholds.target_precision, args.llm_budget, sample)
+        retune(model, recent, intents.thresholds.target_precision, args.llm_budget, sample)
         r = layer2_accuracy(model, X_test, y_test)
         s = model.head.scores(X_test)
         classes = np.array([str(c) for c in model.manifest.labels], dtype=object)

@@ -665,3 +665,38 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
             assert after["oos"] > before["oos"] and after["oos_confident"] == before["oos_confident"]
             served = evaluate_layer2(m, recent)
             assert served["llm_share"] < evaluate_layer2(model, recent)["llm_share"]
+
+
+def test_relaxed_budget_holds_with_weights(world):
+    """A positive budget the cutoff alone cannot meet, weighted traffic, both kinds of
+    escalation relaxable: the weighted LLM share lands within the budget plus the rows
+    no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
+    import copy
+
+    from classifier.tiers import Thresholds
+    from training.dataset import LabelledSet, layer2_predict
+    from training.tuning import TrafficSample, layer2_state, retune
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    items = sample(1500, 3)
+    X = HashEmbedder().encode([t for t, _ in items])
+    th = Thresholds.for_model(model)
+    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
+    s, conf, second, rejected, close, top = layer2_state(model, th, classes, X)
+    unsure = rejected & (np.maximum(s.p_oos, s.oos_class) < th.oos_confident)
+    labels = [(t if u else y) for u, t, (_, y) in zip(unsure, top, items)]   # accepting them is right
+    recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * len(items), [None] * len(items))
+    w = np.random.default_rng(0).uniform(0.5, 3.0, len(items))
+    budget = 0.06
+    m = copy.deepcopy(model)
+    info = retune(m, recent, 0.95, budget, TrafficSample(X, w, len(items), len(items), 0, 0, 0))
+    assert info["budget_reachable"] is False
+    assert info["relaxed_escalations"]["out_of_scope"]["relaxed"] == "accept"
+    # escalated whatever the thresholds: rejected by the out-of-scope class, or a
+    # near-tie once accepted (a higher oos cutoff would not take them off the LLM)
+    stuck = unsure & ~((s.oos_class < conf) & (second / np.clip(conf, 1e-12, None) < th.ambiguous_ratio))
+    share = float(w[~layer2_predict(m, X).sure].sum() / w.sum())
+    before = float(w[~layer2_predict(model, X).sure].sum() / w.sum())
+    stuck_share = float(w[stuck].sum() / w.sum())
+    assert stuck_share < budget < before      # the budget binds, and can be met
+    assert share <= budget + 1e-9

@@ -187,6 +187,8 @@ def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
         except Timeout:
             raise FlywheelError(f"a retrain is running ({reg.home / LOCK_NAME} is held); "
                                 "try again when it is done") from None
+        except OSError as exc:
+            raise FlywheelError(f"cannot take the retrain lock {reg.home / LOCK_NAME}: {exc}") from None
         try:
             removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent)
         finally:

@@ -57,8 +57,6 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     }
 
 
-
-
 def noise_margins(challenger: IntentModel, champion: IntentModel, data: LabelledSet,
                    z: float = 1.96) -> dict[str, float]:
     """How much worse the challenger may look on ``data`` by chance alone (z standard errors).

@@ -14,7 +14,7 @@ the challenger will see:
   sample of it): the held-out teacher rows among those decisions, or, when there are
   fewer than ``min_held``, the newest ``min_held`` of the recent teacher slice (older
   escalations were made by weaker champions and are easier: using all of them
-  understates the share), plus held-out human labels.
+  understates the share), plus the held-out human labels among those decisions.
 - Unlabelled decisions (decided by layer 2, never sent to the teacher) count once each.
 
 When the ``confident`` cutoff alone cannot meet the budget (layer 2's unsure
@@ -95,7 +95,9 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
     in_window = [i for i, t in enumerate(ts.recent.texts) if normalise_key(t) in window_keys]
     if len(in_window) < min_held:   # ts.recent is oldest first
         in_window = list(range(max(0, len(ts.recent) - min_held), len(ts.recent)))
-    held: LabelledSet = ts.recent.select(in_window).concat(ts.eval.where(lambda s: s == "human"))
+    humans = [i for i, (t, src) in enumerate(zip(ts.eval.texts, ts.eval.sources))
+              if src == "human" and normalise_key(t) in window_keys]
+    held: LabelledSet = ts.recent.select(in_window).concat(ts.eval.select(humans))
     if n_labelled and len(held):
         parts.append(held.vectors)
         weights.append(np.full(len(held), n_labelled / len(held)))
@@ -125,7 +127,7 @@ def _fits(weights: np.ndarray, budget: float) -> int:
 
 def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
                       amb_esc: np.ndarray, w: np.ndarray, budget: float,
-                      allow: dict[str, str | None]) -> dict[str, Any]:
+                      allow: dict[str, str | None], ambiguous_ratio: float) -> dict[str, Any]:
     """Hand the surest of these escalations to layer 2 (in place) so that at most
     ``budget`` weight of them remains.
 
@@ -155,7 +157,7 @@ def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.nda
         if k < len(scores):
             head.thresholds_["oos_confident"] = out["oos_confident"] = float(scores[k])
     elif mode == "accept":
-        movable = oos_esc & (s.oos_class < conf)      # rejected only by p_oos: a higher cutoff accepts them
+        movable = oos_esc & _acceptable(s, conf, second, ambiguous_ratio)
         fixed_w = float(w[oos_esc & ~movable].sum())
         o = np.argsort(-s.p_oos[movable], kind="stable")
         p, pw = s.p_oos[movable][o], w[movable][o]
@@ -174,8 +176,15 @@ def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.nda
     return out
 
 
-def _relax_allowed(recent: LabelledSet, s: Any, conf: np.ndarray, rejected: np.ndarray, oos_sure: np.ndarray,
-                   close: np.ndarray, top: np.ndarray) -> tuple[dict[str, str | None], dict[str, Any]]:
+def _acceptable(s: Any, conf: np.ndarray, second: np.ndarray, ambiguous_ratio: float) -> np.ndarray:
+    """Rejections a higher ``oos`` cutoff would serve as their top intent: rejected by
+    ``p_oos`` only (not by the out-of-scope class) and not a near-tie once accepted."""
+    return (s.oos_class < conf) & (second / np.clip(conf, 1e-12, None) < ambiguous_ratio)
+
+
+def _relax_allowed(recent: LabelledSet, s: Any, conf: np.ndarray, second: np.ndarray, rejected: np.ndarray,
+                   oos_sure: np.ndarray, close: np.ndarray, top: np.ndarray, ambiguous_ratio: float,
+                   fixed: dict[str, bool]) -> tuple[dict[str, str | None], dict[str, Any]]:
     """How the budget may hand each kind of escalation to layer 2: only in a way layer 2
     gets right more often than not on the held-out labelled rows (at least
     :data:`MIN_KIND_ROWS` of them).
@@ -184,22 +193,27 @@ def _relax_allowed(recent: LabelledSet, s: Any, conf: np.ndarray, rejected: np.n
     intent (``"accept"``), whichever is right more often; on traffic with little out of
     scope the rejections can be mostly wrong. Near-ties are served as their top intent
     (``"decide"``). Otherwise they stay with the LLM (``None``): a budget never buys a
-    cheaper wrong answer.
+    cheaper wrong answer. A threshold the intent file fixes (``fixed``) is never relaxed.
     """
     labels = recent.labels
     is_oos = np.array([y is None for y in labels])
     top_right = np.array([t == y for t, y in zip(top, labels)])
     unsure = rejected & ~oos_sure
-    movable = unsure & (s.oos_class < conf)
+    movable = unsure & _acceptable(s, conf, second, ambiguous_ratio)
 
     def acc(mask: np.ndarray, right: np.ndarray) -> float | None:
         return float(right[mask].mean()) if mask.sum() >= MIN_KIND_ROWS else None
 
     a_rej, a_acc = acc(unsure, is_oos), acc(movable, top_right)
-    best = max((a for a in ((a_rej, "reject"), (a_acc, "accept")) if a[0] is not None), default=None)
-    oos_mode = best[1] if best is not None and best[0] > RELAX_MIN_ACCURACY else None
+    ok_rej = a_rej is not None and a_rej > RELAX_MIN_ACCURACY
+    ok_acc = a_acc is not None and a_acc > RELAX_MIN_ACCURACY and not fixed["oos"]
+    if ok_rej and ok_acc:   # both right more often than not: the more accurate; a tie keeps the rejection
+        oos_mode: str | None = "accept" if a_acc > a_rej else "reject"
+    else:
+        oos_mode = "reject" if ok_rej else "accept" if ok_acc else None
     a_amb = acc(~rejected & close, top_right)
-    amb_mode = "decide" if a_amb is not None and a_amb > RELAX_MIN_ACCURACY else None
+    amb_mode = "decide" if (a_amb is not None and a_amb > RELAX_MIN_ACCURACY
+                            and not fixed["ambiguous_ratio"]) else None
     seen = {"out_of_scope": {"n": int(unsure.sum()), "accuracy": _r(a_rej), "n_movable": int(movable.sum()),
                              "top_intent_accuracy": _r(a_acc), "relaxed": oos_mode},
             "near_tie": {"n": int((~rejected & close).sum()), "accuracy": _r(a_amb), "relaxed": amb_mode}}
@@ -237,8 +251,6 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = layer2_state(model, th, classes, recent.vectors)
-    allow, kinds = _relax_allowed(recent, s, conf, rejected,
-                                  np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top)
     correct = np.array([t == y for t, y in zip(top, recent.labels)])
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
@@ -252,6 +264,11 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         info["method"] = "cross-validation"
         info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
     if llm_budget is not None:
+        user = model.intents.thresholds
+        allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
+                                      np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top,
+                                      th.ambiguous_ratio, {"oos": user.oos is not None,
+                                                           "ambiguous_ratio": user.ambiguous_margin is not None})
         if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
             s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
             own = np.array([t in th.per_intent for t in top])
@@ -263,6 +280,7 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
             info["budget_on"] = "recent teacher-labelled slice"
         oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
         pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
+        per_intent_w = float(w[~rejected & ~close & own & (conf < pi_cut)].sum())
         budget_w = llm_budget * float(w.sum())
         fixed = float(w[(rejected & ~oos_sure) | (~rejected & close)
                         | (~rejected & ~close & own & (conf < pi_cut))].sum())
@@ -276,8 +294,9 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
             t_budget = 0.0
             info["budget_reachable"] = False
             info["relaxed_escalations"] = kinds
+            # per-intent cutoffs still escalate their own rows: they take their share first
             info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
-                                          w, budget_w, allow))
+                                          w, max(0.0, budget_w - per_intent_w), allow, th.ambiguous_ratio))
         else:
             k = _fits(cw, budget_w - fixed)
             t_budget = 1.0 if k >= len(c) else float(c[k])
