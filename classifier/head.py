@@ -114,11 +114,33 @@ class IntentHead(ClassifierMixin, BaseEstimator):
     def _lr(self) -> LogisticRegression:
         return LogisticRegression(C=self.C, max_iter=self.max_iter)
 
-    def fit(self, X: Any, y: Sequence[str | None]) -> "IntentHead":
+    def fit(self, X: Any, y: Sequence[str | None], sample_weight: Any = None,
+            fit_only: Any = None) -> "IntentHead":
+        """Fit the logistic regression, then the temperature, the gate and the cutoffs on
+        out-of-fold predictions.
+
+        Parameters
+        ----------
+        X : array of shape (n, dim)
+        y : sequence of str or None (out of scope)
+        sample_weight : array of shape (n,), optional
+            Weights for the logistic regression (the gate and cutoffs are unweighted).
+        fit_only : boolean array of shape (n,), optional
+            Rows that are always in the training folds and never predicted out of fold,
+            so the temperature, the gate and the cutoffs are learned on the other rows
+            only (for rows that are not a sample of the traffic those must fit, such as
+            pseudo-labels that are all easy queries).
+        """
         X = _normalise(X)
         y_arr = np.array([OOS if v is None else str(v) for v in y], dtype=object)
         if len(y_arr) != len(X):
             raise ValueError(f"X has {len(X)} rows but y has {len(y_arr)} labels")
+        w_all = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        if w_all.shape != (len(X),) or not np.all(np.isfinite(w_all)) or (w_all <= 0).any():
+            raise ValueError("sample_weight must be one positive finite number per row")
+        fo_all = np.zeros(len(X), bool) if fit_only is None else np.asarray(fit_only, dtype=bool)
+        if fo_all.shape != (len(X),):
+            raise ValueError(f"fit_only must have one flag per row ({len(X)})")
         in_mask = y_arr != OOS
         classes = np.array(sorted(set(y_arr[in_mask])), dtype=object)
         if len(classes) == 0:
@@ -134,22 +156,33 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         if counts.min() < 2:
             bad = self.lr_classes_[int(counts.argmin())]
             raise ValueError(f"label {'out-of-scope' if bad == OOS else bad!r} has fewer than 2 examples")
+        X_all, yi_all, in_all = X, yi, in_mask
+        # out-of-fold predictions are made for the rows that are not fit-only
+        # (a label with fewer than 2 such rows cannot be cross-validated: its rows become fit-only)
+        cv_counts = np.bincount(yi[~fo_all], minlength=len(self.lr_classes_))
+        fo_all = fo_all | (cv_counts[yi] < 2)
+        if fo_all.all():
+            raise ValueError("fit_only leaves no rows to cross-validate")
+        X, yi, in_mask, w = X[~fo_all], yi[~fo_all], in_mask[~fo_all], w_all[~fo_all]
+        X_fo, yi_fo, in_fo, w_fo = X_all[fo_all], yi_all[fo_all], in_all[fo_all], w_all[fo_all]
+        counts = np.bincount(yi, minlength=len(self.lr_classes_))
+        counts = counts[counts > 0]
         k = self.cv if isinstance(self.cv, int) else (5 if len(X) <= 5000 else 3)
         k = int(max(2, min(k, counts.min())))
-        X_all, yi_all, in_all = X, yi, in_mask
         if self.cv_max_samples is not None and len(X) > self.cv_max_samples:
-            X, yi, in_mask = self._subsample(X, yi, in_mask)
+            X, yi, in_mask, w = self._subsample(X, yi, in_mask, w)
 
         oof_logits = np.zeros((len(X), len(self.lr_classes_)))
         oof_sim = np.zeros(len(X))
         folds = StratifiedKFold(n_splits=k, shuffle=True, random_state=self.random_state)
         for tr, va in folds.split(X, yi):
-            lr = self._lr().fit(X[tr], yi[tr])
+            lr = self._lr().fit(np.vstack([X[tr], X_fo]), np.concatenate([yi[tr], yi_fo]),
+                                sample_weight=np.concatenate([w[tr], w_fo]))
             z = np.full((len(va), len(self.lr_classes_)), -1e4)
             z[:, lr.classes_] = lr.decision_function(X[va]) if len(lr.classes_) > 2 else \
                 _binary_logits(lr.decision_function(X[va]))
             oof_logits[va] = z
-            ref = X[tr][in_mask[tr]]
+            ref = np.vstack([X[tr][in_mask[tr]], X_fo[in_fo]])
             oof_sim[va] = (X[va] @ ref.T).max(axis=1)
 
         self.temperature_ = fit_temperature(oof_logits, yi)
@@ -157,7 +190,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         raw = softmax(oof_logits, 1.0)
         feats = self._gate_features(probs, oof_sim)
         is_oos = ~in_mask
-        if self.has_oos_:
+        if self.has_oos_ and is_oos.any():
             self.gate_ = LogisticRegression(C=1.0, class_weight="balanced", max_iter=1000).fit(feats, is_oos)
             p_oos = self.gate_.predict_proba(feats)[:, 1]
             self.sim_quantiles_ = None
@@ -178,18 +211,19 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             "temperature": self.temperature_,
         }
         rejected = p_oos >= self.thresholds_["oos"]
-        if self.has_oos_:
+        if self.gate_ is not None:
             self.metrics_["oof_oos_recall"] = float(rejected[is_oos].mean())
         self.metrics_["oof_in_scope_accuracy"] = float((correct & ~rejected)[in_mask].mean())
 
         self.metrics_["cv_samples"] = int(len(X))
-        self.lr_ = self._lr().fit(X_all, yi_all)
+        self.metrics_["fit_only_rows"] = int(fo_all.sum())
+        self.lr_ = self._lr().fit(X_all, yi_all, sample_weight=w_all)
         self.ref_, self.ref_labels_ = self._references(X_all[in_all], yi_all[in_all])
         self.n_features_in_ = X_all.shape[1]
         return self
 
-    def _subsample(self, X: np.ndarray, yi: np.ndarray, in_mask: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _subsample(self, X: np.ndarray, yi: np.ndarray, in_mask: np.ndarray, w: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A stratified sample of ``cv_max_samples`` rows, keeping >= 2 of every label."""
         rng = np.random.default_rng(self.random_state)
         share = self.cv_max_samples / len(X)
@@ -199,7 +233,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             n = min(len(idx), max(2, int(round(share * len(idx)))))
             keep.append(rng.choice(idx, n, replace=False))
         sel = np.sort(np.concatenate(keep))
-        return X[sel], yi[sel], in_mask[sel]
+        return X[sel], yi[sel], in_mask[sel], w[sel]
 
     def _references(self, X: np.ndarray, yi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.random_state)
@@ -230,7 +264,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         top, conf = pin.argmax(axis=1), pin.max(axis=1)
         in_mask = ~is_oos
         correct = (top == yi) & in_mask
-        if self.has_oos_:
+        if self.gate_ is not None:
             # The cutoff that maximises in-scope accuracy + out-of-scope recall (CLINC150's two measures).
             grid = np.unique(np.quantile(p_oos, np.linspace(0.0, 1.0, 401)))
             scores = [((correct & (p_oos < t))[in_mask].mean() + (p_oos >= t)[is_oos].mean(), -t) for t in grid]

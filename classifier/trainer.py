@@ -20,14 +20,21 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
               extra_texts: Sequence[str] = (), extra_labels: Sequence[str | None] = (),
               extra_vectors: np.ndarray | None = None, version: str | None = None,
               parent: str | None = None, progress: bool = False,
-              head: IntentHead | None = None) -> IntentModel:
+              head: IntentHead | None = None, extra_weights: Sequence[float] | None = None,
+              extra_fit_only: Sequence[bool] | None = None) -> IntentModel:
     """Embed the intent examples (and extra labelled texts) and fit an :class:`IntentHead`.
 
     ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``
-    (the retrain job reuses logged embeddings this way).
+    (the retrain job reuses logged embeddings this way). ``extra_weights`` and
+    ``extra_fit_only`` (one per extra text) are passed to :meth:`IntentHead.fit` as
+    ``sample_weight`` and ``fit_only``; intent examples have weight 1 and are never
+    fit-only.
     """
     if len(extra_texts) != len(extra_labels):
         raise ValueError("extra_texts and extra_labels differ in length")
+    for name, seq in (("extra_weights", extra_weights), ("extra_fit_only", extra_fit_only)):
+        if seq is not None and len(seq) != len(extra_texts):
+            raise ValueError(f"{name} has {len(seq)} values for {len(extra_texts)} extra texts")
     embedder = embedder if embedder is not None else make_embedder(intents.embedder)
     texts, labels = intents.training_pairs()
     t0 = time.perf_counter()
@@ -40,8 +47,11 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
     if head is None:
         head = IntentHead(target_precision=intents.thresholds.target_precision)
     t0 = time.perf_counter()
+    n_ex = len(X) - len(extra_texts)
+    weights = None if extra_weights is None else np.r_[np.ones(n_ex), np.asarray(extra_weights, float)]
+    fit_only = None if extra_fit_only is None else np.r_[np.zeros(n_ex, bool), np.asarray(extra_fit_only, bool)]
     try:
-        head.fit(X, labels)
+        head.fit(X, labels, sample_weight=weights, fit_only=fit_only)
     except ValueError as exc:  # too few examples, a single intent, ...
         raise TrainingError(f"cannot fit layer 2 for intent set {intents.name!r}: {exc}") from None
     t_fit = time.perf_counter() - t0

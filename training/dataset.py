@@ -18,6 +18,14 @@ Rules
   reports only valid ones; their number is in the report).
 - **Removed intents.** A text whose resolved label names an intent that is no longer
   in the intent set is dropped (counted by label).
+- **Self-training rows (opt-in, ``self_training_max > 0``).** Layer 2's own
+  *confident* in-scope decisions, newest first, become training rows with source
+  ``"layer2"`` (their logged vectors; nothing is re-embedded), unless the text has any
+  other label (intent example, teacher or human, which always win) or names an intent
+  no longer defined. The retrain job fits them at a lower weight and never uses them to
+  fit the temperature, the gate or the cutoffs (see ``IntentHead.fit(fit_only=...)``):
+  they are the easy queries, not a sample of the traffic. They are not evaluation rows
+  and not counted in ``train_keys`` (the LLM-budget sample keeps them as traffic).
 - **Noisy-teacher guard.** A *teacher* label (never a human one) on a training row is
   dropped when the champion's layer 2 is sure of a different label (``sure`` with its
   serving thresholds) AND the majority of the ``GUARD_K`` = 5 nearest training intent
@@ -70,7 +78,7 @@ HUMAN_EVAL_SHARE = 0.50
 RECENT_HOLDOUT_SHARE = 0.10
 RECENT_MAX = 2000
 GUARD_K = 5
-SOURCES = ("intent_example", "teacher", "human")
+SOURCES = ("intent_example", "teacher", "human", "layer2")
 _CHUNK = 4096
 
 
@@ -257,7 +265,7 @@ def _empty(dim: int) -> LabelledSet:
 
 
 def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champion: Any = None,
-                       since: Any = None, progress: bool = False) -> TrainingSet:
+                       since: Any = None, progress: bool = False, self_training_max: int = 0) -> TrainingSet:
     """Build the training rows and the fixed evaluation split (see the module docs).
 
     Parameters
@@ -275,7 +283,12 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     since : float or datetime, optional
         Only log rows whose decision or labels are that new (passed to
         :meth:`LogStore.labelled_rows`).
+    self_training_max : int
+        Add up to this many of layer 2's newest confident decisions as ``"layer2"``
+        rows (0: none; see the module docs).
     """
+    if self_training_max < 0:
+        raise ValueError(f"self_training_max must be >= 0, got {self_training_max}")
     say = _say(progress)
     t_start = time.perf_counter()
     known = set(intents.labels)
@@ -419,6 +432,11 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     guard, keep = _guard(train_extra, examples, champion, embedder)
     train_extra = train_extra.select(keep)
     train = examples.concat(train_extra)
+    train_keys = frozenset(normalise_key(t) for t in train.texts)
+    self_info, layer2_rows = _self_training(store, embedder, dim, groups, known, self_training_max)
+    if len(layer2_rows):
+        train = train.concat(layer2_rows)
+        say(f"self-training: {len(layer2_rows):,} confident layer-2 decisions added")
 
     by_source = train.counts()
     report: dict[str, Any] = {
@@ -434,6 +452,7 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
         "dropped_unknown_intent": {"total": int(sum(dropped_unknown.values())),
                                    "by_label": dict(sorted(dropped_unknown.items()))},
         "noisy_teacher": guard,
+        "self_training": self_info,
         "train": {"n": len(train), "by_source": by_source, "n_out_of_scope": train.n_out_of_scope},
         "eval": {"n": len(eval_set), "by_source": eval_set.counts(), "n_out_of_scope": eval_set.n_out_of_scope},
         "recent": {"n": len(recent), "held_out_teacher_texts": len(holdout),
@@ -446,11 +465,12 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
         "seconds": round(time.perf_counter() - t_start, 3),
     }
     say(f"training set: {len(train):,} rows ({by_source['intent_example']:,} intent examples, "
-        f"{by_source['teacher']:,} teacher, {by_source['human']:,} human); eval {len(eval_set):,}, "
+        f"{by_source['teacher']:,} teacher, {by_source['human']:,} human, {by_source['layer2']:,} layer 2); "
+        f"eval {len(eval_set):,}, "
         f"recent {len(recent):,}; noisy teacher labels dropped: {guard['dropped']:,}")
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=eval_set, recent=recent, fit_intents=fit_intents,
-                       log_until=log_until, train_keys=frozenset(normalise_key(t) for t in train.texts),
+                       log_until=log_until, train_keys=train_keys,
                        logged_keys=frozenset(k for k, g in groups.items() if g.decisions))
 
 
@@ -510,6 +530,36 @@ def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
         for t, v in zip(missing, X):
             out[t] = v
     return out, reused, len(missing)
+
+
+def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Group"], known: set[str],
+                   limit: int) -> tuple[dict[str, Any], LabelledSet]:
+    """Layer 2's newest confident in-scope decisions whose text has no other label."""
+    info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0,
+                            "duplicates_merged": 0, "dropped_unknown_intent": 0}
+    if store is None or limit <= 0:
+        return info, _empty(dim)
+    ids, texts, labels, X = store.confident_layer2(embedder.id, limit)
+    info["read"] = len(ids)
+    keep: list[int] = []
+    seen: set[str] = set()
+    for i, (text, label) in enumerate(zip(texts, labels)):    # newest first: the newest label wins
+        key = normalise_key(text)
+        if key in groups:
+            info["skipped_labelled"] += 1
+        elif key in seen:
+            info["duplicates_merged"] += 1
+        elif label not in known:
+            info["dropped_unknown_intent"] += 1
+        elif X.shape[1] == dim and np.isfinite(X[i]).all():
+            seen.add(key)
+            keep.append(i)
+    info["rows"] = len(keep)
+    if not keep:
+        return info, _empty(dim)
+    return info, LabelledSet([texts[i] for i in keep], [labels[i] for i in keep],
+                             np.ascontiguousarray(X[keep], dtype=np.float32), ["layer2"] * len(keep),
+                             [ids[i] for i in keep])
 
 
 def _guard(rows: LabelledSet, examples: LabelledSet, champion: Any, embedder: Any) -> tuple[dict[str, Any], list[int]]:

@@ -12,7 +12,9 @@ Run it from cron. One run:
 4. builds the training set and the fixed evaluation split
    (:func:`training.dataset.build_training_set`);
 5. fits the challenger (``fit_model`` with the held-out intent examples removed and the
-   logged rows as extras; the head's cutoffs come from its cross-validation), then
+   logged rows as extras; with ``self_training`` > 0 also layer 2's own confident
+   decisions, at that weight and never in the rows that fit the gate and cutoffs; the
+   head's cutoffs come from its cross-validation), then
    re-tunes the ``confident`` cutoff on the recent-traffic slice (>= 50 rows) for the
    target precision, or for an LLM-call budget;
 6. evaluates champion and challenger on the same rows with the same embeddings:
@@ -58,6 +60,7 @@ __all__ = ["RetrainError", "RetrainResult", "retrain", "register", "count_new_la
 
 LOCK_NAME = ".retrain.lock"
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
+SELF_TRAINING_MAX = 20000   # self-training rows read from the log at most (the newest)
 OUTCOMES = ("promoted", "kept", "skipped")
 
 
@@ -210,7 +213,8 @@ def _skip(reason: str, dry_run: bool, notes: list[str] | None = None) -> Retrain
 
 def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min_new_labels: int = 0,
             dry_run: bool = False, tolerance: float = 0.01, target_precision: float | None = None,
-            llm_budget: float | None = None, progress: bool = False, now: Any = None) -> RetrainResult:
+            llm_budget: float | None = None, progress: bool = False, now: Any = None,
+            self_training: float = 0.0, self_training_max: int = SELF_TRAINING_MAX) -> RetrainResult:
     """Run the retrain job once; see the module docs.
 
     Parameters
@@ -239,7 +243,17 @@ def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min
         Progress messages on stderr.
     now : float or datetime, optional
         The run's time for the report (default: now).
+    self_training : float
+        Weight (0 to 1) of self-training rows: layer 2's own confident decisions from
+        the log, trained on with this weight and never used to fit the gate or the
+        cutoffs (see :mod:`training.dataset`). 0 (the default) leaves them out.
+    self_training_max : int
+        At most this many of them, the newest.
     """
+    if not 0.0 <= self_training <= 1.0:
+        raise RetrainError(f"self_training must be between 0 and 1, got {self_training}")
+    if self_training_max < 0:
+        raise RetrainError(f"self_training_max must be >= 0, got {self_training_max}")
     if not 0.0 <= tolerance <= 1.0:
         raise RetrainError(f"tolerance must be between 0 and 1, got {tolerance}")
     if llm_budget is not None and not 0.0 <= llm_budget <= 1.0:
@@ -265,14 +279,15 @@ def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min
     try:
         return _run(store=store, registry=registry, intents=intents, embedder=embedder,
                     min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                    target_precision=target_precision, llm_budget=llm_budget, progress=progress, now=now)
+                    target_precision=target_precision, llm_budget=llm_budget, progress=progress, now=now,
+                    self_training=self_training, self_training_max=self_training_max)
     finally:
         if not isinstance(lock, nullcontext):
             lock.release()
 
 
 def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, tolerance, target_precision,
-         llm_budget, progress, now) -> RetrainResult:
+         llm_budget, progress, now, self_training=0.0, self_training_max=0) -> RetrainResult:
     t_start = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -297,7 +312,8 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
 
     tp = float(target_precision if target_precision is not None else intents.thresholds.target_precision)
     t0 = time.perf_counter()
-    ts: TrainingSet = build_training_set(store, intents, embedder=embedder, champion=champion, progress=progress)
+    ts: TrainingSet = build_training_set(store, intents, embedder=embedder, champion=champion, progress=progress,
+                                         self_training_max=self_training_max if self_training > 0 else 0)
     t_data = time.perf_counter() - t0
 
     # -- fit the challenger
@@ -311,7 +327,9 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
         model = fit_model(ts.fit_intents, embedder=_MemoEmbedder(embedder, ts.memo()),
                           extra_texts=extra.texts, extra_labels=extra.labels, extra_vectors=extra.vectors,
                           version=name, parent=champion.version if champion else None,
-                          head=IntentHead(target_precision=tp))
+                          head=IntentHead(target_precision=tp),
+                          extra_weights=[self_training if s == "layer2" else 1.0 for s in extra.sources],
+                          extra_fit_only=[s == "layer2" for s in extra.sources])
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     t_fit = time.perf_counter() - t0
@@ -533,6 +551,11 @@ def register(app: Any) -> None:
                                                          help="Precision of layer 2's sure answers."),
         llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
                                                    help="Largest share of traffic left to the LLM, e.g. 0.05."),
+        self_training: float = typer.Option(0.0, "--self-training", min=0.0, max=1.0,
+                                            help="Also train on layer 2's confident decisions at this weight "
+                                                 "(0 = off, e.g. 0.3)."),
+        self_training_max: int = typer.Option(SELF_TRAINING_MAX, "--self-training-max", min=0,
+                                              help="At most this many of them (the newest)."),
         models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
         log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
         intents: Optional[Path] = typer.Option(None, "--intents",
@@ -544,7 +567,8 @@ def register(app: Any) -> None:
         try:
             result = _cli_run(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                               target_precision=target_precision, llm_budget=llm_budget, models=models,
-                              log_db=log_db, intents=intents, home=home, progress=not quiet)
+                              log_db=log_db, intents=intents, home=home, progress=not quiet,
+                              self_training=self_training, self_training_max=self_training_max)
         except FlywheelError as exc:
             typer.echo(f"flywheel: error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
@@ -569,7 +593,7 @@ def register(app: Any) -> None:
 
 
 def _cli_run(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget, models, log_db, intents,
-             home, progress) -> RetrainResult:
+             home, progress, self_training=0.0, self_training_max=SELF_TRAINING_MAX) -> RetrainResult:
     from classifier.config import load_config, starter_intents_path
     from classifier.intents import load_intents
     from classifier.registry import ModelRegistry
@@ -592,4 +616,5 @@ def _cli_run(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget
     store = LogStore(cfg.log_path)
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
                    min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                   target_precision=target_precision, llm_budget=llm_budget, progress=progress)
+                   target_precision=target_precision, llm_budget=llm_budget, progress=progress,
+                   self_training=self_training, self_training_max=self_training_max)
