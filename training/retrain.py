@@ -470,7 +470,8 @@ def render_markdown(result: RetrainResult) -> str:
         nt = d["noisy_teacher"]
         lines += ["", "## Training data", "",
                   f"- training rows: {d['train']['n']:,} ({tr['intent_example']:,} intent examples, "
-                  f"{tr['teacher']:,} teacher, {tr['human']:,} human; {d['train']['n_out_of_scope']:,} out of scope)",
+                  f"{tr['teacher']:,} teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} layer-2 self-training; "
+                  f"{d['train']['n_out_of_scope']:,} out of scope)",
                   f"- log: {d['log_rows']:,} labelled decisions ({d['log_rows_human']:,} with a human label); "
                   f"{d['unique_texts']:,} unique texts, {d['duplicates_merged']:,} duplicates merged",
                   f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,}",
@@ -518,7 +519,7 @@ def _readable(result: RetrainResult) -> list[str]:
     if d:
         tr = d["train"]["by_source"]
         out.append(f"  training rows {d['train']['n']:,} ({tr['intent_example']:,} examples, {tr['teacher']:,} "
-                   f"teacher, {tr['human']:,} human); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
+                   f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
                    f"{d['dropped_unknown_intent']['total']:,} removed intents, "
                    f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
     for n in result.report.get("notes", []):
