@@ -218,3 +218,20 @@ def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
     assert 0 < report["dataset"]["self_training"]["rows"] <= 50
     r = runner.invoke(_cli_app(), ["retrain", *common, "--self-training", "2"])
     assert r.exit_code == 2 and "--self-training" in r.output and "Traceback" not in r.output
+
+
+def test_self_training_rows_with_unusable_vectors_are_dropped_and_counted(tmp_path):
+    from classifier.intents import parse_intents
+    from training.logstore import LogStore
+
+    store = LogStore(tmp_path / "traffic.duckdb")
+    good = layer2_record("how do i call addvar today", "RETRIEVAL")
+    bad = layer2_record("how do i call getlist today", "RETRIEVAL")
+    bad = DecisionRecord(decision=bad.decision, text=bad.text, created_at=bad.created_at, encoder_id=ENC.id,
+                         embedding=np.full(ENC.dim, np.nan, dtype=np.float32))
+    write(store, [good, bad])
+    ts = build_training_set(store, parse_intents(INTENT_DOC, source="synthetic.yaml"), embedder=HashEmbedder(),
+                            self_training_max=10)
+    info = ts.report["self_training"]
+    assert info["read"] == 2 and info["rows"] == 1 and info["dropped_bad_vector"] == 1
+    assert [t for t, s in zip(ts.texts, ts.sources) if s == "layer2"] == [good.text]

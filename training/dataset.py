@@ -536,7 +536,7 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Grou
                    limit: int) -> tuple[dict[str, Any], LabelledSet]:
     """Layer 2's newest confident in-scope decisions whose text has no other label."""
     info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0,
-                            "duplicates_merged": 0, "dropped_unknown_intent": 0}
+                            "duplicates_merged": 0, "dropped_unknown_intent": 0, "dropped_bad_vector": 0}
     if store is None or limit <= 0:
         return info, _empty(dim)
     ids, texts, labels, X = store.confident_layer2(embedder.id, limit)
@@ -551,7 +551,9 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Grou
             info["duplicates_merged"] += 1
         elif label not in known:
             info["dropped_unknown_intent"] += 1
-        elif X.shape[1] == dim and np.isfinite(X[i]).all():
+        elif X.shape[1] != dim or not np.isfinite(X[i]).all():
+            info["dropped_bad_vector"] += 1
+        else:
             seen.add(key)
             keep.append(i)
     info["rows"] = len(keep)
