@@ -30,11 +30,10 @@ def sweep(model, X: np.ndarray, truth: np.ndarray, cutoffs) -> dict:
     s = model.head.scores(X)
     classes = np.array(model.manifest.labels, dtype=object)
     top = classes[s.probs.argmax(axis=1)]
-    conf = s.probs.max(axis=1)
     ins = truth != None  # noqa: E711
 
     def point(t: float) -> dict:
-        rej = (s.p_oos >= t) | (s.oos_class >= conf)
+        rej = s.rejected(t)
         pred = np.where(rej, None, top)
         return {"oos_cutoff": round(float(t), 4), "accuracy": float((pred == truth).mean()),
                 "in_scope_accuracy": float((pred[ins] == truth[ins]).mean()),

@@ -45,6 +45,12 @@ class HeadScores:
     p_oos: np.ndarray
     similarity: np.ndarray
 
+    def rejected(self, oos_cutoff: float) -> np.ndarray:
+        """Rows layer 2 answers as out of scope at this ``oos`` cutoff: the gate says so,
+        or the out-of-scope class is at least as likely as the top intent (the rule
+        :func:`classifier.tiers.assign_tier` applies row by row)."""
+        return (self.p_oos >= oos_cutoff) | (self.oos_class >= self.probs.max(axis=1))
+
 
 class IntentHead(ClassifierMixin, BaseEstimator):
     """Calibrated logistic regression with an out-of-scope gate.
@@ -332,7 +338,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         """Top label per row, or ``None`` where the gate says out of scope."""
         s = self.scores(X)
         top = self.classes_[s.probs.argmax(axis=1)]
-        oos = (s.p_oos >= self.thresholds_["oos"]) | (s.oos_class >= s.probs.max(axis=1))
+        oos = s.rejected(self.thresholds_["oos"])
         return np.where(oos, None, top)
 
 

@@ -74,20 +74,16 @@ def test_sample_weight_reaches_the_regression():
     assert heavy.predict(centres[:1])[0] == "L1"
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"sample_weight": [1.0, 2.0]}, "sample_weight must be one positive finite number per row"),
-    ({"sample_weight": "neg"}, "sample_weight must be one positive finite number per row"),
-    ({"fit_only": [True]}, "fit_only must have one flag per row"),
-    ({"fit_only": "all"}, "fit_only leaves no rows to cross-validate"),
+@pytest.mark.parametrize("make_kw, msg", [
+    (lambda n: {"sample_weight": [1.0, 2.0]}, "sample_weight must be one positive finite number per row"),
+    (lambda n: {"sample_weight": -np.ones(n)}, "sample_weight must be one positive finite number per row"),
+    (lambda n: {"fit_only": [True]}, "fit_only must have one flag per row"),
+    (lambda n: {"fit_only": np.ones(n, bool)}, "fit_only leaves no rows to cross-validate"),
 ])
-def test_bad_weights_and_flags_are_named(kw, msg):
+def test_bad_weights_and_flags_are_named(make_kw, msg):
     X, y, _ = blobs(n_per=10, with_oos=False)
-    if kw.get("sample_weight") == "neg":
-        kw = {"sample_weight": -np.ones(len(X))}
-    if kw.get("fit_only") == "all":
-        kw = {"fit_only": np.ones(len(X), bool)}
     with pytest.raises(ValueError, match=msg):
-        IntentHead(cv=3).fit(X, y, **kw)
+        IntentHead(cv=3).fit(X, y, **make_kw(len(X)))
 
 
 # ------------------------------------------------------------------ the log and the dataset
@@ -135,7 +131,8 @@ def test_confident_layer2_reads_confident_in_scope_decisions_with_vectors(logged
     assert {t for t, _ in conf_in} <= got
     assert odd["weak"].text not in got and odd["oos"].text not in got and odd["no_vector"].text not in got
     assert texts[0] == odd["dup_new"].text                 # newest first
-    assert X.shape == (len(ids), ENC.dim) and np.allclose(X[0], ENC.encode([texts[0]])[0])
+    assert len(X) == len(ids) and all(v.shape == (ENC.dim,) for v in X)
+    assert np.allclose(X[0], ENC.encode([texts[0]])[0])
     assert None not in labels
     assert store.confident_layer2(ENC.id, 3)[1] == texts[:3]
     assert store.confident_layer2("other-encoder", 10)[0] == []
@@ -174,12 +171,28 @@ def test_training_set_adds_self_training_rows_only_when_asked(logged):
 
 # ------------------------------------------------------------------ the job
 
-def test_retrain_self_training_weight_and_report(world_st):
+def test_retrain_self_training_weight_and_report(world_st, monkeypatch):
+    import classifier.trainer
+
     world = world_st
+    seen: list[dict] = []
+    real_fit = classifier.trainer.fit_model
+
+    def spy(*args, **kw):
+        seen.append(kw)
+        return real_fit(*args, **kw)
+
+    monkeypatch.setattr(classifier.trainer, "fit_model", spy)
     base = world.run()
     assert base.outcome == "promoted"
     assert base.report["dataset"]["self_training"]["rows"] == 0
+    assert seen[-1]["extra_weights"] is None and seen[-1]["extra_fit_only"] is None   # off: plain fit
     res = world.run(self_training=0.3, tolerance=1.0)
+    # the weight and the fit-only flag reach the fit for the layer-2 rows, and only for them
+    kw = seen[-1]
+    n_layer2 = res.report["dataset"]["self_training"]["rows"]
+    assert sum(kw["extra_fit_only"]) == n_layer2
+    assert sorted(set(zip(kw["extra_fit_only"], kw["extra_weights"]))) == [(False, 1.0), (True, 0.3)]
     assert res.outcome in ("promoted", "kept")
     ds = res.report["dataset"]
     assert ds["self_training"]["rows"] > 0 and ds["train"]["by_source"]["layer2"] == ds["self_training"]["rows"]
@@ -229,9 +242,12 @@ def test_self_training_rows_with_unusable_vectors_are_dropped_and_counted(tmp_pa
     bad = layer2_record("how do i call getlist today", "RETRIEVAL")
     bad = DecisionRecord(decision=bad.decision, text=bad.text, created_at=bad.created_at, encoder_id=ENC.id,
                          embedding=np.full(ENC.dim, np.nan, dtype=np.float32))
-    write(store, [good, bad])
+    short = layer2_record("where can i find my receipt today", "PLATFORM")
+    short = DecisionRecord(decision=short.decision, text=short.text, created_at=short.created_at,
+                           encoder_id=ENC.id, embedding=short.embedding[:-1])
+    write(store, [good, bad, short])
     ts = build_training_set(store, parse_intents(INTENT_DOC, source="synthetic.yaml"), embedder=HashEmbedder(),
                             self_training_max=10)
     info = ts.report["self_training"]
-    assert info["read"] == 2 and info["rows"] == 1 and info["dropped_bad_vector"] == 1
+    assert info["read"] == 3 and info["rows"] == 1 and info["dropped_bad_vector"] == 2
     assert [t for t, s in zip(ts.texts, ts.sources) if s == "layer2"] == [good.text]

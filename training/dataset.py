@@ -532,14 +532,14 @@ def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
     return out, reused, len(missing)
 
 
-def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Group"], known: set[str],
+def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, _Group], known: set[str],
                    limit: int) -> tuple[dict[str, Any], LabelledSet]:
     """Layer 2's newest confident in-scope decisions whose text has no other label."""
     info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0,
                             "duplicates_merged": 0, "dropped_unknown_intent": 0, "dropped_bad_vector": 0}
     if store is None or limit <= 0:
         return info, _empty(dim)
-    ids, texts, labels, X = store.confident_layer2(embedder.id, limit)
+    ids, texts, labels, vecs = store.confident_layer2(embedder.id, limit)
     info["read"] = len(ids)
     keep: list[int] = []
     seen: set[str] = set()
@@ -551,7 +551,7 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Grou
             info["duplicates_merged"] += 1
         elif label not in known:
             info["dropped_unknown_intent"] += 1
-        elif X.shape[1] != dim or not np.isfinite(X[i]).all():
+        elif vecs[i].shape != (dim,) or not np.isfinite(vecs[i]).all():
             info["dropped_bad_vector"] += 1
         else:
             seen.add(key)
@@ -560,7 +560,8 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, "_Grou
     if not keep:
         return info, _empty(dim)
     return info, LabelledSet([texts[i] for i in keep], [labels[i] for i in keep],
-                             np.ascontiguousarray(X[keep], dtype=np.float32), ["layer2"] * len(keep),
+                             np.stack([vecs[i] for i in keep]).astype(np.float32, copy=False),
+                             ["layer2"] * len(keep),
                              [ids[i] for i in keep])
 
 

@@ -131,6 +131,16 @@ class LabelledRow:
         return None, None
 
 
+def _vectors(column: Any) -> list[np.ndarray]:
+    """A FLOAT[] Arrow column as float32 1-D arrays (views into one buffer)."""
+    if len(column) == 0:
+        return []
+    vec = column.combine_chunks()
+    values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    offsets = vec.offsets.to_numpy()
+    return [values[offsets[i]:offsets[i + 1]] for i in range(len(vec))]
+
+
 def _history(items) -> tuple[HistoryEntry, ...]:
     return tuple(HistoryEntry(h["label"], h["snippet"]) for h in (items or ()))
 
@@ -353,34 +363,22 @@ class LogStore:
                 if keys is not None:
                     con.unregister("_flywheel_keys")
         table = self._run(op)
-        ks = table.column("k").to_pylist()
-        if not ks:
-            return {}
-        vec = table.column("v").combine_chunks()
-        values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        offsets = vec.offsets.to_numpy()
-        return {k: values[offsets[i]:offsets[i + 1]] for i, k in enumerate(ks)}
+        return dict(zip(table.column("k").to_pylist(), _vectors(table.column("v"))))
 
-    def confident_layer2(self, encoder_id: str, limit: int) -> tuple[list[str], list[str], list[str], np.ndarray]:
+    def confident_layer2(self, encoder_id: str, limit: int
+                         ) -> tuple[list[str], list[str], list[str], list[np.ndarray]]:
         """The newest ``limit`` in-scope decisions layer 2 made at tier ``confident`` with
         ``encoder_id``, with their logged vectors: ``(decision_ids, texts, labels, vectors)``,
-        newest first. Decisions without a stored vector of that encoder are left out.
-        (The retrain job's self-training rows; see :mod:`training.dataset`.)"""
+        newest first (vectors as :meth:`embeddings` returns them). Decisions without a
+        stored vector of that encoder are left out. (The retrain job's self-training rows;
+        see :mod:`training.dataset`.)"""
         sql = ("SELECT d.decision_id AS i, d.text AS t, d.label AS l, e.vector AS v FROM decisions d "
                "JOIN embeddings e ON e.decision_id = d.decision_id AND e.encoder_id = d.encoder_id "
                "WHERE d.layer = 'embedding' AND d.tier = 'confident' AND d.label IS NOT NULL "
                "AND d.encoder_id = ? ORDER BY d.created_at DESC, d.decision_id LIMIT ?")
         table = self._run(lambda con: _arrow(con, sql, [encoder_id, int(limit)]))
-        ids = table.column("i").to_pylist()
-        if not ids:
-            return [], [], [], np.zeros((0, 0), np.float32)
-        vec = table.column("v").combine_chunks()
-        values = vec.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        offsets = vec.offsets.to_numpy()
-        dims = np.diff(offsets)
-        if (dims != dims[0]).any():
-            raise LogStoreError(f"encoder {encoder_id!r} has vectors of several sizes in the log")
-        return ids, table.column("t").to_pylist(), table.column("l").to_pylist(), values.reshape(len(ids), -1)
+        return (table.column("i").to_pylist(), table.column("t").to_pylist(), table.column("l").to_pylist(),
+                _vectors(table.column("v")))
 
     def count(self) -> int:
         """Number of logged decisions (after ingesting the spool)."""

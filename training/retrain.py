@@ -287,7 +287,7 @@ def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min
 
 
 def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, tolerance, target_precision,
-         llm_budget, progress, now, self_training=0.0, self_training_max=0) -> RetrainResult:
+         llm_budget, progress, now, self_training, self_training_max) -> RetrainResult:
     t_start = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -321,6 +321,7 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
 
     name = new_version_name()
     extra = ts.extra()
+    st_rows = [s == "layer2" for s in extra.sources]
     say(f"fitting the challenger on {len(ts):,} rows ...")
     t0 = time.perf_counter()
     try:
@@ -328,8 +329,8 @@ def _run(*, store, registry, intents, embedder, min_new_labels, dry_run, toleran
                           extra_texts=extra.texts, extra_labels=extra.labels, extra_vectors=extra.vectors,
                           version=name, parent=champion.version if champion else None,
                           head=IntentHead(target_precision=tp),
-                          extra_weights=[self_training if s == "layer2" else 1.0 for s in extra.sources],
-                          extra_fit_only=[s == "layer2" for s in extra.sources])
+                          extra_weights=[self_training if r else 1.0 for r in st_rows] if any(st_rows) else None,
+                          extra_fit_only=st_rows if any(st_rows) else None)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     t_fit = time.perf_counter() - t0

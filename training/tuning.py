@@ -115,7 +115,7 @@ def layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray
     order = np.argsort(-probs, axis=1)
     conf = probs[np.arange(len(probs)), order[:, 0]]
     second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
-    rejected = (s.p_oos >= th.oos) | (s.oos_class >= conf)
+    rejected = s.rejected(th.oos)
     close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
     return s, conf, second, rejected, close, classes[order[:, 0]]
 
