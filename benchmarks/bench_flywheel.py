@@ -44,8 +44,8 @@ from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
 from classifier.tiers import Thresholds, assign_tier  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
-from training.logstore import LogStore  # noqa: E402
-from training.simulated_ollama import SimulatedOllama  # noqa: E402
+from logstore import LogStore  # noqa: E402
+from tests.simulated_ollama import SimulatedOllama  # noqa: E402
 
 
 def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int) -> dict:
@@ -158,7 +158,7 @@ def main() -> int:
             serve_s = time.perf_counter() - t_serve
             sink.flush()
             t_re = time.perf_counter()
-            cmd = [sys.executable, "-m", "training.cli", "retrain", "--json", "--quiet",
+            cmd = [sys.executable, "-m", "flywheel", "retrain", "--json", "--quiet",
                    "--models", str(models_home), "--log-db", str(log_db), *args.retrain_args.split()]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
             re_s = time.perf_counter() - t_re

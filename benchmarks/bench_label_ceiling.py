@@ -39,8 +39,8 @@ from classifier.head import IntentHead  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
-from training.dataset import build_training_set  # noqa: E402
-from training.logstore import LogStore  # noqa: E402
+from training.trainset import build_training_set  # noqa: E402
+from logstore import LogStore  # noqa: E402
 from training.retrain import _MemoEmbedder  # noqa: E402
 from training.tuning import retune, traffic_sample  # noqa: E402
 

@@ -32,7 +32,7 @@ from classifier.embedders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
-from training.logstore import LogStore  # noqa: E402
+from logstore import LogStore  # noqa: E402
 from training.retrain import retrain  # noqa: E402
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,8 @@ def default_home() -> Path:
 
 
 def starter_intents_path() -> Path:
-    """The starter intent set that ships in ``data/``."""
-    return Path(__file__).resolve().parent.parent / "data" / "starter_intents.yaml"
+    """The starter intent set that ships as package data in ``classifier/data/``."""
+    return Path(str(files("classifier") / "data" / "starter_intents.yaml"))
 
 
 @dataclass

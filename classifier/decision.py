@@ -38,6 +38,19 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Layer2Answer:
+    """Layer 2's own answer for a query, whichever layer decided in the end.
+
+    Kept for the traffic log (what layer 2 said when the LLM decided, or when a
+    degraded decision fell back to it); ``label`` is ``None`` for out of scope.
+    """
+
+    label: str | None
+    confidence: float
+    tier: Tier
+
+
+@dataclass(frozen=True)
 class TeacherCall:
     """What the LLM teacher was asked and answered, kept for the traffic log."""
 

@@ -89,10 +89,14 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Any:
                          breaker=CircuitBreaker(t.breaker_failures, t.breaker_reset_s))
 
 
-def build_classifier(cfg: Config | None = None, *, progress: bool = True, **kwargs: Any) -> Any:
+def build_classifier(cfg: Config | None = None, *, progress: bool = True,
+                     background_reload: bool = False, **kwargs: Any) -> Any:
+    """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
+    :class:`~classifier.pipeline.Classifier`. Served from a models home, it follows
+    promotions: on a watcher thread with ``background_reload``, else checked on the
+    calling thread (see :meth:`Classifier.watch`)."""
     from classifier.model import IntentModel
     from classifier.pipeline import Classifier
-
     from classifier.registry import CURRENT, ModelRegistry
 
     cfg = cfg or load_config()
@@ -102,7 +106,7 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True, **kwar
         model = registry.load_current()
         kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
         clf = Classifier(model, **kwargs)
-        clf.watch(registry)
+        clf.watch(registry, background=background_reload)
         return clf
     model = IntentModel.load(path)
     kwargs.setdefault("teacher", build_teacher(cfg, model.intents))

@@ -17,10 +17,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from classifier.errors import FlywheelError, InvalidInputError, TeacherError, UnknownLabelError
+from classifier.audit import DEFAULT_MAX_PENDING, AuditQueue
+from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
+from classifier.errors import FlywheelError, InvalidInputError, TeacherError
 from classifier.history import SessionHistory, coerce_history
 from classifier.intents import IntentSet
+from classifier.labels import label_name, parse_label
 from classifier.model import IntentModel
 from classifier.protocols import (DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink,
                                   Teacher, TeacherRequest)
@@ -30,8 +32,6 @@ from classifier.tiers import Layer2Result, Thresholds, assign_tier
 
 log = logging.getLogger("flywheel.classifier")
 
-# Ways of naming "out of scope" as a declared type.
-OUT_OF_SCOPE_NAMES = frozenset({"OUT_OF_SCOPE", "OOS", "NONE"})
 # Teacher failures that mean "ask again later" (the query is marked pending).
 RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open"})
 
@@ -71,6 +71,9 @@ class Classifier:
     audit_rate : float
         Share of confident layer-2 decisions also sent to the teacher in the
         background (``audit_callback`` receives ``(record, TeacherCall)``).
+    max_pending_audits : int
+        Audits waiting at most; when that many wait, a new one is dropped and
+        counted in :attr:`audits_dropped` (the decision is logged as not audited).
 
     Examples
     --------
@@ -84,6 +87,7 @@ class Classifier:
                  on_long: str = "truncate", max_sessions: int = 10_000,
                  audit_rate: float = 0.0,
                  audit_callback: Callable[[DecisionRecord, TeacherCall], None] | None = None,
+                 max_pending_audits: int = DEFAULT_MAX_PENDING,
                  rng: random.Random | None = None) -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
@@ -102,7 +106,7 @@ class Classifier:
         self.audit_rate = audit_rate
         self.audit_callback = audit_callback
         self._rng = rng or random.Random()
-        self._audit_pool: Any = None
+        self._audits = AuditQueue(max_pending_audits)
         self._lock = threading.Lock()
         self.watcher: Any = None  # a registry.ModelWatcher when serving from a models home
 
@@ -114,22 +118,33 @@ class Classifier:
 
     @classmethod
     def from_registry(cls, home: str | Path, *, watch: bool = True, interval_s: float = 2.0,
-                      **kwargs: Any) -> "Classifier":
+                      background: bool = False, **kwargs: Any) -> "Classifier":
         """Serve the ``CURRENT`` version of a models home; with ``watch``, a newly promoted
-        version is swapped in without a restart (checked at most every ``interval_s``)."""
+        version is swapped in without a restart (checked at most every ``interval_s``;
+        see :meth:`watch` for ``background``)."""
         from classifier.registry import ModelRegistry
 
         reg = ModelRegistry(home)
         clf = cls(reg.load_current(), **kwargs)
         if watch:
-            clf.watch(reg, interval_s)
+            clf.watch(reg, interval_s, background=background)
         return clf
 
-    def watch(self, registry: Any, interval_s: float = 2.0) -> None:
-        """Follow ``registry``'s CURRENT pointer (hot reload on promotion)."""
+    def watch(self, registry: Any, interval_s: float = 2.0, *, background: bool = False) -> None:
+        """Follow ``registry``'s CURRENT pointer (hot reload on promotion).
+
+        ``background=False``: the check runs on the calling thread, rate-limited, at the
+        start of a ``classify`` call (a short-lived process needs no thread).
+        ``background=True``: a watcher thread checks every ``interval_s`` and loads a new
+        version there, so no request ever pays for a reload (long-running processes).
+        """
         from classifier.registry import ModelWatcher
 
+        if self.watcher is not None:
+            self.watcher.stop()
         self.watcher = ModelWatcher(registry, self.swap_model, interval_s, current=self.model_version)
+        if background:
+            self.watcher.start()
 
     @property
     def model(self) -> IntentModel:
@@ -171,8 +186,9 @@ class Classifier:
         """
         if isinstance(texts, str):
             raise InvalidInputError("classify_many takes a list of texts, not a string")
-        if self.watcher is not None:
-            self.watcher.poll()
+        watcher = self.watcher
+        if watcher is not None and not watcher.running:
+            watcher.poll()
         rt = self._rt
         max_chars = rt.model.intents.embedder.max_chars
         cleaned: list[CleanText] = []
@@ -182,8 +198,10 @@ class Classifier:
             except InvalidInputError as exc:
                 raise InvalidInputError(f"text #{n + 1}: {exc}" if len(texts) > 1 else str(exc)) from None
         hist_arg = coerce_history(history, rt.model.intents.teacher.history_size) if history is not None else None
+        declared_label = None
         if declared_type is not None:
-            declared_type = self._check_declared(rt, declared_type)
+            declared_label = parse_label(declared_type, rt.labels, what="declared type")
+            declared_type = label_name(declared_label)
         t_start = time.perf_counter()
         out: list[Decision | None] = [None] * len(cleaned)
         rules_ms: dict[int, float] = {}
@@ -191,7 +209,7 @@ class Classifier:
         for i, c in enumerate(cleaned):
             t0 = time.perf_counter()
             if declared_type is not None:
-                label = None if declared_type in OUT_OF_SCOPE_NAMES else declared_type
+                label = declared_label
                 out[i] = self._decision(rt, label, 1.0, Tier.NO_MATCH if label is None else Tier.CONFIDENT,
                                         Layer.DECLARED, f"declared type {declared_type}", c,
                                         {"declared": _ms(t0)})
@@ -204,6 +222,7 @@ class Classifier:
                 rules_ms[i] = lat["rules"]
                 need_l2.append(i)
         vectors: dict[int, np.ndarray] = {}
+        layer2: dict[int, Layer2Answer] = {}
         if need_l2:
             t0 = time.perf_counter()
             X = self.embedder.encode([cleaned[i].text for i in need_l2])
@@ -213,6 +232,7 @@ class Classifier:
                 vectors[i] = X[j]
                 res = assign_tier(scores.probs[j], rt.labels, float(scores.oos_class[j]),
                                   float(scores.p_oos[j]), rt.thresholds)
+                layer2[i] = Layer2Answer(res.label, res.confidence, res.tier)
                 out[i] = self._layer3(rt, cleaned[i], res, hist_arg, session_id,
                                       {"rules": rules_ms[i], "embedding": per_item})
         decisions: list[Decision] = []
@@ -221,21 +241,10 @@ class Classifier:
             if len(cleaned) == 1:
                 d.latency_ms["total"] = _ms(t_start)
             decisions.append(d)
-            self._after(rt, d, cleaned[i], hist_arg, declared_type, session_id, vectors.get(i))
+            self._after(rt, d, cleaned[i], hist_arg, declared_type, session_id, vectors.get(i), layer2.get(i))
         return decisions
 
     # ------------------------------------------------------------- internals
-    def _check_declared(self, rt: _Runtime, declared: str) -> str:
-        if not isinstance(declared, str) or not declared.strip():
-            raise InvalidInputError("declared_type must be a non-empty string")
-        d = declared.strip()
-        if d in rt.labels:
-            return d
-        if d.upper() in OUT_OF_SCOPE_NAMES:
-            return "OUT_OF_SCOPE"
-        known = ", ".join(rt.labels[:20]) + (f", … ({len(rt.labels)} in all)" if len(rt.labels) > 20 else "")
-        raise UnknownLabelError(f"unknown declared type {declared!r}; known: {known}, OUT_OF_SCOPE")
-
     def _decision(self, rt: _Runtime, label: str | None, confidence: float, tier: Tier, layer: Layer,
                   reason: str, c: CleanText, latency: dict[str, float],
                   alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None) -> Decision:
@@ -309,19 +318,21 @@ class Classifier:
                               history=history, allow_out_of_scope=True)
 
     def _after(self, rt: _Runtime, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
-               declared: str | None, session_id: str | None, vector: np.ndarray | None) -> None:
+               declared: str | None, session_id: str | None, vector: np.ndarray | None,
+               layer2: Layer2Answer | None) -> None:
         history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
         if session_id:
             self.sessions.add(session_id, d.label, c.text)
         audit = (self.audit_rate > 0 and self.teacher is not None and d.layer is Layer.EMBEDDING
-                 and d.tier is Tier.CONFIDENT and self._rng.random() < self.audit_rate)
+                 and d.tier is Tier.CONFIDENT and self._rng.random() < self.audit_rate
+                 and self._audits.reserve())
         if self.log_sink is None and not audit:
             return
         record = DecisionRecord(decision=d, text=c.text, created_at=time.time(), session_id=session_id,
                                 declared_type=declared, history=tuple(history),
                                 encoder_id=self.embedder.id if vector is not None else None,
                                 embedding=vector, audit=audit,
-                                pending=d.pending)
+                                pending=d.pending, layer2=layer2)
         if self.log_sink is not None:
             try:
                 self.log_sink.write(record)
@@ -330,18 +341,18 @@ class Classifier:
         if audit:
             self._submit_audit(rt, record)
 
-    def _submit_audit(self, rt: _Runtime, record: DecisionRecord) -> None:
-        from concurrent.futures import ThreadPoolExecutor
+    @property
+    def audits_dropped(self) -> int:
+        """Audits dropped because the backlog was full."""
+        return self._audits.dropped
 
-        with self._lock:
-            if self._audit_pool is None:
-                self._audit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-audit")
+    def _submit_audit(self, rt: _Runtime, record: DecisionRecord) -> None:
         labels = rt.labels
         k = rt.model.intents.teacher.max_candidates
         cand = record.decision.label
         names = list(labels) if len(labels) <= k else ([cand] + [n for n in labels if n != cand])[:k]
         req = TeacherRequest(record.text, tuple(rt.options[n] for n in names), record.history, True)
-        self._audit_pool.submit(self._run_audit, record, req)
+        self._audits.submit(self._run_audit, record, req)
 
     def _run_audit(self, record: DecisionRecord, req: TeacherRequest) -> None:
         assert self.teacher is not None
@@ -363,9 +374,7 @@ class Classifier:
         """Finish background audits and close the log sink."""
         if self.watcher is not None:
             self.watcher.stop()
-        if self._audit_pool is not None:
-            self._audit_pool.shutdown(wait=True)
-            self._audit_pool = None
+        self._audits.close()
         if self.log_sink is not None:
             self.log_sink.close()
 

@@ -2,7 +2,7 @@
 
 - :class:`Embedder`: text -> L2-normalised float32 vectors (layer 2's encoder).
 - :class:`Teacher`: the LLM that labels what layer 2 is unsure of (layer 3).
-- :class:`LogSink`: where every decision goes (the DuckDB log store in ``training``).
+- :class:`LogSink`: where every decision goes (the DuckDB traffic log in ``logstore``).
 
 ``classifier`` only defines these; it never imports duckdb or grpc.
 """
@@ -14,7 +14,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from classifier.decision import Decision
+from classifier.decision import Decision, Layer2Answer
 
 
 @runtime_checkable
@@ -125,6 +125,7 @@ class DecisionRecord:
     embedding: np.ndarray | None = field(default=None, repr=False)  # layer-2 vector, when computed
     audit: bool = False                    # sampled for a background teacher audit
     pending: bool = False                  # needed the teacher while it was unavailable
+    layer2: Layer2Answer | None = None     # layer 2's own answer, whenever layer 2 ran
 
 
 @runtime_checkable

@@ -296,6 +296,11 @@ class ModelWatcher:
         finally:
             self._lock.release()
 
+    @property
+    def running(self) -> bool:
+        """Whether the watcher thread is checking (then nobody needs to call :meth:`poll`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> "ModelWatcher":
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="flywheel-model-watcher", daemon=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from training.cli import main
+from flywheel.cli import main
 
 pytestmark = pytest.mark.slow
 

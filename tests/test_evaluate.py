@@ -17,7 +17,7 @@ from classifier.intents import Intent, IntentSet, Rule, TeacherSettings, Thresho
 from classifier.pipeline import Classifier
 from classifier.protocols import Embedder
 from classifier.trainer import fit_model
-from training.datasets import DatasetError, LabelledData, intent_set_from_data, load_labelled
+from training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
 from training.evaluate import OOS_NAME, classification_metrics, evaluate, format_report, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -14,10 +14,10 @@ from classifier.teacher import CircuitBreaker, OllamaTeacher
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder
 from tests.test_model import DOC
-from training.cli import main
-from training.logstore import LogStore
-from training.serving import backfill_pending
-from training.simulated_ollama import SimulatedOllama
+from flywheel.cli import main
+from logstore import LogStore
+from training.labeling import backfill_pending
+from tests.simulated_ollama import SimulatedOllama
 from training.stats import convergence
 
 UNSURE = {"confident": 1.0, "ambiguous_margin": 0.0, "oos": 1.0}
@@ -94,7 +94,7 @@ def test_garbage_from_the_teacher_is_never_a_training_label(tmp_path):
 
 
 def test_audit_answers_are_stored_and_show_in_stats(tmp_path):
-    from training.serving import open_classifier
+    from service.runtime import open_runtime
 
     truth = {"show my invoices": "PLATFORM", "what is addvar": "PLATFORM"}  # the teacher disagrees once
     with SimulatedOllama(truth, accuracy=1.0, latency_scale=0.0) as sim:
@@ -105,7 +105,7 @@ def test_audit_answers_are_stored_and_show_in_stats(tmp_path):
         model = fit_model(parse_intents(d), embedder=emb)
         model.save(tmp_path / "m")
         cfg.model = str(tmp_path / "m")
-        served = open_classifier(cfg, progress=False, embedder=emb)
+        served = open_runtime(cfg, progress=False, embedder=emb)
         for text in truth:
             assert served.classifier.classify(text).layer is Layer.EMBEDDING
         served.close()

@@ -78,7 +78,7 @@ def test_unparsable_yaml_names_the_file(tmp_path):
 def test_cli_exit_code_2_on_bad_file(tmp_path):
     p = tmp_path / "dup.yaml"
     p.write_text("intents:\n  - {name: A, examples: [x]}\n  - {name: A, examples: [y]}\n")
-    r = subprocess.run([sys.executable, "-m", "training.cli", "train", "--intents", str(p), "--out",
+    r = subprocess.run([sys.executable, "-m", "flywheel", "train", "--intents", str(p), "--out",
                         str(tmp_path / "m")], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "dup.yaml: intent 'A': duplicate intent" in r.stderr

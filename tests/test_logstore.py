@@ -1,4 +1,4 @@
-"""Tests of the DuckDB traffic log (training.logstore), with real processes where it matters."""
+"""Tests of the DuckDB traffic log (the logstore package), with real processes where it matters."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import duckdb
 import numpy as np
 import pytest
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from classifier.protocols import DecisionRecord, HistoryEntry, LogSink
-from training.logstore import (LogStore, LogStoreBusyError, LogStoreError, connect,
-                               records_to_table, write_segment)
-from training.logstore import stats as logstore_stats
-from training.migrations import MIGRATIONS, SCHEMA_VERSION, apply_migrations
+from logstore import LogStore, LogStoreBusyError, LogStoreError
+from logstore.connection import connect
+from logstore.segments import records_to_table, write_segment
+from logstore.connection import stats as logstore_stats
+from logstore.schema import MIGRATIONS, SCHEMA_VERSION, apply_migrations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +76,7 @@ WRITER_SCRIPT = textwrap.dedent("""
     import sys, time
     from classifier.decision import Decision, Layer, Tier
     from classifier.protocols import DecisionRecord
-    from training.logstore import LogStore
+    from logstore import LogStore
 
     path, prefix = sys.argv[1], sys.argv[2]
     seconds, ingest_s = float(sys.argv[3]), float(sys.argv[4])
@@ -92,7 +93,7 @@ WRITER_SCRIPT = textwrap.dedent("""
             print("flushed", sink.flush(), flush=True)
         time.sleep(0.002)
     sink.close()
-    from training.logstore import stats
+    from logstore.connection import stats
     print("retries", stats["lock_retries"], file=sys.stderr)
     print("closed", sink.written, flush=True)
 """)
@@ -158,12 +159,13 @@ def test_fields_round_trip(store):
                       teacher=TeacherCall("llama3", "refund", True, 812.5),
                       embedding=emb, pending=False, audit=True, created_at=1_700_000_000.25)
     rec.declared_type = "support"
+    rec.layer2 = Layer2Answer("shipping", 0.4, Tier.AMBIGUOUS)
     assert write_all(store, [rec]) == 1
     row = store.query(
         "SELECT decision_id, epoch_us(created_at), session_id, text, history, declared_type, "
         "layer, label, confidence, tier, alternatives, model_version, encoder_id, latency_ms, "
         "teacher_model, teacher_label, teacher_valid, teacher_latency_ms, audit, pending, "
-        "l2_label, l2_confidence FROM decisions")[0]
+        "l2_label, l2_confidence, l2_tier FROM decisions")[0]
     assert row[0] == "d1" and row[1] == 1_700_000_000_250_000
     assert row[2:4] == ("sess-1", "where is my invoice")
     assert row[4][0] == {"label": "greeting", "snippet": "hello there"}
@@ -175,7 +177,7 @@ def test_fields_round_trip(store):
     assert dict(row[13]) == {"rules": 0.01, "embedding": 2.5}
     assert row[14:18] == ("llama3", "refund", True, 812.5)
     assert row[18:20] == (True, False)
-    assert row[20:22] == ("shipping", 0.1)  # layer 2's top candidate of an LLM decision
+    assert row[20:23] == ("shipping", 0.4, "ambiguous")  # layer 2's own answer, from the record
     assert store.layer_counts() == {"llm": 1}
 
 
@@ -480,7 +482,7 @@ def test_interpreter_exit_flushes(tmp_path):
         import sys, time
         from classifier.decision import Decision, Layer, Tier
         from classifier.protocols import DecisionRecord
-        from training.logstore import LogStore
+        from logstore import LogStore
         sink = LogStore(sys.argv[1]).open_sink(flush_interval_s=60.0)
         for i in range(123):
             d = Decision(label=None, confidence=0.1, tier=Tier.NO_MATCH, layer=Layer.EMBEDDING,

@@ -196,16 +196,9 @@ def test_cli_models_prune(pruneable, capsys):
     from typer.testing import CliRunner
 
     from classifier.errors import FlywheelError
-    from training.cli import main
-    from training.cli_commands import register
+    from flywheel.cli import build_app, main
 
-    app = typer.Typer()
-
-    @app.callback()
-    def _main() -> None:  # several commands: keep "models" a subcommand
-        pass
-
-    register(app)
+    app = build_app()
     home = pruneable.home
     args = ["models", "prune", "--models", str(home), "--keep-promoted", "2", "--keep-recent", "2"]
     before = _names(home)

@@ -1,4 +1,4 @@
-"""Tests of the retrain job (training.retrain) and its data (training.dataset), with the
+"""Tests of the retrain job (training.retrain) and its data (training.trainset), with the
 fake HashEmbedder and synthetic traffic logs written through the real LogStore sink."""
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from classifier.text import normalise_key
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder
 from training import retrain as retrain_mod
-from training.dataset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict,
+from training.trainset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict,
                               split_role, split_value)
-from training.logstore import LogStore
-from training.retrain import register, retrain
+from logstore import LogStore
+from training import cli_retrain
+from training.retrain import retrain
 
 # ----------------------------------------------------------------- synthetic world
 FUNCS = ["addvar", "addparam", "addresult", "getlist", "itemfromlist", "variablefromjson", "ormaccess",
@@ -399,7 +400,7 @@ def test_fixed_split_is_deterministic_and_disjoint(world):
 def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     import copy
 
-    from training.dataset import LabelledSet
+    from training.trainset import LabelledSet
     from training.gate import evaluate_layer2
     from training.tuning import TrafficSample, retune as _retune
 
@@ -481,18 +482,13 @@ def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
 
 # ----------------------------------------------------------------------- the CLI
 def _cli_app() -> typer.Typer:
-    app = typer.Typer()
+    from flywheel.cli import build_app
 
-    @app.callback()
-    def main() -> None:  # several commands in the real app: keep "retrain" a subcommand
-        pass
-
-    register(app)
-    return app
+    return build_app()
 
 
 def test_cli_retrain(world, tmp_path, monkeypatch):
-    monkeypatch.setattr(retrain_mod, "_make_embedder", lambda settings: HashEmbedder())
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings: HashEmbedder())
     world.seed_traffic(n_teacher=200, n_human=10)
     intents_file = tmp_path / "intents.yaml"
     intents_file.write_text(yaml.safe_dump(INTENT_DOC))
@@ -527,7 +523,7 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 
 def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
-    from training.dataset import LabelledSet
+    from training.trainset import LabelledSet
     from training.gate import noise_margins as _noise_margins
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -535,7 +531,7 @@ def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(w
     data = LabelledSet([t for t, _ in items], [y for _, y in items], HashEmbedder().encode([t for t, _ in items]),
                        ["teacher"] * len(items), [None] * len(items))
     from classifier.head import IntentHead
-    from training.dataset import layer2_predict
+    from training.trainset import layer2_predict
 
     assert _noise_margins(model, model, data)["accuracy"] == 0.0
     other = fit_model(world.intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
@@ -589,7 +585,7 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
 def test_weighted_budget_counts_heavy_rows(world):
     import copy
 
-    from training.dataset import LabelledSet
+    from training.trainset import LabelledSet
     from training.tuning import TrafficSample, retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -609,7 +605,7 @@ def test_weighted_budget_counts_heavy_rows(world):
     assert cut["heavy"] < cut["flat"]
 
     def weighted_share(cutoff):
-        from training.dataset import layer2_predict
+        from training.trainset import layer2_predict
         m = copy.deepcopy(model)
         m.head.thresholds_["confident"] = cutoff
         m.manifest.thresholds = dict(m.head.thresholds_)
@@ -624,7 +620,7 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
     import copy
 
     from classifier.tiers import Thresholds
-    from training.dataset import LabelledSet
+    from training.trainset import LabelledSet
     from training.gate import evaluate_layer2
     from training.tuning import layer2_state, retune
 
@@ -674,7 +670,7 @@ def test_relaxed_budget_holds_with_weights(world):
     import copy
 
     from classifier.tiers import Thresholds
-    from training.dataset import LabelledSet, layer2_predict
+    from training.trainset import LabelledSet, layer2_predict
     from training.tuning import TrafficSample, layer2_state, retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())

@@ -20,8 +20,9 @@ from classifier.text import normalise_key
 from tests.fakes import HashEmbedder
 from tests.test_head import blobs
 from tests.test_retrain import ENC, INTENT_DOC, _cli_app, record, sample, write
+from training import cli_retrain
 from training import retrain as retrain_mod
-from training.dataset import build_training_set
+from training.trainset import build_training_set
 
 # ------------------------------------------------------------------ the head
 
@@ -101,7 +102,7 @@ def layer2_record(text: str, label: str | None, tier: Tier = Tier.CONFIDENT, *, 
 @pytest.fixture()
 def logged(tmp_path):
     """A log with teacher-labelled traffic plus layer-2 decisions of every kind."""
-    from training.logstore import LogStore
+    from logstore import LogStore
 
     store = LogStore(tmp_path / "traffic.duckdb")
     items = sample(260, 7)
@@ -217,7 +218,7 @@ def world_st(tmp_path):
 
 
 def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
-    monkeypatch.setattr(retrain_mod, "_make_embedder", lambda settings: HashEmbedder())
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings: HashEmbedder())
     intents_file = tmp_path / "intents.yaml"
     intents_file.write_text(yaml.safe_dump(INTENT_DOC))
     common = ["--home", str(tmp_path / "home"), "--log-db", world_st.store.path, "--quiet",
@@ -235,7 +236,7 @@ def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
 
 def test_self_training_rows_with_unusable_vectors_are_dropped_and_counted(tmp_path):
     from classifier.intents import parse_intents
-    from training.logstore import LogStore
+    from logstore import LogStore
 
     store = LogStore(tmp_path / "traffic.duckdb")
     good = layer2_record("how do i call addvar today", "RETRIEVAL")

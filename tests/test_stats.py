@@ -11,11 +11,11 @@ d03   1      embedding  billing   confident  billing               audit; teache
                                                                    human refund, then billing
 d04   1      embedding  refund    confident  refund                audit; teacher refund, then
                                                                    shipping (latest: disagrees)
-d05   1      llm        shipping  confident  refund (top alt.)     inline teacher shipping; human
+d05   1      llm        shipping  confident  refund (its own)      inline teacher shipping; human
                                                                    shipping (no correction)
 d06   1      embedding  billing   weak       billing               pending (inline teacher failed)
 d07   2      embedding  shipping  confident  shipping              audit; only an invalid teacher label
-d08   2      llm        None      no_match   refund (top alt.)     inline teacher: out of scope
+d08   2      llm        None      no_match   refund (its own)      inline teacher: out of scope
 d09   2      embedding  refund    ambiguous  refund                pending, resolved
 d10   2      embedding  None      no_match   None                  pending, teacher billing back-filled
 ====  =====  =========  ========  =========  ====================  ==================================
@@ -30,11 +30,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from classifier.errors import InvalidInputError
 from classifier.protocols import DecisionRecord
-from training.logstore import LogStore, LogStoreError
-from training.stats import convergence, empty_stats, format_table, parse_window, register
+from logstore import LogStore, LogStoreError
+from training.stats import convergence, empty_stats, format_table, parse_window
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
 DAY = 86400.0
@@ -42,12 +42,14 @@ DAY = 86400.0
 
 def rec(did: str, day: int, hour: int, layer: Layer, label: str | None, tier: Tier = Tier.CONFIDENT, *,
         teacher: TeacherCall | None = None, alts=(), audit: bool = False,
-        pending: bool = False) -> DecisionRecord:
+        pending: bool = False, l2: Layer2Answer | None = None) -> DecisionRecord:
     d = Decision(label=label, confidence=0.9, tier=tier, layer=layer, reason="test",
                  alternatives=list(alts), model_version="v1", teacher=teacher)
     d.id = did
+    if l2 is None and layer is Layer.EMBEDDING:  # layer 2 decided: its answer is the decision
+        l2 = Layer2Answer(label, d.confidence, tier)
     return DecisionRecord(decision=d, text=f"text of {did}", created_at=T0 + day * DAY + hour * 3600,
-                          audit=audit, pending=pending)
+                          audit=audit, pending=pending, layer2=l2)
 
 
 def fill(store: LogStore) -> None:
@@ -58,12 +60,12 @@ def fill(store: LogStore) -> None:
         rec("d03", 0, 3, E, "billing", audit=True),
         rec("d04", 0, 4, E, "refund", audit=True),
         rec("d05", 0, 5, L, "shipping", teacher=TeacherCall("m", "shipping", True, 300.0),
-            alts=[Candidate("refund", 0.4), Candidate("billing", 0.3)]),
+            l2=Layer2Answer("refund", 0.4, Tier.AMBIGUOUS)),
         rec("d06", 0, 6, E, "billing", Tier.WEAK, pending=True,
             teacher=TeacherCall("m", None, False, 5000.0, "timeout: no answer")),
         rec("d07", 1, 1, E, "shipping", audit=True),
         rec("d08", 1, 2, L, None, Tier.NO_MATCH, teacher=TeacherCall("m", None, True, 280.0),
-            alts=[Candidate("refund", 0.3)]),
+            l2=Layer2Answer("refund", 0.3, Tier.WEAK)),
         rec("d09", 1, 3, E, "refund", Tier.AMBIGUOUS, pending=True),
         rec("d10", 1, 4, E, None, Tier.NO_MATCH, pending=True),
     ]
@@ -216,14 +218,9 @@ def test_format_table(daily, log_path):
 
 @pytest.fixture
 def app():
-    a = typer.Typer()
+    from flywheel.cli import build_app
 
-    @a.callback()
-    def main() -> None:
-        """test app"""
-
-    register(a)
-    register(a)  # idempotent
+    a = build_app()
     assert [c.name for c in a.registered_commands].count("stats") == 1
     return a
 
@@ -276,11 +273,7 @@ def test_cli_missing_log_and_errors(app, tmp_path):
 
 
 def test_through_flywheel_main(log_path, tmp_path, capsys, monkeypatch):
-    from training import cli
-    from training.cli import main
-
-    # only this module's command (the other optional commands import heavy modules)
-    monkeypatch.setattr(cli, "_register_optional_commands", lambda: register(cli.app))
+    from flywheel.cli import main
 
     assert main(["stats", "--json", "--window", "5", "--log-db", str(log_path)]) == 0
     out = json.loads(capsys.readouterr().out)

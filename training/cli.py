@@ -1,78 +1,32 @@
-"""The ``flywheel`` command line: a thin typer layer over the library.
+"""Offline commands of the ``flywheel`` command line (registered in :mod:`flywheel.cli`):
+``train``, ``eval``, ``feedback``, ``label`` and ``stats``; ``models`` is in
+:mod:`training.cli_models` and ``retrain`` in :mod:`training.cli_retrain`.
 
-Settings resolve flag > environment variable > config file > default (see
-:mod:`classifier.config`). Errors print one line ``flywheel: error: ...`` and exit
-with the error's code (2 for bad input or files, 3 for model problems).
+Each command only parses its options, calls the library and prints the result.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Optional
 
 import typer
 
-from classifier.config import Config, load_config
+from classifier.config import load_config
 from classifier.errors import FlywheelError
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
-                  help="flywheel: an intent classifier that gets cheaper the longer it runs.")
-
-HomeOpt = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)")
+__all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
 
 
-def _config(**flags: Any) -> Config:
-    return load_config(**flags)
-
-
-def _echo_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+def echo_json(obj: object) -> None:
+    """One JSON object on its own line of stdout."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
 
 
-@app.command()
-def classify(
-    texts: List[str] = typer.Argument(None, help="Queries to classify; '-' or none reads one per line from stdin."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model version dir or models home with CURRENT."),
-    intents: Optional[str] = typer.Option(None, "--intents", help="Intent file for the default model."),
-    declared_type: Optional[str] = typer.Option(None, "--declared-type", help="Caller-declared type: bypasses the layers."),
-    session: Optional[str] = typer.Option(None, "--session", help="Session id: keeps a compact history."),
-    history: Optional[str] = typer.Option(None, "--history", help='JSON list of {"label","text"} earlier turns.'),
-    teacher: Optional[str] = typer.Option(None, "--teacher", help="ollama | off"),
-    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
-    log: bool = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log."),
-    log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = HomeOpt,
-) -> None:
-    """Classify queries; prints one JSON decision per line."""
-    from training.serving import open_classifier
-
-    cfg = _config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host, log_db=log_db)
-    hist = None
-    if history is not None:
-        try:
-            hist = json.loads(history)
-        except json.JSONDecodeError as exc:
-            raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
-    items = [t for t in (texts or []) if t != "-"]
-    from_stdin = not texts or "-" in texts
-    served = open_classifier(cfg, log_decisions=log)
-    clf = served.classifier
-    try:
-        # stdin is read line by line: each decision is printed as soon as it is made
-        lines = (ln.rstrip("\n") for ln in sys.stdin if ln.strip()) if from_stdin else iter(())
-        for text in itertools.chain(items, lines):
-            d = clf.classify(text, history=hist, declared_type=declared_type, session_id=session)
-            _echo_json(d.to_dict())
-    finally:
-        served.close()
-
-
-@app.command()
-def train(
+def train_command(
     intents: Path = typer.Option(..., "--intents", help="Intent definition file (YAML or TOML)."),
     out: Path = typer.Option(..., "--out", help="Directory to write the model version into."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
@@ -89,7 +43,7 @@ def train(
     if as_json:
         from dataclasses import asdict
 
-        _echo_json(asdict(m))
+        echo_json(asdict(m))
         return
     typer.echo(f"saved {m.version} to {out}")
     typer.echo(f"  intents: {len(m.labels)} ({', '.join(m.labels)}); training examples: {m.training_size}")
@@ -103,36 +57,127 @@ def train(
                + (f", out-of-scope recall {met['oof_oos_recall']:.3f}" if "oof_oos_recall" in met else ""))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the typer app, mapping flywheel errors to one-line messages."""
-    from typer._click import exceptions as click_exc  # typer bundles its own click
+def eval_command(
+    train: Optional[Path] = typer.Option(None, "--train", help="Training data (fits a model on it)."),
+    test: Path = typer.Option(..., "--test", help="Test data."),
+    intents: Optional[Path] = typer.Option(None, "--intents", help="Intent file to evaluate (and settings base)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Evaluate a saved model version instead."),
+    dataset_format: Optional[str] = typer.Option(None, "--dataset-format", help="clinc150 | csv | jsonl"),
+    text_column: str = typer.Option("text", "--text-column"),
+    label_column: str = typer.Option("label", "--label-column"),
+    oos_label: str = typer.Option("oos", "--oos-label", help="Label name meaning out of scope."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability and confusion PNGs here."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
+    latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
+    """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency."""
+    from classifier.intents import load_intents
+    from classifier.model import IntentModel
+    from classifier.pipeline import Classifier
+    from classifier.trainer import fit_model
+    from training.loaders import intent_set_from_data, load_labelled
+    from training.evaluate import evaluate, format_report, write_plots
 
-    _register_optional_commands()
+    opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label)
+    test_data = load_labelled(test, split="test", **opts)
+    if model is not None:
+        m = IntentModel.load(model)
+    else:
+        base = load_intents(intents) if intents else None
+        if train is not None:
+            data = load_labelled(train, split="train", **opts)
+            intent_set = intent_set_from_data(data, name=train.stem, base=base)
+        elif base is not None:
+            intent_set = base
+        else:
+            raise typer.BadParameter("give --train, --intents or --model")
+        m = fit_model(intent_set, progress=not quiet)
+        if save is not None:
+            m.save(save)
+    clf = Classifier(m, teacher=None)
+    report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample)
+    if plots is not None:
+        report["plots"] = [str(p) for p in write_plots(report, plots)]
+    if as_json:
+        echo_json(report)
+    else:
+        typer.echo(format_report(report))
+
+
+def feedback_command(
+    decision_id: str = typer.Argument(..., help="The decision's id (from classify's output)."),
+    label: str = typer.Argument(..., help="The right label, or OUT_OF_SCOPE."),
+    author: Optional[str] = typer.Option(None, "--author"),
+    log_db: Optional[str] = typer.Option(None, "--log-db"),
+    home: Optional[Path] = typer.Option(None, "--home"),
+) -> None:
+    """Record a human label for a logged decision (it always wins over the teacher's)."""
+    from training.feedback import record_feedback
+
+    cfg = load_config(home=home, log_db=log_db)
+    stored = record_feedback(cfg, decision_id, label, author=author)
+    typer.echo(f"recorded {stored or 'OUT_OF_SCOPE'} for decision {decision_id}")
+
+
+def label_command(
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many pending decisions."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
+    log_db: Optional[str] = typer.Option(None, "--log-db"),
+    home: Optional[Path] = typer.Option(None, "--home"),
+    as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet"),
+) -> None:
+    """Ask the teacher for decisions that needed it while it was down."""
+    from classifier.default import build_classifier
+    from logstore import LogStore
+    from training.labeling import backfill_pending
+
+    cfg = load_config(home=home, log_db=log_db, ollama_host=ollama_host)
+    if cfg.teacher == "off":
+        raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
+    store = LogStore(cfg.log_path)
+    clf = build_classifier(cfg, progress=not quiet)
     try:
-        rv = app(args=argv, standalone_mode=False)
-    except FlywheelError as exc:
-        typer.echo(f"flywheel: error: {exc}", err=True)
-        return exc.exit_code
-    except typer.Exit as exc:
-        return int(getattr(exc, "exit_code", 0) or 0)
-    except typer.Abort:
-        typer.echo("flywheel: aborted", err=True)
-        return 130
-    except KeyboardInterrupt:
-        typer.echo("flywheel: interrupted", err=True)
-        return 130
-    except click_exc.ClickException as exc:  # usage errors: bad option values, missing arguments
-        exc.show()
-        return exc.exit_code
-    return int(rv) if isinstance(rv, int) else 0
+        counts = backfill_pending(store, clf, batch_size=batch_size, limit=limit, progress=not quiet)
+    finally:
+        clf.close()
+    if as_json:
+        echo_json(counts)
+        return
+    typer.echo(f"labelled {counts['labelled']} of {counts['pending']} pending decisions "
+               f"({counts['invalid']} invalid answers, {counts['remaining']} still pending)")
+    if "stopped_because" in counts:
+        typer.echo(f"stopped early: {counts['stopped_because']}")
 
 
-def _register_optional_commands() -> None:
-    """Commands defined in sibling modules (eval, retrain, ...) register themselves here."""
-    from training import cli_commands
+def stats_command(
+    window: str = typer.Option("day", "--window",
+                               help="'day' (also 'hour', 'week') or N: windows of N decisions."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+    home: Optional[Path] = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)"),
+    last: Optional[str] = typer.Option(None, "--last", metavar="N",
+                                       help="Show only the last N windows."),
+    top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),
+) -> None:
+    """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions."""
+    from training.stats import format_table, int_option, stats_for_path
 
-    cli_commands.register(app)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
+    # exit code 2), which flywheel.cli.main prints as one "flywheel: error: ..." line.
+    # (--last/--top are parsed here, not by typer, for the same one-line errors)
+    last_n = None if last is None else int_option("--last", last)
+    top_n = int_option("--top", top)
+    cfg = load_config(home=home, log_db=log_db)
+    result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n)
+    if result.get("missing"):
+        typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
+                   err=True)
+    if as_json:
+        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        typer.echo(format_table(result))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from classifier.config import Config
-from classifier.errors import UnknownLabelError
-from classifier.pipeline import OUT_OF_SCOPE_NAMES
-from training.logstore import LogStore
+from classifier.labels import parse_label
+from logstore import LogStore
+
+__all__ = ["known_labels", "record_feedback"]
 
 
 def known_labels(cfg: Config) -> tuple[str, ...] | None:
@@ -27,17 +28,13 @@ def known_labels(cfg: Config) -> tuple[str, ...] | None:
         return None
 
 
-def normalise_label(label: str, labels: tuple[str, ...] | None) -> str | None:
-    if label.strip().upper() in OUT_OF_SCOPE_NAMES:
-        return None
-    if labels is not None and label not in labels:
-        raise UnknownLabelError(f"unknown label {label!r}; known: {', '.join(labels)}, OUT_OF_SCOPE")
-    return label
-
-
 def record_feedback(cfg: Config, decision_id: str, label: str, *, author: str | None = None,
                     store: LogStore | None = None) -> str | None:
-    """Store a human label for ``decision_id``; returns the stored label (None = out of scope)."""
-    value = normalise_label(label, known_labels(cfg))
+    """Store a human label for ``decision_id``; returns the stored label (None = out of scope).
+
+    The label is parsed by :func:`classifier.labels.parse_label` against the served
+    model's labels; an unknown decision id raises :class:`logstore.UnknownDecisionError`.
+    """
+    value = parse_label(label, known_labels(cfg), what="label")
     (store or LogStore(cfg.log_path)).add_human_label(decision_id, value, author=author)
     return value

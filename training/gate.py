@@ -16,7 +16,7 @@ import numpy as np
 
 from classifier.calibration import expected_calibration_error
 from classifier.model import IntentModel
-from training.dataset import LabelledSet, layer2_predict
+from training.trainset import LabelledSet, layer2_predict
 
 __all__ = ["MIN_OOS_FOR_GATE", "evaluate_layer2", "noise_margins", "decide"]
 

@@ -10,7 +10,7 @@ Run it from cron. One run:
    newer than the champion's training data and skips when there are fewer (unless the
    intent set changed; without a usable champion the job always trains);
 4. builds the training set and the fixed evaluation split
-   (:func:`training.dataset.build_training_set`);
+   (:func:`training.trainset.build_training_set`);
 5. fits the challenger (``fit_model`` with the held-out intent examples removed and the
    logged rows as extras; with ``self_training`` > 0 also layer 2's own confident
    decisions, at that weight and never in the rows that fit the gate and cutoffs; the
@@ -51,11 +51,11 @@ from classifier.protocols import DelegatingEmbedder
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, new_version_name
 from classifier.tiers import Thresholds
-from training.dataset import SPLIT_ID, TrainingSet, build_training_set
+from training.trainset import SPLIT_ID, TrainingSet, build_training_set
 from training.gate import MIN_OOS_FOR_GATE, decide, evaluate_layer2
 from training.tuning import MIN_TUNE_ROWS, retune, traffic_sample
 
-__all__ = ["RetrainError", "RetrainResult", "retrain", "register", "count_new_labels",
+__all__ = ["RetrainError", "RetrainResult", "retrain", "count_new_labels", "fmt_value", "fmt_share",
            "evaluate_layer2", "LOCK_NAME", "MIN_TUNE_ROWS", "MIN_OOS_FOR_GATE", "MIN_GATE_ROWS"]
 
 LOCK_NAME = ".retrain.lock"
@@ -111,19 +111,19 @@ class RetrainResult:
         n = ch.get("n") or 0
         if self.outcome == "promoted":
             if not cp:
-                return (f"promoted {name} (first model: accuracy {_f(ch.get('accuracy'))} on {n:,} eval queries; "
-                        f"LLM share {_pc(ch.get('llm_share'))})")
-            return (f"promoted {name} (accuracy {_f(cp.get('accuracy'))} -> {_f(ch.get('accuracy'))} on "
-                    f"{n:,} eval queries; LLM share {_pc(cp.get('llm_share'))} -> {_pc(ch.get('llm_share'))})")
+                return (f"promoted {name} (first model: accuracy {fmt_value(ch.get('accuracy'))} on {n:,} eval queries; "
+                        f"LLM share {fmt_share(ch.get('llm_share'))})")
+            return (f"promoted {name} (accuracy {fmt_value(cp.get('accuracy'))} -> {fmt_value(ch.get('accuracy'))} on "
+                    f"{n:,} eval queries; LLM share {fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))})")
         champ = cp.get("version") if cp else "?"
         return f"kept {champ}, challenger {name} not promoted: {self.reason}"
 
 
-def _f(x: Any) -> str:
+def fmt_value(x: Any) -> str:
     return "n/a" if x is None else f"{float(x):.3f}"
 
 
-def _pc(x: Any) -> str:
+def fmt_share(x: Any) -> str:
     return "n/a" if x is None else f"{100.0 * float(x):.0f}%"
 
 
@@ -143,16 +143,8 @@ def _jsonable(x: Any) -> Any:
 
 # ----------------------------------------------------------------- metrics
 def count_new_labels(store: Any, since: float | None) -> int:
-    """Valid teacher answers (inline or back-filled) and human labels that reached the log
-    after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts from
-    when its decision was ingested (``logged_at``), so a decision that was still spooled
-    while the champion was trained counts as new."""
-    if store is None:
-        return 0
-    ts = datetime.fromtimestamp(since if since is not None else 0.0, timezone.utc).replace(tzinfo=None)
-    return int(store.query(
-        "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid AND coalesce(logged_at, created_at) > ?) + "
-        "(SELECT count(*) FROM labels WHERE (source = 'human' OR valid) AND created_at > ?)", [ts, ts])[0][0])
+    """Labels that reached the log after ``since`` (see :meth:`LogStore.count_new_labels`)."""
+    return 0 if store is None else store.count_new_labels(since)
 
 
 def _trained_until(model: IntentModel) -> float | None:
@@ -246,7 +238,7 @@ def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min
     self_training : float
         Weight (0 to 1) of self-training rows: layer 2's own confident decisions from
         the log, trained on with this weight and never used to fit the gate or the
-        cutoffs (see :mod:`training.dataset`). 0 (the default) leaves them out.
+        cutoffs (see :mod:`training.trainset`). 0 (the default) leaves them out.
     self_training_max : int
         At most this many of them, the newest.
     """
@@ -501,122 +493,3 @@ def render_markdown(result: RetrainResult) -> str:
                   f"{tm['embeddings_computed']:,} computed), fit {tm['fit_seconds']:.2f}s, "
                   f"evaluation {tm['eval_seconds']:.2f}s"]
     return "\n".join(lines)
-
-
-def _readable(result: RetrainResult) -> list[str]:
-    out = [result.summary_line()]
-    if result.outcome == "skipped":
-        return out
-    ch, cp = result.challenger or {}, result.champion
-    for who, m in (("challenger", ch), ("champion", cp)):
-        if not m:
-            continue
-        e = m.get("eval", {})
-        out.append(f"  {who:<10} {m['version']}: accuracy {_f(m.get('accuracy'))} ({m.get('gate_set')}, "
-                   f"n={m.get('n', 0):,}), in-scope {_f(e.get('in_scope_accuracy'))}, oos recall "
-                   f"{_f(e.get('oos_recall'))}, macro F1 {_f(e.get('macro_f1'))}, ECE {_f(e.get('ece'))}, "
-                   f"LLM share {_pc(m.get('llm_share'))} ({m.get('llm_share_on')})")
-    d = result.report.get("dataset", {})
-    if d:
-        tr = d["train"]["by_source"]
-        out.append(f"  training rows {d['train']['n']:,} ({tr['intent_example']:,} examples, {tr['teacher']:,} "
-                   f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
-                   f"{d['dropped_unknown_intent']['total']:,} removed intents, "
-                   f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
-    for n in result.report.get("notes", []):
-        out.append(f"  note: {n}")
-    if result.report_path:
-        out.append(f"  report: {result.report_path}")
-    return out
-
-
-# ------------------------------------------------------------------ the CLI
-def _make_embedder(settings: Any) -> Any:
-    """The embedder for an intent set's settings (tests replace this)."""
-    from classifier.embedders import make_embedder
-
-    return make_embedder(settings)
-
-
-def register(app: Any) -> None:
-    """Add the ``retrain`` command to a typer app."""
-    import typer
-
-    @app.command("retrain")
-    def retrain_command(
-        min_new_labels: int = typer.Option(0, "--min-new-labels", min=0,
-                                           help="Skip unless this many labels arrived since the champion."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        tolerance: float = typer.Option(0.01, "--tolerance", help="How much worse the challenger may be."),
-        target_precision: Optional[float] = typer.Option(None, "--target-precision",
-                                                         help="Precision of layer 2's sure answers."),
-        llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
-                                                   help="Largest share of traffic left to the LLM, e.g. 0.05."),
-        self_training: float = typer.Option(0.0, "--self-training", min=0.0, max=1.0,
-                                            help="Also train on layer 2's confident decisions at this weight "
-                                                 "(0 = off, e.g. 0.3)."),
-        self_training_max: int = typer.Option(SELF_TRAINING_MAX, "--self-training-max", min=0,
-                                              help="At most this many of them (the newest)."),
-        models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
-        log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
-        intents: Optional[Path] = typer.Option(None, "--intents",
-                                               help="Intent file (default: the champion's bundled intent set)."),
-        home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
-    ) -> None:
-        """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
-        try:
-            result = _cli_run(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                              target_precision=target_precision, llm_budget=llm_budget, models=models,
-                              log_db=log_db, intents=intents, home=home, progress=not quiet,
-                              self_training=self_training, self_training_max=self_training_max)
-        except FlywheelError as exc:
-            typer.echo(f"flywheel: error: {exc}", err=True)
-            raise typer.Exit(exc.exit_code) from None
-        except OSError as exc:
-            typer.echo(f"flywheel: error: {exc}", err=True)
-            raise typer.Exit(1) from None
-        except Exception as exc:  # noqa: BLE001 - cron wants one line, not a traceback
-            if os.environ.get("FLYWHEEL_DEBUG"):
-                raise
-            typer.echo(f"flywheel: error: retrain failed: {type(exc).__name__}: {exc} "
-                       f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
-            raise typer.Exit(1) from None
-        if as_json:
-            sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-            sys.stdout.flush()
-            return
-        for line in _readable(result):
-            typer.echo(line)
-        if result.dry_run and result.markdown:
-            typer.echo("")
-            typer.echo(result.markdown)
-
-
-def _cli_run(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget, models, log_db, intents,
-             home, progress, self_training=0.0, self_training_max=SELF_TRAINING_MAX) -> RetrainResult:
-    from classifier.config import load_config, starter_intents_path
-    from classifier.intents import load_intents
-    from classifier.registry import ModelRegistry
-    from training.logstore import LogStore
-
-    cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
-    registry = ModelRegistry(Path(models).expanduser() if models else cfg.models_dir)
-    if intents is not None:
-        intent_set = load_intents(intents)
-    else:
-        intent_set = None
-        if registry.current_name() is not None:
-            try:
-                intent_set = registry.load_current().intents
-            except ModelError:
-                intent_set = None
-        if intent_set is None:
-            intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
-    embedder = _make_embedder(intent_set.embedder)
-    store = LogStore(cfg.log_path)
-    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
-                   min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                   target_precision=target_precision, llm_budget=llm_budget, progress=progress,
-                   self_training=self_training, self_training_max=self_training_max)

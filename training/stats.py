@@ -1,9 +1,9 @@
 """How the flywheel converges: layer shares, tiers, audits and confusions from the traffic log.
 
-:func:`convergence` reads the DuckDB traffic log (:class:`training.logstore.LogStore`)
+:func:`convergence` reads the DuckDB traffic log (:class:`logstore.LogStore`)
 with one SQL statement (one consistent snapshot) and returns a JSON-ready dict;
-:func:`format_table` renders it for a terminal; :func:`register` adds the
-``flywheel stats`` command.
+:func:`format_table` renders it for a terminal; ``flywheel stats``
+(:func:`training.cli.stats_command`) prints it.
 
 Definitions (every count is over the ``decisions`` table, windows included):
 
@@ -47,14 +47,14 @@ Timestamps are ISO 8601 UTC strings ending in ``Z``.
 
 CLI (errors follow the project's convention: bad option values and log problems
 raise :class:`~classifier.errors.FlywheelError` subclasses with exit code 2, which
-``training.cli.main`` prints as one ``flywheel: error: ...`` line):
+``flywheel.cli.main`` prints as one ``flywheel: error: ...`` line):
 ``flywheel stats [--window day|hour|week|N] [--last K] [--top K] [--json]
 [--log-db PATH] [--home DIR]``; the log path is ``load_config(home=..., log_db=...).log_path``.
 A missing log file is not an error: ``flywheel stats`` prints
 ``no traffic log at PATH yet`` on stderr, reports ``total`` 0 (with ``"missing":
 true`` in ``--json``) and exits 0, so cron jobs and dashboards need no special case.
 It never creates the file. Other log problems (a directory, locked for too long,
-newer schema) raise :class:`~training.logstore.LogStoreError` (exit code 2).
+newer schema) raise :class:`~logstore.LogStoreError` (exit code 2).
 """
 
 from __future__ import annotations
@@ -66,55 +66,40 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from classifier.errors import InvalidInputError
+from classifier.labels import label_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    import typer
-
-    from training.logstore import LogStore
+    from logstore import LogStore
 
 __all__ = ["LAYERS", "TIERS", "convergence", "empty_stats", "format_table", "parse_window",
-           "register", "stats_for_path"]
+           "int_option", "stats_for_path"]
 
 LAYERS = ("declared", "rules", "embedding", "llm")
 TIERS = ("confident", "ambiguous", "weak", "no_match")
 PERIODS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
-OOS_NAME = "OUT_OF_SCOPE"
 
 _COUNTS = ("audited", "audit_labelled", "audit_agree", "pending_flagged", "pending",
            "teacher_calls", "teacher_labelled", "human_labelled", "human_corrected")
 _COLUMNS = ("scope", "kind", "w", "k1", "k2", "n", "n_windows", "first_at", "last_at") + _COUNTS
 
+# Built on the log's ``decision_labels`` view (logstore.schema): the one definition of a
+# decision's latest teacher and human label, shared with LogStore.labelled_rows/pending.
+# A pending decision's inline teacher call failed, so any valid teacher label it has was
+# back-filled: ``has_teacher`` is what takes it off the pending list.
 _BASE_SQL = """
-WITH tl AS (
-    SELECT decision_id, teacher_label AS label, created_at AS ts, 0::BIGINT AS ord
-    FROM decisions WHERE teacher_valid
-    UNION ALL
-    SELECT decision_id, label, created_at, label_id
-    FROM labels WHERE source = 'teacher' AND valid
-), t AS (
-    SELECT decision_id, label FROM tl
-    QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts DESC, ord DESC) = 1
-), h AS (
-    SELECT decision_id, label FROM labels WHERE source = 'human'
-    QUALIFY row_number() OVER (PARTITION BY decision_id
-                               ORDER BY created_at DESC, label_id DESC) = 1
-), bf AS (
-    SELECT DISTINCT decision_id FROM labels WHERE source = 'teacher' AND valid
-), res AS (
+WITH res AS (
     SELECT DISTINCT decision_id FROM resolutions
 ), base AS MATERIALIZED (
     SELECT d.created_at, d.layer, d.tier, d.label, d.l2_label,
            d.l2_confidence IS NOT NULL AS has_l2,
            d.audit, d.pending,
-           d.pending AND res.decision_id IS NULL AND bf.decision_id IS NULL AS pending_open,
+           d.pending AND res.decision_id IS NULL AND NOT coalesce(l.has_teacher, false) AS pending_open,
            d.teacher_model IS NOT NULL AS teacher_called,
-           t.decision_id IS NOT NULL AS has_t, t.label AS t_label,
-           h.decision_id IS NOT NULL AS has_h, h.label AS h_label,
+           coalesce(l.has_teacher, false) AS has_t, l.teacher_label AS t_label,
+           coalesce(l.has_human, false) AS has_h, l.human_label AS h_label,
            {window} AS w
     FROM decisions d
-    LEFT JOIN t ON t.decision_id = d.decision_id
-    LEFT JOIN h ON h.decision_id = d.decision_id
-    LEFT JOIN bf ON bf.decision_id = d.decision_id
+    LEFT JOIN decision_labels l ON l.decision_id = d.decision_id
     LEFT JOIN res ON res.decision_id = d.decision_id
 )
 """
@@ -202,7 +187,7 @@ def parse_window(window: str | int) -> str | int:
     return n
 
 
-def _int_option(name: str, value: str) -> int:
+def int_option(name: str, value: str) -> int:
     try:
         return int(str(value).strip())
     except ValueError:
@@ -359,8 +344,6 @@ def _minute(iso: str | None) -> str:
     return "-" if not iso else iso[:16].replace("T", " ")
 
 
-def _name(label: str | None) -> str:
-    return OOS_NAME if label is None else str(label)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -445,7 +428,7 @@ def format_table(stats: dict[str, Any]) -> str:
         if pairs:
             lines.append("")
             lines.append(title + ":")
-            rows = [[_name(p[a]), "->", _name(p[b]), str(p["n"])] for p in pairs]
+            rows = [[label_name(p[a]), "->", label_name(p[b]), str(p["n"])] for p in pairs]
             lines.extend("  " + ln for ln in _table([a, "", b, "n"], rows, {3}))
     return "\n".join(lines)
 
@@ -468,49 +451,10 @@ def stats_for_path(path: str | Path, *, window: str | int = "day", last: int | N
         out = empty_stats(window)
         out.update(log_path=str(p), missing=True)
         return out
-    from training.logstore import LogStore
+    from logstore import LogStore
 
     store = LogStore(p)
     full = convergence(store, window=window, last=last, top=top)
     full["log_path"] = store.path
     full["missing"] = False
     return full
-
-
-def register(app: "typer.Typer") -> None:
-    """Add the ``stats`` command to ``app`` (once per app)."""
-    import typer
-
-    for info in getattr(app, "registered_commands", []):
-        if info.name == "stats":
-            return
-
-    @app.command("stats")
-    def stats_command(
-        window: str = typer.Option("day", "--window",
-                                   help="'day' (also 'hour', 'week') or N: windows of N decisions."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-        home: Optional[Path] = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)"),
-        last: Optional[str] = typer.Option(None, "--last", metavar="N",
-                                           help="Show only the last N windows."),
-        top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),
-    ) -> None:
-        """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions."""
-        from classifier.config import load_config
-
-        # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
-        # exit code 2), which training.cli.main prints as one "flywheel: error: ..." line.
-        # (--last/--top are parsed here, not by typer, for the same one-line errors)
-        last_n = None if last is None else _int_option("--last", last)
-        top_n = _int_option("--top", top)
-        cfg = load_config(home=home, log_db=log_db)
-        result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n)
-        if result.get("missing"):
-            typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
-                       err=True)
-        if as_json:
-            sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
-        else:
-            typer.echo(format_table(result))

@@ -34,7 +34,7 @@ from classifier.head import IntentHead, precision_cutoff
 from classifier.model import IntentModel
 from classifier.text import normalise_key
 from classifier.tiers import Thresholds
-from training.dataset import LabelledSet, TrainingSet
+from training.trainset import LabelledSet, TrainingSet
 
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "layer2_state"]
 
@@ -73,8 +73,7 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
     """
     if store is None:
         return None
-    rows = store.query("SELECT decision_id, text FROM decisions WHERE encoder_id = ? "
-                       "ORDER BY created_at DESC LIMIT ?", [encoder_id, int(n)])
+    rows = store.latest_decisions(encoder_id, n)
     if not rows:
         return None
     unlabelled: list[str] = []

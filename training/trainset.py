@@ -270,7 +270,7 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
 
     Parameters
     ----------
-    store : training.logstore.LogStore or None
+    store : logstore.LogStore or None
         The traffic log (``None``: intent examples only).
     intents : IntentSet
         The intent set to train; labels outside it are dropped.
@@ -313,13 +313,9 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     invalid = 0
     human_ts: dict[str, float] = {}
     if store is not None:
-        invalid = int(store.query(
-            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
-            "(SELECT count(*) FROM labels WHERE source = 'teacher' AND NOT valid)")[0][0])
+        invalid = store.invalid_teacher_answers()
         if any(r.has_human_label for r in rows):
-            human_ts = {did: us / 1e6 for did, us in store.query(
-                "SELECT decision_id, epoch_us(max(created_at)) FROM labels "
-                "WHERE source = 'human' GROUP BY decision_id")}
+            human_ts = store.human_label_times()
     say(f"read {len(rows):,} labelled decisions from the log and {len(ex_texts):,} intent examples")
     n_human_rows = n_teacher_rows = 0
     for r in rows:

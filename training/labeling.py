@@ -1,52 +1,16 @@
-"""A classifier wired to the traffic log: every decision logged, audit answers and
-back-filled teacher labels stored. Used by the CLI and by the gRPC sidecar."""
+"""``flywheel label``: ask the teacher, in batches, for decisions that needed it while
+it was down (the log's *pending* decisions)."""
 
 from __future__ import annotations
 
-import logging
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-from classifier.config import Config
-from classifier.decision import TeacherCall
-from classifier.default import build_classifier
 from classifier.errors import FlywheelError, TeacherError
-from classifier.pipeline import Classifier, RETRYABLE_TEACHER_ERRORS
-from classifier.protocols import DecisionRecord
-from training.logstore import LogStore
+from classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
+from logstore import LogStore
 
-log = logging.getLogger("flywheel.serving")
-
-
-@dataclass
-class Served:
-    classifier: Classifier
-    store: LogStore | None
-
-    def close(self) -> None:
-        self.classifier.close()
-
-
-def open_classifier(cfg: Config, *, log_decisions: bool = True, progress: bool = True,
-                    **kwargs: Any) -> Served:
-    """Build the default classifier for ``cfg`` with the DuckDB log and audit sampling."""
-    store = LogStore(cfg.log_path) if log_decisions else None
-
-    def on_audit(record: DecisionRecord, call: TeacherCall) -> None:
-        if store is None:
-            return
-        try:
-            store.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms)
-        except FlywheelError as exc:
-            log.warning("audit answer for %s not stored: %s", record.decision.id, exc)
-
-    if store is not None:
-        kwargs.setdefault("log_sink", store.open_sink())
-        kwargs.setdefault("audit_rate", cfg.audit_rate)
-        kwargs.setdefault("audit_callback", on_audit)
-    clf = build_classifier(cfg, progress=progress, **kwargs)
-    return Served(clf, store)
+__all__ = ["backfill_pending"]
 
 
 def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, limit: int | None = None,

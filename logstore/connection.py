@@ -2,11 +2,10 @@
 
 :func:`connect` opens the file read-write, retrying DuckDB's lock error with bounded,
 jittered exponential backoff, and raises :class:`LogStoreBusyError` when it stayed
-locked for ``busy_timeout_s``; :func:`_process_lock` serialises all opens of one file
-within this process. Both :class:`training.logstore.LogStore` and the background
-writer of :class:`training.spool.DuckDBLogSink` go through here; see
-:mod:`training.logstore` for the design. Everything public here is re-exported by
-:mod:`training.logstore`.
+locked for ``busy_timeout_s``; :func:`process_lock` serialises all opens of one file
+within this process. Both :class:`logstore.store.LogStore` and the background writer
+of :class:`logstore.sink.DuckDBLogSink` go through here; see :mod:`logstore.store`
+for the design.
 """
 
 from __future__ import annotations
@@ -20,20 +19,9 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
-from classifier.errors import FlywheelError
+from logstore.errors import LogStoreBusyError, LogStoreError
 
-__all__ = ["LogStoreError", "LogStoreBusyError", "DEFAULT_BUSY_TIMEOUT_S", "stats", "connect"]
-
-
-class LogStoreError(FlywheelError):
-    """The traffic log cannot be opened, read or written."""
-
-    exit_code = 2
-
-
-class LogStoreBusyError(LogStoreError):
-    """Another process kept the log database locked for longer than ``busy_timeout_s``."""
-
+__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "stats", "connect", "process_lock", "arrow_table"]
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 
@@ -44,7 +32,8 @@ _process_locks: dict[str, threading.RLock] = {}
 _process_locks_guard = threading.Lock()
 
 
-def _process_lock(path: str) -> threading.RLock:
+def process_lock(path: str) -> threading.RLock:
+    """The lock that serialises every open of the database at ``path`` in this process."""
     with _process_locks_guard:
         lock = _process_locks.get(path)
         if lock is None:
@@ -86,7 +75,7 @@ def connect(path: str | os.PathLike, busy_timeout_s: float = DEFAULT_BUSY_TIMEOU
             raise LogStoreError(f"cannot open log database {path}: {exc}") from exc
 
 
-def _arrow(con, sql: str, params: Sequence[Any]) -> pa.Table:
+def arrow_table(con, sql: str, params: Sequence[Any]) -> pa.Table:
     """Run a read query into an Arrow table (``to_arrow_table`` is ``arrow`` before duckdb 1.4)."""
     rel = con.sql(sql, params=list(params))
     fetch = getattr(rel, "to_arrow_table", None) or rel.arrow

@@ -65,21 +65,15 @@ import numpy as np
 import pyarrow as pa
 
 from classifier.protocols import HistoryEntry
-# The connection helpers (training.duck) and the sink (training.spool) live in their own
-# modules; every name that used to be defined here is re-exported.
-from training.duck import (DEFAULT_BUSY_TIMEOUT_S, LogStoreBusyError, LogStoreError,  # noqa: F401
-                           _arrow, _is_lock_error, _process_lock, _process_locks,
-                           _process_locks_guard, connect, stats)
-from training.migrations import (SCHEMA_VERSION, SEGMENT_SCHEMA, _list_segments, _utcnow,  # noqa: F401
-                                 apply_migrations, current_version, ingest_spool,
-                                 records_to_table, write_segment)
-from training.spool import DuckDBLogSink, _close_quietly, _Marker, _Writer  # noqa: F401
+from logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock
+from logstore.errors import LogStoreError, UnknownDecisionError
+from logstore.schema import apply_migrations, current_version, utcnow
+from logstore.segments import ingest_spool
+from logstore.sink import DuckDBLogSink
 
 log = logging.getLogger("flywheel.logstore")
 
-__all__ = ["LogStore", "DuckDBLogSink", "LabelledRow", "LogStoreError", "LogStoreBusyError",
-           "connect", "stats", "SCHEMA_VERSION", "SEGMENT_SCHEMA", "records_to_table",
-           "write_segment", "ingest_spool"]
+__all__ = ["LogStore", "LabelledRow"]
 
 
 def _to_utc(ts: float | datetime) -> datetime:
@@ -146,28 +140,11 @@ def _history(items) -> tuple[HistoryEntry, ...]:
 
 
 _LABELLED_SQL = """
-WITH tl AS (
-    SELECT decision_id, teacher_label AS label, teacher_model AS model,
-           created_at AS ts, 0::BIGINT AS ord
-    FROM decisions WHERE teacher_valid
-    UNION ALL
-    SELECT decision_id, label, model, created_at, label_id
-    FROM labels WHERE source = 'teacher' AND valid
-), t AS (
-    SELECT decision_id, list(label ORDER BY ts, ord) AS labels,
-           list(model ORDER BY ts, ord) AS models, max(ts) AS ts
-    FROM tl GROUP BY decision_id
-), h AS (
-    SELECT decision_id, list(label ORDER BY created_at, label_id) AS labels,
-           list(author ORDER BY created_at, label_id) AS authors, max(created_at) AS ts
-    FROM labels WHERE source = 'human' GROUP BY decision_id
-)
 SELECT d.decision_id, d.text, epoch_us(d.created_at), d.layer, d.label, d.confidence,
-       d.l2_label, d.l2_confidence, t.labels, t.models, h.labels, h.authors,
-       d.encoder_id, d.session_id, d.history
+       d.l2_label, d.l2_confidence, l.teacher_labels, l.teacher_models, l.human_labels,
+       l.human_authors, d.encoder_id, d.session_id, d.history
 FROM decisions d
-LEFT JOIN t ON t.decision_id = d.decision_id
-LEFT JOIN h ON h.decision_id = d.decision_id
+{join} JOIN decision_labels l ON l.decision_id = d.decision_id
 WHERE {where}
 ORDER BY d.created_at, d.decision_id
 """
@@ -199,7 +176,7 @@ class LogStore:
             probe.unlink()
         except OSError as exc:
             raise LogStoreError(f"log database path {self.path} is not writable: {exc}") from exc
-        with _process_lock(self.path):
+        with process_lock(self.path):
             con = connect(self.path, self.busy_timeout_s)
             try:
                 self.migrations_applied = apply_migrations(con, self.path)
@@ -215,7 +192,7 @@ class LogStore:
     # -- plumbing
     def _run(self, fn, *, ingest: bool = True):
         """Open (with lock retries), ingest the spool, run ``fn(con)``, close."""
-        with _process_lock(self.path):
+        with process_lock(self.path):
             con = connect(self.path, self.busy_timeout_s)
             try:
                 if ingest:
@@ -252,7 +229,7 @@ class LogStore:
                 return False
             con.execute("INSERT INTO labels (decision_id, source, label, model, valid, "
                         "latency_ms, author, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [decision_id, *row, _utcnow()])
+                        [decision_id, *row, utcnow()])
             return True
 
         if self._run(op):
@@ -260,12 +237,12 @@ class LogStore:
         for sink in list(self._sinks):  # maybe still buffered in this process
             sink.flush()
         if not self._run(op):
-            raise LogStoreError(f"unknown decision id {decision_id!r} in log {self.path}")
+            raise UnknownDecisionError(f"unknown decision id {decision_id!r} in log {self.path}")
 
     def add_human_label(self, decision_id: str, label: str | None, *,
                         author: str | None = None) -> None:
         """Record a human label (``None`` = out of scope); the latest one wins and it
-        always beats the teacher's. Unknown ``decision_id`` -> :class:`LogStoreError`."""
+        always beats the teacher's. Unknown ``decision_id`` -> :class:`UnknownDecisionError`."""
         if label is not None and not isinstance(label, str):
             raise LogStoreError(f"label must be a string or None, got {label!r}")
         self._add_label(decision_id, ["human", label, None, True, None, author])
@@ -282,8 +259,8 @@ class LogStore:
         valid teacher label nor a resolution yet, oldest first: ``(id, text, history)``."""
         sql = ("SELECT d.decision_id, d.text, d.history FROM decisions d WHERE d.pending "
                "AND NOT EXISTS (SELECT 1 FROM resolutions r WHERE r.decision_id = d.decision_id) "
-               "AND NOT EXISTS (SELECT 1 FROM labels l WHERE l.decision_id = d.decision_id "
-               "AND l.source = 'teacher' AND l.valid) ORDER BY d.created_at, d.decision_id")
+               "AND NOT EXISTS (SELECT 1 FROM decision_labels l WHERE l.decision_id = d.decision_id "
+               "AND l.has_teacher) ORDER BY d.created_at, d.decision_id")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         rows = self._run(lambda con: con.execute(sql).fetchall())
@@ -301,7 +278,7 @@ class LogStore:
                     "FROM _flywheel_ids i "
                     "WHERE i.decision_id IN (SELECT decision_id FROM decisions) "
                     "AND i.decision_id NOT IN (SELECT decision_id FROM resolutions)",
-                    [_utcnow()]).fetchone()[0]
+                    [utcnow()]).fetchone()[0]
             finally:
                 con.unregister("_flywheel_ids")
         return int(self._run(op) or 0)
@@ -313,12 +290,11 @@ class LogStore:
         ``labelled_only=False``), oldest first. With ``since`` (unix seconds or
         datetime): only rows whose decision *or* one of whose labels is that new."""
         conds, params = [], []
-        if labelled_only:
-            conds.append("(t.decision_id IS NOT NULL OR h.decision_id IS NOT NULL)")
         if since is not None:
-            conds.append("(d.created_at >= ? OR t.ts >= ? OR h.ts >= ?)")
+            conds.append("(d.created_at >= ? OR l.teacher_at >= ? OR l.human_at >= ?)")
             params += [_to_utc(since)] * 3
-        sql = _LABELLED_SQL.format(where=" AND ".join(conds) or "TRUE")
+        sql = _LABELLED_SQL.format(join="" if labelled_only else "LEFT",
+                                   where=" AND ".join(conds) or "TRUE")
         rows = self._run(lambda con: con.execute(sql, params).fetchall())
         out = []
         for (did, text, us, layer, label, conf, l2l, l2c, tls, tms, hls, has, enc, sid,
@@ -358,7 +334,7 @@ class LogStore:
             if keys is not None:
                 con.register("_flywheel_keys", keys)
             try:
-                return _arrow(con, sql, params)
+                return arrow_table(con, sql, params)
             finally:
                 if keys is not None:
                     con.unregister("_flywheel_keys")
@@ -371,12 +347,12 @@ class LogStore:
         ``encoder_id``, with their logged vectors: ``(decision_ids, texts, labels, vectors)``,
         newest first (vectors as :meth:`embeddings` returns them). Decisions without a
         stored vector of that encoder are left out. (The retrain job's self-training rows;
-        see :mod:`training.dataset`.)"""
+        see :mod:`training.trainset`.)"""
         sql = ("SELECT d.decision_id AS i, d.text AS t, d.label AS l, e.vector AS v FROM decisions d "
                "JOIN embeddings e ON e.decision_id = d.decision_id AND e.encoder_id = d.encoder_id "
                "WHERE d.layer = 'embedding' AND d.tier = 'confident' AND d.label IS NOT NULL "
                "AND d.encoder_id = ? ORDER BY d.created_at DESC, d.decision_id LIMIT ?")
-        table = self._run(lambda con: _arrow(con, sql, [encoder_id, int(limit)]))
+        table = self._run(lambda con: arrow_table(con, sql, [encoder_id, int(limit)]))
         return (table.column("i").to_pylist(), table.column("t").to_pylist(), table.column("l").to_pylist(),
                 _vectors(table.column("v")))
 
@@ -390,6 +366,39 @@ class LogStore:
             "SELECT layer, count(*) FROM decisions GROUP BY layer ORDER BY layer").fetchall())
         return {layer: int(n) for layer, n in rows}
 
+    # -- reads for the retrain job
+    def count_new_labels(self, since: float | None) -> int:
+        """Valid teacher answers (inline or back-filled) and human labels that reached the
+        log after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts
+        from when its decision was ingested (``logged_at``), so a decision that was still
+        spooled while a model was trained counts as new."""
+        ts = _to_utc(since if since is not None else 0.0)
+        return int(self._run(lambda con: con.execute(
+            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
+            "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels "
+            "WHERE (source = 'human' OR valid) AND created_at > ?)", [ts, ts]).fetchone()[0]))
+
+    def invalid_teacher_answers(self) -> int:
+        """Teacher answers logged as invalid (inline or back-filled): never training data."""
+        return int(self._run(lambda con: con.execute(
+            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
+            "(SELECT count(*) FROM labels WHERE source = 'teacher' AND NOT valid)").fetchone()[0]))
+
+    def human_label_times(self) -> dict[str, float]:
+        """decision id -> unix time of its latest human label."""
+        rows = self._run(lambda con: con.execute(
+            "SELECT decision_id, epoch_us(human_at) FROM decision_labels WHERE has_human").fetchall())
+        return {did: us / 1e6 for did, us in rows}
+
+    def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
+        """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``
+        (layer 2 ran on them), newest first."""
+        return self._run(lambda con: con.execute(
+            "SELECT decision_id, text FROM decisions WHERE encoder_id = ? "
+            "ORDER BY created_at DESC, decision_id DESC LIMIT ?", [encoder_id, int(n)]).fetchall())
+
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
-        """Run one SQL statement (meant for stats) and return all rows."""
+        """Run one read-only SQL statement (``flywheel stats``' report) and return all rows.
+
+        The tables and the ``decision_labels`` view are described in :mod:`logstore.schema`."""
         return self._run(lambda con: con.execute(sql, list(params or [])).fetchall())

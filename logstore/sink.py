@@ -3,9 +3,8 @@
 ``DuckDBLogSink.write`` only appends to an in-memory deque; the writer thread
 (:class:`_Writer`) turns queued records into Arrow IPC segment files in
 ``<path>.spool/`` and, every ``ingest_interval_s``, tries once to ingest them into
-DuckDB. See :mod:`training.logstore` for the whole design (durability, back-pressure,
-locking); :class:`~training.logstore.LogStore` opens sinks and re-exports
-:class:`DuckDBLogSink`.
+DuckDB. See :mod:`logstore.store` for the whole design (durability, back-pressure,
+locking); :meth:`logstore.store.LogStore.open_sink` opens sinks.
 """
 
 from __future__ import annotations
@@ -18,11 +17,12 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from classifier.protocols import DecisionRecord
-from training.duck import LogStoreBusyError, LogStoreError, _process_lock, connect
-from training.migrations import _list_segments, ingest_spool, records_to_table, write_segment
+from logstore.connection import connect, process_lock
+from logstore.errors import LogStoreBusyError, LogStoreError
+from logstore.segments import ingest_spool, list_segments, records_to_table, write_segment
 
 if TYPE_CHECKING:
-    from training.logstore import LogStore
+    from logstore.store import LogStore
 
 log = logging.getLogger("flywheel.logstore")  # the same logger as before the split
 
@@ -153,12 +153,12 @@ class _Writer:
         return table.num_rows
 
     def _try_ingest(self, busy_timeout_s: float) -> None:
-        lock = _process_lock(self.path)
+        lock = process_lock(self.path)
         got = lock.acquire(timeout=busy_timeout_s) if busy_timeout_s > 0 else lock.acquire(False)
         if not got:  # a reader of this process holds it, and ingests for us
             return
         try:
-            if not _list_segments(self.spool):
+            if not list_segments(self.spool):
                 return
             con = connect(self.path, busy_timeout_s)
             try:

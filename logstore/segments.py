@@ -1,31 +1,9 @@
-"""On-disk format of the traffic log: numbered schema migrations and spool segments.
+"""Spool segments: the Arrow IPC files the sink writes and the store ingests.
 
-The two change together: a column added by a migration is also a field of
-:data:`SEGMENT_SCHEMA` (the Arrow schema of the spool segments, which mirrors the
-``decisions`` table plus the ``embedding`` column) and is filled by
-:func:`records_to_table`. :func:`ingest_spool` moves segments into the tables.
-
-``MIGRATIONS`` is an ordered list of ``(number, sql)``. :func:`apply_migrations`
-records each applied number in ``schema_version`` inside the same transaction as
-the migration itself, so applying is idempotent and a crash half-way leaves either
-the old or the new version, never a mix. A database whose recorded version is newer
-than :data:`SCHEMA_VERSION` (written by a newer flywheel) is refused with a
-:class:`~training.logstore.LogStoreError` instead of being half-understood.
-
-Rules for adding a migration: append ``(SCHEMA_VERSION + 1, sql)``; never edit or
-reorder an applied one. Spool segments written by older code are ingested with
-``INSERT ... BY NAME``, so new columns must be nullable or have a default.
-
-Tables (all timestamps are naive UTC ``TIMESTAMP``):
-
-- ``decisions``: one row per logged decision (the :class:`DecisionRecord`, flattened;
-  ``teacher_*`` is the inline LLM call, kept even when invalid, with
-  ``teacher_valid``; ``l2_label``/``l2_confidence`` is what layer 2 said).
-- ``embeddings``: the layer-2 vector of a decision with the encoder that made it.
-- ``labels``: append-only human labels and back-filled teacher labels
-  (``label`` NULL = out of scope; ``valid`` false rows are kept for stats only).
-- ``resolutions``: pending decisions that the retrain job has dealt with.
-- ``ingested_segments``: bookkeeping that makes spool ingestion exactly-once.
+:data:`SEGMENT_SCHEMA` mirrors the ``decisions`` table (see :mod:`logstore.schema`)
+plus the ``embedding`` column; :func:`records_to_table` fills it from
+:class:`~classifier.protocols.DecisionRecord` objects; :func:`write_segment` writes one
+atomically; :func:`ingest_spool` moves finished segments into the tables, exactly once.
 """
 
 from __future__ import annotations
@@ -34,7 +12,6 @@ import itertools
 import logging
 import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,131 +21,16 @@ import pyarrow as pa
 
 from classifier.decision import Layer, Tier
 from classifier.protocols import DecisionRecord
+from logstore.schema import SCHEMA_VERSION, utcnow
+
+__all__ = ["SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "records_to_table", "write_segment", "list_segments",
+           "ingest_spool"]
 
 log = logging.getLogger("flywheel.logstore")
 
 SEGMENT_SUFFIX = ".arrow"
 _STALE_TMP_S = 3600.0
 _MAX_ROWS_PER_INGEST_TXN = 200_000
-
-MIGRATIONS: list[tuple[int, str]] = [
-    (1, """
-CREATE TABLE decisions (
-    decision_id        VARCHAR NOT NULL,
-    created_at         TIMESTAMP NOT NULL,
-    session_id         VARCHAR,
-    text               VARCHAR NOT NULL,
-    history            STRUCT(label VARCHAR, snippet VARCHAR)[],
-    declared_type      VARCHAR,
-    layer              VARCHAR NOT NULL,
-    label              VARCHAR,
-    confidence         DOUBLE,
-    tier               VARCHAR,
-    reason             VARCHAR,
-    alternatives       STRUCT(label VARCHAR, confidence DOUBLE)[],
-    model_version      VARCHAR,
-    encoder_id         VARCHAR,
-    latency_ms         MAP(VARCHAR, DOUBLE),
-    teacher_model      VARCHAR,
-    teacher_label      VARCHAR,
-    teacher_valid      BOOLEAN,
-    teacher_latency_ms DOUBLE,
-    teacher_error      VARCHAR,
-    audit              BOOLEAN NOT NULL DEFAULT FALSE,
-    pending            BOOLEAN NOT NULL DEFAULT FALSE,
-    l2_label           VARCHAR,
-    l2_confidence      DOUBLE,
-    logged_at          TIMESTAMP
-);
-CREATE TABLE embeddings (
-    decision_id VARCHAR NOT NULL,
-    encoder_id  VARCHAR NOT NULL,
-    dim         INTEGER NOT NULL,
-    vector      FLOAT[] NOT NULL
-);
-CREATE SEQUENCE labels_seq;
-CREATE TABLE labels (
-    label_id    BIGINT NOT NULL DEFAULT nextval('labels_seq'),
-    decision_id VARCHAR NOT NULL,
-    source      VARCHAR NOT NULL CHECK (source IN ('human', 'teacher')),
-    label       VARCHAR,
-    model       VARCHAR,
-    valid       BOOLEAN NOT NULL,
-    latency_ms  DOUBLE,
-    author      VARCHAR,
-    created_at  TIMESTAMP NOT NULL
-);
-CREATE TABLE resolutions (
-    decision_id VARCHAR NOT NULL,
-    resolved_at TIMESTAMP NOT NULL
-);
-CREATE TABLE ingested_segments (
-    name        VARCHAR PRIMARY KEY,
-    rows        BIGINT NOT NULL,
-    ingested_at TIMESTAMP NOT NULL
-);
-"""),
-]
-
-SCHEMA_VERSION: int = MIGRATIONS[-1][0]
-
-
-def _check_list() -> None:
-    numbers = [n for n, _ in MIGRATIONS]
-    if numbers != list(range(1, len(numbers) + 1)):
-        raise RuntimeError(f"MIGRATIONS must be numbered 1..n in order, got {numbers}")
-
-
-_check_list()
-
-
-def current_version(con) -> int:
-    """The schema version recorded in the open database (0 for a new file)."""
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables "
-        "WHERE table_schema = 'main' AND table_name = 'schema_version'").fetchone()[0]
-    if not exists:
-        return 0
-    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
-
-
-def apply_migrations(con, path: str = "<database>") -> list[int]:
-    """Bring the database on ``con`` up to :data:`SCHEMA_VERSION`; return the numbers applied.
-
-    Raises :class:`~training.logstore.LogStoreError` when the file was written by a
-    newer schema than this code knows.
-    """
-    from training.logstore import LogStoreError  # late: logstore imports this module
-
-    con.execute("CREATE TABLE IF NOT EXISTS schema_version ("
-                "version INTEGER PRIMARY KEY, applied_at TIMESTAMP NOT NULL)")
-    version = current_version(con)
-    if version > SCHEMA_VERSION:
-        raise LogStoreError(
-            f"log database {path} has schema version {version}, newer than this flywheel "
-            f"knows ({SCHEMA_VERSION}); upgrade flywheel or use another log path")
-    applied: list[int] = []
-    for number, sql in MIGRATIONS:
-        if number <= version:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(sql)
-            con.execute("INSERT INTO schema_version VALUES (?, ?)", [number, _utcnow()])
-            con.execute("COMMIT")
-        except Exception as exc:
-            con.execute("ROLLBACK")
-            raise LogStoreError(f"log database {path}: migration {number} failed: {exc}") from exc
-        applied.append(number)
-    return applied
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-# --------------------------------------------------------------------------- segments
 
 _HISTORY_T = pa.list_(pa.struct([("label", pa.string()), ("snippet", pa.string())]))
 _ALTS_T = pa.list_(pa.struct([("label", pa.string()), ("confidence", pa.float64())]))
@@ -182,7 +44,7 @@ SEGMENT_SCHEMA = pa.schema([
     ("latency_ms", _LAT_T), ("teacher_model", pa.string()), ("teacher_label", pa.string()),
     ("teacher_valid", pa.bool_()), ("teacher_latency_ms", pa.float64()),
     ("teacher_error", pa.string()), ("audit", pa.bool_()), ("pending", pa.bool_()),
-    ("l2_label", pa.string()), ("l2_confidence", pa.float64()),
+    ("l2_label", pa.string()), ("l2_confidence", pa.float64()), ("l2_tier", pa.string()),
     ("embedding", pa.list_(pa.float32())),
 ], metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
@@ -198,22 +60,11 @@ def _v(x: Any) -> Any:
     return v if v is not None else getattr(x, "value", x)
 
 
-def _layer2(d) -> tuple[str | None, float | None]:
-    """What layer 2 said: the decision itself when layer 2 decided; for an LLM decision
-    the top alternative (layer 2's ranking offered to the teacher), when there is one."""
-    layer = d.layer
-    if layer == "embedding":
-        return d.label, float(d.confidence)
-    if layer == "llm" and d.alternatives:
-        return d.alternatives[0].label, float(d.alternatives[0].confidence)
-    return None, None
-
-
 def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
     """Flatten decision records into one Arrow table of :data:`SEGMENT_SCHEMA`."""
     ds = [r.decision for r in records]
     ts = [r.decision.teacher for r in records]
-    l2 = [_layer2(d) for d in ds]
+    l2 = [r.layer2 for r in records]
     created = np.fromiter(((time.time() if r.created_at is None else r.created_at)
                            for r in records), dtype=np.float64, count=len(records))
     embs = [r.embedding for r in records]
@@ -254,8 +105,9 @@ def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
         pa.array([t.error if t else None for t in ts], pa.string()),
         pa.array([bool(r.audit) for r in records], pa.bool_()),
         pa.array([bool(r.pending) for r in records], pa.bool_()),
-        pa.array([x[0] for x in l2], pa.string()),
-        pa.array([x[1] for x in l2], pa.float64()),
+        pa.array([a.label if a else None for a in l2], pa.string()),
+        pa.array([float(a.confidence) if a else None for a in l2], pa.float64()),
+        pa.array([_v(a.tier) if a else None for a in l2], pa.string()),
         emb,
     ]
     return pa.Table.from_arrays(cols, schema=SEGMENT_SCHEMA)
@@ -288,7 +140,7 @@ def write_segment(spool: Path, table: pa.Table, *, fsync: bool = True,
     return final
 
 
-def _list_segments(spool: Path) -> list[str]:
+def list_segments(spool: Path) -> list[str]:
     names = []
     now = time.time()
     try:
@@ -325,7 +177,7 @@ def _insert_segments(con, chunk: list[tuple[str, pa.Table]], clear_names: bool =
     ``clear_names`` first forget the names of earlier segments (their files are gone)."""
     seg = pa.concat_tables([t for _, t in chunk], promote_options="default")
     names = pa.table({"name": [n for n, _ in chunk], "rows": [t.num_rows for _, t in chunk]})
-    now = _utcnow()
+    now = utcnow()
     con.register("_flywheel_seg", seg)
     con.register("_flywheel_names", names)
     try:
@@ -358,7 +210,7 @@ def ingest_spool(con, spool: Path) -> int:
     A segment that cannot be read or inserted (never expected: records are checked
     when the segment is written) is renamed ``*.bad`` so it cannot block the rest.
     """
-    names = _list_segments(spool)
+    names = list_segments(spool)
     if not names:
         return 0
     done = {r[0] for r in con.execute("SELECT name FROM ingested_segments").fetchall()}

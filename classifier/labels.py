@@ -1,0 +1,57 @@
+"""One meaning for "out of scope".
+
+Inside flywheel, out of scope is ``None`` (a decision's ``label``, a training row's
+label, a logged label). Where a label is a string given by someone else (a declared
+type, a feedback label, a teacher's answer) or shown to someone (reports, stats),
+out of scope is :data:`OUT_OF_SCOPE`; :func:`parse_label` is the one parser, and it
+also accepts the aliases in :data:`OUT_OF_SCOPE_NAMES` (any case).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from classifier.errors import InvalidInputError, UnknownLabelError
+
+__all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "is_out_of_scope_name", "parse_label", "label_name"]
+
+#: How out of scope is written wherever a label is a string.
+OUT_OF_SCOPE = "OUT_OF_SCOPE"
+#: The names accepted for it (compared upper-cased).
+OUT_OF_SCOPE_NAMES = frozenset({OUT_OF_SCOPE, "OOS", "NONE"})
+
+
+def is_out_of_scope_name(value: str) -> bool:
+    """Whether ``value`` names out of scope (``OUT_OF_SCOPE``, ``OOS`` or ``NONE``, any case)."""
+    return value.strip().upper() in OUT_OF_SCOPE_NAMES
+
+
+def parse_label(value: object, labels: Sequence[str] | None, *, what: str = "label") -> str | None:
+    """A label string as flywheel means it: one of ``labels``, or ``None`` for out of scope.
+
+    ``labels=None`` accepts any non-empty label (the label set is unknown). Raises
+    :class:`~classifier.errors.InvalidInputError` for a non-string or blank value and
+    :class:`~classifier.errors.UnknownLabelError` for a label outside ``labels``; both
+    messages start with ``what`` ("declared type", "feedback label", ...).
+
+    >>> parse_label("oos", ["A"]) is None
+    True
+    >>> parse_label(" A ", ["A"])
+    'A'
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(f"{what} must be a non-empty string, got {value!r}")
+    name = value.strip()
+    if labels is not None and name in labels:
+        return name
+    if is_out_of_scope_name(name):
+        return None
+    if labels is None:
+        return name
+    known = ", ".join(list(labels)[:20]) + (f", … ({len(labels)} in all)" if len(labels) > 20 else "")
+    raise UnknownLabelError(f"unknown {what} {value!r}; known: {known}, {OUT_OF_SCOPE}")
+
+
+def label_name(label: str | None) -> str:
+    """The string form of a label: :data:`OUT_OF_SCOPE` for ``None``."""
+    return OUT_OF_SCOPE if label is None else str(label)

@@ -1,0 +1,7 @@
+"""``python -m flywheel`` runs the command line."""
+
+import sys
+
+from flywheel.cli import main
+
+sys.exit(main())

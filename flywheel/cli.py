@@ -1,0 +1,67 @@
+"""The ``flywheel`` command line: one root that registers every command explicitly.
+
+The commands are thin functions over the library, defined next to the code they drive
+(:mod:`service.cli` for serving, :mod:`training.cli` and friends for the offline jobs).
+Settings resolve flag > environment variable > config file > default (see
+:mod:`classifier.config`). Errors print one line ``flywheel: error: ...`` and exit
+with the error's code (2 for bad input or files, 3 for model problems).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from classifier.errors import FlywheelError
+from service.cli import classify_command
+from training.cli import eval_command, feedback_command, label_command, stats_command, train_command
+from training.cli_models import models_app
+from training.cli_retrain import retrain_command
+
+__all__ = ["app", "build_app", "main"]
+
+
+def build_app() -> typer.Typer:
+    """A typer app with every flywheel command."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                      help="flywheel: an intent classifier that gets cheaper the longer it runs.")
+    app.command("classify")(classify_command)
+    app.command("train")(train_command)
+    app.command("eval")(eval_command)
+    app.command("feedback")(feedback_command)
+    app.command("label")(label_command)
+    app.command("retrain")(retrain_command)
+    app.command("stats")(stats_command)
+    app.add_typer(models_app, name="models")
+    return app
+
+
+app = build_app()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app, mapping flywheel errors to one-line messages."""
+    from typer._click import exceptions as click_exc  # typer bundles its own click
+
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except FlywheelError as exc:
+        typer.echo(f"flywheel: error: {exc}", err=True)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return int(getattr(exc, "exit_code", 0) or 0)
+    except typer.Abort:
+        typer.echo("flywheel: aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        typer.echo("flywheel: interrupted", err=True)
+        return 130
+    except click_exc.ClickException as exc:  # usage errors: bad option values, missing arguments
+        exc.show()
+        return exc.exit_code
+    return int(rv) if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

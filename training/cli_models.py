@@ -1,0 +1,97 @@
+"""``flywheel models``: list, promote, roll back and prune model versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from classifier.config import load_config
+from classifier.errors import FlywheelError
+from training.cli import echo_json
+
+__all__ = ["models_app"]
+
+
+models_app = typer.Typer(help="Model versions: list, promote, rollback, prune.", no_args_is_help=True)
+
+
+def _registry(models: Optional[Path], home: Optional[Path]):
+    from classifier.registry import ModelRegistry
+
+    return ModelRegistry(models or load_config(home=home).models_dir)
+
+
+@models_app.command("list")
+def models_list(models: Optional[Path] = typer.Option(None, "--models"),
+                home: Optional[Path] = typer.Option(None, "--home"),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """List versions (the served one marked with *)."""
+    reg = _registry(models, home)
+    vs = reg.versions()
+    if as_json:
+        echo_json([{"version": v.name, "current": v.current, "created_at": v.created_at,
+                     "training_size": v.training_size, "valid": v.valid, "metrics": v.metrics} for v in vs])
+        return
+    if not vs:
+        typer.echo(f"no model versions in {reg.home}")
+        return
+    for v in vs:
+        acc = v.metrics.get("oof_top1_accuracy")
+        typer.echo(f"{'*' if v.current else ' '} {v.name:32} {v.created_at:21} n={v.training_size:<7}"
+                   + (f" cv-top1={acc:.3f}" if isinstance(acc, (int, float)) else "")
+                   + ("" if v.valid else f"  INVALID: {v.problem}"))
+
+
+@models_app.command("promote")
+def models_promote(version: str = typer.Argument(...),
+                   models: Optional[Path] = typer.Option(None, "--models"),
+                   home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Serve VERSION (checked before the switch)."""
+    _registry(models, home).promote(version)
+    typer.echo(f"promoted {version}")
+
+
+@models_app.command("rollback")
+def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
+                    home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Serve the previously promoted version again."""
+    typer.echo(f"rolled back to {_registry(models, home).rollback()}")
+
+
+@models_app.command("prune")
+def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
+                                                   help="Keep the last N promoted versions (rollback depth)."),
+                 keep_recent: int = typer.Option(3, "--keep-recent",
+                                                 help="Keep the N newest versions, promoted or not."),
+                 dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+                 models: Optional[Path] = typer.Option(None, "--models"),
+                 home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Delete old versions; the served one, the last promoted and the newest stay."""
+    reg = _registry(models, home)
+    total = len(reg.versions())
+    if dry_run or not reg.home.is_dir():
+        removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run)
+    else:  # never delete beside a running retrain (it saves, then promotes, a new version)
+        from filelock import FileLock, Timeout
+
+        from training.retrain import LOCK_NAME
+
+        lock = FileLock(str(reg.home / LOCK_NAME))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise FlywheelError(f"a retrain is running ({reg.home / LOCK_NAME} is held); "
+                                "try again when it is done") from None
+        except OSError as exc:
+            raise FlywheelError(f"cannot take the retrain lock {reg.home / LOCK_NAME}: {exc}") from None
+        try:
+            removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent)
+        finally:
+            lock.release()
+    verb = "would remove" if dry_run else "removed"
+    for name in removed:
+        typer.echo(f"{verb} {name}")
+    typer.echo(f"{'dry run: ' if dry_run else ''}{verb} {len(removed)} of {total} versions, "
+               f"{total - len(removed)} kept, in {reg.home}")

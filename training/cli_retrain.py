@@ -1,0 +1,134 @@
+"""``flywheel retrain``: the command over :func:`training.retrain.retrain`, safe for cron.
+
+Exit code 0 whenever the job ran as designed (promoted, kept or skipped), with a first
+line starting with the outcome; one ``flywheel: error: ...`` line otherwise, never a
+traceback (``FLYWHEEL_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from classifier.errors import FlywheelError, ModelError
+from training.retrain import SELF_TRAINING_MAX, RetrainResult, fmt_share, fmt_value, retrain
+
+__all__ = ["retrain_command", "run_from_config", "make_embedder"]
+
+
+def retrain_command(
+    min_new_labels: int = typer.Option(0, "--min-new-labels", min=0,
+                                       help="Skip unless this many labels arrived since the champion."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    tolerance: float = typer.Option(0.01, "--tolerance", help="How much worse the challenger may be."),
+    target_precision: Optional[float] = typer.Option(None, "--target-precision",
+                                                     help="Precision of layer 2's sure answers."),
+    llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
+                                               help="Largest share of traffic left to the LLM, e.g. 0.05."),
+    self_training: float = typer.Option(0.0, "--self-training", min=0.0, max=1.0,
+                                        help="Also train on layer 2's confident decisions at this weight "
+                                             "(0 = off, e.g. 0.3)."),
+    self_training_max: int = typer.Option(SELF_TRAINING_MAX, "--self-training-max", min=0,
+                                          help="At most this many of them (the newest)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
+    intents: Optional[Path] = typer.Option(None, "--intents",
+                                           help="Intent file (default: the champion's bundled intent set)."),
+    home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
+) -> None:
+    """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
+    try:
+        result = run_from_config(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                          target_precision=target_precision, llm_budget=llm_budget, models=models,
+                          log_db=log_db, intents=intents, home=home, progress=not quiet,
+                          self_training=self_training, self_training_max=self_training_max)
+    except FlywheelError as exc:
+        typer.echo(f"flywheel: error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        typer.echo(f"flywheel: error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except Exception as exc:  # noqa: BLE001 - cron wants one line, not a traceback
+        if os.environ.get("FLYWHEEL_DEBUG"):
+            raise
+        typer.echo(f"flywheel: error: retrain failed: {type(exc).__name__}: {exc} "
+                   f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
+    for line in _readable(result):
+        typer.echo(line)
+    if result.dry_run and result.markdown:
+        typer.echo("")
+        typer.echo(result.markdown)
+
+
+def make_embedder(settings: Any) -> Any:
+    """The embedder for an intent set's settings (tests replace this)."""
+    from classifier.embedders import make_embedder
+
+    return make_embedder(settings)
+
+
+def run_from_config(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget, models, log_db, intents,
+             home, progress, self_training=0.0, self_training_max=SELF_TRAINING_MAX) -> RetrainResult:
+    from classifier.config import load_config, starter_intents_path
+    from classifier.intents import load_intents
+    from classifier.registry import ModelRegistry
+    from logstore import LogStore
+
+    cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
+    registry = ModelRegistry(Path(models).expanduser() if models else cfg.models_dir)
+    if intents is not None:
+        intent_set = load_intents(intents)
+    else:
+        intent_set = None
+        if registry.current_name() is not None:
+            try:
+                intent_set = registry.load_current().intents
+            except ModelError:
+                intent_set = None
+        if intent_set is None:
+            intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
+    embedder = make_embedder(intent_set.embedder)
+    store = LogStore(cfg.log_path)
+    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
+                   min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                   target_precision=target_precision, llm_budget=llm_budget, progress=progress,
+                   self_training=self_training, self_training_max=self_training_max)
+
+
+def _readable(result: RetrainResult) -> list[str]:
+    out = [result.summary_line()]
+    if result.outcome == "skipped":
+        return out
+    ch, cp = result.challenger or {}, result.champion
+    for who, m in (("challenger", ch), ("champion", cp)):
+        if not m:
+            continue
+        e = m.get("eval", {})
+        out.append(f"  {who:<10} {m['version']}: accuracy {fmt_value(m.get('accuracy'))} ({m.get('gate_set')}, "
+                   f"n={m.get('n', 0):,}), in-scope {fmt_value(e.get('in_scope_accuracy'))}, oos recall "
+                   f"{fmt_value(e.get('oos_recall'))}, macro F1 {fmt_value(e.get('macro_f1'))}, ECE {fmt_value(e.get('ece'))}, "
+                   f"LLM share {fmt_share(m.get('llm_share'))} ({m.get('llm_share_on')})")
+    d = result.report.get("dataset", {})
+    if d:
+        tr = d["train"]["by_source"]
+        out.append(f"  training rows {d['train']['n']:,} ({tr['intent_example']:,} examples, {tr['teacher']:,} "
+                   f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
+                   f"{d['dropped_unknown_intent']['total']:,} removed intents, "
+                   f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
+    for n in result.report.get("notes", []):
+        out.append(f"  note: {n}")
+    if result.report_path:
+        out.append(f"  report: {result.report_path}")
+    return out
