@@ -10,8 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from classifier.errors import (ConfigError, EmbedderError, FlywheelError, IntentFileError, InvalidInputError,
-                               ModelError, TeacherError, UnknownLabelError)
+from classifier.errors import (
+    ConfigError,
+    EmbedderError,
+    FlywheelError,
+    IntentFileError,
+    InvalidInputError,
+    ModelError,
+    TeacherError,
+    UnknownLabelError,
+)
 from classifier.intents import IntentSet, load_intents
 from classifier.model import IntentModel
 from classifier.pipeline import Classifier

@@ -27,6 +27,8 @@ ENV = {
     "audit_rate": "FLYWHEEL_AUDIT_RATE",
 }
 _FLOATS = {"teacher_timeout_s", "audit_rate"}
+#: The help text of every command's ``--home`` option.
+HOME_HELP = "flywheel home (default: $FLYWHEEL_HOME or the user data dir)"
 
 
 def default_home() -> Path:

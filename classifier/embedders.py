@@ -35,27 +35,16 @@ import numpy as np
 from classifier.errors import EmbedderError, InvalidInputError
 from classifier.intents import EMBEDDER_BACKENDS, EmbedderSettings
 from classifier.protocols import DelegatingEmbedder, Embedder
-
-# The model runners live in classifier.runners; these names are re-exported so that
-# ``from classifier.embedders import loaded_models, _Runner, ...`` keeps working.
-# (runners._PACKED_LINEAR is not: it is rebound on first use, a copy here would go stale.)
-from classifier.runners import (  # noqa: F401 - re-exports
-    _KEY_LOCKS,
-    _MODELS,
-    _REGISTRY_LOCK,
-    _BGEM3Runner,
-    _MeanPoolRunner,
-    _offline,
-    _pack_linears,
-    _packed_linear_class,
-    _prepare,
-    _resolve_device,
-    _Runner,
-    _SentenceTransformerRunner,
-    _shared,
+from classifier.runners import (
+    BGEM3Runner,
+    MeanPoolRunner,
+    Runner,
+    SentenceTransformerRunner,
     clear_loaded_models,
+    hub_offline,
     loaded_models,
     minilm_model_dir,
+    shared_runner,
 )
 
 __all__ = [
@@ -105,7 +94,7 @@ class _LazyEmbedder:
         if num_threads is not None and num_threads < 1:
             raise EmbedderError(f"num_threads must be positive, got {num_threads!r}")
         self.num_threads = num_threads
-        self._loaded: _Runner | None = None
+        self._loaded: Runner | None = None
 
     def _opts(self) -> tuple[str, bool, bool, bool]:
         return (self.device or "auto", self.use_fp16, self.quantize, self.pack_weights)
@@ -118,7 +107,7 @@ class _LazyEmbedder:
     def _key(self) -> Hashable:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _load(self) -> _Runner:  # pragma: no cover - overridden
+    def _load(self) -> Runner:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def _known_dim(self) -> int | None:
@@ -201,7 +190,7 @@ class _LazyEmbedder:
         return np.ascontiguousarray(out, dtype=np.float32)
 
     # -- internals -----------------------------------------------------------------
-    def _encode_batches(self, runner: _Runner, items: list[str], bs: int, progress: bool) -> np.ndarray:
+    def _encode_batches(self, runner: Runner, items: list[str], bs: int, progress: bool) -> np.ndarray:
         from tqdm import tqdm
 
         n = len(items)
@@ -212,10 +201,10 @@ class _LazyEmbedder:
             out[idx] = runner.encode_batch([items[i] for i in idx])
         return out
 
-    def _runner(self) -> _Runner:
+    def _runner(self) -> Runner:
         runner = self._loaded
         if runner is None:
-            def load() -> _Runner:
+            def load() -> Runner:
                 try:
                     return self._load()
                 except EmbedderError:
@@ -223,7 +212,7 @@ class _LazyEmbedder:
                 except Exception as exc:
                     raise EmbedderError(f"could not load {self.id}: {type(exc).__name__}: {exc}") from exc
 
-            runner = _shared(self._key(), load)
+            runner = shared_runner(self._key(), load)
             if self.num_threads is not None:
                 import torch
 
@@ -289,7 +278,7 @@ class MiniLMEmbedder(_LazyEmbedder):
     def _key(self) -> Hashable:
         return ("minilm", *self._opts(), self.layers)
 
-    def _load(self) -> _Runner:
+    def _load(self) -> Runner:
         path = minilm_model_dir()
         max_length = 256
         try:
@@ -297,7 +286,7 @@ class MiniLMEmbedder(_LazyEmbedder):
             max_length = int(cfg.get("max_seq_length", max_length))
         except (OSError, ValueError):
             pass
-        return _MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights,
+        return MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights,
                                self.layers)
 
 
@@ -337,8 +326,8 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
     def _key(self) -> Hashable:
         return ("sentence-transformers", str(self.path), *self._opts())
 
-    def _load(self) -> _Runner:
-        return _SentenceTransformerRunner(self.path, self.device, self.use_fp16, self.quantize, self.pack_weights)
+    def _load(self) -> Runner:
+        return SentenceTransformerRunner(self.path, self.device, self.use_fp16, self.quantize, self.pack_weights)
 
 
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
@@ -413,7 +402,7 @@ class BGEM3Embedder(_LazyEmbedder):
     def _local_dir(self) -> str:
         if os.path.isdir(self._source):
             return self._source
-        _offline()
+        hub_offline()
         try:
             from huggingface_hub import snapshot_download
 
@@ -425,8 +414,8 @@ class BGEM3Embedder(_LazyEmbedder):
                 f"`hf download {self._source}` (or set embedder.model to a local directory) "
                 f"[{type(exc).__name__}]") from None
 
-    def _load(self) -> _Runner:
-        return _BGEM3Runner(self._local_dir(), self.device, self.use_fp16, self.quantize, self.max_length,
+    def _load(self) -> Runner:
+        return BGEM3Runner(self._local_dir(), self.device, self.use_fp16, self.quantize, self.max_length,
                             self.pack_weights)
 
 

@@ -24,8 +24,7 @@ from classifier.history import SessionHistory, coerce_history
 from classifier.intents import IntentSet
 from classifier.labels import label_name, parse_label
 from classifier.model import IntentModel
-from classifier.protocols import (DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink,
-                                  Teacher, TeacherRequest)
+from classifier.protocols import DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink, Teacher, TeacherRequest
 from classifier.rules import RuleEngine
 from classifier.text import CleanText, clean_text
 from classifier.tiers import Layer2Result, Thresholds, assign_tier

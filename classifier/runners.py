@@ -3,17 +3,17 @@
 The low-level half of :mod:`classifier.embedders`. A *runner* is one loaded model whose
 ``encode_batch`` maps a batch of texts to unit-norm float32 rows:
 
-- :class:`_MeanPoolRunner`: tokenizer + ``AutoModel`` + masked mean pooling (MiniLM);
-- :class:`_SentenceTransformerRunner`: any sentence-transformers model directory;
-- :class:`_BGEM3Runner`: bge-m3 through FlagEmbedding, dense vectors only.
+- :class:`MeanPoolRunner`: tokenizer + ``AutoModel`` + masked mean pooling (MiniLM);
+- :class:`SentenceTransformerRunner`: any sentence-transformers model directory;
+- :class:`BGEM3Runner`: bge-m3 through FlagEmbedding, dense vectors only.
 
-Runners are shared process-wide through :func:`_shared` (one lock per model key; see
+Runners are shared process-wide through :func:`shared_runner` (one lock per model key; see
 :func:`loaded_models` and :func:`clear_loaded_models`). :func:`_prepare` sets eval mode,
 precision, optional int8 quantization and oneDNN weight packing (:func:`_pack_linears`).
 
 torch, transformers, sentence-transformers and FlagEmbedding are imported inside the
 functions that need them, never at module import time; Hugging Face libraries are put
-offline (:func:`_offline`) before any load.
+offline (:func:`hub_offline`) before any load.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ import numpy as np
 from classifier.errors import EmbedderError
 
 __all__ = [
+    "Runner",
+    "MeanPoolRunner",
+    "SentenceTransformerRunner",
+    "BGEM3Runner",
+    "shared_runner",
+    "hub_offline",
     "minilm_model_dir",
     "loaded_models",
     "clear_loaded_models",
@@ -38,7 +44,7 @@ __all__ = [
 
 # Process-wide registry of loaded models: key -> runner. One lock per key, so loading
 # bge-m3 does not block a MiniLM embedder that is already loaded.
-_MODELS: dict[Hashable, _Runner] = {}
+_MODELS: dict[Hashable, Runner] = {}
 _KEY_LOCKS: dict[Hashable, threading.Lock] = {}
 _REGISTRY_LOCK = threading.Lock()
 
@@ -55,7 +61,7 @@ def clear_loaded_models() -> None:
         _MODELS.clear()
 
 
-def _shared(key: Hashable, loader: Callable[[], _Runner]) -> _Runner:
+def shared_runner(key: Hashable, loader: Callable[[], Runner]) -> Runner:
     runner = _MODELS.get(key)
     if runner is not None:
         return runner
@@ -70,7 +76,7 @@ def _shared(key: Hashable, loader: Callable[[], _Runner]) -> _Runner:
     return runner
 
 
-def _offline() -> None:
+def hub_offline() -> None:
     """Make Hugging Face libraries offline for this process (unless the user chose)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -202,7 +208,7 @@ def _pack_linears(module: Any) -> int:
     return count
 
 
-class _Runner:
+class Runner:
     """A loaded model: ``encode_batch`` maps one batch of texts to unit-norm float32 rows."""
 
     dim: int
@@ -212,7 +218,7 @@ class _Runner:
         raise NotImplementedError
 
 
-class _MeanPoolRunner(_Runner):
+class MeanPoolRunner(Runner):
     """Tokenizer + AutoModel + attention-masked mean pooling + L2 normalisation.
 
     The same computation as sentence-transformers' Transformer/Pooling(mean)/Normalize
@@ -221,7 +227,7 @@ class _MeanPoolRunner(_Runner):
 
     def __init__(self, path: Path, device: str | None, use_fp16: bool, quantize: bool,
                  max_length: int, pack: bool, layers: tuple[int, ...] | None = None) -> None:
-        _offline()
+        hub_offline()
         from transformers import AutoModel, AutoTokenizer
 
         self.device = _resolve_device(device)
@@ -257,11 +263,11 @@ class _MeanPoolRunner(_Runner):
             return pooled.cpu().numpy()
 
 
-class _SentenceTransformerRunner(_Runner):
+class SentenceTransformerRunner(Runner):
     """Any sentence-transformers model directory, through ``SentenceTransformer.encode``."""
 
     def __init__(self, path: Path, device: str | None, use_fp16: bool, quantize: bool, pack: bool) -> None:
-        _offline()
+        hub_offline()
         from sentence_transformers import SentenceTransformer
 
         self.device = _resolve_device(device)
@@ -281,7 +287,7 @@ class _SentenceTransformerRunner(_Runner):
         return np.asarray(out, dtype=np.float32)
 
 
-class _BGEM3Runner(_Runner):
+class BGEM3Runner(Runner):
     """bge-m3 loaded by FlagEmbedding's ``BGEM3FlagModel``; dense (CLS) vectors only.
 
     ``BGEM3FlagModel.encode`` runs a full trial forward pass on the first batch of every
@@ -293,7 +299,7 @@ class _BGEM3Runner(_Runner):
 
     def __init__(self, path: str, device: str | None, use_fp16: bool, quantize: bool,
                  max_length: int, pack: bool) -> None:
-        _offline()
+        hub_offline()
         from FlagEmbedding import BGEM3FlagModel
 
         self.device = _resolve_device(device)

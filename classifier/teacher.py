@@ -21,7 +21,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from classifier.errors import ConfigError, TeacherError
+from classifier.errors import ConfigError, InvalidInputError, TeacherError
+from classifier.labels import OUT_OF_SCOPE, parse_label
 from classifier.protocols import TeacherAnswer, TeacherRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,11 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from classifier.intents import TeacherSettings
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
-OUT_OF_SCOPE = "OUT_OF_SCOPE"
 HISTORY_RULE = ("the history only resolves references such as 'this' or 'that function' "
                 "in the query; it must not bias the label")
 
-__all__ = ["DEFAULT_HOST", "HISTORY_RULE", "OUT_OF_SCOPE", "CircuitBreaker", "OllamaTeacher",
+__all__ = ["DEFAULT_HOST", "HISTORY_RULE", "CircuitBreaker", "OllamaTeacher",
            "build_messages", "resolve_host", "response_schema", "teacher_from_settings"]
 
 
@@ -376,10 +376,12 @@ class OllamaTeacher:
         label = data["label"]
         if not isinstance(label, str):
             raise TeacherError("malformed", f'"label" is not a string: {label!r}')
-        if label in names:
-            return label
-        if allow_out_of_scope and label == OUT_OF_SCOPE:
-            return None
+        try:  # the one label parser: an offered name, or out of scope (None)
+            parsed = parse_label(label, names, what="teacher label")
+            if parsed is not None or allow_out_of_scope:
+                return parsed
+        except InvalidInputError:
+            pass
         offered = names + ([OUT_OF_SCOPE] if allow_out_of_scope else [])
         raise TeacherError("unknown_label",
                            f"{_short(label, 60)!r} is not one of {', '.join(offered)}")

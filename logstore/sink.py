@@ -14,15 +14,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from classifier.protocols import DecisionRecord
-from logstore.connection import connect, process_lock
+from logstore.connection import DEFAULT_BUSY_TIMEOUT_S, connect, process_lock
 from logstore.errors import LogStoreBusyError, LogStoreError
 from logstore.segments import ingest_spool, list_segments, records_to_table, write_segment
-
-if TYPE_CHECKING:
-    from logstore.store import LogStore
 
 log = logging.getLogger("flywheel.logstore")  # the same logger as before the split
 
@@ -41,10 +38,10 @@ class _Writer:
     """The state shared by a sink and its background thread (which never references
     the sink itself, so an abandoned sink can be garbage collected and finalized)."""
 
-    def __init__(self, store: "LogStore", *, flush_interval_s: float, batch_size: int,
-                 max_buffer: int, ingest_interval_s: float | None, fsync: bool) -> None:
-        self.path, self.spool = store.path, store.spool_dir
-        self.busy_timeout_s = store.busy_timeout_s
+    def __init__(self, path: str, spool: Path, *, busy_timeout_s: float, flush_interval_s: float,
+                 batch_size: int, max_buffer: int, ingest_interval_s: float | None, fsync: bool) -> None:
+        self.path, self.spool = path, spool
+        self.busy_timeout_s = busy_timeout_s
         self.flush_interval_s = flush_interval_s
         self.batch_size = batch_size
         self.max_buffer = max_buffer
@@ -226,17 +223,19 @@ class DuckDBLogSink:
 
     ``write`` enqueues; a background thread writes batches to the spool; see the module
     docstring. Records passed to ``write`` must not be mutated afterwards. Get one from
-    :meth:`LogStore.open_sink`. Flushed and closed at interpreter exit if still open.
+    :meth:`logstore.store.LogStore.open_sink` (which has migrated ``path``). Flushed and
+    closed at interpreter exit if still open.
     """
 
-    def __init__(self, store: "LogStore", *, flush_interval_s: float = 0.5,
-                 batch_size: int = 1000, max_buffer: int = 100_000,
+    def __init__(self, path: str, spool: Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+                 flush_interval_s: float = 0.5, batch_size: int = 1000, max_buffer: int = 100_000,
                  ingest_interval_s: float | None = 10.0, fsync: bool = True) -> None:
         if batch_size < 1 or max_buffer < batch_size or flush_interval_s <= 0:
             raise ValueError("need batch_size >= 1, max_buffer >= batch_size, flush_interval_s > 0")
-        self.path = store.path
-        self._w = _Writer(store, flush_interval_s=flush_interval_s, batch_size=batch_size,
-                          max_buffer=max_buffer, ingest_interval_s=ingest_interval_s, fsync=fsync)
+        self.path = path
+        self._w = _Writer(path, spool, busy_timeout_s=busy_timeout_s, flush_interval_s=flush_interval_s,
+                          batch_size=batch_size, max_buffer=max_buffer,
+                          ingest_interval_s=ingest_interval_s, fsync=fsync)
         self._buf, self._wake, self._max = self._w.buf, self._w.wake, max_buffer
         self._batch = batch_size
         self._closed = False

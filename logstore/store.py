@@ -207,7 +207,8 @@ class LogStore:
                   max_buffer: int = 100_000, ingest_interval_s: float | None = 10.0,
                   fsync: bool = True) -> DuckDBLogSink:
         """A :class:`DuckDBLogSink` writing into this store (see its docstring)."""
-        sink = DuckDBLogSink(self, flush_interval_s=flush_interval_s, batch_size=batch_size,
+        sink = DuckDBLogSink(self.path, self.spool_dir, busy_timeout_s=self.busy_timeout_s,
+                             flush_interval_s=flush_interval_s, batch_size=batch_size,
                              max_buffer=max_buffer, ingest_interval_s=ingest_interval_s,
                              fsync=fsync)
         self._sinks.add(sink)

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from classifier.config import load_config
+from classifier.config import HOME_HELP, load_config
 from service.runtime import open_runtime
 
 __all__ = ["classify_command"]
@@ -22,17 +22,19 @@ def _echo_json(obj: object) -> None:
 
 
 def classify_command(
-    texts: List[str] = typer.Argument(None, help="Queries to classify; '-' or none reads one per line from stdin."),
+    texts: List[str] = typer.Argument(None,
+                                      help="Queries to classify; '-' or none reads one per line from stdin."),
     model: Optional[str] = typer.Option(None, "--model", help="Model version dir or models home with CURRENT."),
     intents: Optional[str] = typer.Option(None, "--intents", help="Intent file for the default model."),
-    declared_type: Optional[str] = typer.Option(None, "--declared-type", help="Caller-declared type: bypasses the layers."),
+    declared_type: Optional[str] = typer.Option(None, "--declared-type",
+                                                help="Caller-declared type: bypasses the layers."),
     session: Optional[str] = typer.Option(None, "--session", help="Session id: keeps a compact history."),
     history: Optional[str] = typer.Option(None, "--history", help='JSON list of {"label","text"} earlier turns.'),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="ollama | off"),
     ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
     log: bool = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log."),
     log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)"),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Classify queries; prints one JSON decision per line."""
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,

@@ -27,7 +27,6 @@ from classifier.embedders import (  # noqa: E402
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     _LazyEmbedder,
-    _Runner,
     loaded_models,
     make_embedder,
     minilm_model_dir,
@@ -35,6 +34,7 @@ from classifier.embedders import (  # noqa: E402
 from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
 from classifier.intents import EmbedderSettings  # noqa: E402
 from classifier.protocols import Embedder  # noqa: E402
+from classifier.runners import Runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def test_import_loads_no_ml_library() -> None:
     assert out.stdout.strip() == ""
 
 
-class _FakeRunner(_Runner):
+class _FakeRunner(Runner):
     def __init__(self) -> None:
         self.dim = 3
         self.model = object()
@@ -95,7 +95,7 @@ class _CountingEmbedder(_LazyEmbedder):
     def _key(self) -> tuple[str, str]:
         return ("counting", self.tag)
 
-    def _load(self) -> _Runner:
+    def _load(self) -> Runner:
         type(self).loads += 1
         time.sleep(0.05)  # widen the race window
         return _FakeRunner()

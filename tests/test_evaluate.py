@@ -14,11 +14,12 @@ import pytest
 from classifier.embedders import CachedEmbedder
 from classifier.errors import FlywheelError, InvalidInputError
 from classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
+from classifier.labels import OUT_OF_SCOPE as OOS_NAME
 from classifier.pipeline import Classifier
 from classifier.protocols import Embedder
 from classifier.trainer import fit_model
+from training.evaluate import classification_metrics, evaluate, format_report, write_plots
 from training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
-from training.evaluate import OOS_NAME, classification_metrics, evaluate, format_report, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

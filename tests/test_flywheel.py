@@ -12,12 +12,12 @@ from classifier.config import load_config
 from classifier.intents import parse_intents
 from classifier.teacher import CircuitBreaker, OllamaTeacher
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
 from flywheel.cli import main
 from logstore import LogStore
-from training.labeling import backfill_pending
+from tests.fakes import HashEmbedder
 from tests.simulated_ollama import SimulatedOllama
+from tests.test_model import DOC
+from training.labeling import backfill_pending
 from training.stats import convergence
 
 UNSURE = {"confident": 1.0, "ambiguous_margin": 0.0, "oos": 1.0}

@@ -21,9 +21,9 @@ from classifier.decision import Candidate, Decision, Layer, Layer2Answer, Teache
 from classifier.protocols import DecisionRecord, HistoryEntry, LogSink
 from logstore import LogStore, LogStoreBusyError, LogStoreError
 from logstore.connection import connect
-from logstore.segments import records_to_table, write_segment
 from logstore.connection import stats as logstore_stats
 from logstore.schema import MIGRATIONS, SCHEMA_VERSION, apply_migrations
+from logstore.segments import records_to_table, write_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,11 @@
 import copy
 import threading
 
-import numpy as np
 import pytest
 
 from classifier import Classifier, Layer, Tier
 from classifier.errors import InvalidInputError, ModelError, TeacherError, UnknownLabelError
 from classifier.intents import parse_intents
-from classifier.protocols import HistoryEntry
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder, ScriptedTeacher
 from tests.test_model import DOC

@@ -96,6 +96,36 @@ def test_corrupt_new_version_is_refused_old_keeps_serving(tmp_path, caplog):
     assert "v3" in clf.watcher.refused
 
 
+def test_background_reload_runs_on_the_watcher_thread(tmp_path, monkeypatch):
+    reg = ModelRegistry(tmp_path)
+    save(reg, "v1")
+    reg.promote("v1")
+    swaps = []
+    original = Classifier.swap_model
+
+    def spy(self, model):
+        swaps.append((model.version, threading.current_thread().name))
+        original(self, model)
+
+    monkeypatch.setattr(Classifier, "swap_model", spy)
+    clf = Classifier.from_registry(tmp_path, embedder=HashEmbedder(), interval_s=0.02, background=True)
+    try:
+        assert clf.watcher.running
+        save(reg, "v2")
+        reg.promote("v2")
+        for _ in range(500):  # bounded wait; no request is made meanwhile
+            if clf.model_version == "v2":
+                break
+            threading.Event().wait(0.01)
+        assert clf.model_version == "v2"
+        assert swaps == [("v2", "flywheel-model-watcher")]
+        assert clf.classify("show my invoices").model_version == "v2"
+        assert len(swaps) == 1  # the request did not poll or reload
+    finally:
+        clf.close()
+    assert not clf.watcher.running
+
+
 # ------------------------------------------------------------------------ prune
 def _names(path):
     return sorted(p.name for p in path.iterdir())
@@ -191,7 +221,6 @@ def test_prune_finishes_interrupted_deletions_and_unlinks_linked_versions(tmp_pa
 
 
 def test_cli_models_prune(pruneable, capsys):
-    import typer
     from filelock import FileLock
     from typer.testing import CliRunner
 

@@ -27,7 +27,6 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier

@@ -14,8 +14,9 @@ from typing import Optional
 
 import typer
 
-from classifier.config import load_config
+from classifier.config import HOME_HELP, load_config
 from classifier.errors import FlywheelError
+from classifier.labels import label_name
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
 
@@ -77,8 +78,8 @@ def eval_command(
     from classifier.model import IntentModel
     from classifier.pipeline import Classifier
     from classifier.trainer import fit_model
-    from training.loaders import intent_set_from_data, load_labelled
     from training.evaluate import evaluate, format_report, write_plots
+    from training.loaders import intent_set_from_data, load_labelled
 
     opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label)
     test_data = load_labelled(test, split="test", **opts)
@@ -118,7 +119,7 @@ def feedback_command(
 
     cfg = load_config(home=home, log_db=log_db)
     stored = record_feedback(cfg, decision_id, label, author=author)
-    typer.echo(f"recorded {stored or 'OUT_OF_SCOPE'} for decision {decision_id}")
+    typer.echo(f"recorded {label_name(stored)} for decision {decision_id}")
 
 
 def label_command(
@@ -158,7 +159,7 @@ def stats_command(
                                help="'day' (also 'hour', 'week') or N: windows of N decisions."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help="flywheel home (default: $FLYWHEEL_HOME or the user data dir)"),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
     last: Optional[str] = typer.Option(None, "--last", metavar="N",
                                        help="Show only the last N windows."),
     top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),

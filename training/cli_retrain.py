@@ -118,13 +118,15 @@ def _readable(result: RetrainResult) -> list[str]:
         e = m.get("eval", {})
         out.append(f"  {who:<10} {m['version']}: accuracy {fmt_value(m.get('accuracy'))} ({m.get('gate_set')}, "
                    f"n={m.get('n', 0):,}), in-scope {fmt_value(e.get('in_scope_accuracy'))}, oos recall "
-                   f"{fmt_value(e.get('oos_recall'))}, macro F1 {fmt_value(e.get('macro_f1'))}, ECE {fmt_value(e.get('ece'))}, "
+                   f"{fmt_value(e.get('oos_recall'))}, macro F1 {fmt_value(e.get('macro_f1'))}, "
+                   f"ECE {fmt_value(e.get('ece'))}, "
                    f"LLM share {fmt_share(m.get('llm_share'))} ({m.get('llm_share_on')})")
     d = result.report.get("dataset", {})
     if d:
         tr = d["train"]["by_source"]
         out.append(f"  training rows {d['train']['n']:,} ({tr['intent_example']:,} examples, {tr['teacher']:,} "
-                   f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
+                   f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); "
+                   f"dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
                    f"{d['dropped_unknown_intent']['total']:,} removed intents, "
                    f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
     for n in result.report.get("notes", []):

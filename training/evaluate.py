@@ -33,16 +33,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from classifier.protocols import DelegatingEmbedder
-
 from classifier.calibration import expected_calibration_error, reliability_bins
 from classifier.decision import Decision, Layer, Tier
 from classifier.errors import InvalidInputError
+from classifier.labels import OUT_OF_SCOPE, label_name
+from classifier.protocols import DelegatingEmbedder
 from classifier.text import clean_text
 
-__all__ = ["OOS_NAME", "evaluate", "classification_metrics", "format_report", "write_plots"]
+__all__ = ["evaluate", "classification_metrics", "format_report", "write_plots"]
 
-OOS_NAME = "OUT_OF_SCOPE"       # how out of scope is named in the report's label-keyed fields
+
 RELIABILITY_BINS = 15
 CHUNK_SIZE = 512
 TOP_CONFUSED_PAIRS = 10
@@ -50,10 +50,6 @@ CONFUSION_MAX_LABELS = 20       # the confusion plot shows at most this many lab
 
 
 # ------------------------------------------------------------------ metrics
-def _name(label: str | None) -> str:
-    return OOS_NAME if label is None else str(label)
-
-
 def classification_metrics(true: Sequence[str | None], pred: Sequence[str | None], *,
                            top_pairs: int = TOP_CONFUSED_PAIRS,
                            confusion_labels: int = CONFUSION_MAX_LABELS) -> dict[str, Any]:
@@ -72,14 +68,14 @@ def classification_metrics(true: Sequence[str | None], pred: Sequence[str | None
     """
     if len(true) != len(pred):
         raise ValueError(f"{len(true)} true labels but {len(pred)} predictions")
-    t = [_name(v) for v in true]
-    p = [_name(v) for v in pred]
+    t = [label_name(v) for v in true]
+    p = [label_name(v) for v in pred]
     n = len(t)
     in_scope = np.array([v is not None for v in true], dtype=bool)
     right = np.array([a == b for a, b in zip(t, p)], dtype=bool)
     pred_oos = np.array([v is None for v in pred], dtype=bool)
 
-    classes = sorted(set(t) | set(p), key=lambda c: (c == OOS_NAME, c))  # out of scope last
+    classes = sorted(set(t) | set(p), key=lambda c: (c == OUT_OF_SCOPE, c))  # out of scope last
     index = {c: i for i, c in enumerate(classes)}
     cm = np.zeros((len(classes), len(classes)), dtype=np.int64)
     if n:
@@ -122,7 +118,7 @@ def _confusion_subset(cm: np.ndarray, classes: list[str], off: np.ndarray, k: in
     else:
         errors = off.sum(axis=0) + off.sum(axis=1)
         order = sorted(range(len(classes)), key=lambda i: (-int(errors[i]), classes[i]))
-        keep = sorted(order[:k], key=lambda i: (classes[i] == OOS_NAME, classes[i]))
+        keep = sorted(order[:k], key=lambda i: (classes[i] == OUT_OF_SCOPE, classes[i]))
     return {"labels": [classes[i] for i in keep], "matrix": cm[np.ix_(keep, keep)].tolist(),
             "complete": len(keep) == len(classes), "n_labels": len(classes)}
 

@@ -59,11 +59,9 @@ newer schema) raise :class:`~logstore.LogStoreError` (exit code 2).
 
 from __future__ import annotations
 
-import json
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from classifier.errors import InvalidInputError
 from classifier.labels import label_name

@@ -1,0 +1,142 @@
+"""The layout's rules, read from the source: dependencies flow one way and nothing
+imports another module's private names.
+
+    flywheel (the CLI root) -> service, training -> logstore -> classifier
+
+``classifier`` never imports duckdb, pyarrow or grpc; ``service`` never imports
+``training`` (nor ``training`` ``service``). Every import counts, also one inside a
+function, so a late import cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("classifier", "logstore", "service", "training", "flywheel")
+# what each package may import from the project (itself included)
+ALLOWED = {
+    "classifier": {"classifier"},
+    "logstore": {"classifier", "logstore"},
+    "service": {"classifier", "logstore", "service"},
+    "training": {"classifier", "logstore", "training"},
+    "flywheel": {"classifier", "logstore", "service", "training", "flywheel"},
+}
+FORBIDDEN_THIRD_PARTY = {"classifier": {"duckdb", "pyarrow", "grpc"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` for every import statement; ``names`` for ``from m import a, b``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, tuple(a.name for a in node.names)))
+    return out
+
+
+def _project_target(module: str, names: tuple[str, ...]) -> list[str]:
+    """The project modules an import loads (``from pkg import mod`` loads ``pkg.mod``)."""
+    targets = []
+    if module in MODULES:
+        targets.append(module)
+    targets += [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
+    return targets
+
+
+def _graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, path in MODULES.items():
+        for module, names in _imports(path):
+            for t in _project_target(module, names):
+                if t != m and not m.startswith(t + "."):  # a module's own package __init__ is no edge
+                    g[m].add(t)
+    return g
+
+
+def _cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for t in sorted(g[n]):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state:
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_the_tree_was_found():
+    assert {"classifier.pipeline", "logstore.store", "service.runtime", "training.retrain",
+            "flywheel.cli"} <= set(MODULES)
+
+
+def test_no_import_cycles():
+    assert _cycle(_graph()) is None
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dependencies_flow_one_way(package):
+    bad = []
+    for m, path in MODULES.items():
+        if m.split(".")[0] != package:
+            continue
+        for module, _ in _imports(path):
+            top = module.split(".")[0]
+            if top in PACKAGES and top not in ALLOWED[package]:
+                bad.append(f"{m} imports {module}")
+            if top in FORBIDDEN_THIRD_PARTY.get(package, ()):
+                bad.append(f"{m} imports {module}")
+    assert bad == []
+
+
+def test_no_private_names_cross_modules():
+    bad = []
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                bad += [f"{m}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and a.name != "__version__"]
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                names = [e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+                bad += [f"{m}: __all__ lists {n}" for n in names if n.startswith("_")]
+    assert bad == []
+
+
+def test_the_checks_can_fail():
+    """The cycle finder finds a planted cycle (so a clean result means something)."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
