@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from classifier.errors import TeacherError
+from classifier.labels import OUT_OF_SCOPE
 from classifier.protocols import HistoryEntry, LabelOption, TeacherRequest
-from classifier.teacher import OUT_OF_SCOPE, CircuitBreaker, OllamaTeacher
-from tests.simulated_ollama import (SimulatedOllama, load_clinc_truth, offered_labels,
-                                    query_from_messages)
+from classifier.teacher import CircuitBreaker, OllamaTeacher
+from tests.simulated_ollama import SimulatedOllama, load_clinc_truth, offered_labels, query_from_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = [f"intent_{i:02d}" for i in range(8)]
