@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_flywheel import layer2_accuracy  # noqa: E402
+
 from classifier.embedders import make_embedder  # noqa: E402
 from classifier.head import IntentHead  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
-from classifier.trainer import fit_model  # noqa: E402
-from training.trainset import build_training_set  # noqa: E402
+from classifier.trainer import fit_from_vectors  # noqa: E402
 from logstore import LogStore  # noqa: E402
-from training.retrain import _MemoEmbedder  # noqa: E402
-from training.tuning import retune, traffic_sample  # noqa: E402
+from training.trainset import build_training_set  # noqa: E402
+from training.tuning import retune, traffic_sample, with_thresholds  # noqa: E402
 
 
 def main() -> int:
@@ -90,11 +91,13 @@ def main() -> int:
     for name, labels, recent in (("as logged", list(extra.labels), ts.recent),
                                  ("oracle labels", [truth[t] for t in extra.texts], oracle_recent)):
         t0 = time.perf_counter()
-        model = fit_model(ts.fit_intents, embedder=_MemoEmbedder(embedder, ts.memo()), extra_texts=extra.texts,
-                          extra_labels=labels, extra_vectors=extra.vectors, version=name.replace(" ", "-"),
-                          head=IntentHead(target_precision=intents.thresholds.target_precision))
-        model.intents = intents
-        retune(model, recent, intents.thresholds.target_precision, args.llm_budget, sample)
+        n_ex = len(ts) - len(extra)             # the intent examples come first, then the logged rows
+        model = fit_from_vectors(ts.fit_intents, ts.vectors, list(ts.labels[:n_ex]) + labels,
+                                 encoder_id=embedder.id, version=name.replace(" ", "-"),
+                                 head=IntentHead(target_precision=intents.thresholds.target_precision))
+        model = replace(model, intents=intents)
+        _, tuned = retune(model, recent, intents.thresholds.target_precision, args.llm_budget, sample)
+        model = with_thresholds(model, tuned)
         r = layer2_accuracy(model, X_test, y_test)
         s = model.head.scores(X_test)
         classes = np.array([str(c) for c in model.manifest.labels], dtype=object)

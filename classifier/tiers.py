@@ -35,8 +35,9 @@ class Thresholds:
     @classmethod
     def for_model(cls, model: Any) -> "Thresholds":
         """The cutoffs ``model`` (an IntentModel) is served with: the intent file's fixed
-        values where set, else the head's learned ones."""
-        th = model.head.thresholds_
+        values where set, else the learned ones of its manifest (which post-hoc tuning
+        replaces; a key missing there falls back to the head's own ``thresholds_``)."""
+        th = {**getattr(model.head, "thresholds_", {}), **(model.manifest.thresholds or {})}
         user = model.intents.thresholds
         return cls(
             confident=user.confident if user.confident is not None else float(th["confident"]),

@@ -1,5 +1,11 @@
 """The trainer (separate from the model, as in SetFit): fit layer 2 from an intent set
-plus optional extra labelled texts into a model version."""
+plus optional extra labelled texts into a model version.
+
+Two entry points: :func:`fit_model` embeds the texts and fits; :func:`fit_from_vectors`
+fits rows that already have their vectors (the retrain job reuses the training set's
+vectors this way, with no text -> vector round trip). Both return a new
+:class:`~classifier.model.IntentModel`; nothing changes it afterwards.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +30,11 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
               extra_fit_only: Sequence[bool] | None = None) -> IntentModel:
     """Embed the intent examples (and extra labelled texts) and fit an :class:`IntentHead`.
 
-    ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``
-    (the retrain job reuses logged embeddings this way). ``extra_weights`` and
-    ``extra_fit_only`` (one per extra text) are passed to :meth:`IntentHead.fit` as
-    ``sample_weight`` and ``fit_only``; intent examples have weight 1 and are never
-    fit-only.
+    ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``.
+    ``extra_weights`` and ``extra_fit_only`` (one per extra text) are passed to
+    :meth:`IntentHead.fit` as ``sample_weight`` and ``fit_only``; intent examples have
+    weight 1 and are never fit-only. The rows are the intent examples first, then the
+    extras (see :func:`fit_from_vectors`).
     """
     if len(extra_texts) != len(extra_labels):
         raise ValueError("extra_texts and extra_labels differ in length")
@@ -44,14 +50,43 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
         X = np.vstack([X, Xe])
         labels = list(labels) + list(extra_labels)
     t_embed = time.perf_counter() - t0
-    if head is None:
-        head = IntentHead(target_precision=intents.thresholds.target_precision)
-    t0 = time.perf_counter()
     n_ex = len(X) - len(extra_texts)
     weights = None if extra_weights is None else np.r_[np.ones(n_ex), np.asarray(extra_weights, float)]
     fit_only = None if extra_fit_only is None else np.r_[np.zeros(n_ex, bool), np.asarray(extra_fit_only, bool)]
+    return fit_from_vectors(intents, X, labels, encoder_id=embedder.id, sample_weight=weights, fit_only=fit_only,
+                            version=version, parent=parent, head=head, embed_seconds=t_embed)
+
+
+def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | None], *, encoder_id: str,
+                     sample_weight: Sequence[float] | None = None, fit_only: Sequence[bool] | None = None,
+                     version: str | None = None, parent: str | None = None, head: IntentHead | None = None,
+                     embed_seconds: float = 0.0) -> IntentModel:
+    """Fit an :class:`IntentHead` on embedded rows and bundle it into a model version.
+
+    Parameters
+    ----------
+    intents : IntentSet
+        Bundled with the model; its ``embedder`` settings go into the manifest and its
+        ``thresholds.target_precision`` configures the default head.
+    X : ndarray of shape (n, dim)
+        One embedding per row, made by the encoder ``encoder_id``.
+    labels : sequence of str or None
+        One label per row (``None``: out of scope).
+    sample_weight, fit_only : sequence, optional
+        Per row, passed to :meth:`IntentHead.fit`.
+    head : IntentHead, optional
+        An unfitted head (default: ``IntentHead(target_precision=...)`` of ``intents``).
+    embed_seconds : float
+        Time spent embedding ``X``, recorded in the manifest's metrics.
+    """
+    X = np.asarray(X)
+    if len(X) != len(labels):
+        raise ValueError(f"X has {len(X)} rows for {len(labels)} labels")
+    if head is None:
+        head = IntentHead(target_precision=intents.thresholds.target_precision)
+    t0 = time.perf_counter()
     try:
-        head.fit(X, labels, sample_weight=weights, fit_only=fit_only)
+        head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only)
     except ValueError as exc:  # too few examples, a single intent, ...
         raise TrainingError(f"cannot fit layer 2 for intent set {intents.name!r}: {exc}") from None
     t_fit = time.perf_counter() - t0
@@ -59,11 +94,11 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
         version=version or new_version_name(),
         labels=[str(c) for c in head.classes_],
         encoder={"backend": intents.embedder.backend, "model": intents.embedder.model,
-                 "id": embedder.id, "dim": int(X.shape[1])},
+                 "id": encoder_id, "dim": int(X.shape[1])},
         thresholds={k: float(v) for k, v in head.thresholds_.items()},
         training_size=len(labels),
         metrics={**head.metrics_, "n_out_of_scope": int(sum(1 for v in labels if v is None)),
-                 "embed_seconds": round(t_embed, 3), "fit_seconds": round(t_fit, 3)},
+                 "embed_seconds": round(embed_seconds, 3), "fit_seconds": round(t_fit, 3)},
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         intent_set=intents.name,
         parent=parent,

@@ -25,13 +25,12 @@ from classifier.protocols import DecisionRecord
 from classifier.registry import ModelRegistry
 from classifier.text import normalise_key
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-from training import retrain as retrain_mod
-from training.trainset import (RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict,
-                              split_role, split_value)
 from logstore import LogStore
+from tests.fakes import HashEmbedder
 from training import cli_retrain
+from training import retrain as retrain_mod
 from training.retrain import retrain
+from training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict, split_role, split_value
 
 # ----------------------------------------------------------------- synthetic world
 FUNCS = ["addvar", "addparam", "addresult", "getlist", "itemfromlist", "variablefromjson", "ormaccess",
@@ -398,11 +397,10 @@ def test_fixed_split_is_deterministic_and_disjoint(world):
 
 
 def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
-    import copy
-
-    from training.trainset import LabelledSet
     from training.gate import evaluate_layer2
-    from training.tuning import TrafficSample, retune as _retune
+    from training.trainset import LabelledSet
+    from training.tuning import TrafficSample, with_thresholds
+    from training.tuning import retune as _retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -411,37 +409,168 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     recent = LabelledSet([t for t, _ in items], labels, HashEmbedder().encode([t for t, _ in items]),
                          ["teacher"] * len(items), [None] * len(items))
     cv = model.head.thresholds_["confident"]
-    prec = copy.deepcopy(model)
-    info = _retune(prec, recent, 0.95, None)
+    info, th = _retune(model, recent, 0.95, None)
+    prec = with_thresholds(model, th)
     assert info["method"] == "target_precision" and info["cv_confident"] == cv
-    assert prec.head.thresholds_["confident"] == prec.manifest.thresholds["confident"] == info["confident"]
+    assert th["confident"] == prec.manifest.thresholds["confident"] == info["confident"]
     sure_share = 1 - evaluate_layer2(prec, recent)["llm_share"]
     for budget in (0.5, 0.2):
-        m = copy.deepcopy(model)
-        info = _retune(m, recent, 0.95, budget)
+        info, th = _retune(model, recent, 0.95, budget)
+        m = with_thresholds(model, th)
         assert info["budget_reachable"] and info["confident"] == min(info["precision_cutoff"], info["budget_cutoff"])
         assert evaluate_layer2(m, recent)["llm_share"] <= budget + 1e-9
         assert m.manifest.thresholds["confident"] == info["confident"]
     # the target is relative to what a noisy (80%-right) teacher lets layer 2 measure, so it
     # does not send most traffic to the LLM (an absolute 0.95 would have: unreachable)
     assert sure_share > 0.8
-    m = copy.deepcopy(model)
-    before = evaluate_layer2(m, recent)["llm_share"]
-    info = _retune(m, recent, 0.95, 0.0)   # the cutoff alone cannot: ambiguous and out-of-scope escalations
+    before = evaluate_layer2(model, recent)["llm_share"]
+    info, th = _retune(model, recent, 0.95, 0.0)   # the cutoff alone cannot: ambiguous and out-of-scope escalations
+    m = with_thresholds(model, th)
     assert info["budget_reachable"] is False and info["confident"] == 0.0
     # ... so the surest of those are decided at layer 2 too
     assert evaluate_layer2(m, recent)["llm_share"] <= min(0.02, before)
     # the budget is a share of all traffic: measured on the latest logged decisions when given
     traffic_items = sample(200, 11)
     traffic = HashEmbedder().encode([t for t, _ in traffic_items])
-    m = copy.deepcopy(model)
-    info = _retune(m, recent, 0.95, 0.1, TrafficSample(traffic, np.ones(200), 200, 200, 0, 0, 0))
+    info, th = _retune(model, recent, 0.95, 0.1, TrafficSample(traffic, np.ones(200), 200, 200, 0, 0, 0))
+    m = with_thresholds(model, th)
     assert info["budget_on"].startswith("latest 200 logged decisions: 200 unlabelled")
     unlabelled = LabelledSet([t for t, _ in traffic_items], [None] * 200, traffic, ["traffic"] * 200, [None] * 200)
     assert evaluate_layer2(m, unlabelled)["llm_share"] <= 0.1 + 1e-9
-    small = copy.deepcopy(model)
-    info = _retune(small, recent.select(range(49)), 0.95, 0.2)
-    assert info["method"] == "cross-validation" and small.head.thresholds_["confident"] == cv
+    info, th = _retune(model, recent.select(range(49)), 0.95, 0.2)
+    small = with_thresholds(model, th)
+    assert info["method"] == "cross-validation" and small.manifest.thresholds["confident"] == cv
+
+
+def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world):
+    import copy
+
+    from classifier.tiers import Thresholds
+    from training.trainset import LabelledSet
+    from training.tuning import retune, with_thresholds
+
+    model = fit_model(world.intents, embedder=HashEmbedder())
+    head_th = copy.deepcopy(model.head.thresholds_)           # right after fit
+    manifest_th = copy.deepcopy(model.manifest.thresholds)
+    items = sample(1500, 3)
+    X = HashEmbedder().encode([t for t, _ in items])
+    recent = LabelledSet([t for t, _ in items], [y for _, y in items], X, ["teacher"] * len(items),
+                         [None] * len(items))
+    for budget in (None, 0.2, 0.0):
+        info, tuned = retune(model, recent, 0.95, budget)
+        # the fitted model is untouched: neither its head nor its manifest
+        assert model.head.thresholds_ == head_th and model.manifest.thresholds == manifest_th
+        assert tuned is not model.head.thresholds_ and tuned is not model.manifest.thresholds
+        assert Thresholds.for_model(model).confident == head_th["confident"]
+        # the returned model serves the tuned values; its head is the same fitted object
+        served = with_thresholds(model, tuned)
+        assert served.head is model.head and served.manifest is not model.manifest
+        assert Thresholds.for_model(served).confident == info["confident"] == tuned["confident"]
+    # a budget of 0: the cutoff alone cannot meet it, so escalation thresholds are relaxed too;
+    # they are served from the manifest, and the head keeps what it learned
+    assert info["budget_reachable"] is False and info["confident"] != head_th["confident"]
+    relaxed = [k for k in ("oos", "oos_confident", "ambiguous_ratio") if k in info]
+    assert relaxed
+    served_th = Thresholds.for_model(with_thresholds(model, tuned)).to_dict()
+    for k in relaxed:
+        assert served_th[k] == tuned[k] == info[k] != head_th[k]
+    assert model.head.thresholds_ == head_th
+
+
+def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
+    from classifier.pipeline import _Runtime
+    from classifier.tiers import Thresholds
+
+    returned = []
+    real_retune = retrain_mod.retune
+
+    def retune(model, *args):      # the real tuning, plus a marker value to follow through the job
+        info, tuned = real_retune(model, *args)
+        returned.append({**tuned, "ambiguous_ratio": 0.77})
+        return info, returned[-1]
+
+    monkeypatch.setattr(retrain_mod, "retune", retune)
+    world.seed_traffic()
+    res = world.run()
+    th = res.report["thresholds"]
+    assert th["tuning"]["method"].startswith("target_precision")
+    assert th["saved"] == returned[0] and th["cross_validation"]["ambiguous_ratio"] != 0.77
+    saved = world.registry.load_current()
+    # the head is saved as fitted (its cross-validation cutoffs); the manifest has what is served
+    assert saved.head.thresholds_ == th["cross_validation"]
+    assert saved.manifest.thresholds == th["saved"]
+    # what retrain evaluated is what the loaded model serves, in the pipeline too
+    assert Thresholds.for_model(saved).ambiguous_ratio == res.challenger["thresholds"]["ambiguous_ratio"] == 0.77
+    assert Thresholds.for_model(saved).to_dict() == res.challenger["thresholds"]
+    assert _Runtime.build(saved).thresholds == Thresholds.for_model(saved)
+
+
+def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again(world, monkeypatch):
+    import classifier.trainer
+
+    world.seed_traffic()
+    built, fits = [], []
+    real_build, real_fit = retrain_mod.build_training_set, classifier.trainer.fit_from_vectors
+
+    def build(*args, **kw):
+        ts = real_build(*args, **kw)
+        built.append((ts, world.embedder.calls))
+        return ts
+
+    def fit(intents, X, labels, **kw):
+        fits.append((X, list(labels), kw, world.embedder.calls))
+        return real_fit(intents, X, labels, **kw)
+
+    monkeypatch.setattr(retrain_mod, "build_training_set", build)
+    monkeypatch.setattr(classifier.trainer, "fit_from_vectors", fit)
+    res = world.run()
+    assert res.outcome == "promoted"
+    [(ts, calls_after_data)] = built
+    [(X, labels, kw, calls_at_fit)] = fits
+    # the data step embedded the misses in one call; nothing was encoded after it
+    assert calls_after_data == calls_at_fit == world.embedder.calls == 1
+    assert len(world.embedder.texts) == ts.report["embeddings"]["computed"]
+    # the head gets the training rows as they are: intent examples first, then logged rows
+    assert np.array_equal(X, ts.vectors) and labels == list(ts.labels)
+    n_ex = ts.counts()["intent_example"]
+    assert ts.sources[:n_ex] == ["intent_example"] * n_ex and "intent_example" not in ts.sources[n_ex:]
+    assert ts.texts[:n_ex] == ts.fit_intents.training_pairs()[0]
+    assert kw["encoder_id"] == world.embedder.id and kw["sample_weight"] is None and kw["fit_only"] is None
+
+
+def test_fit_from_vectors_is_fit_model_without_the_encoding(world):
+    from classifier.trainer import fit_from_vectors
+
+    emb = HashEmbedder()
+    extra = sample(100, 4)
+    weights, flags = [0.5] * 50 + [1.0] * 50, [True] * 50 + [False] * 50
+    a = fit_model(world.intents, embedder=emb, extra_texts=[t for t, _ in extra],
+                  extra_labels=[y for _, y in extra], extra_weights=weights, extra_fit_only=flags)
+    texts, labels = world.intents.training_pairs()
+    n = len(texts)
+    b = fit_from_vectors(world.intents, emb.encode(texts + [t for t, _ in extra]), labels + [y for _, y in extra],
+                         encoder_id=emb.id, sample_weight=np.r_[np.ones(n), weights],
+                         fit_only=np.r_[np.zeros(n, bool), flags])
+    assert np.array_equal(a.head.lr_.coef_, b.head.lr_.coef_)
+    assert a.head.thresholds_ == b.head.thresholds_ and a.manifest.thresholds == b.manifest.thresholds
+    assert a.manifest.encoder == b.manifest.encoder and a.manifest.training_size == b.manifest.training_size
+    assert a.manifest.labels == b.manifest.labels
+    with pytest.raises(ValueError, match="rows for"):
+        fit_from_vectors(world.intents, emb.encode(texts), labels[:-1], encoder_id=emb.id)
+
+
+def test_retrain_options_are_checked_in_one_place():
+    from training.retrain import RetrainError, RetrainOptions
+
+    assert RetrainOptions().tolerance == 0.01
+    for kw, msg in (({"tolerance": 2.0}, "tolerance must be between 0 and 1"),
+                    ({"llm_budget": -0.1}, "llm_budget must be between 0 and 1"),
+                    ({"target_precision": 0.0}, r"target_precision must be in \(0, 1\]"),
+                    ({"min_new_labels": -1}, "min_new_labels must be >= 0"),
+                    ({"self_training": 1.5}, "self_training must be between 0 and 1"),
+                    ({"self_training_max": -1}, "self_training_max must be >= 0")):
+        with pytest.raises(RetrainError, match=msg):
+            RetrainOptions(**kw)
 
 
 def test_champions_not_trained_by_retrain(world):
@@ -523,8 +652,8 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 
 def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
-    from training.trainset import LabelledSet
     from training.gate import noise_margins as _noise_margins
+    from training.trainset import LabelledSet
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(200, 5)
@@ -583,10 +712,8 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
 
 
 def test_weighted_budget_counts_heavy_rows(world):
-    import copy
-
     from training.trainset import LabelledSet
-    from training.tuning import TrafficSample, retune
+    from training.tuning import TrafficSample, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -598,17 +725,14 @@ def test_weighted_budget_counts_heavy_rows(world):
     budget = 0.3
     cut = {}
     for name, weights in (("flat", np.ones(300)), ("heavy", w)):
-        m = copy.deepcopy(model)
-        info = retune(m, recent, 0.95, budget, TrafficSample(X, weights, 300, 300, 0, 0, 0))
+        info, _ = retune(model, recent, 0.95, budget, TrafficSample(X, weights, 300, 300, 0, 0, 0))
         assert info["budget_reachable"]
         cut[name] = info["budget_cutoff"]
     assert cut["heavy"] < cut["flat"]
 
     def weighted_share(cutoff):
         from training.trainset import layer2_predict
-        m = copy.deepcopy(model)
-        m.head.thresholds_["confident"] = cutoff
-        m.manifest.thresholds = dict(m.head.thresholds_)
+        m = with_thresholds(model, {**model.manifest.thresholds, "confident": cutoff})
         sure = layer2_predict(m, X).sure
         return float(w[~sure].sum() / w.sum())
 
@@ -617,12 +741,10 @@ def test_weighted_budget_counts_heavy_rows(world):
 
 
 def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
-    import copy
-
     from classifier.tiers import Thresholds
-    from training.trainset import LabelledSet
     from training.gate import evaluate_layer2
-    from training.tuning import layer2_state, retune
+    from training.trainset import LabelledSet
+    from training.tuning import layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(1500, 3)
@@ -641,15 +763,14 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
     in_scope = [(t if u else y) for u, t, y in zip(unsure_reject, top, truth)]
     # the teacher says they are out of scope
     out_of_scope = [(None if u else y) for u, y in zip(unsure_reject, truth)]
-    before = model.head.thresholds_
+    before = dict(model.manifest.thresholds)
     for labels, mode in ((out_of_scope, "reject"), (wrong, None), (in_scope, "accept")):
         recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * len(items), [None] * len(items))
-        m = copy.deepcopy(model)
-        info = retune(m, recent, 0.95, 0.0)
+        info, after = retune(model, recent, 0.95, 0.0)
+        m = with_thresholds(model, after)
         assert info["budget_reachable"] is False
         kind = info["relaxed_escalations"]["out_of_scope"]
         assert kind["n"] == int(unsure_reject.sum()) and kind["relaxed"] == mode
-        after = m.head.thresholds_
         if mode is None:       # those rejections still go to the LLM
             assert kind["accuracy"] == 0.0 and kind["top_intent_accuracy"] == 0.0
             assert after["oos_confident"] == before["oos_confident"] and after["oos"] == before["oos"]
@@ -667,11 +788,9 @@ def test_relaxed_budget_holds_with_weights(world):
     """A positive budget the cutoff alone cannot meet, weighted traffic, both kinds of
     escalation relaxable: the weighted LLM share lands within the budget plus the rows
     no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
-    import copy
-
     from classifier.tiers import Thresholds
     from training.trainset import LabelledSet, layer2_predict
-    from training.tuning import TrafficSample, layer2_state, retune
+    from training.tuning import TrafficSample, layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(1500, 3)
@@ -684,8 +803,8 @@ def test_relaxed_budget_holds_with_weights(world):
     recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * len(items), [None] * len(items))
     w = np.random.default_rng(0).uniform(0.5, 3.0, len(items))
     budget = 0.06
-    m = copy.deepcopy(model)
-    info = retune(m, recent, 0.95, budget, TrafficSample(X, w, len(items), len(items), 0, 0, 0))
+    info, tuned = retune(model, recent, 0.95, budget, TrafficSample(X, w, len(items), len(items), 0, 0, 0))
+    m = with_thresholds(model, tuned)
     assert info["budget_reachable"] is False
     assert info["relaxed_escalations"]["out_of_scope"]["relaxed"] == "accept"
     # escalated whatever the thresholds: rejected by the out-of-scope class, or a

@@ -161,7 +161,7 @@ def test_training_set_adds_self_training_rows_only_when_asked(logged):
     # layer-2 rows are neither evaluation rows nor "training texts" for the budget sample
     assert not set(rows) & {normalise_key(t) for t in ts.eval.texts + ts.recent.texts}
     assert not set(rows) & set(ts.train_keys)
-    # they come in the extras that fit_model gets
+    # they come in the logged rows the head is fitted on
     assert ts.extra().counts()["layer2"] == len(rows)
 
     capped = build_training_set(store, intents, embedder=HashEmbedder(), self_training_max=5)
@@ -177,23 +177,24 @@ def test_retrain_self_training_weight_and_report(world_st, monkeypatch):
 
     world = world_st
     seen: list[dict] = []
-    real_fit = classifier.trainer.fit_model
+    real_fit = classifier.trainer.fit_from_vectors
 
     def spy(*args, **kw):
         seen.append(kw)
         return real_fit(*args, **kw)
 
-    monkeypatch.setattr(classifier.trainer, "fit_model", spy)
+    monkeypatch.setattr(classifier.trainer, "fit_from_vectors", spy)
     base = world.run()
     assert base.outcome == "promoted"
     assert base.report["dataset"]["self_training"]["rows"] == 0
-    assert seen[-1]["extra_weights"] is None and seen[-1]["extra_fit_only"] is None   # off: plain fit
+    assert seen[-1]["sample_weight"] is None and seen[-1]["fit_only"] is None   # off: plain fit
     res = world.run(self_training=0.3, tolerance=1.0)
     # the weight and the fit-only flag reach the fit for the layer-2 rows, and only for them
     kw = seen[-1]
     n_layer2 = res.report["dataset"]["self_training"]["rows"]
-    assert sum(kw["extra_fit_only"]) == n_layer2
-    assert sorted(set(zip(kw["extra_fit_only"], kw["extra_weights"]))) == [(False, 1.0), (True, 0.3)]
+    flags, weights = [bool(f) for f in kw["fit_only"]], [float(w) for w in kw["sample_weight"]]
+    assert sum(flags) == n_layer2
+    assert sorted(set(zip(flags, weights))) == [(False, 1.0), (True, 0.3)]
     assert res.outcome in ("promoted", "kept")
     ds = res.report["dataset"]
     assert ds["self_training"]["rows"] > 0 and ds["train"]["by_source"]["layer2"] == ds["self_training"]["rows"]

@@ -3,9 +3,24 @@ top) plus the intent examples into a training set, and the FIXED evaluation spli
 
 :func:`build_training_set` returns a :class:`TrainingSet`: the rows the new layer-2
 head is fitted on (``texts``, ``labels`` with ``None`` = out of scope, ``vectors``,
-``sources``), the evaluation sets ``eval`` and ``recent``, the reduced intent set
-``fit_intents`` to hand to :func:`classifier.trainer.fit_model`, and a ``report`` of
-counts (what was merged, dropped and why, how many embeddings were reused).
+``sources``; the intent examples of ``fit_intents`` first, then the logged rows), the
+evaluation sets ``eval`` and ``recent``, the reduced intent set ``fit_intents`` (the
+intent set without the held-out examples), and a ``report`` of counts (what was
+merged, dropped and why, how many embeddings were reused). The rows go to
+:func:`classifier.trainer.fit_from_vectors` as they are, vectors included.
+
+The steps, in order (each a function here):
+
+1. ``_read_log``: ingest the spool, then read the labelled rows, the invalid teacher
+   answers and the human label times;
+2. ``_collect_groups``: merge intent examples and log rows by normalised text;
+3. ``_resolve_labels``: one label per text (the rules below);
+4. ``_fixed_split``: training, evaluation or recent-traffic holdout by hash;
+5. ``_attach_vectors``: reuse logged vectors, embed the misses in one batch;
+6. ``_noisy_teacher_guard``: drop teacher labels the champion and the intent examples
+   both contradict;
+7. ``_self_training``: add layer 2's confident decisions (opt-in);
+8. ``_report``: the counts.
 
 Rules
 -----
@@ -156,16 +171,8 @@ class TrainingSet(LabelledSet):
     logged_keys: frozenset = frozenset()    # normalised keys of every labelled logged text
 
     def extra(self) -> LabelledSet:
-        """The logged training rows (what ``fit_model`` gets as ``extra_*``)."""
+        """The logged training rows (everything after the intent examples)."""
         return self.where(lambda s: s != "intent_example")
-
-    def memo(self) -> dict[str, np.ndarray]:
-        """text -> vector of every row here (training and evaluation)."""
-        out: dict[str, np.ndarray] = {}
-        for part in (self.recent, self.eval, self):
-            for t, v in zip(part.texts, part.vectors):
-                out[t] = v
-        return out
 
 
 @dataclass
@@ -177,8 +184,6 @@ class _Group:
     votes: list[str | None] = field(default_factory=list)                        # valid teacher answers
     decisions: list[tuple[float, str]] = field(default_factory=list)             # (created_at, id)
     latest: float = float("-inf")
-    n_human_rows: int = 0
-    n_teacher_rows: int = 0
 
 
 # --------------------------------------------------------------- layer 2 helpers
@@ -264,6 +269,57 @@ def _empty(dim: int) -> LabelledSet:
     return LabelledSet([], [], np.zeros((0, dim), dtype=np.float32), [], [])
 
 
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+@dataclass
+class _Log:
+    """What was read from the traffic log."""
+
+    rows: list                   # labelled rows (LogStore.labelled_rows)
+    until: float                 # unix time at which the log was read
+    invalid: int                 # invalid/failed teacher answers (never labels)
+    human_ts: dict[str, float]   # decision id -> time of its latest human label
+
+
+@dataclass
+class _Resolved:
+    """One label per normalised text (``labels``: key -> (label, source)) and what it cost."""
+
+    labels: dict[str, tuple[str | None, str]]
+    conflicts: Counter
+    dropped_unknown: Counter
+
+
+@dataclass
+class _Split:
+    """The fixed split, as normalised keys."""
+
+    held_examples: set[str]      # intent examples held out for evaluation
+    fit_intents: IntentSet       # the intent set without them
+    eval_example_keys: list[str]  # held-out examples, in intent-file order
+    train_log: list[str]         # logged texts to train on
+    eval_log: list[str]          # held-out human-labelled texts
+    holdout: list[str]           # held-out teacher-labelled texts, oldest first
+    recent_keys: list[str]       # the newest RECENT_MAX of those
+
+
+@dataclass
+class _Parts:
+    """The rows with their vectors, before the noisy-teacher guard."""
+
+    examples: LabelledSet        # intent examples of ``fit_intents``
+    train_log: LabelledSet
+    eval: LabelledSet
+    recent: LabelledSet
+    embeddings: dict[str, Any]   # reused / computed counts and seconds
+
+
 def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champion: Any = None,
                        since: Any = None, progress: bool = False, self_training_max: int = 0) -> TrainingSet:
     """Build the training rows and the fixed evaluation split (see the module docs).
@@ -291,34 +347,54 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
         raise ValueError(f"self_training_max must be >= 0, got {self_training_max}")
     say = _say(progress)
     t_start = time.perf_counter()
-    known = set(intents.labels)
-    dim = int(embedder.dim)
-    groups: dict[str, _Group] = {}
+    examples = intents.training_pairs()
+    log = _read_log(store, since)
+    groups = _collect_groups(examples, log)
+    say(f"read {len(log.rows):,} labelled decisions from the log and {len(examples[0]):,} intent examples")
+    resolved = _resolve_labels(groups, set(intents.labels))
+    split = _fixed_split(groups, resolved, intents, examples[0])
+    parts = _attach_vectors(store, embedder, groups, resolved, split)
+    e = parts.embeddings
+    say(f"embeddings: {e['reused']:,} reused from the log, {e['computed']:,} computed ({e['seconds']:.2f}s)")
+    guard, keep = _noisy_teacher_guard(parts.train_log, parts.examples, champion, embedder)
+    train = parts.examples.concat(parts.train_log.select(keep))
+    train_keys = frozenset(normalise_key(t) for t in train.texts)   # before self-training: see module docs
+    self_info, layer2_rows = _self_training(store, embedder, int(embedder.dim), groups, set(intents.labels),
+                                            self_training_max)
+    if len(layer2_rows):
+        train = train.concat(layer2_rows)
+        say(f"self-training: {len(layer2_rows):,} confident layer-2 decisions added")
+    report = _report(len(examples[0]), log, groups, resolved, split, parts, guard, self_info, train, t_start)
+    say(_summary(train, parts, guard))
+    return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
+                       report=report, eval=parts.eval, recent=parts.recent, fit_intents=split.fit_intents,
+                       log_until=log.until, train_keys=train_keys,
+                       logged_keys=frozenset(k for k, g in groups.items() if g.decisions))
 
-    # 1. intent examples (the definition)
-    ex_texts, ex_labels = intents.training_pairs()
-    for text, label in zip(ex_texts, ex_labels):
+
+def _read_log(store: Any, since: Any) -> _Log:
+    """The labelled rows, the invalid teacher answers and the human label times."""
+    if store is None:
+        return _Log([], time.time(), 0, {})
+    store.ingest()          # so that everything logged before ``until`` is in the tables
+    until = time.time()
+    rows = store.labelled_rows(since=since)
+    invalid = store.invalid_teacher_answers()
+    human_ts = store.human_label_times() if any(r.has_human_label for r in rows) else {}
+    return _Log(rows, until, invalid, human_ts)
+
+
+def _collect_groups(examples: tuple[list[str], list[str | None]], log: _Log) -> dict[str, _Group]:
+    """Merge the intent examples, then the log rows, by normalised text."""
+    groups: dict[str, _Group] = {}
+    for text, label in zip(*examples):
         key = normalise_key(text)
         g = groups.get(key)
         if g is None:
             g = groups[key] = _Group(key, text)
         if label not in g.example_labels:
             g.example_labels.append(label)
-
-    # 2. the log
-    if store is not None:
-        store.ingest()          # so that everything logged before ``log_until`` is in the tables
-    log_until = time.time()
-    rows = store.labelled_rows(since=since) if store is not None else []
-    invalid = 0
-    human_ts: dict[str, float] = {}
-    if store is not None:
-        invalid = store.invalid_teacher_answers()
-        if any(r.has_human_label for r in rows):
-            human_ts = store.human_label_times()
-    say(f"read {len(rows):,} labelled decisions from the log and {len(ex_texts):,} intent examples")
-    n_human_rows = n_teacher_rows = 0
-    for r in rows:
+    for r in log.rows:
         key = normalise_key(r.text)
         g = groups.get(key)
         if g is None:
@@ -329,153 +405,146 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
             if not g.example_labels:
                 g.text = r.text
         if r.has_human_label:
-            g.humans.append((human_ts.get(r.decision_id, r.created_at), r.human_label, r.decision_id))
-            n_human_rows += 1
-        elif r.has_teacher_label:
-            n_teacher_rows += 1
+            g.humans.append((log.human_ts.get(r.decision_id, r.created_at), r.human_label, r.decision_id))
         g.votes.extend(r.teacher_labels)
+    return groups
 
-    # 3. resolve one label per text
+
+def _resolve_labels(groups: dict[str, _Group], known: set[str]) -> _Resolved:
+    """One label per text: intent example > latest human label > valid teacher majority."""
     conflicts = Counter({"human_over_teacher": 0, "teacher_majority": 0, "teacher_tie_dropped": 0,
                          "log_vs_intent_example": 0, "example_in_several_intents": 0})
     dropped_unknown: Counter = Counter()
-    resolved: dict[str, tuple[str | None, str]] = {}   # key -> (label, source)
+    resolved: dict[str, tuple[str | None, str]] = {}
     for key, g in groups.items():
-        log_label: Any = _MISSING
-        log_source = None
-        if g.humans:
-            _, log_label, _ = max(g.humans, key=lambda h: (h[0], h[2]))
-            log_source = "human"
-            if any(v != log_label for v in g.votes):
-                conflicts["human_over_teacher"] += 1
-        elif g.votes:
-            ranked = Counter(g.votes).most_common()
-            if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-                if not g.example_labels:
-                    conflicts["teacher_tie_dropped"] += 1
-                    continue
-            else:
-                log_label, log_source = ranked[0][0], "teacher"
-                if len(ranked) > 1:
-                    conflicts["teacher_majority"] += 1
+        log_label, log_source = _log_label(g, conflicts)
         if g.example_labels:
             if len(g.example_labels) > 1:
                 conflicts["example_in_several_intents"] += 1
             if log_label is not _MISSING and log_label not in g.example_labels:
                 conflicts["log_vs_intent_example"] += 1
             resolved[key] = (g.example_labels[0], "intent_example")
+        elif log_label is _MISSING:
             continue
-        if log_label is _MISSING:
-            continue
-        if log_label is not None and log_label not in known:
+        elif log_label is not None and log_label not in known:
             dropped_unknown[log_label] += 1
-            continue
-        resolved[key] = (log_label, str(log_source))
+        else:
+            resolved[key] = (log_label, str(log_source))
+    return _Resolved(resolved, conflicts, dropped_unknown)
 
-    # 4. the fixed split
+
+def _log_label(g: _Group, conflicts: Counter) -> tuple[Any, str | None]:
+    """The logged label of one text (``_MISSING``: none, or a teacher tie) and its source."""
+    if g.humans:
+        _, label, _ = max(g.humans, key=lambda h: (h[0], h[2]))
+        if any(v != label for v in g.votes):
+            conflicts["human_over_teacher"] += 1
+        return label, "human"
+    if not g.votes:
+        return _MISSING, None
+    ranked = Counter(g.votes).most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        if not g.example_labels:
+            conflicts["teacher_tie_dropped"] += 1
+        return _MISSING, None
+    if len(ranked) > 1:
+        conflicts["teacher_majority"] += 1
+    return ranked[0][0], "teacher"
+
+
+def _fixed_split(groups: dict[str, _Group], resolved: _Resolved, intents: IntentSet,
+                 ex_texts: Sequence[str]) -> _Split:
+    """Assign every text to training, evaluation or the recent-traffic holdout by its hash."""
     held_examples: set[str] = set()
     by_label: dict[Any, list[str]] = {}
     for key, g in groups.items():
-        if g.example_labels:
-            for lab in g.example_labels:
-                by_label.setdefault(lab, []).append(key)
+        for lab in g.example_labels:
+            by_label.setdefault(lab, []).append(key)
     for lab, keys in by_label.items():
         cand = {k for k in keys if len(groups[k].example_labels) == 1 and split_value(k) < EXAMPLE_EVAL_SHARE}
         if len(set(keys)) - len(cand) >= 2:
             held_examples |= cand
-    fit_intents = _reduced(intents, held_examples)
-
-    train_log: list[str] = []
-    eval_log: list[str] = []
-    holdout: list[str] = []
-    for key, (label, source) in resolved.items():
-        if source == "intent_example":
-            continue
-        role = split_role(key, source)
-        (eval_log if role == "eval" else holdout if role == "holdout" else train_log).append(key)
-    holdout.sort(key=lambda k: (groups[k].latest, k))
-    recent_keys = holdout[-RECENT_MAX:]
-
-    # 5. vectors: reuse logged ones, embed the misses in one batch
-    fit_texts, fit_labels = fit_intents.training_pairs()
+    roles: dict[str, list[str]] = {"train": [], "eval": [], "holdout": []}
+    for key, (_, source) in resolved.labels.items():
+        if source != "intent_example":
+            roles[split_role(key, source)].append(key)
+    holdout = sorted(roles["holdout"], key=lambda k: (groups[k].latest, k))
     first_at = {normalise_key(t): n for n, t in reversed(list(enumerate(ex_texts)))}
-    eval_ex_keys = sorted(held_examples, key=lambda k: first_at.get(k, 0))
-    needed_texts = (list(fit_texts) + [groups[k].text for k in eval_ex_keys]
-                    + [groups[k].text for k in train_log + eval_log + recent_keys])
-    t0 = time.perf_counter()
-    vectors, reused, computed = _vectors(store, embedder, dim, groups, needed_texts)
-    embed_s = time.perf_counter() - t0
-    say(f"embeddings: {reused:,} reused from the log, {computed:,} computed ({embed_s:.2f}s)")
+    return _Split(held_examples, _reduced(intents, held_examples),
+                  sorted(held_examples, key=lambda k: first_at.get(k, 0)),
+                  roles["train"], roles["eval"], holdout, holdout[-RECENT_MAX:])
 
-    def part(keys: list[str]) -> LabelledSet:
+
+def _attach_vectors(store: Any, embedder: Any, groups: dict[str, _Group], resolved: _Resolved,
+                    split: _Split) -> _Parts:
+    """Vectors for every row: logged ones reused, the misses embedded in one batch."""
+    dim = int(embedder.dim)
+    fit_texts, fit_labels = split.fit_intents.training_pairs()
+    log_keys = split.train_log + split.eval_log + split.recent_keys
+    needed = list(fit_texts) + [groups[k].text for k in split.eval_example_keys + log_keys]
+    t0 = time.perf_counter()
+    vectors, reused, computed = _vectors(store, embedder, dim, groups, needed)
+    seconds = time.perf_counter() - t0
+
+    def rows(keys: list[str]) -> LabelledSet:
         if not keys:
             return _empty(dim)
         texts = [groups[k].text for k in keys]
-        return LabelledSet(texts, [resolved[k][0] for k in keys],
-                           np.stack([vectors[t] for t in texts]).astype(np.float32, copy=False),
-                           [resolved[k][1] for k in keys],
+        return LabelledSet(texts, [resolved.labels[k][0] for k in keys], _stack(vectors, texts, dim),
+                           [resolved.labels[k][1] for k in keys],
                            [max(groups[k].decisions)[1] if groups[k].decisions else None for k in keys])
 
-    examples = LabelledSet(list(fit_texts), list(fit_labels),
-                           np.stack([vectors[t] for t in fit_texts]).astype(np.float32, copy=False)
-                           if fit_texts else np.zeros((0, dim), np.float32),
+    examples = LabelledSet(list(fit_texts), list(fit_labels), _stack(vectors, fit_texts, dim),
                            ["intent_example"] * len(fit_texts), [None] * len(fit_texts))
-    train_extra = part(train_log)
-    eval_set = part(eval_ex_keys).concat(part(eval_log))
-    recent = part(recent_keys)
+    return _Parts(examples, rows(split.train_log), rows(split.eval_example_keys).concat(rows(split.eval_log)),
+                  rows(split.recent_keys),
+                  {"encoder_id": embedder.id, "reused": reused, "computed": computed, "seconds": round(seconds, 3)})
 
-    # 6. the noisy-teacher guard (training rows, teacher labels only)
-    guard, keep = _guard(train_extra, examples, champion, embedder)
-    train_extra = train_extra.select(keep)
-    train = examples.concat(train_extra)
-    train_keys = frozenset(normalise_key(t) for t in train.texts)
-    self_info, layer2_rows = _self_training(store, embedder, dim, groups, known, self_training_max)
-    if len(layer2_rows):
-        train = train.concat(layer2_rows)
-        say(f"self-training: {len(layer2_rows):,} confident layer-2 decisions added")
 
-    by_source = train.counts()
-    report: dict[str, Any] = {
-        "intent_examples": len(ex_texts),
-        "intent_examples_held_out": len(held_examples),
-        "log_rows": len(rows),
-        "log_rows_human": n_human_rows,
-        "log_rows_teacher": n_teacher_rows,
+def _stack(vectors: dict[str, np.ndarray], texts: Sequence[str], dim: int) -> np.ndarray:
+    if not len(texts):
+        return np.zeros((0, dim), np.float32)
+    return np.stack([vectors[t] for t in texts]).astype(np.float32, copy=False)
+
+
+def _report(n_examples: int, log: _Log, groups: dict[str, _Group], resolved: _Resolved, split: _Split,
+            parts: _Parts, guard: dict[str, Any], self_info: dict[str, Any], train: LabelledSet,
+            t_start: float) -> dict[str, Any]:
+    """The counts of the training-set report (see ``TrainingSet.report``)."""
+    ev, recent = parts.eval, parts.recent
+    n_human = sum(1 for r in log.rows if r.has_human_label)
+    return {
+        "intent_examples": n_examples,
+        "intent_examples_held_out": len(split.held_examples),
+        "log_rows": len(log.rows),
+        "log_rows_human": n_human,
+        "log_rows_teacher": sum(1 for r in log.rows if not r.has_human_label and r.has_teacher_label),
         "unique_texts": len(groups),
-        "duplicates_merged": len(ex_texts) + len(rows) - len(groups),
-        "invalid_teacher_answers_ignored": invalid,
-        "conflicts": dict(conflicts),
-        "dropped_unknown_intent": {"total": int(sum(dropped_unknown.values())),
-                                   "by_label": dict(sorted(dropped_unknown.items()))},
+        "duplicates_merged": n_examples + len(log.rows) - len(groups),
+        "invalid_teacher_answers_ignored": log.invalid,
+        "conflicts": dict(resolved.conflicts),
+        "dropped_unknown_intent": {"total": int(sum(resolved.dropped_unknown.values())),
+                                   "by_label": dict(sorted(resolved.dropped_unknown.items()))},
         "noisy_teacher": guard,
         "self_training": self_info,
-        "train": {"n": len(train), "by_source": by_source, "n_out_of_scope": train.n_out_of_scope},
-        "eval": {"n": len(eval_set), "by_source": eval_set.counts(), "n_out_of_scope": eval_set.n_out_of_scope},
-        "recent": {"n": len(recent), "held_out_teacher_texts": len(holdout),
+        "train": {"n": len(train), "by_source": train.counts(), "n_out_of_scope": train.n_out_of_scope},
+        "eval": {"n": len(ev), "by_source": ev.counts(), "n_out_of_scope": ev.n_out_of_scope},
+        "recent": {"n": len(recent), "held_out_teacher_texts": len(split.holdout),
                    "n_out_of_scope": recent.n_out_of_scope},
-        "embeddings": {"encoder_id": embedder.id, "reused": reused, "computed": computed,
-                       "seconds": round(embed_s, 3)},
+        "embeddings": dict(parts.embeddings),
         "split": {"id": SPLIT_ID, "intent_example_eval_share": EXAMPLE_EVAL_SHARE,
                   "human_eval_share": HUMAN_EVAL_SHARE, "teacher_holdout_share": RECENT_HOLDOUT_SHARE,
                   "recent_max": RECENT_MAX},
         "seconds": round(time.perf_counter() - t_start, 3),
     }
-    say(f"training set: {len(train):,} rows ({by_source['intent_example']:,} intent examples, "
-        f"{by_source['teacher']:,} teacher, {by_source['human']:,} human, {by_source['layer2']:,} layer 2); "
-        f"eval {len(eval_set):,}, "
-        f"recent {len(recent):,}; noisy teacher labels dropped: {guard['dropped']:,}")
-    return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
-                       report=report, eval=eval_set, recent=recent, fit_intents=fit_intents,
-                       log_until=log_until, train_keys=train_keys,
-                       logged_keys=frozenset(k for k, g in groups.items() if g.decisions))
 
 
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING: Any = _Missing()
+def _summary(train: LabelledSet, parts: _Parts, guard: dict[str, Any]) -> str:
+    by = train.counts()
+    return (f"training set: {len(train):,} rows ({by['intent_example']:,} intent examples, "
+            f"{by['teacher']:,} teacher, {by['human']:,} human, {by['layer2']:,} layer 2); "
+            f"eval {len(parts.eval):,}, recent {len(parts.recent):,}; "
+            f"noisy teacher labels dropped: {guard['dropped']:,}")
 
 
 def _reduced(intents: IntentSet, held: set[str]) -> IntentSet:
@@ -561,7 +630,10 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, _Group
                              [ids[i] for i in keep])
 
 
-def _guard(rows: LabelledSet, examples: LabelledSet, champion: Any, embedder: Any) -> tuple[dict[str, Any], list[int]]:
+def _noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
+                         embedder: Any) -> tuple[dict[str, Any], list[int]]:
+    """Drop teacher labels that both a sure champion and the nearest intent examples
+    contradict (see the module docs): the report and the indices of the rows kept."""
     reason = (f"teacher label disagrees with a sure layer-2 prediction of the champion AND with the "
               f"majority of the {GUARD_K} nearest intent examples")
     info: dict[str, Any] = {"active": False, "checked": 0, "dropped": 0, "reason": reason,

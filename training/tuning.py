@@ -21,22 +21,31 @@ When the ``confident`` cutoff alone cannot meet the budget (layer 2's unsure
 out-of-scope answers and near-ties are already over it), layer 2 may decide the surest
 of those too, but only in a way it gets right more often than not on the held-out
 labelled rows (see :func:`_relax_allowed`): a budget never buys a cheaper wrong answer.
+
+Tuning is post-hoc and outside the estimator (like scikit-learn's
+``TunedThresholdClassifierCV``): :func:`retune` reads the model and returns the new
+learned thresholds as a new dict; the fitted head (its ``thresholds_``) and the
+model's manifest are never changed. :func:`with_thresholds` makes the new model that
+serves them (its manifest's thresholds are what :meth:`Thresholds.for_model` serves).
+The steps: the precision cutoff on ``recent`` (:func:`_precision_cutoff`), then, with
+an LLM budget, the budget cutoff and any relaxed escalations (:func:`_budget_cutoff`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from classifier.head import IntentHead, precision_cutoff
+from classifier.head import precision_cutoff
 from classifier.model import IntentModel
 from classifier.text import normalise_key
 from classifier.tiers import Thresholds
 from training.trainset import LabelledSet, TrainingSet
 
-__all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "layer2_state"]
+__all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
+           "with_thresholds", "layer2_state"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
 MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
@@ -124,11 +133,12 @@ def _fits(weights: np.ndarray, budget: float) -> int:
     return int(np.searchsorted(np.cumsum(weights), budget + 1e-9, side="right"))
 
 
-def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.ndarray, oos_esc: np.ndarray,
-                      amb_esc: np.ndarray, w: np.ndarray, budget: float,
+def _relax_for_budget(learned: dict[str, float], s: Any, conf: np.ndarray, second: np.ndarray,
+                      oos_esc: np.ndarray, amb_esc: np.ndarray, w: np.ndarray, budget: float,
                       allow: dict[str, str | None], ambiguous_ratio: float) -> dict[str, Any]:
-    """Hand the surest of these escalations to layer 2 (in place) so that at most
-    ``budget`` weight of them remains.
+    """Hand the surest of these escalations to layer 2 so that at most ``budget`` weight
+    of them remains; return the relaxed cutoffs (to be set in ``learned``, the learned
+    thresholds being tuned, which is read here and not changed).
 
     ``allow["out_of_scope"]``: ``"reject"`` lowers ``oos_confident`` (layer 2 serves its
     surest unsure rejections as out of scope), ``"accept"`` raises ``oos`` (the least
@@ -154,7 +164,7 @@ def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.nda
         k = _fits(ow, b_oos)                 # escalated when below the cutoff: keep the k lowest
         kept_oos = float(ow[:k].sum())
         if k < len(scores):
-            head.thresholds_["oos_confident"] = out["oos_confident"] = float(scores[k])
+            out["oos_confident"] = float(scores[k])
     elif mode == "accept":
         movable = oos_esc & _acceptable(s, conf, second, ambiguous_ratio)
         fixed_w = float(w[oos_esc & ~movable].sum())
@@ -164,14 +174,14 @@ def _relax_for_budget(head: IntentHead, s: Any, conf: np.ndarray, second: np.nda
         kept_oos = fixed_w + float(pw[:k].sum())
         if k < len(p):
             new = float(p[k - 1]) if k > 0 else float(p[0]) + 1e-6
-            new = min(new, float(head.thresholds_["oos_confident"]))
-            if new > head.thresholds_["oos"]:
-                head.thresholds_["oos"] = out["oos"] = new
+            new = min(new, float(learned["oos_confident"]))
+            if new > learned["oos"]:
+                out["oos"] = new
     b_amb = max(0.0, budget - kept_oos)
     k_amb = _fits(amb_w, b_amb) if allow.get("near_tie") else len(ratios)
     if k_amb < len(ratios):      # ambiguous when at or above the ratio: keep the k_amb highest
         r = float(ratios[k_amb - 1]) if k_amb > 0 else min(1.0, float(ratios[0]) + 1e-6)
-        head.thresholds_["ambiguous_ratio"] = out["ambiguous_ratio"] = r
+        out["ambiguous_ratio"] = r
     return out
 
 
@@ -223,9 +233,25 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
-           llm_budget: float | None, traffic: TrafficSample | None = None) -> dict[str, Any]:
-    """Re-tune the global ``confident`` cutoff (in place) and return what was done.
+def learned_thresholds(model: IntentModel) -> dict[str, float]:
+    """A copy of ``model``'s learned thresholds: its manifest's, a key missing there taken
+    from the head (the same rule as :meth:`Thresholds.for_model`, before the intent
+    file's fixed values)."""
+    return {k: float(v) for k, v in {**model.head.thresholds_, **model.manifest.thresholds}.items()}
+
+
+def with_thresholds(model: IntentModel, thresholds: dict[str, float]) -> IntentModel:
+    """A new model served with these learned ``thresholds`` (from :func:`retune`): its
+    manifest says so; the fitted head is shared and never changed."""
+    manifest = replace(model.manifest, thresholds={k: float(v) for k, v in thresholds.items()})
+    return replace(model, manifest=manifest, path=None)
+
+
+def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm_budget: float | None,
+           traffic: TrafficSample | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Re-tune the global ``confident`` cutoff: ``(info, thresholds)``, what was done and
+    the new learned thresholds (``model`` is not changed; serve them with
+    :func:`with_thresholds`).
 
     The cutoff is the precision cutoff on ``recent`` (for ``target_precision``, relative
     to the precision layer 2 reaches on its surest answers; see
@@ -234,10 +260,10 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     (weighted) when given, else on ``recent``. Fewer than :data:`MIN_TUNE_ROWS` recent
     rows: the cross-validation cutoff is kept. When the cutoff alone cannot meet the
     budget, ``oos_confident``, ``oos`` or ``ambiguous_ratio`` may be relaxed as well
-    (see the module docs); the returned dict says which, under ``relaxed_escalations``.
+    (see the module docs); ``info`` says which, under ``relaxed_escalations``.
     """
-    head = model.head
-    cv = float(head.thresholds_["confident"])
+    learned = learned_thresholds(model)
+    cv = learned["confident"]
     info: dict[str, Any] = {"on": "recent", "n": len(recent), "target_precision": target_precision,
                             "llm_budget": llm_budget, "cv_confident": cv, "confident": cv}
     if model.intents.thresholds.confident is not None:
@@ -246,16 +272,12 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
     if len(recent) < MIN_TUNE_ROWS:
         info["method"] = "cross-validation"
         info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
-        return info
+        return info, learned
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
-    s, conf, second, rejected, close, top = layer2_state(model, th, classes, recent.vectors)
-    correct = np.array([t == y for t, y in zip(top, recent.labels)])
-    own = np.array([t in th.per_intent for t in top])
-    glob = ~rejected & ~close & ~own
-    found = precision_cutoff(conf[glob], correct[glob], target_precision, unreachable=None)
-    t_prec = 1.0 if found is None else float(found)
-    info["precision_cutoff"] = t_prec
+    state = layer2_state(model, th, classes, recent.vectors)
+    found = _precision_cutoff(state, recent.labels, th, target_precision)
+    t_prec = info["precision_cutoff"] = 1.0 if found is None else float(found)
     chosen = t_prec
     info["method"] = "target_precision"
     if found is None and llm_budget is None:
@@ -263,47 +285,67 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float,
         info["method"] = "cross-validation"
         info["why"] = "target precision not reachable on recent traffic; kept the CV cutoff"
     if llm_budget is not None:
-        user = model.intents.thresholds
-        allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
-                                      np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top,
-                                      th.ambiguous_ratio, {"oos": user.oos is not None,
-                                                           "ambiguous_ratio": user.ambiguous_margin is not None})
-        if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
-            s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
-            own = np.array([t in th.per_intent for t in top])
-            glob = ~rejected & ~close & ~own
-            w = np.asarray(traffic.weights, dtype=np.float64)
-            info["budget_on"] = traffic.describe()
-        else:
-            w = np.ones(len(conf))
-            info["budget_on"] = "recent teacher-labelled slice"
-        oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
-        pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
-        per_intent_w = float(w[~rejected & ~close & own & (conf < pi_cut)].sum())
-        budget_w = llm_budget * float(w.sum())
-        fixed = float(w[(rejected & ~oos_sure) | (~rejected & close)
-                        | (~rejected & ~close & own & (conf < pi_cut))].sum())
-        order = np.argsort(conf[glob], kind="stable")
-        c, cw = conf[glob][order], w[glob][order]
-        if budget_w - fixed < 0:
-            # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
-            # sure of and near-ties already exceed it. Decide the surest of those at layer 2
-            # too (share the budget between them by their weights), but only in a way it
-            # gets right more often than not; the rest still go to the LLM.
-            t_budget = 0.0
-            info["budget_reachable"] = False
-            info["relaxed_escalations"] = kinds
-            # per-intent cutoffs still escalate their own rows: they take their share first
-            info.update(_relax_for_budget(head, s, conf, second, rejected & ~oos_sure, ~rejected & close,
-                                          w, max(0.0, budget_w - per_intent_w), allow, th.ambiguous_ratio))
-        else:
-            k = _fits(cw, budget_w - fixed)
-            t_budget = 1.0 if k >= len(c) else float(c[k])
-            info["budget_reachable"] = True
-        info["budget_cutoff"] = t_budget
+        t_budget, relaxed = _budget_cutoff(model, th, classes, recent, state, traffic, llm_budget, learned, info)
+        learned.update(relaxed)
         chosen = min(t_prec, t_budget)
         info["method"] = "llm_budget" if t_budget < t_prec else "target_precision (within the LLM budget)"
-    head.thresholds_["confident"] = float(chosen)
-    model.manifest.thresholds = {k: float(v) for k, v in head.thresholds_.items()}
-    info["confident"] = float(chosen)
-    return info
+    learned["confident"] = info["confident"] = float(chosen)
+    return info, learned
+
+
+def _precision_cutoff(state: tuple, labels: list[str | None], th: Thresholds, target: float) -> float | None:
+    """The precision cutoff on the rows the global cutoff decides (None: unreachable)."""
+    s, conf, second, rejected, close, top = state
+    correct = np.array([t == y for t, y in zip(top, labels)])
+    own = np.array([t in th.per_intent for t in top])
+    glob = ~rejected & ~close & ~own
+    return precision_cutoff(conf[glob], correct[glob], target, unreachable=None)
+
+
+def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, recent: LabelledSet, state: tuple,
+                   traffic: TrafficSample | None, llm_budget: float, learned: dict[str, float],
+                   info: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """The strictest cutoff within ``llm_budget`` and the relaxed escalation thresholds
+    (none unless the cutoff alone cannot meet it); records what it did in ``info``."""
+    s, conf, second, rejected, close, top = state
+    user = model.intents.thresholds
+    allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
+                                  np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top,
+                                  th.ambiguous_ratio, {"oos": user.oos is not None,
+                                                       "ambiguous_ratio": user.ambiguous_margin is not None})
+    if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
+        s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
+        w = np.asarray(traffic.weights, dtype=np.float64)
+        info["budget_on"] = traffic.describe()
+    else:
+        w = np.ones(len(conf))
+        info["budget_on"] = "recent teacher-labelled slice"
+    own = np.array([t in th.per_intent for t in top])
+    glob = ~rejected & ~close & ~own
+    oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
+    pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
+    per_intent_w = float(w[~rejected & ~close & own & (conf < pi_cut)].sum())
+    budget_w = llm_budget * float(w.sum())
+    fixed = float(w[(rejected & ~oos_sure) | (~rejected & close)
+                    | (~rejected & ~close & own & (conf < pi_cut))].sum())
+    relaxed: dict[str, float] = {}
+    if budget_w - fixed < 0:
+        # the cutoff alone cannot meet the budget: out-of-scope answers layer 2 is not
+        # sure of and near-ties already exceed it. Decide the surest of those at layer 2
+        # too (share the budget between them by their weights), but only in a way it
+        # gets right more often than not; the rest still go to the LLM.
+        t_budget = 0.0
+        info["budget_reachable"] = False
+        info["relaxed_escalations"] = kinds
+        # per-intent cutoffs still escalate their own rows: they take their share first
+        relaxed = _relax_for_budget(learned, s, conf, second, rejected & ~oos_sure, ~rejected & close,
+                                    w, max(0.0, budget_w - per_intent_w), allow, th.ambiguous_ratio)
+        info.update(relaxed)
+    else:
+        order = np.argsort(conf[glob], kind="stable")
+        c, cw = conf[glob][order], w[glob][order]
+        k = _fits(cw, budget_w - fixed)
+        t_budget = 1.0 if k >= len(c) else float(c[k])
+        info["budget_reachable"] = True
+    info["budget_cutoff"] = t_budget
+    return t_budget, relaxed
