@@ -29,8 +29,9 @@ from logstore import LogStore
 from tests.fakes import HashEmbedder
 from training import cli_retrain
 from training import retrain as retrain_mod
+from training.layer2 import layer2_predict
 from training.retrain import retrain
-from training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, layer2_predict, split_role, split_value
+from training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, split_role, split_value
 
 # ----------------------------------------------------------------- synthetic world
 FUNCS = ["addvar", "addparam", "addresult", "getlist", "itemfromlist", "variablefromjson", "ormaccess",
@@ -398,7 +399,7 @@ def test_fixed_split_is_deterministic_and_disjoint(world):
 
 def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     from training.gate import evaluate_layer2
-    from training.trainset import LabelledSet
+    from training.rows import LabelledSet
     from training.tuning import TrafficSample, with_thresholds
     from training.tuning import retune as _retune
 
@@ -446,7 +447,7 @@ def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world)
     import copy
 
     from classifier.tiers import Thresholds
-    from training.trainset import LabelledSet
+    from training.rows import LabelledSet
     from training.tuning import retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -653,14 +654,14 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
     from training.gate import noise_margins as _noise_margins
-    from training.trainset import LabelledSet
+    from training.rows import LabelledSet
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(200, 5)
     data = LabelledSet([t for t, _ in items], [y for _, y in items], HashEmbedder().encode([t for t, _ in items]),
                        ["teacher"] * len(items), [None] * len(items))
     from classifier.head import IntentHead
-    from training.trainset import layer2_predict
+    from training.layer2 import layer2_predict
 
     assert _noise_margins(model, model, data)["accuracy"] == 0.0
     other = fit_model(world.intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
@@ -712,7 +713,7 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
 
 
 def test_weighted_budget_counts_heavy_rows(world):
-    from training.trainset import LabelledSet
+    from training.rows import LabelledSet
     from training.tuning import TrafficSample, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -731,7 +732,7 @@ def test_weighted_budget_counts_heavy_rows(world):
     assert cut["heavy"] < cut["flat"]
 
     def weighted_share(cutoff):
-        from training.trainset import layer2_predict
+        from training.layer2 import layer2_predict
         m = with_thresholds(model, {**model.manifest.thresholds, "confident": cutoff})
         sure = layer2_predict(m, X).sure
         return float(w[~sure].sum() / w.sum())
@@ -743,7 +744,7 @@ def test_weighted_budget_counts_heavy_rows(world):
 def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
     from classifier.tiers import Thresholds
     from training.gate import evaluate_layer2
-    from training.trainset import LabelledSet
+    from training.rows import LabelledSet
     from training.tuning import layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -789,7 +790,8 @@ def test_relaxed_budget_holds_with_weights(world):
     escalation relaxable: the weighted LLM share lands within the budget plus the rows
     no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
     from classifier.tiers import Thresholds
-    from training.trainset import LabelledSet, layer2_predict
+    from training.layer2 import layer2_predict
+    from training.rows import LabelledSet
     from training.tuning import TrafficSample, layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())

@@ -16,7 +16,8 @@ from typing import Any, Optional
 import typer
 
 from classifier.errors import FlywheelError, ModelError
-from training.retrain import SELF_TRAINING_MAX, RetrainResult, fmt_share, fmt_value, retrain
+from training.report import RetrainResult, fmt_share, fmt_value
+from training.retrain import SELF_TRAINING_MAX, retrain
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 

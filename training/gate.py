@@ -16,7 +16,8 @@ import numpy as np
 
 from classifier.calibration import expected_calibration_error
 from classifier.model import IntentModel
-from training.trainset import LabelledSet, layer2_predict
+from training.layer2 import layer2_predict
+from training.rows import LabelledSet
 
 __all__ = ["MIN_OOS_FOR_GATE", "evaluate_layer2", "noise_margins", "decide"]
 

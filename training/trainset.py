@@ -73,17 +73,17 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from classifier.intents import IntentSet
 from classifier.text import normalise_key
-from classifier.tiers import Thresholds, assign_tier
+from training.layer2 import noisy_teacher_guard
+from training.rows import SOURCES, LabelledSet, TrainingSet
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
-           "GUARD_K", "SOURCES", "LabelledSet", "TrainingSet", "Layer2Batch", "build_training_set",
-           "split_value", "split_role", "layer2_predict", "knn_labels"]
+           "build_training_set", "split_value", "split_role"]
 
 #: Recorded in the manifests of models trained by the retrain job: they never saw
 #: the evaluation rows of this split.
@@ -92,9 +92,6 @@ EXAMPLE_EVAL_SHARE = 0.20
 HUMAN_EVAL_SHARE = 0.50
 RECENT_HOLDOUT_SHARE = 0.10
 RECENT_MAX = 2000
-GUARD_K = 5
-SOURCES = ("intent_example", "teacher", "human", "layer2")
-_CHUNK = 4096
 
 
 def split_value(text: str) -> float:
@@ -120,61 +117,6 @@ def split_role(text: str, source: str) -> str:
     raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
 
 
-# ----------------------------------------------------------------- containers
-@dataclass
-class LabelledSet:
-    """Labelled texts with their embeddings (rows aligned)."""
-
-    texts: list[str]
-    labels: list[str | None]
-    vectors: np.ndarray
-    sources: list[str]
-    decision_ids: list[str | None]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @property
-    def n_out_of_scope(self) -> int:
-        return sum(1 for v in self.labels if v is None)
-
-    def counts(self) -> dict[str, int]:
-        c = Counter(self.sources)
-        return {s: int(c.get(s, 0)) for s in SOURCES}
-
-    def select(self, idx: Iterable[int]) -> "LabelledSet":
-        idx = list(idx)
-        return LabelledSet([self.texts[i] for i in idx], [self.labels[i] for i in idx],
-                           self.vectors[np.asarray(idx, dtype=np.int64)] if idx else self.vectors[:0],
-                           [self.sources[i] for i in idx], [self.decision_ids[i] for i in idx])
-
-    def where(self, pred) -> "LabelledSet":
-        return self.select(i for i, s in enumerate(self.sources) if pred(s))
-
-    def concat(self, other: "LabelledSet") -> "LabelledSet":
-        return LabelledSet(self.texts + other.texts, self.labels + other.labels,
-                           np.vstack([self.vectors, other.vectors]).astype(np.float32, copy=False),
-                           self.sources + other.sources, self.decision_ids + other.decision_ids)
-
-
-@dataclass
-class TrainingSet(LabelledSet):
-    """The training rows (intent examples of ``fit_intents`` first, then logged texts)
-    plus the fixed evaluation sets and a report of counts."""
-
-    report: dict[str, Any]
-    eval: LabelledSet            # held-out intent examples + held-out human-labelled texts
-    recent: LabelledSet          # hash holdout of teacher-labelled texts, most recent RECENT_MAX
-    fit_intents: IntentSet       # the intent set minus the held-out examples
-    log_until: float             # unix time at which the log was read
-    train_keys: frozenset = frozenset()     # normalised keys of the training rows
-    logged_keys: frozenset = frozenset()    # normalised keys of every labelled logged text
-
-    def extra(self) -> LabelledSet:
-        """The logged training rows (everything after the intent examples)."""
-        return self.where(lambda s: s != "intent_example")
-
-
 @dataclass
 class _Group:
     key: str
@@ -186,83 +128,12 @@ class _Group:
     latest: float = float("-inf")
 
 
-# --------------------------------------------------------------- layer 2 helpers
-@dataclass
-class Layer2Batch:
-    """Layer 2's view of a batch: tiered labels, ``sure`` flags and calibrated scores."""
-
-    labels: list[str | None]      # what layer 2 answers (None = out of scope)
-    sure: np.ndarray              # bool: layer 2 decides alone (else the teacher is asked)
-    tiers: list[str]
-    probs: np.ndarray             # (n, n_classes) calibrated in-scope probabilities
-    oos_class: np.ndarray
-    p_oos: np.ndarray
-    classes: list[str]
-
-
-def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
-    """Score ``X`` with ``model``'s head and tier every row as the pipeline would."""
-    th = thresholds if thresholds is not None else Thresholds.for_model(model)
-    classes = [str(c) for c in model.manifest.labels]
-    n = len(X)
-    if n == 0:
-        z = np.zeros((0, len(classes)))
-        return Layer2Batch([], np.zeros(0, bool), [], z, np.zeros(0), np.zeros(0), classes)
-    parts = [model.head.scores(X[i:i + _CHUNK]) for i in range(0, n, _CHUNK)]
-    probs = np.vstack([p.probs for p in parts])
-    oos_class = np.concatenate([p.oos_class for p in parts])
-    p_oos = np.concatenate([p.p_oos for p in parts])
-    labels: list[str | None] = []
-    tiers: list[str] = []
-    sure = np.zeros(n, dtype=bool)
-    for j in range(n):
-        res = assign_tier(probs[j], classes, float(oos_class[j]), float(p_oos[j]), th)
-        labels.append(res.label)
-        tiers.append(res.tier.value)
-        sure[j] = res.sure
-    return Layer2Batch(labels, sure, tiers, probs, oos_class, p_oos, classes)
-
-
-def _unit(X: np.ndarray) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float32)
-    n = np.linalg.norm(X, axis=1, keepdims=True)
-    return X / np.where(n > 0, n, 1.0)
-
-
-def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None], k: int = GUARD_K) -> list[str | None]:
-    """Majority label of the ``k`` nearest ``ref`` rows (cosine) for each row of ``X``;
-    a tie goes to the label whose nearest member is closest."""
-    if len(X) == 0:
-        return []
-    if len(ref) == 0:
-        raise ValueError("knn_labels needs at least one reference row")
-    R = _unit(ref)
-    k = min(k, len(R))
-    out: list[str | None] = []
-    for i in range(0, len(X), _CHUNK):
-        sims = _unit(X[i:i + _CHUNK]) @ R.T
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < len(R) else np.tile(np.arange(len(R)), (len(sims), 1))
-        for row, cand in zip(sims, top):
-            order = cand[np.argsort(-row[cand], kind="stable")]
-            votes: dict[Any, int] = {}
-            for j in order:                       # insertion order = nearest first
-                lab = ref_labels[j]
-                votes[lab] = votes.get(lab, 0) + 1
-            best = max(votes.values())
-            out.append(next(lab for lab, c in votes.items() if c == best))
-    return out
-
-
 # ------------------------------------------------------------------- building
 def _say(progress: bool):
     def say(msg: str) -> None:
         if progress:
             print(f"flywheel retrain: {msg}", file=sys.stderr, flush=True)
     return say
-
-
-def _lname(label: str | None) -> str:
-    return "OUT_OF_SCOPE" if label is None else str(label)
 
 
 def _empty(dim: int) -> LabelledSet:
@@ -356,7 +227,7 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     parts = _attach_vectors(store, embedder, groups, resolved, split)
     e = parts.embeddings
     say(f"embeddings: {e['reused']:,} reused from the log, {e['computed']:,} computed ({e['seconds']:.2f}s)")
-    guard, keep = _noisy_teacher_guard(parts.train_log, parts.examples, champion, embedder)
+    guard, keep = noisy_teacher_guard(parts.train_log, parts.examples, champion, embedder)
     train = parts.examples.concat(parts.train_log.select(keep))
     train_keys = frozenset(normalise_key(t) for t in train.texts)   # before self-training: see module docs
     self_info, layer2_rows = _self_training(store, embedder, int(embedder.dim), groups, set(intents.labels),
@@ -628,47 +499,3 @@ def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, _Group
                              np.stack([vecs[i] for i in keep]).astype(np.float32, copy=False),
                              ["layer2"] * len(keep),
                              [ids[i] for i in keep])
-
-
-def _noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
-                         embedder: Any) -> tuple[dict[str, Any], list[int]]:
-    """Drop teacher labels that both a sure champion and the nearest intent examples
-    contradict (see the module docs): the report and the indices of the rows kept."""
-    reason = (f"teacher label disagrees with a sure layer-2 prediction of the champion AND with the "
-              f"majority of the {GUARD_K} nearest intent examples")
-    info: dict[str, Any] = {"active": False, "checked": 0, "dropped": 0, "reason": reason,
-                            "by_label": {}, "examples": []}
-    keep = list(range(len(rows)))
-    teacher_idx = [i for i, s in enumerate(rows.sources) if s == "teacher"]
-    if champion is None:
-        info["inactive_because"] = "no champion model"
-        return info, keep
-    enc = champion.manifest.encoder
-    if enc.get("id") != embedder.id or int(enc.get("dim", -1)) != rows.vectors.shape[1]:
-        info["inactive_because"] = (f"champion {champion.version} uses encoder {enc.get('id')!r}, "
-                                    f"not {embedder.id!r}")
-        return info, keep
-    if len(examples) == 0:
-        info["inactive_because"] = "no intent examples to compare with"
-        return info, keep
-    info["active"] = True
-    info["champion"] = champion.version
-    info["checked"] = len(teacher_idx)
-    if not teacher_idx:
-        return info, keep
-    X = rows.vectors[teacher_idx]
-    pred = layer2_predict(champion, X)
-    near = knn_labels(X, examples.vectors, examples.labels, GUARD_K)
-    drop: set[int] = set()
-    pairs: Counter = Counter()
-    for j, i in enumerate(teacher_idx):
-        lab = rows.labels[i]
-        if pred.sure[j] and pred.labels[j] != lab and near[j] != lab:
-            drop.add(i)
-            pairs[f"{_lname(lab)} -> {_lname(pred.labels[j])}"] += 1
-            if len(info["examples"]) < 10:
-                info["examples"].append({"text": rows.texts[i][:200], "teacher": lab,
-                                         "champion": pred.labels[j], "nearest_examples": near[j]})
-    info["dropped"] = len(drop)
-    info["by_label"] = dict(pairs.most_common())
-    return info, [i for i in keep if i not in drop]

@@ -42,7 +42,7 @@ from classifier.head import precision_cutoff
 from classifier.model import IntentModel
 from classifier.text import normalise_key
 from classifier.tiers import Thresholds
-from training.trainset import LabelledSet, TrainingSet
+from training.rows import LabelledSet, TrainingSet
 
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
            "with_thresholds", "layer2_state"]

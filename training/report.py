@@ -1,0 +1,161 @@
+"""The retrain job's result and its readable report (``report.md``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown"]
+
+
+@dataclass
+class RetrainResult:
+    """What one run did. ``outcome`` is ``promoted``, ``kept`` or ``skipped`` (with
+    ``dry_run`` it is what would have happened, and ``version`` is ``None``)."""
+
+    outcome: str
+    version: str | None
+    reason: str
+    challenger: dict[str, Any] | None = None
+    champion: dict[str, Any] | None = None
+    report_path: Path | None = None
+    dry_run: bool = False
+    report: dict[str, Any] = field(default_factory=dict)
+    markdown: str = ""
+
+    @property
+    def promoted(self) -> bool:
+        return self.outcome == "promoted" and not self.dry_run
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"outcome": self.outcome, "version": self.version, "reason": self.reason,
+               "summary": self.summary_line(), "dry_run": self.dry_run,
+               "report_path": str(self.report_path) if self.report_path else None,
+               "challenger": self.challenger, "champion": self.champion}
+        for k in ("gate", "dataset", "thresholds", "timing", "notes"):
+            if k in self.report:
+                out[k] = self.report[k]
+        return jsonable(out)
+
+    def summary_line(self) -> str:
+        if self.outcome == "skipped":
+            return f"skipped: {self.reason}"
+        name = self.version or ("(dry run)" if self.dry_run else "?")
+        if self.dry_run and self.version:
+            name += " (dry run)"
+        ch = self.challenger or {}
+        cp = self.champion
+        n = ch.get("n") or 0
+        if self.outcome == "promoted":
+            if not cp:
+                return (f"promoted {name} (first model: accuracy {fmt_value(ch.get('accuracy'))} on {n:,} eval "
+                        f"queries; LLM share {fmt_share(ch.get('llm_share'))})")
+            return (f"promoted {name} (accuracy {fmt_value(cp.get('accuracy'))} -> "
+                    f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries; LLM share "
+                    f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))})")
+        champ = cp.get("version") if cp else "?"
+        return f"kept {champ}, challenger {name} not promoted: {self.reason}"
+
+
+def fmt_value(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.3f}"
+
+
+def fmt_share(x: Any) -> str:
+    return "n/a" if x is None else f"{100.0 * float(x):.0f}%"
+
+
+def jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
+
+def _row(label: str, key: str, cp: dict | None, ch: dict, pct: bool = True) -> str:
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%" if pct else f"{x:.4f}"
+    a = fmt(cp.get(key)) if cp else "-"
+    return f"| {label} | {a} | {fmt(ch.get(key))} |"
+
+
+def render_markdown(result: RetrainResult) -> str:
+    """The readable ``report.md``."""
+    r = result.report
+    ch = result.challenger or {}
+    cp = result.champion
+    lines = [f"# flywheel retrain: {result.outcome}" + (" (dry run)" if result.dry_run else ""), "",
+             result.summary_line(), "",
+             f"- run at: {r.get('created_at')}",
+             f"- challenger: {result.version or '(not saved: dry run)'}"
+             + ("" if result.dry_run else (" — promoted" if result.outcome == "promoted" else " — NOT promoted")),
+             f"- champion: {r.get('champion_version') or 'none'}",
+             f"- decision: {result.reason}",
+             f"- gate: accuracy on the `{r['gate']['set']}` set ({r['gate']['n']:,} queries), "
+             f"tolerance {r['gate']['tolerance']:g}"]
+    lines += [f"- note: {n}" for n in r.get("notes", [])]
+    for part in ("eval", "recent") + (("eval_traffic",) if "eval_traffic" in ch else ()):
+        c = ch.get(part) or {}
+        p = cp.get(part) if cp else None
+        lines += ["", f"## {part} ({c.get('n', 0):,} queries, {c.get('n_out_of_scope', 0):,} out of scope)", "",
+                  "| metric | champion | challenger |", "|---|---|---|",
+                  _row("accuracy", "accuracy", p, c), _row("in-scope accuracy", "in_scope_accuracy", p, c),
+                  _row("out-of-scope recall", "oos_recall", p, c), _row("macro F1", "macro_f1", p, c, False),
+                  _row("ECE", "ece", p, c, False), _row("LLM share", "llm_share", p, c),
+                  _row("accuracy when sure", "sure_accuracy", p, c)]
+    ev = ch.get("eval") or {}
+    if ev.get("per_intent"):
+        pev = (cp or {}).get("eval") or {}
+        lines += ["", "## Per intent (eval)", "", "| intent | support | precision | recall |", "|---|---|---|---|"]
+        for k, v in ev["per_intent"].items():
+            o = (pev.get("per_intent") or {}).get(k)
+            pp = f"{o['precision']:.3f} -> " if o else ""
+            rr = f"{o['recall']:.3f} -> " if o else ""
+            lines.append(f"| {k} | {v['support']} | {pp}{v['precision']:.3f} | {rr}{v['recall']:.3f} |")
+    d = r.get("dataset", {})
+    if d:
+        tr = d["train"]["by_source"]
+        nt = d["noisy_teacher"]
+        lines += ["", "## Training data", "",
+                  f"- training rows: {d['train']['n']:,} ({tr['intent_example']:,} intent examples, "
+                  f"{tr['teacher']:,} teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} layer-2 self-training; "
+                  f"{d['train']['n_out_of_scope']:,} out of scope)",
+                  f"- log: {d['log_rows']:,} labelled decisions ({d['log_rows_human']:,} with a human label); "
+                  f"{d['unique_texts']:,} unique texts, {d['duplicates_merged']:,} duplicates merged",
+                  f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,}",
+                  "- conflicts: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in d["conflicts"].items()),
+                  f"- dropped, intent no longer defined: {d['dropped_unknown_intent']['total']:,}"
+                  + (f" ({', '.join(f'{k} {v}' for k, v in d['dropped_unknown_intent']['by_label'].items())})"
+                     if d['dropped_unknown_intent']['total'] else ""),
+                  f"- noisy teacher labels dropped: {nt['dropped']:,} of {nt['checked']:,} checked"
+                  + (f" ({nt['reason']})" if nt.get("active") else f" (guard off: {nt.get('inactive_because')})"),
+                  f"- evaluation: {d['eval']['n']:,} fixed eval rows, {d['recent']['n']:,} recent-traffic rows "
+                  f"(split {d['split']['id']})"]
+    th = r.get("thresholds", {})
+    if th:
+        t = th["tuning"]
+        lines += ["", "## Thresholds", "",
+                  f"- confident: {t['cv_confident']:.4f} (cross-validation) -> {t['confident']:.4f} ({t['method']}"
+                  + (f"; {t['why']}" if t.get("why") else "") + ")",
+                  "- saved: " + ", ".join(f"{k}={v:.4f}" for k, v in th["saved"].items())]
+        if t.get("note"):
+            lines.append(f"- note: {t['note']}")
+    tm = r.get("timing", {})
+    if tm:
+        lines += ["", "## Timing", "",
+                  f"- total {tm['total_seconds']:.2f}s: data {tm['dataset_seconds']:.2f}s (embedding "
+                  f"{tm['embed_seconds']:.2f}s; {tm['embeddings_reused']:,} vectors reused from the log, "
+                  f"{tm['embeddings_computed']:,} computed), fit {tm['fit_seconds']:.2f}s, "
+                  f"evaluation {tm['eval_seconds']:.2f}s"]
+    return "\n".join(lines)
