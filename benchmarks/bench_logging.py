@@ -36,7 +36,9 @@ import duckdb  # noqa: E402
 
 from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier  # noqa: E402
 from classifier.protocols import DecisionRecord, HistoryEntry  # noqa: E402
-from training import logstore as ls  # noqa: E402
+from logstore import LogStore  # noqa: E402
+from logstore.connection import connect, stats  # noqa: E402
+from logstore.segments import records_to_table, write_segment  # noqa: E402
 
 LABELS = ["billing", "refund", "shipping", "account", "cancel", "upgrade", "support"]
 
@@ -89,7 +91,7 @@ def run(args) -> dict:
     fsync = not args.no_fsync
 
     # 1. write() per call, writer thread running as in production
-    store = ls.LogStore(work / "a" / "log.duckdb")
+    store = LogStore(work / "a" / "log.duckdb")
     sink = store.open_sink(batch_size=args.batch_size, fsync=fsync)
     ns = np.empty(len(records), dtype=np.int64)
     clock = time.perf_counter_ns
@@ -112,7 +114,7 @@ def run(args) -> dict:
     res["writer_total_s"] = t_total
 
     # mean per call without per-call timers (second sink, same records)
-    store_b = ls.LogStore(work / "b" / "log.duckdb")
+    store_b = LogStore(work / "b" / "log.duckdb")
     sink_b = store_b.open_sink(batch_size=args.batch_size, fsync=fsync, ingest_interval_s=None)
     write = sink_b.write
     t0 = time.perf_counter()
@@ -136,9 +138,9 @@ def run(args) -> dict:
     conv, seg, ingest_one, direct = [], [], [], []
     for b in batches:
         t0 = time.perf_counter()
-        table = ls.records_to_table(b)
+        table = records_to_table(b)
         t1 = time.perf_counter()
-        ls.write_segment(spool, table, fsync=fsync)
+        write_segment(spool, table, fsync=fsync)
         t2 = time.perf_counter()
         conv.append(t1 - t0)
         seg.append(t2 - t1)
@@ -150,11 +152,11 @@ def run(args) -> dict:
         ingest_one.append(time.perf_counter() - t0)
     # the alternative design: open the database on every flush
     direct_path = work / "direct.duckdb"
-    ls.LogStore(direct_path)
+    LogStore(direct_path)
     for b in batches:
-        table = ls.records_to_table(b)
+        table = records_to_table(b)
         t0 = time.perf_counter()
-        con = ls.connect(direct_path)
+        con = connect(direct_path)
         con.register("t", table)
         con.execute("BEGIN")
         con.execute("INSERT INTO decisions BY NAME SELECT * EXCLUDE (embedding) FROM t")
@@ -175,12 +177,12 @@ def run(args) -> dict:
     # 4. open/close overhead
     db = store_b.path
     res["open_close_ms"] = {
-        "duckdb_connect_close": 1e3 * median_time(lambda: ls.connect(db).close(), 15),
+        "duckdb_connect_close": 1e3 * median_time(lambda: connect(db).close(), 15),
         "logstore_count": 1e3 * median_time(store_b.count, 15),
     }
     res["db_rows"] = store_b.count()
     res["db_size_mb"] = Path(db).stat().st_size / 1e6
-    res["lock_retries"] = ls.stats["lock_retries"]
+    res["lock_retries"] = stats["lock_retries"]
     if not args.dir and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return res
