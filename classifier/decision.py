@@ -71,8 +71,9 @@ class Decision:
     """The answer of :meth:`classifier.Classifier.classify`.
 
     ``to_dict`` gives exactly the public fields: ``id``, ``label``, ``confidence``,
-    ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version`` and
-    ``latency_ms`` (milliseconds per layer that ran). ``teacher`` records the LLM
+    ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version``,
+    ``latency_ms`` (milliseconds per layer that ran) and ``metadata`` (the intent's
+    string map from the intent file, e.g. ``{"rag": "false"}``; empty for out of scope). ``teacher`` records the LLM
     call, if any, and ``pending`` whether the teacher was needed but unavailable; both
     are for the traffic log and not part of the public dict.
     """
@@ -86,6 +87,7 @@ class Decision:
     model_version: str | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
     id: str = field(default_factory=new_decision_id)
+    metadata: dict[str, str] = field(default_factory=dict)
     teacher: TeacherCall | None = None
     pending: bool = False  # the teacher was needed but unavailable: label it later (log only)
 
@@ -100,4 +102,5 @@ class Decision:
             "reason": self.reason,
             "model_version": self.model_version,
             "latency_ms": {k: round(v, 4) for k, v in self.latency_ms.items()},
+            "metadata": dict(self.metadata),
         }

@@ -463,6 +463,17 @@ class CachedEmbedder(DelegatingEmbedder):
             self._rows.clear()
             self.hits = self.misses = 0
 
+    def lookup(self, text: str) -> np.ndarray | None:
+        """The cached vector of ``text`` (counted as a hit), or ``None`` (not counted: the
+        caller will ``encode`` it, which counts the miss). Never encodes."""
+        with self._lock:
+            row = self._rows.get(text)
+            if row is None:
+                return None
+            self._rows.move_to_end(text)
+            self.hits += 1
+            return row
+
     def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
                progress: bool = False) -> np.ndarray:
         """Like :meth:`Embedder.encode`, serving repeated texts from the cache."""

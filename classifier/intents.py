@@ -11,7 +11,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -22,7 +22,7 @@ EMBEDDER_BACKENDS = ("minilm", "sentence-transformers", "bge-m3")
 
 _TOP_KEYS = {"version", "name", "description", "embedder", "teacher", "thresholds",
              "rules", "intents", "out_of_scope"}
-_INTENT_KEYS = {"name", "description", "examples", "thresholds"}
+_INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
                   "num_threads", "layers"}
@@ -52,6 +52,9 @@ class Intent:
     description: str
     examples: tuple[str, ...]
     confident: float | None = None  # per-intent override of the confident cutoff
+    # what the host does with this route (e.g. {"rag": "false", "model_slot": "conversational"});
+    # returned with every decision for this label
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,20 @@ class _Checker:
             raise self.fail(f"unknown key {unknown[0]!r} in {where} (allowed: {', '.join(sorted(allowed))})", intent)
         return value
 
+    def string_map(self, value: Any, where: str, intent: str | None = None) -> dict[str, str]:
+        """A mapping of non-empty string keys to string values (numbers and booleans are
+        refused, not converted: ``rag: false`` in YAML must be written ``rag: "false"``)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(f"{where} must be a mapping of strings, got {type(value).__name__}", intent)
+        for k, v in value.items():
+            if not isinstance(k, str) or not k.strip():
+                raise self.fail(f"{where} keys must be non-empty strings, got {k!r}", intent)
+            if not isinstance(v, str):
+                raise self.fail(f"{where}.{k} must be a string, got {v!r} (quote it)", intent)
+        return {k.strip(): v for k, v in value.items()}
+
     def number(self, value: Any, where: str, lo: float, hi: float, intent: str | None = None) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(f"{where} must be a number, got {value!r}", intent)
@@ -223,7 +240,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         desc = raw.get("description") or ""
         if not isinstance(desc, str):
             raise c.fail("description must be a string", name)
-        intents.append(Intent(name=name, description=desc.strip(), examples=examples, confident=conf))
+        intents.append(Intent(name=name, description=desc.strip(), examples=examples, confident=conf,
+                              metadata=c.string_map(raw.get("metadata"), "metadata", name)))
 
     rules = tuple(_parse_rule(c, r, n, seen) for n, r in enumerate(doc.get("rules") or []))
     ids = [r.id for r in rules]

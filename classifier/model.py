@@ -72,7 +72,8 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
                        "oos": th.oos, "target_precision": th.target_precision,
                        "per_intent": dict(th.per_intent)},
         "rules": rules,
-        "intents": [{"name": i.name, "description": i.description, "examples": list(i.examples)}
+        "intents": [{"name": i.name, "description": i.description, "examples": list(i.examples),
+                     **({"metadata": dict(i.metadata)} if i.metadata else {})}
                     for i in intents.intents],
         "out_of_scope": {"examples": list(intents.oos_examples)},
     }

@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -42,6 +42,7 @@ class _Runtime:
     thresholds: Thresholds
     labels: tuple[str, ...]
     options: dict[str, LabelOption]
+    metadata: dict[str, dict[str, str]]     # label -> the intent's metadata
 
     @classmethod
     def build(cls, model: IntentModel) -> "_Runtime":
@@ -49,7 +50,44 @@ class _Runtime:
         thresholds = Thresholds.for_model(model)
         n_ex = intents.teacher.examples_per_intent
         options = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
-        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options)
+        metadata = {i.name: dict(i.metadata) for i in intents.intents}
+        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options, metadata)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query with its own context (see :meth:`Classifier.classify_queries`)."""
+
+    text: str
+    history: Iterable[Any] | None = None
+    declared_type: str | None = None
+    session_id: str | None = None
+
+
+@dataclass(eq=False)
+class Pending:
+    """One query on its way through the layers.
+
+    :meth:`Classifier.begin` makes it (and decides it by declared type or rule);
+    :meth:`Classifier.score` sets ``vector`` and ``layer2`` (and decides it when layer 2
+    is sure); :meth:`Classifier.finish` records ``decision``. ``rt`` is the model bundle
+    it started with: a hot swap never changes a query in flight.
+    """
+
+    rt: _Runtime
+    clean: CleanText
+    history: tuple[HistoryEntry, ...] | None    # given by the caller (else the session's)
+    declared: str | None                        # the declared type as logged
+    session_id: str | None
+    t_start: float
+    latency: dict[str, float] = field(default_factory=dict)
+    decision: Decision | None = None
+    vector: np.ndarray | None = None
+    layer2: Layer2Result | None = None
+
+    @property
+    def model_version(self) -> str:
+        return self.rt.model.version
 
 
 class Classifier:
@@ -185,63 +223,124 @@ class Classifier:
         """
         if isinstance(texts, str):
             raise InvalidInputError("classify_many takes a list of texts, not a string")
+        return self.classify_queries([Query(t, history, declared_type, session_id) for t in texts])
+
+    def classify_queries(self, queries: Sequence[Query]) -> list[Decision]:
+        """Classify queries that each carry their own history, declared type and session.
+
+        The stages, which a server may also run itself (see :class:`Pending`):
+        :meth:`begin` each query (declared type, rules), :meth:`score` the rest in one
+        encoder pass, :meth:`ask_teacher` for what layer 2 is unsure of, then
+        :meth:`finish` (log, session history). Raises
+        :class:`~classifier.errors.InvalidInputError` naming the item if any query is
+        unusable; nothing is classified or logged then.
+        """
         watcher = self.watcher
         if watcher is not None and not watcher.running:
             watcher.poll()
-        rt = self._rt
-        max_chars = rt.model.intents.embedder.max_chars
-        cleaned: list[CleanText] = []
-        for n, t in enumerate(texts):
+        pending = []
+        for n, q in enumerate(queries):
             try:
-                cleaned.append(clean_text(t, max_chars, on_long=self.on_long))
+                pending.append(self.begin(q))
             except InvalidInputError as exc:
-                raise InvalidInputError(f"text #{n + 1}: {exc}" if len(texts) > 1 else str(exc)) from None
-        hist_arg = coerce_history(history, rt.model.intents.teacher.history_size) if history is not None else None
-        declared_label = None
-        if declared_type is not None:
-            declared_label = parse_label(declared_type, rt.labels, what="declared type")
-            declared_type = label_name(declared_label)
-        t_start = time.perf_counter()
-        out: list[Decision | None] = [None] * len(cleaned)
-        rules_ms: dict[int, float] = {}
-        need_l2: list[int] = []
-        for i, c in enumerate(cleaned):
-            t0 = time.perf_counter()
-            if declared_type is not None:
-                label = declared_label
-                out[i] = self._decision(rt, label, 1.0, Tier.NO_MATCH if label is None else Tier.CONFIDENT,
-                                        Layer.DECLARED, f"declared type {declared_type}", c,
-                                        {"declared": _ms(t0)})
-                continue
-            m = rt.rules.match(c.text)
-            lat = {"rules": _ms(t0)}
-            if m is not None:
-                out[i] = self._decision(rt, m.intent, 1.0, Tier.CONFIDENT, Layer.RULES, f"rule {m.rule_id}", c, lat)
-            else:
-                rules_ms[i] = lat["rules"]
-                need_l2.append(i)
-        vectors: dict[int, np.ndarray] = {}
-        layer2: dict[int, Layer2Answer] = {}
-        if need_l2:
-            t0 = time.perf_counter()
-            X = self.embedder.encode([cleaned[i].text for i in need_l2])
-            scores = rt.model.head.scores(X)
-            per_item = _ms(t0) / len(need_l2)
-            for j, i in enumerate(need_l2):
-                vectors[i] = X[j]
-                res = assign_tier(scores.probs[j], rt.labels, float(scores.oos_class[j]),
-                                  float(scores.p_oos[j]), rt.thresholds)
-                layer2[i] = Layer2Answer(res.label, res.confidence, res.tier)
-                out[i] = self._layer3(rt, cleaned[i], res, hist_arg, session_id,
-                                      {"rules": rules_ms[i], "embedding": per_item})
-        decisions: list[Decision] = []
-        for i, d in enumerate(out):
-            assert d is not None
-            if len(cleaned) == 1:
-                d.latency_ms["total"] = _ms(t_start)
-            decisions.append(d)
-            self._after(rt, d, cleaned[i], hist_arg, declared_type, session_id, vectors.get(i), layer2.get(i))
-        return decisions
+                if len(queries) == 1:
+                    raise
+                raise type(exc)(f"text #{n + 1}: {exc}") from None
+        self.score(pending)
+        single = len(pending) == 1
+        return [self.finish(p, None if p.decision is not None else self.ask_teacher(p), total=single)
+                for p in pending]
+
+    # ------------------------------------------------------------- stages
+    def begin(self, query: Query) -> "Pending":
+        """Check and clean one query; decide it by its declared type or a rule when one
+        applies (then ``pending.decision`` is set). Raises
+        :class:`~classifier.errors.InvalidInputError` for an unusable text or declared type."""
+        rt = self._rt
+        c = clean_text(query.text, rt.model.intents.embedder.max_chars, on_long=self.on_long)
+        history = (coerce_history(query.history, rt.model.intents.teacher.history_size)
+                   if query.history is not None else None)
+        declared_label, declared = None, None
+        if query.declared_type is not None:
+            declared_label = parse_label(query.declared_type, rt.labels, what="declared type")
+            declared = label_name(declared_label)
+        p = Pending(rt, c, history, declared, query.session_id, time.perf_counter())
+        t0 = time.perf_counter()
+        if declared is not None:
+            tier = Tier.NO_MATCH if declared_label is None else Tier.CONFIDENT
+            p.decision = self._decision(rt, declared_label, 1.0, tier, Layer.DECLARED, f"declared type {declared}",
+                                        c, {"declared": _ms(t0)})
+            return p
+        m = rt.rules.match(c.text)
+        p.latency["rules"] = _ms(t0)
+        if m is not None:
+            p.decision = self._decision(rt, m.intent, 1.0, Tier.CONFIDENT, Layer.RULES, f"rule {m.rule_id}", c,
+                                        p.latency)
+        return p
+
+    def cached_vector(self, text: str) -> np.ndarray | None:
+        """The embedder's cached vector for the cleaned ``text``, if it has one (no encoding)."""
+        lookup = getattr(self.embedder, "lookup", None)
+        return lookup(text) if lookup is not None else None
+
+    def score(self, pending: Sequence["Pending"]) -> None:
+        """Layer 2 for every query not decided yet, in one encoder pass (vectors already
+        set on a pending query are used as they are). A query layer 2 is sure of, or
+        that has no teacher to ask, is decided here."""
+        todo = [p for p in pending if p.decision is None and p.layer2 is None]
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        missing = [p for p in todo if p.vector is None]
+        if missing:
+            for p, v in zip(missing, self.embedder.encode([p.clean.text for p in missing])):
+                p.vector = v
+        by_rt: dict[int, list[Pending]] = {}
+        for p in todo:  # a swap between begin() and score() leaves two runtimes in one batch
+            by_rt.setdefault(id(p.rt), []).append(p)
+        for group in by_rt.values():
+            rt = group[0].rt
+            s = rt.model.head.scores(np.stack([p.vector for p in group]))
+            for j, p in enumerate(group):
+                p.layer2 = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]),
+                                       rt.thresholds)
+        per_item = _ms(t0) / len(todo)
+        for p in todo:
+            p.latency["embedding"] = per_item
+            if p.layer2.sure:
+                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)
+            elif self.teacher is None:
+                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency, "; no LLM teacher configured")
+
+    def ask_teacher(self, p: "Pending") -> Decision:
+        """Layer 3 for a scored query layer 2 is unsure of: the teacher's answer, or layer
+        2's best guess (tier ``weak``) with the reason when the teacher fails. Returns the
+        decision without recording it on ``p`` (a server may have given up waiting)."""
+        assert p.layer2 is not None and self.teacher is not None, "ask_teacher needs a scored, unsure query"
+        history = p.history if p.history is not None else (self.sessions.get(p.session_id) if p.session_id else ())
+        return self._layer3(p.rt, p.clean, p.layer2, history, dict(p.latency))
+
+    def without_teacher(self, p: "Pending", why: str) -> Decision:
+        """Layer 2's best guess for an unsure query whose teacher call was not made or not
+        waited for (``why`` goes into the reason); it is logged as pending, so
+        ``flywheel label`` asks the teacher later."""
+        assert p.layer2 is not None, "without_teacher needs a scored query"
+        d = self._from_layer2(p.rt, p.layer2, p.clean, dict(p.latency), f"; llm skipped: {why}", degraded=True)
+        d.pending = True
+        return d
+
+    def finish(self, p: "Pending", decision: Decision | None = None, *, total: bool = True) -> Decision:
+        """Record the query's decision (``decision``, else the one set on ``p``): session
+        history, traffic log, audit sampling. With ``total`` the whole call's latency is
+        added as ``latency_ms["total"]``."""
+        d = decision if decision is not None else p.decision
+        assert d is not None, "finish needs a decision"
+        p.decision = d
+        if total:
+            d.latency_ms["total"] = _ms(p.t_start)
+        l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None
+        self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2)
+        return d
 
     # ------------------------------------------------------------- internals
     def _decision(self, rt: _Runtime, label: str | None, confidence: float, tier: Tier, layer: Layer,
@@ -251,7 +350,8 @@ class Classifier:
             reason += f"; text truncated from {c.original_chars} to {len(c.text)} characters"
         return Decision(label=label, confidence=float(confidence), tier=tier, layer=layer, reason=reason,
                         alternatives=alternatives or [], model_version=rt.model.version,
-                        latency_ms=latency, teacher=teacher)
+                        latency_ms=latency, teacher=teacher,
+                        metadata=dict(rt.metadata.get(label, {})) if label is not None else {})
 
     def _from_layer2(self, rt: _Runtime, res: Layer2Result, c: CleanText, lat: dict[str, float],
                      suffix: str = "", teacher: TeacherCall | None = None, degraded: bool = False) -> Decision:
@@ -264,13 +364,9 @@ class Classifier:
         return self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
                               alts, teacher)
 
-    def _layer3(self, rt: _Runtime, c: CleanText, res: Layer2Result, hist_arg: tuple[HistoryEntry, ...] | None,
-                session_id: str | None, lat: dict[str, float]) -> Decision:
-        if res.sure:
-            return self._from_layer2(rt, res, c, lat)
-        if self.teacher is None:
-            return self._from_layer2(rt, res, c, lat, "; no LLM teacher configured")
-        history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
+    def _layer3(self, rt: _Runtime, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
+                lat: dict[str, float]) -> Decision:
+        assert self.teacher is not None
         req = self._request(rt, c.text, res, history)
         t0 = time.perf_counter()
         try:
