@@ -200,9 +200,13 @@ class Classifier:
         model.check_encoder(self.embedder.id, self.embedder.dim)
 
     def swap_model(self, model: IntentModel) -> None:
-        """Serve ``model`` from now on. Refuses (ModelError) a model whose encoder differs."""
+        """Serve ``model`` from now on. Refuses (ModelError) a model whose encoder differs.
+
+        The new bundle is built and warmed (one scoring pass) before the swap, on the
+        caller's thread; queries already begun finish on the model they started with."""
         self.check_encoder(model)
         rt = _Runtime.build(model)
+        rt.model.head.scores(self.embedder.encode(["warm-up"]))
         with self._lock:
             self._rt = rt
         log.info("now serving model %s", model.version)

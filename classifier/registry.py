@@ -267,6 +267,8 @@ class ModelWatcher:
         self.interval_s = interval_s
         self.serving = current if current is not None else registry.current_name()
         self.refused: dict[str, str] = {}
+        # called with (version, None) after a swap and (version, error message) after a refusal
+        self.listeners: list[Callable[[str, str | None], None]] = []
         self._next = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -290,11 +292,20 @@ class ModelWatcher:
             except ModelError as exc:
                 self.refused[name] = str(exc)
                 log.error("refusing model version %s, still serving %s: %s", name, self.serving, exc)
+                self._notify(name, str(exc))
                 return False
             self.serving = name
+            self._notify(name, None)
             return True
         finally:
             self._lock.release()
+
+    def _notify(self, name: str, error: str | None) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(name, error)
+            except Exception:  # noqa: BLE001 - a listener must not stop reloads
+                log.exception("model watcher listener failed")
 
     @property
     def running(self) -> bool:

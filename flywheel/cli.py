@@ -14,7 +14,7 @@ import sys
 import typer
 
 from classifier.errors import FlywheelError
-from service.cli import classify_command
+from service.cli import classify_command, serve_command
 from training.cli import eval_command, feedback_command, label_command, stats_command, train_command
 from training.cli_models import models_app
 from training.cli_retrain import retrain_command
@@ -27,6 +27,7 @@ def build_app() -> typer.Typer:
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                       help="flywheel: an intent classifier that gets cheaper the longer it runs.")
     app.command("classify")(classify_command)
+    app.command("serve")(serve_command)
     app.command("train")(train_command)
     app.command("eval")(eval_command)
     app.command("feedback")(feedback_command)

@@ -13,7 +13,7 @@ import typer
 from classifier.config import HOME_HELP, load_config
 from service.runtime import open_runtime
 
-__all__ = ["classify_command"]
+__all__ = ["classify_command", "serve_command"]
 
 
 def _echo_json(obj: object) -> None:
@@ -57,3 +57,47 @@ def classify_command(
             _echo_json(d.to_dict())
     finally:
         runtime.close()
+
+
+def serve_command(
+    address: str = typer.Option("127.0.0.1:50051", "--address", help="host:port to listen on (loopback by default)."),
+    uds: Optional[str] = typer.Option(None, "--uds", help="Listen on this Unix domain socket instead."),
+    grace: float = typer.Option(10.0, "--grace", min=0.0, help="Seconds calls in flight get to finish on SIGTERM."),
+    max_message_bytes: int = typer.Option(1 << 20, "--max-message-bytes", min=1024,
+                                          help="Largest request accepted (INVALID_ARGUMENT beyond)."),
+    admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="FLYWHEEL_ADMIN_TOKEN",
+                                              help="Feedback then needs 'authorization: Bearer <token>'."),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate (with --tls-key)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key (with --tls-cert)."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0,
+                                               help="Serve Prometheus /metrics on this port (off by default)."),
+    metrics_address: str = typer.Option("127.0.0.1", "--metrics-address", help="Address of /metrics."),
+    max_batch: int = typer.Option(32, "--max-batch", min=1, help="Queries per encoder pass."),
+    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0.0,
+                                      help="Wait for a fuller batch, only while busy."),
+    max_queue: int = typer.Option(512, "--max-queue", min=1,
+                                  help="Queries waiting for the encoder; beyond: RESOURCE_EXHAUSTED."),
+    teacher_workers: int = typer.Option(4, "--teacher-workers", min=1, help="Concurrent LLM calls."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model version dir or models home with CURRENT."),
+    intents: Optional[str] = typer.Option(None, "--intents", help="Intent file for the default model."),
+    teacher: Optional[str] = typer.Option(None, "--teacher", help="ollama | off"),
+    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
+    log: bool = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log."),
+    log_db: Optional[str] = typer.Option(None, "--log-db"),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+) -> None:
+    """Run the gRPC sidecar (flywheel.v1.IntentClassifier, health, reflection) until SIGTERM."""
+    import logging
+
+    from service.core import BatchOptions
+    from service.server import ServerOptions, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
+                      log_db=log_db)
+    options = ServerOptions(address=address, uds=uds, grace_s=grace, max_message_bytes=max_message_bytes,
+                            admin_token=admin_token or None, tls_cert=tls_cert, tls_key=tls_key,
+                            metrics_port=metrics_port, metrics_address=metrics_address,
+                            batch=BatchOptions(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                                               teacher_workers=teacher_workers))
+    raise typer.Exit(serve(cfg, options, log_decisions=log))

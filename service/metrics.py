@@ -1,0 +1,358 @@
+"""Prometheus metrics for the gRPC sidecar (``flywheel serve``).
+
+Everything lives on a :class:`ServerMetrics`, which owns its OWN
+:class:`prometheus_client.CollectorRegistry` (never the process-wide default), so
+tests and several servers in one process do not collide. The metric names are a
+public contract (dashboards and alerts read them); ``tests/test_metrics.py`` checks
+them.
+
+gRPC metrics follow the go-grpc-prometheus convention and are recorded by
+:class:`MetricsInterceptor`; the rest are fed by the server through the small
+``observe_*`` / ``set_*`` methods, which are cheap enough for the request path
+(label children are cached, so a call is a dict lookup plus an atomic increment).
+
+:func:`start_metrics_http` serves ``/metrics`` for the registry on a loopback port by
+default.
+
+Notes on the exposition (prometheus_client 0.26):
+
+* Counters are exposed with the ``_total`` suffix, histograms as
+  ``_bucket``/``_sum``/``_count``; unlabelled counters and histograms also emit a
+  ``<name>_created`` gauge (the client's default; disabling it is process-global,
+  so it is left on).
+* A labelled metric with no children yet still renders its ``# HELP`` and
+  ``# TYPE`` lines, with no samples.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from classifier.decision import Decision
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "BATCH_BUCKETS",
+    "OUT_OF_SCOPE",
+    "OTHER_LABEL",
+    "TEACHER_OUTCOMES",
+    "ServerMetrics",
+    "MetricsInterceptor",
+    "start_metrics_http",
+    "stop_metrics_http",
+]
+
+# seconds, 0.5 ms .. 10 s
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+OUT_OF_SCOPE = "OUT_OF_SCOPE"  # the decision label for ``label is None``
+OTHER_LABEL = "other"  # any label outside the set given to ``set_labels``
+
+# pre-created at 0 so rate() works from the first scrape; other outcomes are still accepted
+TEACHER_OUTCOMES = ("ok", "timeout", "unavailable", "malformed", "unknown_label", "circuit_open",
+                    "skipped_deadline", "pool_full", "error")
+RELOAD_OUTCOMES = ("ok", "refused")
+
+
+class ServerMetrics:
+    """All metrics of one sidecar, on a registry of its own (``self.registry``).
+
+    Thread-safe: the request path calls these methods from gRPC worker threads.
+    """
+
+    def __init__(self, labels: Iterable[str] | None = None, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        # --- gRPC (go-grpc-prometheus names) ---
+        self.grpc_started = Counter(
+            "grpc_server_started_total", "Total number of RPCs started on the server.",
+            ["grpc_type", "grpc_service", "grpc_method"], registry=r)
+        self.grpc_handled = Counter(
+            "grpc_server_handled_total", "Total number of RPCs completed on the server, regardless of success.",
+            ["grpc_type", "grpc_service", "grpc_method", "grpc_code"], registry=r)
+        self.grpc_handling_seconds = Histogram(
+            "grpc_server_handling_seconds", "Response latency (seconds) of gRPC handled by the server.",
+            ["grpc_type", "grpc_service", "grpc_method"], buckets=LATENCY_BUCKETS, registry=r)
+
+        # --- decisions ---
+        self.decisions = Counter(
+            "flywheel_decisions_total", "Decisions made, by deciding layer and tier.",
+            ["layer", "tier"], registry=r)
+        self.decision_labels = Counter(
+            "flywheel_decision_labels_total",
+            f"Decisions by label ({OUT_OF_SCOPE} for out of scope, '{OTHER_LABEL}' outside the known label set).",
+            ["label"], registry=r)
+        self.layer_seconds = Histogram(
+            "flywheel_layer_seconds", "Time spent per classifier layer that ran (seconds).",
+            ["layer"], buckets=LATENCY_BUCKETS, registry=r)
+
+        # --- serving ---
+        self.batch_size = Histogram(
+            "flywheel_batch_size", "Queries per classified batch.", buckets=BATCH_BUCKETS, registry=r)
+        self.queue_depth = Gauge("flywheel_queue_depth", "Requests waiting to be batched.", registry=r)
+        self.cache_hits = Counter(
+            "flywheel_embedding_cache_hits_total", "Embedding cache hits.", registry=r)
+        self.cache_misses = Counter(
+            "flywheel_embedding_cache_misses_total", "Embedding cache misses.", registry=r)
+
+        # --- teacher ---
+        self.teacher_calls = Counter(
+            "flywheel_teacher_calls_total", "LLM teacher calls by outcome.", ["outcome"], registry=r)
+        self.teacher_breaker_open = Gauge(
+            "flywheel_teacher_breaker_open", "1 while the teacher's circuit breaker is open, else 0.", registry=r)
+
+        # --- model and log ---
+        self.model_info = Gauge(
+            "flywheel_model_info", "The served model: 1 for the current version and encoder.",
+            ["version", "encoder"], registry=r)
+        self.model_reloads = Counter(
+            "flywheel_model_reloads_total", "Model reloads by outcome (ok, refused).", ["outcome"], registry=r)
+        self.log_buffered_rows = Gauge(
+            "flywheel_log_buffered_rows", "Traffic-log rows buffered, not yet flushed.", registry=r)
+
+        # caches of label children (label lookups take a lock in prometheus_client)
+        self._decision_children: dict[tuple[str, str], Any] = {}
+        self._label_children: dict[str, Any] = {}
+        self._layer_children: dict[str, Any] = {}
+        self._teacher_children: dict[str, Any] = {}
+        self._known_labels: frozenset[str] = frozenset()
+        self._model_lock = threading.Lock()
+        self._model: tuple[str, str] | None = None
+
+        for outcome in TEACHER_OUTCOMES:
+            self._teacher_child(outcome)
+        for outcome in RELOAD_OUTCOMES:
+            self.model_reloads.labels(outcome)
+        self.set_labels(labels or ())
+
+    # ------------------------------------------------------------ decisions
+    def set_labels(self, labels: Iterable[str]) -> None:
+        """The known decision labels; any other label is counted as ``other``.
+
+        Until this is called every in-scope label counts as ``other`` (the label
+        set stays bounded). Series of labels dropped later stay (counters are never
+        removed, so rates do not jump).
+        """
+        known = frozenset(str(x) for x in labels)
+        for name in (*sorted(known), OUT_OF_SCOPE, OTHER_LABEL):
+            self._label_child(name)
+        self._known_labels = known  # one atomic swap
+
+    def _label_child(self, name: str) -> Any:
+        child = self._label_children.get(name)
+        if child is None:
+            child = self._label_children[name] = self.decision_labels.labels(name)
+        return child
+
+    def observe_decision(self, decision: Decision) -> None:
+        """Count one decision (layer, tier, label) and its per-layer latencies."""
+        layer = decision.layer.value
+        tier = decision.tier.value
+        key = (layer, tier)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(layer, tier)
+        child.inc()
+
+        label = decision.label
+        if label is None:
+            name = OUT_OF_SCOPE
+        elif label in self._known_labels:
+            name = label
+        else:
+            name = OTHER_LABEL
+        self._label_child(name).inc()
+
+        for lay, ms in decision.latency_ms.items():
+            if lay == "total":
+                continue
+            h = self._layer_children.get(lay)
+            if h is None:
+                h = self._layer_children[lay] = self.layer_seconds.labels(lay)
+            h.observe(ms / 1000.0)
+
+    # ------------------------------------------------------------ serving
+    def observe_batch(self, n: int) -> None:
+        self.batch_size.observe(n)
+
+    def set_queue_depth(self, n: int) -> None:
+        """Set the queue depth (a no-op once :meth:`bind_queue_depth` is used)."""
+        self.queue_depth.set(n)
+
+    def bind_queue_depth(self, fn: Callable[[], float]) -> None:
+        """Compute the queue depth at scrape time from ``fn()``."""
+        self.queue_depth.set_function(lambda: float(fn()))
+
+    def cache_hit(self, n: int = 1) -> None:
+        if n:
+            self.cache_hits.inc(n)
+
+    def cache_miss(self, n: int = 1) -> None:
+        if n:
+            self.cache_misses.inc(n)
+
+    # ------------------------------------------------------------ teacher
+    def _teacher_child(self, outcome: str) -> Any:
+        child = self._teacher_children.get(outcome)
+        if child is None:
+            child = self._teacher_children[outcome] = self.teacher_calls.labels(outcome)
+        return child
+
+    def teacher_call(self, outcome: str) -> None:
+        self._teacher_child(outcome).inc()
+
+    def set_breaker_open(self, is_open: bool) -> None:
+        """Set the breaker gauge (a no-op once :meth:`bind_breaker_open` is used)."""
+        self.teacher_breaker_open.set(1.0 if is_open else 0.0)
+
+    def bind_breaker_open(self, fn: Callable[[], bool]) -> None:
+        """Compute the breaker gauge at scrape time: 1 when ``fn()`` is truthy."""
+        self.teacher_breaker_open.set_function(lambda: 1.0 if fn() else 0.0)
+
+    # ------------------------------------------------------------ model and log
+    def set_model(self, version: str, encoder: str) -> None:
+        """Mark ``(version, encoder)`` as served; the previous series is removed."""
+        new = (str(version), str(encoder))
+        with self._model_lock:
+            old = self._model
+            if old is not None and old != new:
+                try:
+                    self.model_info.remove(*old)
+                except KeyError:
+                    pass
+            self.model_info.labels(*new).set(1)
+            self._model = new
+
+    def model_reload(self, outcome: str) -> None:
+        """Count a reload: ``ok`` or ``refused``."""
+        self.model_reloads.labels(outcome).inc()
+
+    def set_log_buffered(self, n: int) -> None:
+        """Set the buffered-row gauge (a no-op once :meth:`bind_log_buffered` is used)."""
+        self.log_buffered_rows.set(n)
+
+    def bind_log_buffered(self, fn: Callable[[], float]) -> None:
+        """Compute the buffered-row gauge at scrape time from ``fn()``."""
+        self.log_buffered_rows.set_function(lambda: float(fn()))
+
+    # ------------------------------------------------------------ gRPC
+    def interceptor(self) -> MetricsInterceptor:
+        """A :class:`MetricsInterceptor` recording into these metrics."""
+        return MetricsInterceptor(self)
+
+
+def _split_method(full_method: str) -> tuple[str, str]:
+    """``/package.Service/Method`` -> ``("package.Service", "Method")``."""
+    parts = full_method.lstrip("/").split("/", 1)
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    return "unknown", parts[0]
+
+
+def _code_name(code: Any) -> str:
+    name = getattr(code, "name", None)
+    return name if isinstance(name, str) else str(code)
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Records ``grpc_server_started_total``, ``grpc_server_handled_total`` and
+    ``grpc_server_handling_seconds`` for unary-unary methods (``grpc_type="unary"``).
+
+    The code is ``OK`` when the behavior returns normally (or the status it set with
+    ``context.set_code``); when it raises (``context.abort`` raises too) it is
+    ``context.code()`` if set, else ``UNKNOWN``, which is what gRPC sends.
+
+    Streaming handlers (and unknown methods, for which gRPC answers UNIMPLEMENTED
+    itself) are passed through unwrapped and not counted.
+    """
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._m = metrics
+        # full method -> (service, method, started child, histogram child)
+        self._children: dict[str, tuple[str, str, Any, Any]] = {}
+        self._handled: dict[tuple[str, str], Any] = {}
+
+    def _method_children(self, full_method: str) -> tuple[str, str, Any, Any]:
+        c = self._children.get(full_method)
+        if c is None:
+            service, method = _split_method(full_method)
+            c = (service, method,
+                 self._m.grpc_started.labels("unary", service, method),
+                 self._m.grpc_handling_seconds.labels("unary", service, method))
+            self._children[full_method] = c
+        return c
+
+    def _handled_child(self, full_method: str, service: str, method: str, code: str) -> Any:
+        key = (full_method, code)
+        child = self._handled.get(key)
+        if child is None:
+            child = self._handled[key] = self._m.grpc_handled.labels("unary", service, method, code)
+        return child
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        behavior = handler.unary_unary
+        if behavior is None:
+            return handler
+        full_method = handler_call_details.method
+        service, method, started, seconds = self._method_children(full_method)
+
+        def observed(request, context):
+            started.inc()
+            t0 = time.perf_counter()
+            try:
+                response = behavior(request, context)
+            except BaseException:
+                code = _context_code(context)
+                seconds.observe(time.perf_counter() - t0)
+                self._handled_child(full_method, service, method, code or "UNKNOWN").inc()
+                raise
+            seconds.observe(time.perf_counter() - t0)
+            self._handled_child(full_method, service, method, _context_code(context) or "OK").inc()
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _context_code(context: Any) -> str | None:
+    """The status name the handler set on ``context``, or None (``code()`` is grpc >= 1.38)."""
+    get = getattr(context, "code", None)
+    if get is None:
+        return None
+    try:
+        code = get()
+    except Exception:  # a context without a readable code
+        return None
+    return None if code is None else _code_name(code)
+
+
+def start_metrics_http(metrics: ServerMetrics, port: int, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
+    """Serve ``/metrics`` for ``metrics.registry`` on ``addr:port`` in a daemon thread.
+
+    Returns ``(server, thread)``; ``server.server_port`` is the bound port (use port
+    0 for any free one). Stop it with :func:`stop_metrics_http`. Binds to loopback
+    unless told otherwise.
+    """
+    return start_http_server(port, addr=addr, registry=metrics.registry)
+
+
+def stop_metrics_http(server: Any, thread: threading.Thread | None = None, timeout: float = 5.0) -> None:
+    """Stop a server from :func:`start_metrics_http` and close its socket."""
+    server.shutdown()
+    server.server_close()
+    if thread is not None:
+        thread.join(timeout)

@@ -1,0 +1,224 @@
+"""The gRPC sidecar: ``create_server(...)`` builds it (tests bind port 0), ``serve()``
+runs it until SIGTERM or SIGINT.
+
+Lifecycle:
+
+1. :func:`create_server` opens the runtime (model, traffic log, teacher, watcher on its
+   own thread) and binds; health reports ``NOT_SERVING`` for ``""`` and
+   ``flywheel.v1.IntentClassifier``.
+2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``.
+3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING``, new calls get
+   ``UNAVAILABLE``, calls in flight finish within the grace period, the batcher and the
+   teacher pool stop, the traffic log is flushed and closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from classifier.config import Config
+from classifier.errors import ConfigError
+from service.auth import AdminTokenInterceptor
+from service.core import BatchOptions, SidecarCore
+from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
+from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
+from service.runtime import Runtime, open_runtime
+from service.servicer import SERVICE_NAME, IntentClassifierServicer
+
+log = logging.getLogger("flywheel.sidecar")
+
+__all__ = ["ServerOptions", "SidecarServer", "create_server", "serve", "DEFAULT_ADDRESS"]
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """``flywheel serve``'s settings."""
+
+    address: str = DEFAULT_ADDRESS
+    uds: str | None = None                 # listen on this Unix domain socket instead
+    grace_s: float = 10.0
+    max_message_bytes: int = 1 << 20
+    admin_token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    metrics_port: int | None = None        # None: no /metrics endpoint
+    metrics_address: str = "127.0.0.1"
+    max_workers: int = 128                 # gRPC handler threads (requests waiting on a batch hold one)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+
+
+class SidecarServer:
+    """A bound, not yet started sidecar; see the module docs for the lifecycle."""
+
+    def __init__(self, runtime: Runtime, options: ServerOptions = ServerOptions()) -> None:
+        self.options = options
+        self.runtime = runtime
+        clf = runtime.classifier
+        self.metrics = ServerMetrics(labels=clf.model.manifest.labels)
+        self.core = SidecarCore(runtime, options.batch, self.metrics)
+        self.health = health.HealthServicer()
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._metrics_http: tuple[Any, Any] | None = None
+        self.server = self._grpc_server()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self._bind()
+        self._wire_metrics()
+
+    @property
+    def target(self) -> str:
+        """What a client dials."""
+        return f"unix:{self.options.uds}" if self.options.uds else f"{self._host()}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._metrics_http[0].server_port if self._metrics_http else None
+
+    def start(self) -> "SidecarServer":
+        """Serve, warm up, then report ``SERVING``."""
+        self.server.start()
+        if self.options.metrics_port is not None:
+            self._metrics_http = start_metrics_http(self.metrics, self.options.metrics_port,
+                                                    self.options.metrics_address)
+        self.core.warm_up()
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("flywheel sidecar serving model %s on %s", self.runtime.classifier.model_version, self.target)
+        return self
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown (idempotent): see the module docs."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self.health.enter_graceful_shutdown()
+            self.core.begin_shutdown()
+            grace = self.options.grace_s if grace_s is None else grace_s
+            self.server.stop(grace).wait()
+            self.core.close()                      # batcher, teacher pool, then flush the log
+            if self._metrics_http is not None:
+                stop_metrics_http(*self._metrics_http)
+            self._stopped.set()
+            log.info("flywheel sidecar stopped")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`stop` has finished."""
+        return self._stopped.wait(timeout)
+
+    # -- building
+    def _grpc_server(self) -> grpc.Server:
+        o = self.options
+        interceptors: list[grpc.ServerInterceptor] = [self.metrics.interceptor()]
+        if o.admin_token:
+            interceptors.append(AdminTokenInterceptor(o.admin_token, {FEEDBACK_METHOD}))
+        # grpc refuses messages over its own limit with RESOURCE_EXHAUSTED; keep that limit
+        # above ours so an oversized request gets INVALID_ARGUMENT naming the limit
+        hard = max(2 * o.max_message_bytes, o.max_message_bytes + (1 << 20))
+        server = grpc.server(ThreadPoolExecutor(max_workers=o.max_workers, thread_name_prefix="flywheel-grpc"),
+                             interceptors=interceptors,
+                             options=[("grpc.max_receive_message_length", hard),
+                                      ("grpc.max_send_message_length", hard),
+                                      ("grpc.so_reuseport", 0)])
+        pb_grpc.add_IntentClassifierServicer_to_server(
+            IntentClassifierServicer(self.core, max_message_bytes=o.max_message_bytes), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        return server
+
+    def _bind(self) -> int:
+        o = self.options
+        target = f"unix:{o.uds}" if o.uds else o.address
+        creds = _tls_credentials(o.tls_cert, o.tls_key)
+        try:
+            port = server_port = (self.server.add_secure_port(target, creds) if creds is not None
+                                  else self.server.add_insecure_port(target))
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {target}: {exc}") from None
+        if not o.uds and server_port == 0:
+            raise ConfigError(f"cannot listen on {target} (address in use or invalid)")
+        return port
+
+    def _host(self) -> str:
+        host = self.options.address.rsplit(":", 1)[0]
+        return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+    def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, status)
+
+    def _wire_metrics(self) -> None:
+        m, clf, rt = self.metrics, self.runtime.classifier, self.runtime
+        m.set_model(clf.model_version, clf.embedder.id)
+        m.bind_queue_depth(lambda: self.core.batcher.depth)
+        if rt.sink is not None:
+            m.bind_log_buffered(lambda: rt.sink.buffered)
+        breaker = getattr(clf.teacher, "breaker", None)
+        if breaker is not None:
+            m.bind_breaker_open(lambda: breaker.state == "open")
+        if clf.watcher is not None:
+            clf.watcher.listeners.append(self._on_reload)
+
+    def _on_reload(self, version: str, error: str | None) -> None:
+        self.metrics.model_reload("ok" if error is None else "refused")
+        if error is None:
+            self.metrics.set_model(version, self.runtime.classifier.embedder.id)
+
+
+def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredentials | None:
+    if cert is None and key is None:
+        return None
+    if not cert or not key:
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
+    try:
+        pair = (Path(key).expanduser().read_bytes(), Path(cert).expanduser().read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the TLS key or certificate: {exc}") from None
+    return grpc.ssl_server_credentials([pair])
+
+
+def create_server(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decisions: bool = True,
+                  **classifier_kwargs: Any) -> SidecarServer:
+    """Open what ``flywheel classify`` would serve (same config, registry, log and teacher)
+    and bind the sidecar; call :meth:`SidecarServer.start` to serve."""
+    runtime = open_runtime(cfg, log_decisions=log_decisions, progress=False, background_reload=True,
+                           **classifier_kwargs)
+    try:
+        return SidecarServer(runtime, options)
+    except BaseException:
+        runtime.close()
+        raise
+
+
+def serve(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decisions: bool = True) -> int:
+    """Run the sidecar until SIGTERM or SIGINT, then shut down gracefully; returns 0."""
+    server = create_server(cfg, options, log_decisions=log_decisions)
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        log.info("received %s: shutting down (grace %.1fs)", signal.Signals(signum).name, options.grace_s)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        while not stop.wait(0.5):   # a short timeout keeps the main thread responsive to signals
+            pass
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
