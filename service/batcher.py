@@ -127,7 +127,10 @@ class MicroBatcher:
         now = time.monotonic()
         live = []
         for it in batch:
-            if it.future.cancelled():
+            # RUNNING from here on: a request thread giving up (fut.cancel()) can no longer
+            # cancel it, so set_result/set_exception below never raise InvalidStateError
+            # (which would kill this worker thread and stall layer 2 for good)
+            if not it.future.set_running_or_notify_cancel():
                 continue
             if it.deadline is not None and now >= it.deadline:
                 self.dropped_expired += 1

@@ -51,7 +51,7 @@ class BatchOptions:
     teacher_workers: int = 4         # concurrent teacher calls
     teacher_queue: int = 16          # teacher calls admitted beyond the running ones
     min_teacher_s: float = 0.25      # less of the deadline left: answer without the teacher
-    reply_margin_s: float = 0.02     # deadline kept for sending the reply
+    reply_margin_s: float = 0.05     # deadline kept for sending the reply
 
 
 class SidecarCore:

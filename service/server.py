@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,9 +105,12 @@ class SidecarServer:
             if self._stopped.is_set():
                 return
             self.health.enter_graceful_shutdown()
-            self.core.begin_shutdown()
+            self.core.begin_shutdown()             # from here new calls get UNAVAILABLE
             grace = self.options.grace_s if grace_s is None else grace_s
-            self.server.stop(grace).wait()
+            end = time.monotonic() + grace
+            while self.core.in_flight and time.monotonic() < end:   # calls in flight finish first
+                time.sleep(0.01)
+            self.server.stop(max(0.0, end - time.monotonic())).wait()
             self.core.close()                      # batcher, teacher pool, then flush the log
             if self._metrics_http is not None:
                 stop_metrics_http(*self._metrics_http)
