@@ -27,8 +27,10 @@ def test_classify_prints_one_json_decision_per_line_and_logs(capsys, home, monke
     assert rc == 0, err
     lines = [json.loads(x) for x in out.splitlines()]
     assert [set(d) for d in lines] == [{"id", "label", "confidence", "tier", "layer", "alternatives", "reason",
-                                         "model_version", "latency_ms"}] * 3
+                                         "model_version", "latency_ms", "metadata"}] * 3
     assert lines[0]["label"] == "RETRIEVAL" and lines[0]["layer"] == "embedding"
+    assert lines[0]["metadata"] == {"rag": "true", "model_slot": "retrieval"}      # the starter routes
+    assert lines[1]["metadata"]["rag"] == "false" and lines[2]["metadata"] == {}
     assert lines[1]["layer"] == "rules" and lines[1]["reason"] == "rule usage-figures"
     assert lines[2]["label"] is None and lines[2]["tier"] == "no_match"
     rc, out, err = run(capsys, "feedback", lines[0]["id"], "CODE_GENERATION")
