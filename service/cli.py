@@ -16,6 +16,16 @@ from service.runtime import open_runtime
 __all__ = ["classify_command", "serve_command"]
 
 
+# the options every serving command shares (one object each, reused by both commands)
+MODEL_OPTION = typer.Option(None, "--model", help="Model version dir or models home with CURRENT.")
+INTENTS_OPTION = typer.Option(None, "--intents", help="Intent file for the default model.")
+TEACHER_OPTION = typer.Option(None, "--teacher", help="ollama | off")
+OLLAMA_HOST_OPTION = typer.Option(None, "--ollama-host")
+LOG_OPTION = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log.")
+LOG_DB_OPTION = typer.Option(None, "--log-db")
+HOME_OPTION = typer.Option(None, "--home", help=HOME_HELP)
+
+
 def _echo_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     sys.stdout.flush()
@@ -24,17 +34,17 @@ def _echo_json(obj: object) -> None:
 def classify_command(
     texts: List[str] = typer.Argument(None,
                                       help="Queries to classify; '-' or none reads one per line from stdin."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model version dir or models home with CURRENT."),
-    intents: Optional[str] = typer.Option(None, "--intents", help="Intent file for the default model."),
+    model: Optional[str] = MODEL_OPTION,
+    intents: Optional[str] = INTENTS_OPTION,
     declared_type: Optional[str] = typer.Option(None, "--declared-type",
                                                 help="Caller-declared type: bypasses the layers."),
     session: Optional[str] = typer.Option(None, "--session", help="Session id: keeps a compact history."),
     history: Optional[str] = typer.Option(None, "--history", help='JSON list of {"label","text"} earlier turns.'),
-    teacher: Optional[str] = typer.Option(None, "--teacher", help="ollama | off"),
-    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
-    log: bool = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log."),
-    log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    teacher: Optional[str] = TEACHER_OPTION,
+    ollama_host: Optional[str] = OLLAMA_HOST_OPTION,
+    log: bool = LOG_OPTION,
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Classify queries; prints one JSON decision per line."""
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
@@ -78,13 +88,13 @@ def serve_command(
     max_queue: int = typer.Option(512, "--max-queue", min=1,
                                   help="Queries waiting for the encoder; beyond: RESOURCE_EXHAUSTED."),
     teacher_workers: int = typer.Option(4, "--teacher-workers", min=1, help="Concurrent LLM calls."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model version dir or models home with CURRENT."),
-    intents: Optional[str] = typer.Option(None, "--intents", help="Intent file for the default model."),
-    teacher: Optional[str] = typer.Option(None, "--teacher", help="ollama | off"),
-    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
-    log: bool = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log."),
-    log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    model: Optional[str] = MODEL_OPTION,
+    intents: Optional[str] = INTENTS_OPTION,
+    teacher: Optional[str] = TEACHER_OPTION,
+    ollama_host: Optional[str] = OLLAMA_HOST_OPTION,
+    log: bool = LOG_OPTION,
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Run the gRPC sidecar (flywheel.v1.IntentClassifier, health, reflection) until SIGTERM."""
     import logging

@@ -30,6 +30,7 @@ from classifier.config import load_config
 from classifier.embedders import CachedEmbedder
 from classifier.errors import TeacherError
 from classifier.intents import parse_intents
+from classifier.protocols import DelegatingEmbedder
 from classifier.registry import ModelRegistry
 from classifier.trainer import fit_model
 from logstore import LogStore
@@ -71,23 +72,15 @@ def models(tmp_path_factory) -> dict[str, Path]:
             "unsure": _fit(ALWAYS_UNSURE, "unsure-v1").save(root / "unsure")}
 
 
-class SlowEmbedder:
+class SlowEmbedder(DelegatingEmbedder):
     """HashEmbedder whose ``encode`` sleeps ``delay_s`` (settable at any time) and records
     the size of every batch it is given."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
-        self.inner = HashEmbedder()
+        super().__init__(HashEmbedder())
         self.delay_s = delay_s
         self.batches: list[int] = []
         self._lock = threading.Lock()
-
-    @property
-    def id(self) -> str:
-        return self.inner.id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def encode(self, texts, *, batch_size=None, progress=False):
         with self._lock:
