@@ -10,8 +10,11 @@ Calls return flywheel's own types (:class:`classifier.Decision`, ``str | None`` 
 label with ``None`` for out of scope, plain dicts). Errors are not swallowed: a failed
 call raises :class:`grpc.RpcError` exactly as grpc does (``err.code()`` is e.g.
 ``grpc.StatusCode.INVALID_ARGUMENT``, ``UNAVAILABLE`` or ``DEADLINE_EXCEEDED``), and
-nothing is retried beyond grpc's own defaults. Arguments of the wrong shape raise
-:class:`TypeError` before anything is sent.
+nothing is retried beyond grpc's own defaults. ``UNAVAILABLE`` and ``RESOURCE_EXHAUSTED``
+are safe to retry with backoff, and so is ``CANCELLED`` for a call sent while the
+server was shutting down (grpc can answer a call that arrives the moment the port closes
+that way, grpc/grpc#41785). Arguments of the wrong shape raise :class:`TypeError` before
+anything is sent.
 """
 
 from __future__ import annotations

@@ -7,9 +7,12 @@ Lifecycle:
    own thread) and binds; health reports ``NOT_SERVING`` for ``""`` and
    ``flywheel.v1.IntentClassifier``.
 2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``.
-3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING``, new calls get
-   ``UNAVAILABLE``, calls in flight finish within the grace period, the batcher and the
-   teacher pool stop, the traffic log is flushed and closed.
+3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING`` and new calls get
+   ``UNAVAILABLE`` while the port stays open for calls in flight (and at least
+   ``drain_s``), all within the grace period; then the port closes, the batcher and the
+   teacher pool stop, and the traffic log is flushed and closed. (A call that arrives in
+   the very moment the port closes can get ``CANCELLED`` from grpc itself,
+   grpc/grpc#41785; like ``UNAVAILABLE`` it is safe to retry.)
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class ServerOptions:
     address: str = DEFAULT_ADDRESS
     uds: str | None = None                 # listen on this Unix domain socket instead
     grace_s: float = 10.0
+    drain_s: float = 0.5                   # NOT_SERVING with the port open before it closes (within grace)
     max_message_bytes: int = 1 << 20
     admin_token: str | None = None
     tls_cert: str | None = None
@@ -108,7 +112,10 @@ class SidecarServer:
             self.core.begin_shutdown()             # from here new calls get UNAVAILABLE
             grace = self.options.grace_s if grace_s is None else grace_s
             end = time.monotonic() + grace
-            while self.core.in_flight and time.monotonic() < end:   # calls in flight finish first
+            drain_until = time.monotonic() + min(self.options.drain_s, grace)
+            # keep the port open while calls in flight finish, and for at least drain_s so
+            # health checkers see NOT_SERVING and new calls get a clean UNAVAILABLE
+            while (self.core.in_flight or time.monotonic() < drain_until) and time.monotonic() < end:
                 time.sleep(0.01)
             self.server.stop(max(0.0, end - time.monotonic())).wait()
             self.core.close()                      # batcher, teacher pool, then flush the log

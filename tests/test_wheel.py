@@ -12,6 +12,12 @@ The venv lives in a temporary directory that is removed afterwards.
 The wheel is built (``python -m build --wheel``) from a copy of the checkout's files
 (``git ls-files``: tracked plus untracked, not ignored), so a stale ``build/`` in the
 checkout cannot leak old modules into the wheel and the checkout is not written to.
+
+The container image (``Dockerfile``) does the same (build the wheel, install it into a
+fresh venv) and runs ``flywheel serve``; CI cannot build images, so
+:func:`test_installed_sidecar_serves_and_stops_cleanly` runs the installed sidecar from
+the venv instead, and two cheap tests (not slow) check the Dockerfile's entrypoint and the
+Kubernetes manifest's gRPC probes.
 """
 
 from __future__ import annotations
@@ -19,15 +25,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
-pytestmark = pytest.mark.slow
+from tests.conftest import free_port
+
+# the tests that build and install the wheel are slow; the deployment-file checks are not
+slow = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERY = "What is addVar in AVAP?"
@@ -89,6 +101,7 @@ def _run_from_empty_dir(tmp_path: Path, cmd: list[str], home: Path) -> subproces
     return proc
 
 
+@slow
 def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_install):
     wheel, _ = wheel_install
     names = zipfile.ZipFile(wheel).namelist()
@@ -99,6 +112,7 @@ def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_in
         "classifier", "logstore", "service", "training", "flywheel"}
 
 
+@slow
 def test_installed_packages_come_from_the_venv_not_the_checkout(wheel_install, tmp_path):
     _, venv = wheel_install
     code = ("import classifier, logstore; from classifier.config import starter_intents_path;"
@@ -111,6 +125,7 @@ def test_installed_packages_come_from_the_venv_not_the_checkout(wheel_install, t
         assert not p.resolve().is_relative_to(ROOT), p
 
 
+@slow
 @pytest.mark.parametrize("log", [False, True], ids=["no-log", "logged"])
 def test_installed_flywheel_classifies_from_an_empty_dir(wheel_install, tmp_path, log):
     _, venv = wheel_install
@@ -121,3 +136,184 @@ def test_installed_flywheel_classifies_from_an_empty_dir(wheel_install, tmp_path
     assert decision["label"] == "RETRIEVAL"
     assert decision["layer"] in {"embedding", "rules"}
     assert (home / "log" / "flywheel.duckdb").exists() == log
+
+
+# ------------------------------------------------------------------ the sidecar, as the image runs it
+_CLIENT = """
+import json, sys
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+import service.client
+from service.client import FlywheelClient
+with FlywheelClient(sys.argv[1], timeout_s=30.0) as fw:
+    h = health_pb2_grpc.HealthStub(fw.channel).Check(
+        health_pb2.HealthCheckRequest(service="flywheel.v1.IntentClassifier"), timeout=10)
+    d = fw.classify(sys.argv[2])
+    info = fw.model_info()
+print(json.dumps({"client": service.client.__file__, "decision": d.to_dict(), "model": info["version"],
+                  "health": health_pb2.HealthCheckResponse.ServingStatus.Name(h.status)}))
+"""
+
+
+def _wait_serving(proc: subprocess.Popen, target: str, log_path: Path, timeout_s: float) -> float:
+    """Poll the standard health service until SERVING (bounded); the seconds it took."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    t0 = time.monotonic()
+    with grpc.insecure_channel(target) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() - t0 < timeout_s:
+            assert proc.poll() is None, f"flywheel serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            try:
+                req = health_pb2.HealthCheckRequest(service="flywheel.v1.IntentClassifier")
+                if stub.Check(req, timeout=1.0).status == health_pb2.HealthCheckResponse.SERVING:
+                    return time.monotonic() - t0
+            except grpc.RpcError:
+                pass
+            time.sleep(0.25)
+    raise AssertionError(f"not SERVING after {timeout_s:.0f}s:\n{log_path.read_text()[-3000:]}")
+
+
+@slow
+def test_installed_sidecar_serves_and_stops_cleanly(wheel_install, tmp_path):
+    """What the Dockerfile's runtime stage does: the wheel's ``flywheel serve`` from a fresh
+    venv, an empty working directory and an empty FLYWHEEL_HOME (the first start trains the
+    default model), a Classify call through the installed client, SIGTERM, exit code 0."""
+    wheel, venv = wheel_install
+    assert "service/protos/flywheel/v1/classifier.proto" in zipfile.ZipFile(wheel).namelist()
+    home, cwd, log_path = tmp_path / "home", tmp_path / "serve-cwd", tmp_path / "serve.log"
+    cwd.mkdir()
+    target = f"127.0.0.1:{free_port()}"
+    env = _clean_env(FLYWHEEL_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen([str(venv / "bin" / "flywheel"), "serve", "--address", target, "--teacher", "off",
+                                 "--grace", "5"], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            ready_s = _wait_serving(proc, target, log_path, timeout_s=150.0)
+            client = _run_from_empty_dir(tmp_path, [str(venv / "bin" / "python"), "-c", _CLIENT, target, QUERY],
+                                         tmp_path / "client-home")
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    print(f"\ninstalled sidecar SERVING after {ready_s:.1f}s (first start: trains the default model)")
+    result = json.loads(client.stdout.strip().splitlines()[-1])
+    assert Path(result["client"]).is_relative_to(venv)          # the installed package, not the checkout
+    assert result["health"] == "SERVING"
+    assert result["decision"]["label"] == "RETRIEVAL"
+    assert result["model"] == result["decision"]["model_version"]
+    assert rc == 0, log_path.read_text()[-3000:]
+    assert "flywheel sidecar stopped" in log_path.read_text()
+    assert list(cwd.iterdir()) == []                             # nothing written to the working directory
+    assert (home / "log" / "flywheel.duckdb").exists()
+    from logstore import LogStore
+
+    ids = [r[0] for r in LogStore(home / "log" / "flywheel.duckdb").query("SELECT decision_id FROM decisions")]
+    assert result["decision"]["id"] in ids
+
+
+# ------------------------------------------------------------------ deployment files (cheap)
+def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` in order, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        if full:
+            word, _, args = full.partition(" ")
+            out.append((word.upper(), args.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return out
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name`` (the last one wins, as with click)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def test_dockerfile_runs_flywheel_serve_as_a_non_root_user_beyond_loopback():
+    ins = _dockerfile_instructions(ROOT / "Dockerfile")
+    froms = [i for i, (w, _) in enumerate(ins) if w == "FROM"]
+    assert len(froms) >= 2, "a build stage and a runtime stage"
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for w, a in ins if w == "ARG" and "=" in a}
+    base = [a.split()[0] for w, a in ins if w == "FROM"]
+    assert {args.get(b.strip("${}"), b) for b in base} == {"python:3.11-slim"}
+    build = " ".join(a for w, a in ins[froms[0]:froms[1]] if w == "RUN")
+    assert "pip wheel" in build and "--no-deps" in build
+    runtime = ins[froms[-1]:]
+    run = " ".join(a for w, a in runtime if w == "RUN")
+    assert "python -m venv /opt/flywheel" in run and "pip install --no-cache-dir" in run
+
+    (entry,) = [a for w, a in runtime if w == "ENTRYPOINT"]
+    argv = json.loads(entry)  # exec form: flywheel is PID 1 and gets SIGTERM itself
+    assert argv[:2] == ["/opt/flywheel/bin/flywheel", "serve"], argv
+    host, _, port = _flag(argv, "--address").rpartition(":")
+    assert host == "0.0.0.0", "the kubelet's gRPC probes connect to the pod IP, not to loopback"
+    assert [a for w, a in runtime if w == "EXPOSE"] == [port] == ["50051"]
+
+    user = [a for w, a in runtime if w == "USER"]
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    env = " ".join(a for w, a in runtime if w == "ENV")
+    assert "FLYWHEEL_HOME=/var/lib/flywheel" in env
+    assert any("/var/lib/flywheel" in a for w, a in runtime if w == "VOLUME")
+
+    ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
+               if ln.strip() and not ln.startswith("#")}
+    assert {".venv", ".git", ".bench", "models/*", "build", "dist"} <= ignored
+    assert "**/__pycache__" in ignored or "__pycache__" in ignored
+
+
+def test_kubernetes_sidecar_probes_use_grpc_on_the_container_port():
+    from service.servicer import SERVICE_NAME
+
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "sidecar.yaml").read_text()) if d]
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deploy["spec"]["template"]["spec"]
+    containers = pod.get("initContainers", []) + pod["containers"]
+    (fw,) = [c for c in containers if c["name"] == "flywheel"]
+    if fw in pod.get("initContainers", []):
+        assert fw.get("restartPolicy") == "Always", "an init container must be a native sidecar"
+    (app,) = [c for c in pod["containers"] if c["name"] != "flywheel"]
+
+    ports = {p["containerPort"] for p in fw["ports"]}
+    assert 50051 in ports
+    ready, live = fw["readinessProbe"]["grpc"], fw["livenessProbe"]["grpc"]
+    assert ready["port"] == live["port"] == 50051
+    assert ready["service"] == SERVICE_NAME
+    if "startupProbe" in fw:
+        assert fw["startupProbe"]["grpc"]["port"] == 50051
+
+    # the entrypoint's --address is not overridden to loopback; SIGKILL comes after --grace
+    argv = [str(a) for a in fw.get("args", [])]
+    address = _flag(argv, "--address")
+    assert address is None or not address.startswith("127."), address
+    grace = float(_flag(argv, "--grace") or 10.0)
+    assert pod["terminationGracePeriodSeconds"] > grace
+
+    env = {e["name"]: e for e in app.get("env", [])}
+    assert env["FLYWHEEL_ADDR"]["value"] == "localhost:50051"
+    fw_env = {e["name"]: e for e in fw.get("env", [])}
+    token = fw_env["FLYWHEEL_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert token.get("optional") is True
+
+    (mount,) = [m for m in fw["volumeMounts"] if m["mountPath"] == "/var/lib/flywheel"]
+    assert mount["name"] in {v["name"] for v in pod["volumes"]}
+    for c in (fw, app):
+        assert c["resources"]["requests"], c["name"]
