@@ -132,27 +132,43 @@ async def load(target: str, texts: list[str], concurrency: int, *, deadline_s: f
             "p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2)}
 
 
-def exhausted_latency(target: str, n: int = 64) -> dict:
-    """Flood a tiny-queue server; how fast RESOURCE_EXHAUSTED comes back."""
+def exhausted_latency(target: str, flood: int = 48, probes: int = 50, flood_s: float = 2.0) -> dict:
+    """Keep a tiny-queue server full with ``flood`` concurrent callers, and meanwhile send
+    ``probes`` calls one at a time: how fast a probe is refused with RESOURCE_EXHAUSTED."""
     async def run() -> dict:
-        out: list[tuple[str, float]] = []
+        probe: list[tuple[str, float]] = []
+        flood_codes: dict[str, int] = {}
         async with grpc.aio.insecure_channel(target) as ch:
             stub = pb_grpc.IntentClassifierStub(ch)
+            end = time.perf_counter() + flood_s
 
-            async def one(i: int) -> None:
-                t0 = time.perf_counter()
-                try:
-                    await stub.Classify(pb.ClassifyRequest(text=f"flood query number {i} about lists"), timeout=30)
-                    out.append(("OK", (time.perf_counter() - t0) * 1000))
-                except grpc.aio.AioRpcError as exc:
-                    out.append((exc.code().name, (time.perf_counter() - t0) * 1000))
-            await asyncio.gather(*(one(i) for i in range(n)))
-        ex = np.array([ms for c, ms in out if c == "RESOURCE_EXHAUSTED"])
-        ok = np.array([ms for c, ms in out if c == "OK"])
-        return {"calls": n, "resource_exhausted": int(len(ex)), "ok": int(len(ok)),
+            async def flooder(k: int) -> None:
+                i = 0
+                while time.perf_counter() < end:
+                    i += 1
+                    try:
+                        await stub.Classify(pb.ClassifyRequest(text=f"flood {k} query {i} about lists"), timeout=30)
+                        code = "OK"
+                    except grpc.aio.AioRpcError as exc:
+                        code = exc.code().name
+                    flood_codes[code] = flood_codes.get(code, 0) + 1
+
+            async def prober() -> None:
+                await asyncio.sleep(0.3)                      # let the flood fill the queue
+                for i in range(probes):
+                    t0 = time.perf_counter()
+                    try:
+                        await stub.Classify(pb.ClassifyRequest(text=f"probe query {i} on maps"), timeout=30)
+                        probe.append(("OK", (time.perf_counter() - t0) * 1000))
+                    except grpc.aio.AioRpcError as exc:
+                        probe.append((exc.code().name, (time.perf_counter() - t0) * 1000))
+                    await asyncio.sleep(0.01)
+            await asyncio.gather(prober(), *(flooder(k) for k in range(flood)))
+        ex = np.array([ms for c, ms in probe if c == "RESOURCE_EXHAUSTED"])
+        return {"flood_callers": flood, "flood_codes": flood_codes, "probes": probes,
+                "probes_exhausted": int(len(ex)),
                 "exhausted_p50_ms": round(float(np.percentile(ex, 50)), 2) if len(ex) else None,
-                "exhausted_max_ms": round(float(ex.max()), 2) if len(ex) else None,
-                "ok_p50_ms": round(float(np.percentile(ok, 50)), 2) if len(ok) else None}
+                "exhausted_p99_ms": round(float(np.percentile(ex, 99)), 2) if len(ex) else None}
     return asyncio.run(run())
 
 
