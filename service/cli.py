@@ -57,7 +57,8 @@ def classify_command(
             raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
     items = [t for t in (texts or []) if t != "-"]
     from_stdin = not texts or "-" in texts
-    runtime = open_runtime(cfg, log_decisions=log)
+    # reading stdin can run for hours: then follow promotions on the watcher's thread
+    runtime = open_runtime(cfg, log_decisions=log, background_reload=from_stdin)
     clf = runtime.classifier
     try:
         # stdin is read line by line: each decision is printed as soon as it is made
