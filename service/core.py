@@ -180,7 +180,6 @@ class SidecarCore:
     def _teacher(self, p: Pending, deadline: float | None) -> Decision:
         if p.decision is not None:
             return p.decision
-        clf = self.classifier
         left = None if deadline is None else deadline - time.monotonic() - self.options.reply_margin_s
         if left is not None and left < self.options.min_teacher_s:
             return self._skipped(p, "skipped_deadline", f"{max(left, 0.0) * 1000:.0f} ms left of the "
@@ -193,7 +192,7 @@ class SidecarCore:
         except FutureTimeout:
             return self._skipped(p, "timeout", "no answer within the request deadline")
         self._count_teacher(d)
-        return d if d is not None else clf.without_teacher(p, "the teacher call failed")
+        return d
 
     def _ask(self, p: Pending) -> Decision:
         try:
