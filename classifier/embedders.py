@@ -25,6 +25,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -95,6 +96,7 @@ class _LazyEmbedder:
             raise EmbedderError(f"num_threads must be positive, got {num_threads!r}")
         self.num_threads = num_threads
         self._loaded: Runner | None = None
+        self._tls = threading.local()
 
     def _opts(self) -> tuple[str, bool, bool, bool]:
         return (self.device or "auto", self.use_fp16, self.quantize, self.pack_weights)
@@ -205,20 +207,30 @@ class _LazyEmbedder:
         runner = self._loaded
         if runner is None:
             def load() -> Runner:
+                t0 = time.perf_counter()
                 try:
                     return self._load()
                 except EmbedderError:
                     raise
                 except Exception as exc:
                     raise EmbedderError(f"could not load {self.id}: {type(exc).__name__}: {exc}") from exc
+                finally:  # reported once, to the calling thread (see pop_load_ms)
+                    self._tls.load_ms = getattr(self._tls, "load_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
             runner = shared_runner(self._key(), load)
-            if self.num_threads is not None:
+            if self.num_threads is not None and getattr(runner, "uses_torch", True):
                 import torch
 
                 torch.set_num_threads(self.num_threads)  # process-wide, as torch has it
             self._loaded = runner
         return runner
+
+    def pop_load_ms(self) -> float:
+        """Milliseconds this thread spent loading the model since the last call (0.0 when
+        nothing was loaded), so a caller can report loading apart from encoding."""
+        ms = getattr(self._tls, "load_ms", 0.0)
+        self._tls.load_ms = 0.0
+        return ms
 
     def __repr__(self) -> str:
         state = "loaded" if self.is_loaded else "not loaded"

@@ -308,8 +308,13 @@ class Classifier:
             for j, p in enumerate(group):
                 p.layer2 = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]),
                                        rt.thresholds)
-        per_item = _ms(t0) / len(todo)
+        total = _ms(t0)
+        pop = getattr(self.embedder, "pop_load_ms", None)
+        load = pop() if pop is not None else 0.0      # loading the encoder is not query latency
+        per_item = max(total - load, 0.0) / len(todo)
         for p in todo:
+            if load > 0:
+                p.latency["load"] = load
             p.latency["embedding"] = per_item
             if p.layer2.sure:
                 p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)

@@ -60,6 +60,12 @@ class DelegatingEmbedder:
                progress: bool = False) -> np.ndarray:
         return self.inner.encode(texts, batch_size=batch_size, progress=progress)
 
+    def pop_load_ms(self) -> float:
+        """The inner embedder's model-loading time on this thread since the last call
+        (0.0 when it does not report one)."""
+        pop = getattr(self.inner, "pop_load_ms", None)
+        return pop() if pop is not None else 0.0
+
 
 @dataclass(frozen=True)
 class HistoryEntry:

@@ -103,3 +103,56 @@ def test_starter_intents_carry_the_routes():
     meta = {i.name: dict(i.metadata) for i in load_intents(starter_intents_path()).intents}
     assert meta["PLATFORM"]["rag"] == "false" and meta["CONVERSATIONAL"]["rag"] == "false"
     assert meta["RETRIEVAL"]["rag"] == "true" and all("model_slot" in m for m in meta.values())
+
+
+class _SlowLoadingHash:
+    """A lazily loaded encoder (loading takes 0.3 s) producing HashEmbedder's vectors."""
+
+    @staticmethod
+    def make(tag: str):
+        from classifier.embedders import _LazyEmbedder
+        from classifier.runners import Runner
+
+        class _HashRunner(Runner):
+            def __init__(self) -> None:
+                self.inner = HashEmbedder()
+                self.dim = self.inner.dim
+                self.model = object()
+
+            def encode_batch(self, texts):
+                return self.inner.encode(list(texts))
+
+        class _Lazy(_LazyEmbedder):
+            @property
+            def id(self) -> str:
+                return HashEmbedder().id
+
+            def _key(self):
+                return ("slow-loading-hash", tag)
+
+            def _load(self):
+                import time
+
+                time.sleep(0.3)
+                return _HashRunner()
+
+        return _Lazy(batch_size=8, device="cpu", max_chars=None)
+
+
+def test_loading_is_reported_apart_from_query_latency():
+    from classifier.embedders import CachedEmbedder
+    from classifier.runners import clear_loaded_models
+
+    clear_loaded_models()
+    emb = CachedEmbedder(_SlowLoadingHash.make("load-test"))
+    d = copy.deepcopy(META_DOC)
+    d["thresholds"] = ALWAYS_SURE
+    clf = Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()), embedder=emb)
+    first = clf.classify("what is addvar")           # loads the encoder
+    second = clf.classify("show my invoices")        # does not
+    assert first.latency_ms["load"] >= 300.0
+    assert first.latency_ms["embedding"] < 300.0      # the query's own share, without loading
+    assert first.latency_ms["total"] >= first.latency_ms["load"]
+    assert "load" not in second.latency_ms
+    assert "load" not in clf.classify("how much quota is left").latency_ms   # rules: nothing loaded
+    clear_loaded_models()
