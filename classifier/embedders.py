@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from classifier.errors import EmbedderError, InvalidInputError
-from classifier.intents import EMBEDDER_BACKENDS, EmbedderSettings
+from classifier.intents import EMBEDDER_BACKENDS, EMBEDDER_RUNTIMES, EmbedderSettings
 from classifier.protocols import DelegatingEmbedder, Embedder
 from classifier.runners import (
     BGEM3Runner,
@@ -64,6 +64,35 @@ __all__ = [
 MINILM_ID = "minilm:all-MiniLM-L6-v2"
 BGE_M3_HUB_ID = "BAAI/bge-m3"
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def _check_runtime(runtime: str, device: str | None) -> str:
+    runtime = str(runtime or "torch").strip().lower()
+    if runtime not in EMBEDDER_RUNTIMES:
+        raise EmbedderError(f"runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
+    if runtime == "onnx" and device not in (None, "auto") and not str(device).startswith("cpu"):
+        raise EmbedderError(f"runtime 'onnx' runs on CPU only (the onnxruntime CPU build), not device {device!r}")
+    return runtime
+
+
+def _st_onnx_pooling(path: Path) -> str:
+    """The pooling of a plain Transformer/Pooling(/Normalize) sentence-transformers directory,
+    ``"mean"`` or ``"cls"``; raises ValueError for any other stack (Dense layers, max pooling...)."""
+    modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]) or modules[0].get("path"):
+        raise ValueError(f"runtime onnx supports Transformer + Pooling (+ Normalize) stacks, not {kinds}")
+    cfg = json.loads((path / modules[1]["path"] / "config.json").read_text(encoding="utf-8"))
+    mode = cfg.get("pooling_mode")  # sentence-transformers >= 6: "mean", "cls", or a list of them
+    if mode is not None:
+        modes = {mode} if isinstance(mode, str) else set(mode)
+    else:  # older files: one boolean per mode
+        modes = {k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True}
+    if modes in ({"mean"}, {"mean_tokens"}):
+        return "mean"
+    if modes in ({"cls"}, {"cls_token"}):
+        return "cls"
+    raise ValueError(f"runtime onnx supports mean or CLS pooling, not {sorted(modes)}")
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:
@@ -268,15 +297,26 @@ class MiniLMEmbedder(_LazyEmbedder):
         the embedding layer, 6 the last), normalise each and concatenate them
         (``384 * len(layers)`` dims). ``(3, 4, 5, 6)`` is more accurate on CLINC150
         (see BENCHMARKS.md) at a higher layer-2 cost; the id records the layers.
+    runtime : ``"torch"`` or ``"onnx"``
+        ``"onnx"``: export the model once (checked against torch, cached under
+        ``onnx_cache_dir``) and serve it with onnxruntime on CPU, without importing torch
+        once cached; ``num_threads`` sets onnxruntime's intra-op threads, ``quantize`` serves
+        an int8 copy. Falls back to torch, with a logged warning, if the export is unusable.
+        See :mod:`classifier.onnx_runner`.
+    onnx_cache_dir : path, optional
+        Where exports are cached (default ``<FLYWHEEL_HOME>/cache/onnx``).
     """
 
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
                  max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
                  pack_weights: bool = True, num_threads: int | None = None,
-                 layers: Sequence[int] | None = None) -> None:
+                 layers: Sequence[int] | None = None, runtime: str = "torch",
+                 onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
         self.layers = tuple(int(i) for i in layers) if layers else None
+        self.runtime = _check_runtime(runtime, device)
+        self.onnx_cache_dir = onnx_cache_dir
 
     @property
     def id(self) -> str:
@@ -288,6 +328,8 @@ class MiniLMEmbedder(_LazyEmbedder):
         return 384 * (len(self.layers) if self.layers else 1)
 
     def _key(self) -> Hashable:
+        if self.runtime == "onnx":
+            return ("minilm", "onnx", self.quantize, self.num_threads, self.layers, str(self.onnx_cache_dir))
         return ("minilm", *self._opts(), self.layers)
 
     def _load(self) -> Runner:
@@ -298,8 +340,21 @@ class MiniLMEmbedder(_LazyEmbedder):
             max_length = int(cfg.get("max_seq_length", max_length))
         except (OSError, ValueError):
             pass
-        return MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights,
-                               self.layers)
+        def torch_runner() -> Runner:
+            return MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, max_length, self.pack_weights,
+                                  self.layers)
+
+        if self.runtime != "onnx":
+            return torch_runner()
+        from classifier.onnx_runner import load_onnx_runner
+
+        def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
+            ref = MeanPoolRunner(path, "cpu", False, False, max_length, False, self.layers)
+            return ref, ref.model, ref.tokenizer
+
+        return load_onnx_runner(path, reference=reference, fallback=torch_runner, pooling="mean",
+                                layers=self.layers, max_length=max_length, num_threads=self.num_threads,
+                                quantize=self.quantize, cache_dir=self.onnx_cache_dir)
 
 
 class SentenceTransformerEmbedder(_LazyEmbedder):
@@ -313,6 +368,9 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
         As for :class:`MiniLMEmbedder`.
     model_id : str, optional
         Name used in :attr:`id` (default: the directory name).
+    runtime, onnx_cache_dir
+        As for :class:`MiniLMEmbedder`; ``"onnx"`` supports Transformer + mean or CLS
+        Pooling (+ Normalize) directories (others are served with torch, with a warning).
 
     Raises
     ------
@@ -322,9 +380,12 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
 
     def __init__(self, path: str | os.PathLike[str], batch_size: int = 64, device: str | None = None, *,
                  model_id: str | None = None, max_chars: int | None = None, use_fp16: bool = False,
-                 quantize: bool = False, pack_weights: bool = True, num_threads: int | None = None) -> None:
+                 quantize: bool = False, pack_weights: bool = True, num_threads: int | None = None,
+                 runtime: str = "torch", onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
+        self.runtime = _check_runtime(runtime, device)
+        self.onnx_cache_dir = onnx_cache_dir
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise EmbedderError(f"sentence-transformers model directory not found: {str(path)!r}")
@@ -336,10 +397,37 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
         return f"sentence-transformers:{self.model_id}"
 
     def _key(self) -> Hashable:
+        if self.runtime == "onnx":
+            return ("sentence-transformers", str(self.path), "onnx", self.quantize, self.num_threads,
+                    str(self.onnx_cache_dir))
         return ("sentence-transformers", str(self.path), *self._opts())
 
     def _load(self) -> Runner:
-        return SentenceTransformerRunner(self.path, self.device, self.use_fp16, self.quantize, self.pack_weights)
+        def torch_runner() -> Runner:
+            return SentenceTransformerRunner(self.path, self.device, self.use_fp16, self.quantize, self.pack_weights)
+
+        if self.runtime != "onnx":
+            return torch_runner()
+        from classifier.onnx_runner import load_onnx_runner
+
+        try:
+            pooling = _st_onnx_pooling(self.path)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            import logging
+
+            logging.getLogger("flywheel.onnx").warning(
+                "%s: %s; serving this encoder with torch instead", self.path, exc)
+            return torch_runner()
+
+        def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
+            ref = SentenceTransformerRunner(self.path, "cpu", False, False, False)
+            transformer = ref.model[0]
+            ref.max_length = int(transformer.max_seq_length)  # recorded in the export's manifest
+            return ref, transformer.auto_model, transformer.tokenizer
+
+        return load_onnx_runner(self.path, reference=reference, fallback=torch_runner, pooling=pooling,
+                                max_length=None, num_threads=self.num_threads,
+                                quantize=self.quantize, cache_dir=self.onnx_cache_dir)
 
 
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
@@ -549,6 +637,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": settings.quantize,
                               "num_threads": settings.num_threads}
+    runtime = getattr(settings, "runtime", "torch") or "torch"
     inner: _LazyEmbedder
     if settings.layers and backend != "minilm":
         raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
@@ -557,12 +646,14 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
             raise EmbedderError(
                 f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
                 "(use backend 'sentence-transformers' for another model directory)")
-        inner = MiniLMEmbedder(**common, layers=settings.layers)
+        inner = MiniLMEmbedder(**common, layers=settings.layers, runtime=runtime)
     elif backend == "sentence-transformers":
         if not settings.model:
             raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
-        inner = SentenceTransformerEmbedder(settings.model, **common)
+        inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
     elif backend == "bge-m3":
+        if runtime != "torch":
+            raise EmbedderError(f"runtime {runtime!r} is not supported by the bge-m3 backend yet (use runtime: torch)")
         inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
                               device=settings.device, quantize=settings.quantize, max_chars=settings.max_chars,
                               num_threads=common["num_threads"])

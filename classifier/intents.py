@@ -19,13 +19,14 @@ from classifier.errors import IntentFileError
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("minilm", "sentence-transformers", "bge-m3")
+EMBEDDER_RUNTIMES = ("torch", "onnx")
 
 _TOP_KEYS = {"version", "name", "description", "embedder", "teacher", "thresholds",
              "rules", "intents", "out_of_scope"}
 _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
-                  "num_threads", "layers"}
+                  "num_threads", "layers", "runtime"}
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence"}
@@ -68,6 +69,7 @@ class EmbedderSettings:
     quantize: bool = False
     num_threads: int | None = None   # torch intra-op threads (process-wide); 1 is best for serving
     layers: tuple[int, ...] | None = None  # minilm: mean-pool and concatenate these hidden layers
+    runtime: str = "torch"  # "onnx": exported once, verified, cached, served by onnxruntime (CPU)
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,9 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     backend = e.get("backend", "minilm")
     if backend not in EMBEDDER_BACKENDS:
         raise c.fail(f"embedder.backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
+    runtime = e.get("runtime", "torch")
+    if runtime not in EMBEDDER_RUNTIMES:
+        raise c.fail(f"embedder.runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
     embedder = EmbedderSettings(
         backend=backend,
         model=e.get("model"),
@@ -266,6 +271,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         quantize=bool(e.get("quantize", False)),
         num_threads=None if e.get("num_threads") is None else c.integer(e["num_threads"], "embedder.num_threads", 1),
         layers=_layers(c, e.get("layers")),
+        runtime=runtime,
     )
 
     t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)

@@ -212,7 +212,8 @@ class Runner:
     """A loaded model: ``encode_batch`` maps one batch of texts to unit-norm float32 rows."""
 
     dim: int
-    model: Any  # the underlying torch module (or SentenceTransformer)
+    model: Any  # the underlying torch module (or SentenceTransformer, or onnxruntime session)
+    uses_torch: bool = True  # False: _LazyEmbedder leaves torch's thread count alone (onnx runner)
 
     def encode_batch(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
