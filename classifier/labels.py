@@ -13,17 +13,12 @@ from typing import Sequence
 
 from classifier.errors import InvalidInputError, UnknownLabelError
 
-__all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "is_out_of_scope_name", "parse_label", "label_name"]
+__all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "parse_label", "label_name"]
 
 #: How out of scope is written wherever a label is a string.
 OUT_OF_SCOPE = "OUT_OF_SCOPE"
 #: The names accepted for it (compared upper-cased).
 OUT_OF_SCOPE_NAMES = frozenset({OUT_OF_SCOPE, "OOS", "NONE"})
-
-
-def is_out_of_scope_name(value: str) -> bool:
-    """Whether ``value`` names out of scope (``OUT_OF_SCOPE``, ``OOS`` or ``NONE``, any case)."""
-    return value.strip().upper() in OUT_OF_SCOPE_NAMES
 
 
 def parse_label(value: object, labels: Sequence[str] | None, *, what: str = "label") -> str | None:
@@ -44,7 +39,7 @@ def parse_label(value: object, labels: Sequence[str] | None, *, what: str = "lab
     name = value.strip()
     if labels is not None and name in labels:
         return name
-    if is_out_of_scope_name(name):
+    if name.upper() in OUT_OF_SCOPE_NAMES:
         return None
     if labels is None:
         return name

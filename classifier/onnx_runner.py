@@ -214,10 +214,9 @@ class OnnxRunner(Runner):
         out = parts[0] if len(parts) == 1 else _unit_rows(np.concatenate(parts, axis=-1))
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def check_probe(self, key: str) -> float:
-        """Cosine of the probe text's vector to the one recorded under ``key`` in the manifest."""
-        want = np.asarray(self.manifest[key], dtype=np.float32)[None, :]
-        return _min_cosine(self.encode_batch([_PROBE_TEXT]), want)
+    def probe_cosine(self, expected: Sequence[float]) -> float:
+        """Cosine of the probe text's vector now to ``expected`` (recorded at export)."""
+        return _min_cosine(self.encode_batch([_PROBE_TEXT]), np.asarray(expected, dtype=np.float32)[None, :])
 
 
 def _hidden_module(model: Any, inputs: list[str], layers: tuple[int, ...] | None) -> Any:
@@ -374,22 +373,19 @@ class _Int8Error(Exception):
 
 def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int | None) -> OnnxRunner:
     """Open a cached entry and re-check its probe vector (raises on any problem)."""
-    if quantize:
-        manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
-        if not (entry / "model.int8.onnx").is_file() or "int8" not in manifest:
-            try:
-                _quantize(entry)
-            except Exception as exc:
-                raise _Int8Error(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
-        runner = OnnxRunner(entry, "model.int8.onnx", max_length, num_threads)
-        cos = _min_cosine(runner.encode_batch([_PROBE_TEXT]),
-                          np.asarray(runner.manifest["int8"]["probe"], dtype=np.float32)[None, :])
-    else:
-        runner = OnnxRunner(entry, "model.onnx", max_length, num_threads)
-        cos = runner.check_probe("probe_fp32")
+    if quantize and ("int8" not in json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+                     or not (entry / "model.int8.onnx").is_file()):
+        try:
+            _quantize(entry)
+        except Exception as exc:
+            raise _Int8Error(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
+    runner = OnnxRunner(entry, "model.int8.onnx" if quantize else "model.onnx", max_length, num_threads)
+    probe = runner.manifest.get("int8", {}).get("probe") if quantize else runner.manifest.get("probe_fp32")
+    if probe is None:
+        raise ValueError("the manifest records no probe vector for this file")
+    cos = runner.probe_cosine(probe)
     if not cos >= MIN_COSINE:
         raise ValueError(f"the probe vector changed (cosine {cos:.6f} to the one recorded at export)")
-    runner.verified_cosine = float(runner.manifest.get("verified_min_cosine", float("nan")))
     return runner
 
 

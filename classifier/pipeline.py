@@ -85,10 +85,6 @@ class Pending:
     vector: np.ndarray | None = None
     layer2: Layer2Result | None = None
 
-    @property
-    def model_version(self) -> str:
-        return self.rt.model.version
-
 
 class Classifier:
     """The flywheel classifier.
@@ -242,14 +238,7 @@ class Classifier:
         watcher = self.watcher
         if watcher is not None and not watcher.running:
             watcher.poll()
-        pending = []
-        for n, q in enumerate(queries):
-            try:
-                pending.append(self.begin(q))
-            except InvalidInputError as exc:
-                if len(queries) == 1:
-                    raise
-                raise type(exc)(f"text #{n + 1}: {exc}") from None
+        pending = self.begin_all(queries)
         self.score(pending)
         single = len(pending) == 1
         return [self.finish(p, None if p.decision is not None else self.ask_teacher(p), total=single)
@@ -282,6 +271,20 @@ class Classifier:
                                         p.latency)
         return p
 
+    def begin_all(self, queries: Sequence[Query], item: str = "text #{n}") -> list["Pending"]:
+        """:meth:`begin` every query, or none: an unusable one raises
+        :class:`~classifier.errors.InvalidInputError` naming it (``item`` formats its
+        1-based number ``n``, e.g. ``"requests[{i}]"`` with ``i = n - 1``) when there are several."""
+        out = []
+        for n, q in enumerate(queries, 1):
+            try:
+                out.append(self.begin(q))
+            except InvalidInputError as exc:
+                if len(queries) == 1:
+                    raise
+                raise type(exc)(f"{item.format(n=n, i=n - 1)}: {exc}") from None
+        return out
+
     def cached_vector(self, text: str) -> np.ndarray | None:
         """The embedder's cached vector for the cleaned ``text``, if it has one (no encoding)."""
         lookup = getattr(self.embedder, "lookup", None)
@@ -295,6 +298,22 @@ class Classifier:
         if not todo:
             return
         t0 = time.perf_counter()
+        self._assign_layer2(todo)
+        total = _ms(t0)
+        pop = getattr(self.embedder, "pop_load_ms", None)
+        load = pop() if pop is not None else 0.0      # loading the encoder is not query latency
+        per_item = max(total - load, 0.0) / len(todo)
+        for p in todo:
+            if load > 0:
+                p.latency["load"] = load
+            p.latency["embedding"] = per_item
+            if p.layer2.sure:
+                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)
+            elif self.teacher is None:
+                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency, "; no LLM teacher configured")
+
+    def _assign_layer2(self, todo: Sequence["Pending"]) -> None:
+        """Encode the queries without a vector (one call) and set ``layer2`` on each."""
         missing = [p for p in todo if p.vector is None]
         if missing:
             for p, v in zip(missing, self.embedder.encode([p.clean.text for p in missing])):
@@ -308,18 +327,6 @@ class Classifier:
             for j, p in enumerate(group):
                 p.layer2 = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]),
                                        rt.thresholds)
-        total = _ms(t0)
-        pop = getattr(self.embedder, "pop_load_ms", None)
-        load = pop() if pop is not None else 0.0      # loading the encoder is not query latency
-        per_item = max(total - load, 0.0) / len(todo)
-        for p in todo:
-            if load > 0:
-                p.latency["load"] = load
-            p.latency["embedding"] = per_item
-            if p.layer2.sure:
-                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)
-            elif self.teacher is None:
-                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency, "; no LLM teacher configured")
 
     def ask_teacher(self, p: "Pending") -> Decision:
         """Layer 3 for a scored query layer 2 is unsure of: the teacher's answer, or layer
@@ -406,13 +413,12 @@ class Classifier:
         """The requests the pipeline would send the teacher for ``texts`` (layer 2's top
         candidates with a large label set); used to back-fill pending decisions."""
         rt = self._rt
-        X = self.embedder.encode([clean_text(t, rt.model.intents.embedder.max_chars).text for t in texts])
-        s = rt.model.head.scores(X)
-        out = []
-        for j, t in enumerate(texts):
-            res = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]), rt.thresholds)
-            out.append(self._request(rt, t, res, tuple(histories[j]) if histories else ()))
-        return out
+        now = time.perf_counter()
+        pending = [Pending(rt, clean_text(t, rt.model.intents.embedder.max_chars), None, None, None, now)
+                   for t in texts]
+        self._assign_layer2(pending)
+        return [self._request(rt, t, p.layer2, tuple(histories[j]) if histories else ())
+                for j, (t, p) in enumerate(zip(texts, pending))]
 
     def _request(self, rt: _Runtime, text: str, res: Layer2Result,
                  history: tuple[HistoryEntry, ...]) -> TeacherRequest:

@@ -53,8 +53,6 @@ class MicroBatcher:
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self.batches = 0
-        self.dropped_expired = 0
         self._thread = threading.Thread(target=self._run, name="flywheel-batcher", daemon=True)
         self._thread.start()
 
@@ -133,7 +131,6 @@ class MicroBatcher:
             if not it.future.set_running_or_notify_cancel():
                 continue
             if it.deadline is not None and now >= it.deadline:
-                self.dropped_expired += 1
                 it.future.set_exception(DeadlineExceeded("the request's deadline passed while it waited "
                                                          "for the encoder; not computed"))
             else:
@@ -148,7 +145,6 @@ class MicroBatcher:
             for it in batch:
                 it.future.set_exception(exc)
             return
-        self.batches += 1
         if self._on_batch is not None:
             self._on_batch(len(batch))
         for it in batch:

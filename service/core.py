@@ -108,7 +108,7 @@ class SidecarCore:
         classified or logged then."""
         self._admit()
         try:
-            pending = self._begin_all(queries)
+            pending = self.classifier.begin_all(queries, item="requests[{i}]")
             waits = [self._layer2(p, deadline) for p in pending]
             for p, fut in zip(pending, waits):
                 if fut is not None:
@@ -142,17 +142,6 @@ class SidecarCore:
             raise NotServing("the server is not ready yet (loading the model)")
         with self._lock:
             self._in_flight += 1
-
-    def _begin_all(self, queries: Sequence[Query]) -> list[Pending]:
-        out = []
-        for n, q in enumerate(queries):
-            try:
-                out.append(self.classifier.begin(q))
-            except InvalidInputError as exc:
-                if len(queries) == 1:
-                    raise
-                raise type(exc)(f"requests[{n}]: {exc}") from None
-        return out
 
     def _layer2(self, p: Pending, deadline: float | None) -> Future | None:
         """Inline when decided or cached; else queued for the batcher."""

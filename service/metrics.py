@@ -8,7 +8,7 @@ them.
 
 gRPC metrics follow the go-grpc-prometheus convention and are recorded by
 :class:`MetricsInterceptor`; the rest are fed by the server through the small
-``observe_*`` / ``set_*`` methods, which are cheap enough for the request path
+``observe_*`` / ``set_*`` / ``bind_*`` methods, which are cheap enough for the request path
 (label children are cached, so a call is a dict lookup plus an atomic increment).
 
 :func:`start_metrics_http` serves ``/metrics`` for the registry on a loopback port by
@@ -183,10 +183,6 @@ class ServerMetrics:
     def observe_batch(self, n: int) -> None:
         self.batch_size.observe(n)
 
-    def set_queue_depth(self, n: int) -> None:
-        """Set the queue depth (a no-op once :meth:`bind_queue_depth` is used)."""
-        self.queue_depth.set(n)
-
     def bind_queue_depth(self, fn: Callable[[], float]) -> None:
         """Compute the queue depth at scrape time from ``fn()``."""
         self.queue_depth.set_function(lambda: float(fn()))
@@ -209,10 +205,6 @@ class ServerMetrics:
     def teacher_call(self, outcome: str) -> None:
         self._teacher_child(outcome).inc()
 
-    def set_breaker_open(self, is_open: bool) -> None:
-        """Set the breaker gauge (a no-op once :meth:`bind_breaker_open` is used)."""
-        self.teacher_breaker_open.set(1.0 if is_open else 0.0)
-
     def bind_breaker_open(self, fn: Callable[[], bool]) -> None:
         """Compute the breaker gauge at scrape time: 1 when ``fn()`` is truthy."""
         self.teacher_breaker_open.set_function(lambda: 1.0 if fn() else 0.0)
@@ -234,10 +226,6 @@ class ServerMetrics:
     def model_reload(self, outcome: str) -> None:
         """Count a reload: ``ok`` or ``refused``."""
         self.model_reloads.labels(outcome).inc()
-
-    def set_log_buffered(self, n: int) -> None:
-        """Set the buffered-row gauge (a no-op once :meth:`bind_log_buffered` is used)."""
-        self.log_buffered_rows.set(n)
 
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:
         """Compute the buffered-row gauge at scrape time from ``fn()``."""

@@ -155,11 +155,11 @@ class SidecarServer:
         target = f"unix:{o.uds}" if o.uds else o.address
         creds = _tls_credentials(o.tls_cert, o.tls_key)
         try:
-            port = server_port = (self.server.add_secure_port(target, creds) if creds is not None
-                                  else self.server.add_insecure_port(target))
+            port = (self.server.add_secure_port(target, creds) if creds is not None
+                    else self.server.add_insecure_port(target))
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {target}: {exc}") from None
-        if not o.uds and server_port == 0:
+        if not o.uds and port == 0:
             raise ConfigError(f"cannot listen on {target} (address in use or invalid)")
         return port
 

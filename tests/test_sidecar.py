@@ -651,6 +651,12 @@ def test_metrics_endpoint_exposes_every_name(models):
         assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Classify"' in text
         assert 'grpc_code="INVALID_ARGUMENT"' in text
         assert 'flywheel_model_info{encoder="fake:hash-256",version="sure-v1"} 1.0' in text
+        # the server feeds the decision metrics and binds the gauges (not just declares them)
+        assert 'flywheel_decisions_total{layer="embedding",tier="confident"} 1.0' in text
+        assert 'flywheel_decision_labels_total{label="PLATFORM"} 1.0' in text
+        assert 'flywheel_layer_seconds_count{layer="embedding"} 1.0' in text
+        assert "\nflywheel_queue_depth 0.0" in text
+        assert "\nflywheel_log_buffered_rows " in text
         port = server.metrics_port
     with pytest.raises(OSError):                                           # closed with the server
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 
 from classifier import Classifier, Layer, Tier
+from classifier.embedders import CachedEmbedder, _LazyEmbedder
 from classifier.errors import IntentFileError, UnknownLabelError
 from classifier.intents import parse_intents
 from classifier.model import IntentModel
 from classifier.pipeline import Query
+from classifier.runners import Runner, clear_loaded_models
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder, ScriptedTeacher
 from tests.test_model import DOC
@@ -105,46 +108,36 @@ def test_starter_intents_carry_the_routes():
     assert meta["RETRIEVAL"]["rag"] == "true" and all("model_slot" in m for m in meta.values())
 
 
-class _SlowLoadingHash:
-    """A lazily loaded encoder (loading takes 0.3 s) producing HashEmbedder's vectors."""
+class _HashRunner(Runner):
+    """HashEmbedder's vectors behind the runner interface."""
 
-    @staticmethod
-    def make(tag: str):
-        from classifier.embedders import _LazyEmbedder
-        from classifier.runners import Runner
+    def __init__(self) -> None:
+        self.inner = HashEmbedder()
+        self.dim = self.inner.dim
+        self.model = object()
 
-        class _HashRunner(Runner):
-            def __init__(self) -> None:
-                self.inner = HashEmbedder()
-                self.dim = self.inner.dim
-                self.model = object()
+    def encode_batch(self, texts):
+        return self.inner.encode(list(texts))
 
-            def encode_batch(self, texts):
-                return self.inner.encode(list(texts))
 
-        class _Lazy(_LazyEmbedder):
-            @property
-            def id(self) -> str:
-                return HashEmbedder().id
+class _SlowLoadingHash(_LazyEmbedder):
+    """A lazily loaded encoder whose loading takes 0.3 s."""
 
-            def _key(self):
-                return ("slow-loading-hash", tag)
+    @property
+    def id(self) -> str:
+        return HashEmbedder().id
 
-            def _load(self):
-                import time
+    def _key(self):
+        return ("slow-loading-hash",)
 
-                time.sleep(0.3)
-                return _HashRunner()
-
-        return _Lazy(batch_size=8, device="cpu", max_chars=None)
+    def _load(self):
+        time.sleep(0.3)
+        return _HashRunner()
 
 
 def test_loading_is_reported_apart_from_query_latency():
-    from classifier.embedders import CachedEmbedder
-    from classifier.runners import clear_loaded_models
-
     clear_loaded_models()
-    emb = CachedEmbedder(_SlowLoadingHash.make("load-test"))
+    emb = CachedEmbedder(_SlowLoadingHash(batch_size=8, device="cpu", max_chars=None))
     d = copy.deepcopy(META_DOC)
     d["thresholds"] = ALWAYS_SURE
     clf = Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()), embedder=emb)

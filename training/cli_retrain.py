@@ -17,7 +17,7 @@ import typer
 
 from classifier.errors import FlywheelError, ModelError
 from training.report import RetrainResult, fmt_share, fmt_value
-from training.retrain import SELF_TRAINING_MAX, retrain
+from training.trainset import SELF_TRAINING_MAX
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 
@@ -102,6 +102,8 @@ def run_from_config(*, min_new_labels, dry_run, tolerance, target_precision, llm
             intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     embedder = make_embedder(intent_set.embedder)
     store = LogStore(cfg.log_path)
+    from training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
+
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
                    min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                    target_precision=target_precision, llm_budget=llm_budget, progress=progress,

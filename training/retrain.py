@@ -62,15 +62,14 @@ from classifier.tiers import Thresholds
 from training.gate import decide, evaluate_layer2
 from training.report import RetrainResult, jsonable, render_markdown
 from training.rows import LabelledSet, TrainingSet
-from training.trainset import SPLIT_ID, build_training_set
+from training.trainset import SELF_TRAINING_MAX, SPLIT_ID, build_training_set
 from training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "LOCK_NAME",
-           "MIN_GATE_ROWS", "SELF_TRAINING_MAX"]
+           "MIN_GATE_ROWS"]
 
 LOCK_NAME = ".retrain.lock"
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
-SELF_TRAINING_MAX = 20000   # self-training rows read from the log at most (the newest)
 OUTCOMES = ("promoted", "kept", "skipped")
 
 

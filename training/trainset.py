@@ -83,7 +83,7 @@ from training.layer2 import noisy_teacher_guard
 from training.rows import SOURCES, LabelledSet, TrainingSet
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
-           "build_training_set", "split_value", "split_role"]
+           "SELF_TRAINING_MAX", "build_training_set", "split_value", "split_role"]
 
 #: Recorded in the manifests of models trained by the retrain job: they never saw
 #: the evaluation rows of this split.
@@ -92,6 +92,7 @@ EXAMPLE_EVAL_SHARE = 0.20
 HUMAN_EVAL_SHARE = 0.50
 RECENT_HOLDOUT_SHARE = 0.10
 RECENT_MAX = 2000
+SELF_TRAINING_MAX = 20000   # default cap on self-training rows read from the log (the newest)
 
 
 def split_value(text: str) -> float:
