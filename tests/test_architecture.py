@@ -140,3 +140,16 @@ def test_the_checks_can_fail():
     """The cycle finder finds a planted cycle (so a clean result means something)."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_cli_root_imports_no_model_library():
+    """Starting the CLI (stats, feedback, models ...) must not pay for scikit-learn or torch;
+    the commands that need them import them when they run."""
+    import subprocess
+    import sys
+
+    code = ("import sys, flywheel.cli; heavy = [m for m in ('sklearn', 'torch', 'transformers', 'onnxruntime') "
+            "if m in sys.modules]; print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
