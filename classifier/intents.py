@@ -18,10 +18,16 @@ import yaml
 from classifier.errors import IntentFileError
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
-EMBEDDER_BACKENDS = ("minilm", "sentence-transformers", "bge-m3")
-EMBEDDER_RUNTIMES = ("torch", "onnx")
+EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")
+EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
+#: What ``embedder.backend: auto`` (the default) becomes: MiniLM for English-only intent
+#: sets (``languages: [en]``, the default), the multilingual USE encoder when the file
+#: declares any other language. Measured in BENCHMARKS.md, section 9.
+ENGLISH_BACKEND = "minilm"
+MULTILINGUAL_BACKEND = "use-multilingual"
+_LANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")
 
-_TOP_KEYS = {"version", "name", "description", "embedder", "teacher", "thresholds",
+_TOP_KEYS = {"version", "name", "description", "languages", "embedder", "teacher", "thresholds",
              "rules", "intents", "out_of_scope"}
 _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
@@ -60,7 +66,7 @@ class Intent:
 
 @dataclass(frozen=True)
 class EmbedderSettings:
-    backend: str = "minilm"
+    backend: str = ENGLISH_BACKEND  # never "auto" here: parse_intents resolves it from the languages
     model: str | None = None
     batch_size: int = 64
     max_chars: int = 4000
@@ -69,7 +75,10 @@ class EmbedderSettings:
     quantize: bool = False
     num_threads: int | None = None   # torch intra-op threads (process-wide); 1 is best for serving
     layers: tuple[int, ...] | None = None  # minilm: mean-pool and concatenate these hidden layers
-    runtime: str = "torch"  # "onnx": exported once, verified, cached, served by onnxruntime (CPU)
+    # "auto": onnx on CPU for the transformer backends, torch on a GPU device (see
+    # classifier.embedders.resolve_runtime); "onnx": exported once, verified, cached, served
+    # by onnxruntime; "torch": the transformers forward pass. use-multilingual is numpy: auto only.
+    runtime: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class IntentSet:
     name: str
     intents: tuple[Intent, ...]
     rules: tuple[Rule, ...] = ()
+    languages: tuple[str, ...] = ("en",)
     oos_examples: tuple[str, ...] = ()
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
     teacher: TeacherSettings = field(default_factory=TeacherSettings)
@@ -254,13 +264,19 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     oos = c.mapping(doc.get("out_of_scope"), "out_of_scope", _OOS_KEYS)
     oos_examples = c.texts(oos.get("examples"), "out_of_scope.examples")
 
+    languages = _languages(c, doc.get("languages"))
     e = c.mapping(doc.get("embedder"), "embedder", _EMBEDDER_KEYS)
-    backend = e.get("backend", "minilm")
+    backend = e.get("backend") or "auto"
     if backend not in EMBEDDER_BACKENDS:
         raise c.fail(f"embedder.backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
-    runtime = e.get("runtime", "torch")
+    if backend == "auto":
+        backend = ENGLISH_BACKEND if set(languages) <= {"en"} else MULTILINGUAL_BACKEND
+    runtime = e.get("runtime") or "auto"
     if runtime not in EMBEDDER_RUNTIMES:
         raise c.fail(f"embedder.runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
+    if backend == MULTILINGUAL_BACKEND and runtime != "auto":
+        raise c.fail(f"embedder.runtime {runtime!r} does not apply to the {backend} backend "
+                     "(a numpy forward pass): leave it unset or 'auto'")
     embedder = EmbedderSettings(
         backend=backend,
         model=e.get("model"),
@@ -310,7 +326,23 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     )
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
-                     embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+                     languages=languages, embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+
+
+def _languages(c: _Checker, value: Any) -> tuple[str, ...]:
+    """``languages``: the language codes the examples cover (ISO 639, e.g. ``[en, es]``)."""
+    if value is None:
+        return ("en",)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise c.fail(f"languages must be a non-empty list of language codes such as [en, es], got {value!r}")
+    out = []
+    for code in value:
+        if not isinstance(code, str) or not _LANGUAGE.match(code.strip().lower()):
+            raise c.fail(f"languages has {code!r}, which is not a language code such as 'en' or 'es'")
+        out.append(code.strip().lower())
+    return tuple(dict.fromkeys(out))
 
 
 def _layers(c: _Checker, value: Any) -> tuple[int, ...] | None:

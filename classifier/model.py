@@ -66,6 +66,7 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
     return {
         "version": 1,
         "name": intents.name,
+        "languages": list(intents.languages),
         "embedder": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(intents.embedder).items()},
         "teacher": {k: v for k, v in asdict(intents.teacher).items()},
         "thresholds": {"confident": th.confident, "ambiguous_margin": th.ambiguous_margin,

@@ -91,9 +91,14 @@ def _count(name: str) -> None:
 
 
 def default_cache_dir() -> Path:
-    """``<FLYWHEEL_HOME>/cache/onnx`` (the home as :func:`classifier.config.load_config` resolves it)."""
+    """``FLYWHEEL_ONNX_CACHE`` when set (one cache shared by several homes, e.g. a test
+    session), else ``<FLYWHEEL_HOME>/cache/onnx`` (the home as
+    :func:`classifier.config.load_config` resolves it)."""
     from classifier.config import default_home
 
+    shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
+    if shared:
+        return Path(shared).expanduser()
     home = os.environ.get("FLYWHEEL_HOME")
     return (Path(home).expanduser() if home else default_home()) / "cache" / "onnx"
 

