@@ -38,7 +38,7 @@ _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "confidence"}
 _THRESHOLD_KEYS = {"confident", "ambiguous_margin", "oos", "target_precision", "per_intent"}
 _PER_INTENT_KEYS = {"confident"}
-_OOS_KEYS = {"examples", "description"}
+_OOS_KEYS = {"examples", "description", "synthetic"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ class IntentSet:
     intents: tuple[Intent, ...]
     rules: tuple[Rule, ...] = ()
     languages: tuple[str, ...] = ("en",)
+    # generated nonsense texts that train the out-of-scope class (classifier.negatives); 0: none
+    synthetic_negatives: int = 120
     oos_examples: tuple[str, ...] = ()
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
     teacher: TeacherSettings = field(default_factory=TeacherSettings)
@@ -263,6 +265,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
 
     oos = c.mapping(doc.get("out_of_scope"), "out_of_scope", _OOS_KEYS)
     oos_examples = c.texts(oos.get("examples"), "out_of_scope.examples")
+    synthetic = c.integer(oos.get("synthetic", IntentSet.synthetic_negatives), "out_of_scope.synthetic", 0)
 
     languages = _languages(c, doc.get("languages"))
     e = c.mapping(doc.get("embedder"), "embedder", _EMBEDDER_KEYS)
@@ -326,7 +329,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     )
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
-                     languages=languages, embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+                     languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
 
 
 def _languages(c: _Checker, value: Any) -> tuple[str, ...]:

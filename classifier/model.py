@@ -76,7 +76,7 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
         "intents": [{"name": i.name, "description": i.description, "examples": list(i.examples),
                      **({"metadata": dict(i.metadata)} if i.metadata else {})}
                     for i in intents.intents],
-        "out_of_scope": {"examples": list(intents.oos_examples)},
+        "out_of_scope": {"examples": list(intents.oos_examples), "synthetic": intents.synthetic_negatives},
     }
 
 

@@ -19,7 +19,16 @@ from classifier.errors import TrainingError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, Manifest, new_version_name
+from classifier.negatives import WEIGHT as NEGATIVE_WEIGHT
+from classifier.negatives import synthetic_negatives
 from classifier.protocols import Embedder
+
+
+def embed_negatives(intents: IntentSet, embedder: Embedder) -> np.ndarray | None:
+    """Vectors of ``intents.synthetic_negatives`` generated nonsense texts (None for 0)."""
+    if intents.synthetic_negatives <= 0:
+        return None
+    return embedder.encode(list(synthetic_negatives(intents.synthetic_negatives)))
 
 
 def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
@@ -49,18 +58,20 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
         Xe = extra_vectors if extra_vectors is not None else embedder.encode(list(extra_texts), progress=progress)
         X = np.vstack([X, Xe])
         labels = list(labels) + list(extra_labels)
-    t_embed = time.perf_counter() - t0
     n_ex = len(X) - len(extra_texts)
     weights = None if extra_weights is None else np.r_[np.ones(n_ex), np.asarray(extra_weights, float)]
     fit_only = None if extra_fit_only is None else np.r_[np.zeros(n_ex, bool), np.asarray(extra_fit_only, bool)]
+    negatives = embed_negatives(intents, embedder)
+    t_embed = time.perf_counter() - t0
     return fit_from_vectors(intents, X, labels, encoder_id=embedder.id, sample_weight=weights, fit_only=fit_only,
-                            version=version, parent=parent, head=head, embed_seconds=t_embed)
+                            version=version, parent=parent, head=head, embed_seconds=t_embed, negatives=negatives)
 
 
 def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | None], *, encoder_id: str,
                      sample_weight: Sequence[float] | None = None, fit_only: Sequence[bool] | None = None,
                      version: str | None = None, parent: str | None = None, head: IntentHead | None = None,
-                     embed_seconds: float = 0.0) -> IntentModel:
+                     embed_seconds: float = 0.0, negatives: np.ndarray | None = None,
+                     negative_weight: float = NEGATIVE_WEIGHT) -> IntentModel:
     """Fit an :class:`IntentHead` on embedded rows and bundle it into a model version.
 
     Parameters
@@ -78,10 +89,22 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         An unfitted head (default: ``IntentHead(target_precision=...)`` of ``intents``).
     embed_seconds : float
         Time spent embedding ``X``, recorded in the manifest's metrics.
+    negatives : ndarray of shape (m, dim), optional
+        Vectors of synthetic negatives (:func:`embed_negatives`): appended as out-of-scope
+        rows that are fit-only (they never fit the gate or the cutoffs), each weighing
+        ``negative_weight`` (default :data:`classifier.negatives.WEIGHT`).
     """
     X = np.asarray(X)
     if len(X) != len(labels):
         raise ValueError(f"X has {len(X)} rows for {len(labels)} labels")
+    n_real, n_neg = len(X), 0 if negatives is None else len(negatives)
+    if n_neg:
+        X = np.vstack([X, np.asarray(negatives, dtype=X.dtype)])
+        labels = [*labels, *([None] * n_neg)]
+        real_w = np.ones(n_real) if sample_weight is None else np.asarray(sample_weight, float)
+        sample_weight = np.r_[real_w, np.full(n_neg, negative_weight)]
+        fit_only = np.r_[np.zeros(n_real, bool) if fit_only is None else np.asarray(fit_only, bool),
+                         np.ones(n_neg, bool)]
     if head is None:
         head = IntentHead(target_precision=intents.thresholds.target_precision)
     t0 = time.perf_counter()
@@ -96,8 +119,9 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         encoder={"backend": intents.embedder.backend, "model": intents.embedder.model,
                  "id": encoder_id, "dim": int(X.shape[1])},
         thresholds={k: float(v) for k, v in head.thresholds_.items()},
-        training_size=len(labels),
-        metrics={**head.metrics_, "n_out_of_scope": int(sum(1 for v in labels if v is None)),
+        training_size=n_real,
+        metrics={**head.metrics_, "n_out_of_scope": int(sum(1 for v in labels[:n_real] if v is None)),
+                 "n_synthetic_negatives": n_neg,
                  "embed_seconds": round(embed_seconds, 3), "fit_seconds": round(t_fit, 3)},
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         intent_set=intents.name,

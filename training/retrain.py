@@ -325,7 +325,7 @@ def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors; the held-out intent
     examples are not among them); the model bundles the full intent set."""
-    from classifier.trainer import fit_from_vectors
+    from classifier.trainer import embed_negatives, fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())
@@ -335,7 +335,8 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
                                  sample_weight=np.where(layer2, job.opts.self_training, 1.0) if weighted else None,
                                  fit_only=layer2 if weighted else None, version=new_version_name(),
                                  parent=champion.version if champion else None,
-                                 head=IntentHead(target_precision=job.target_precision))
+                                 head=IntentHead(target_precision=job.target_precision),
+                                 negatives=embed_negatives(ts.fit_intents, job.embedder))
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     return replace(model, intents=job.intents)
