@@ -96,9 +96,32 @@ class Manifest:
     parent: str | None = None        # the version this one was trained to replace
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, d: Any) -> "Manifest":
+        """Read a manifest document; raises ValueError naming the missing or mistyped keys."""
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, found {type(d).__name__}")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        wrong = [f"{k!r} should be {_KINDS[k][1]}, found {type(d[k]).__name__}" for k in _KINDS
+                 if k in d and d[k] is not None and not isinstance(d[k], _KINDS[k][0])]
+        if isinstance(d.get("training_size"), bool):
+            wrong.append("'training_size' should be an integer, found bool")
+        if wrong:
+            raise ValueError("; ".join(wrong))
+        enc_missing = [k for k in ("id", "dim") if k not in d["encoder"]]
+        if enc_missing:
+            raise ValueError(f"'encoder' is missing {', '.join(map(repr, enc_missing))}")
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_REQUIRED = ("version", "labels", "encoder", "thresholds", "training_size")
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "version": (str, "a string"), "labels": (list, "a list"), "encoder": (dict, "an object"),
+    "thresholds": (dict, "an object"), "training_size": (int, "an integer"), "metrics": (dict, "an object"),
+    "format_version": (int, "an integer"), "head_sha256": (str, "a string"), "libraries": (dict, "an object"),
+}
 
 
 @dataclass

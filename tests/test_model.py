@@ -79,3 +79,21 @@ def test_wrong_encoder_and_missing_files(tmp_path, model):
     (d / "manifest.json").write_text("{not json")
     with pytest.raises(ModelError, match="corrupt manifest"):
         IntentModel.load(d)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda m: m.pop("labels"), "missing key 'labels'"),
+    (lambda m: [m.pop("labels"), m.pop("encoder")], "missing keys 'labels', 'encoder'"),
+    (lambda m: m.update(labels="A,B"), "'labels' should be a list, found str"),
+    (lambda m: m["encoder"].pop("dim"), "'encoder' is missing 'dim'"),
+    (lambda m: m.update(training_size=True), "'training_size' should be an integer"),
+])
+def test_corrupt_manifest_names_what_is_wrong(tmp_path, model, edit, expected):
+    d = model.save(tmp_path / "v1")
+    doc = json.loads((d / "manifest.json").read_text())
+    edit(doc)
+    (d / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError) as info:
+        IntentModel.load(d)
+    assert "corrupt manifest" in str(info.value) and expected in str(info.value)
+    assert "__init__" not in str(info.value) and "positional" not in str(info.value)
