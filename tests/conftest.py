@@ -17,10 +17,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory):
+    """One ONNX export cache for the whole session: the default runtime exports the real
+    MiniLM once (~10 s) instead of once per temporary home."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory, monkeypatch):
+def _isolated_home(tmp_path_factory, monkeypatch, onnx_cache):
     home = tmp_path_factory.mktemp("flywheel-home")
     monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(onnx_cache))
     monkeypatch.delenv("FLYWHEEL_CONFIG", raising=False)
     monkeypatch.delenv("FLYWHEEL_MODEL", raising=False)
     monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)

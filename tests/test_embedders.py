@@ -53,7 +53,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def minilm() -> MiniLMEmbedder:
-    return MiniLMEmbedder(device="cpu")
+    return MiniLMEmbedder(device="cpu", runtime="torch")
 
 
 # --------------------------------------------------------------------------- laziness
@@ -127,7 +127,7 @@ def test_batching_keeps_order() -> None:
 
 
 def test_minilm_constructor_does_not_load() -> None:
-    e = MiniLMEmbedder(device="cpu", quantize=True)  # a key no other test loads
+    e = MiniLMEmbedder(device="cpu", quantize=True, runtime="torch")  # a key no other test loads
     assert not e.is_loaded
     assert e._key() not in loaded_models()
     assert e.id == MINILM_ID
@@ -166,7 +166,7 @@ def test_minilm_batch_equals_single(minilm: MiniLMEmbedder) -> None:
 
 @pytest.mark.slow
 def test_minilm_loaded_once_per_process(minilm: MiniLMEmbedder) -> None:
-    other = MiniLMEmbedder(device="cpu", batch_size=8)
+    other = MiniLMEmbedder(device="cpu", batch_size=8, runtime="torch")
     minilm.encode(["x"])
     assert not other.is_loaded
     assert other.model is minilm.model
@@ -176,7 +176,7 @@ def test_minilm_loaded_once_per_process(minilm: MiniLMEmbedder) -> None:
 
 @pytest.mark.slow
 def test_minilm_packed_weights_match_plain_linear(minilm: MiniLMEmbedder) -> None:
-    plain = MiniLMEmbedder(device="cpu", pack_weights=False)
+    plain = MiniLMEmbedder(device="cpu", pack_weights=False, runtime="torch")
     assert "PackedLinear" in repr(minilm.model) and "PackedLinear" not in repr(plain.model)
     assert _cos(minilm.encode(SENTENCES), plain.encode(SENTENCES)).min() > 0.99999
 
@@ -209,7 +209,7 @@ def test_minilm_matches_sentence_transformers_and_st_backend(minilm: MiniLMEmbed
 
     saved = tmp_path / "my-minilm"
     st.save(str(saved))
-    e = SentenceTransformerEmbedder(saved, device="cpu")
+    e = SentenceTransformerEmbedder(saved, device="cpu", runtime="torch")
     assert e.id == "sentence-transformers:my-minilm"
     assert not e.is_loaded
     v = e.encode(SENTENCES, batch_size=2)
@@ -220,7 +220,7 @@ def test_minilm_matches_sentence_transformers_and_st_backend(minilm: MiniLMEmbed
     assert SentenceTransformerEmbedder(saved, model_id="custom").id == "sentence-transformers:custom"
 
     via_settings = make_embedder(EmbedderSettings(backend="sentence-transformers", model=str(saved),
-                                                  device="cpu"), cache=False)
+                                                  device="cpu", runtime="torch"), cache=False)
     assert isinstance(via_settings, SentenceTransformerEmbedder)
     assert via_settings.model is e.model  # same directory and settings: one model
 
@@ -380,7 +380,7 @@ def tiny_bge(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_bge_m3_tiny_model(tiny_bge: Path) -> None:
-    e = BGEM3Embedder(str(tiny_bge), device="cpu")
+    e = BGEM3Embedder(str(tiny_bge), device="cpu", runtime="torch")
     assert e.id == f"bge-m3:{tiny_bge}" and not e.is_loaded
     assert e.dim == 64 and not e.is_loaded  # read from config.json
     v = e.encode(SENTENCES)
@@ -390,7 +390,7 @@ def test_bge_m3_tiny_model(tiny_bge: Path) -> None:
     assert _cos(v, e.encode(SENTENCES, batch_size=2)).min() > 0.9999
     assert e.encode([]).shape == (0, 64)
 
-    twin = BGEM3Embedder(str(tiny_bge), device="cpu", batch_size=4)
+    twin = BGEM3Embedder(str(tiny_bge), device="cpu", batch_size=4, runtime="torch")
     assert twin.model is e.model  # loaded once
 
     # same vectors as FlagEmbedding's own encode() path
@@ -398,18 +398,19 @@ def test_bge_m3_tiny_model(tiny_bge: Path) -> None:
     reference = flag.encode(SENTENCES, batch_size=8, max_length=512)["dense_vecs"]
     assert _cos(v, reference).min() > 0.9999
 
-    via_settings = make_embedder(EmbedderSettings(backend="bge-m3", model=str(tiny_bge), device="cpu"))
+    via_settings = make_embedder(EmbedderSettings(backend="bge-m3", model=str(tiny_bge), device="cpu",
+                                                  runtime="torch"))
     assert via_settings.id == e.id and via_settings.dim == 64
 
-    plain = BGEM3Embedder(str(tiny_bge), device="cpu", pack_weights=False)
+    plain = BGEM3Embedder(str(tiny_bge), device="cpu", pack_weights=False, runtime="torch")
     assert "PackedLinear" in repr(e.model.model) and "PackedLinear" not in repr(plain.model.model)
     assert _cos(plain.encode(SENTENCES), v).min() > 0.99999
 
 
 @pytest.mark.slow
 def test_bge_m3_quantized_close_to_fp32(tiny_bge: Path) -> None:
-    fp32 = BGEM3Embedder(str(tiny_bge), device="cpu").encode(SENTENCES)
-    q = BGEM3Embedder(str(tiny_bge), device="cpu", quantize=True)
+    fp32 = BGEM3Embedder(str(tiny_bge), device="cpu", runtime="torch").encode(SENTENCES)
+    q = BGEM3Embedder(str(tiny_bge), device="cpu", quantize=True, runtime="torch")
     vq = q.encode(SENTENCES)
     assert vq.shape == fp32.shape and vq.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vq, axis=1), 1.0, atol=1e-5)
@@ -431,3 +432,21 @@ def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
     assert X[0] @ X[1] > X[0] @ X[2]
     with pytest.raises(EmbedderError, match="only supported by the minilm backend"):
         make_embedder(EmbedderSettings(backend="bge-m3", model="/nonexistent", layers=(1,)))
+
+
+@pytest.mark.slow
+def test_bge_m3_tiny_model_on_onnx_matches_flagembedding(tiny_bge: Path, tmp_path: Path) -> None:
+    """The default runtime (auto: onnx on CPU) exports bge-m3's transformer with CLS pooling,
+    checks it against the FlagEmbedding runner, caches it and serves the same vectors."""
+    from classifier.onnx_runner import OnnxRunner
+
+    e = BGEM3Embedder(str(tiny_bge), device="cpu", onnx_cache_dir=tmp_path / "onnx")
+    assert e.runtime == "onnx"
+    v = e.encode(SENTENCES)
+    runner = loaded_models()[e._key()]
+    assert isinstance(runner, OnnxRunner) and runner.manifest["pooling"] == "cls"
+    ref = BGEM3Embedder(str(tiny_bge), device="cpu", runtime="torch", pack_weights=False).encode(SENTENCES)
+    assert _cos(v, ref).min() >= 0.9999
+    assert len(list((tmp_path / "onnx").glob("*/model.onnx"))) == 1
+    int8 = BGEM3Embedder(str(tiny_bge), device="cpu", quantize=True, onnx_cache_dir=tmp_path / "onnx")
+    assert _cos(int8.encode(SENTENCES), ref).min() > 0.9

@@ -125,7 +125,7 @@ def test_export_verifies_caches_and_second_load_hits_the_cache(tiny_minilm: Path
 
 @pytest.mark.parametrize("layers", [None, (1, 2)])
 def test_served_vectors_match_torch(tiny_minilm: Path, tmp_path: Path, layers) -> None:
-    torch_emb = MiniLMEmbedder(device="cpu", layers=layers)
+    torch_emb = MiniLMEmbedder(device="cpu", layers=layers, runtime="torch")
     onnx_emb = _onnx(tmp_path / "onnx", layers=layers)
     assert isinstance(onnx_emb._runner(), OnnxRunner)
     assert isinstance(torch_emb._runner(), MeanPoolRunner)
@@ -292,7 +292,7 @@ def test_sentence_transformers_dir_runs_on_onnx(tiny_bert: Path, tmp_path: Path,
     st.save(str(tmp_path / f"st-{mode}"))
     onnx_emb = SentenceTransformerEmbedder(tmp_path / f"st-{mode}", device="cpu", runtime="onnx",
                                            onnx_cache_dir=tmp_path / "onnx")
-    torch_emb = SentenceTransformerEmbedder(tmp_path / f"st-{mode}", device="cpu")
+    torch_emb = SentenceTransformerEmbedder(tmp_path / f"st-{mode}", device="cpu", runtime="torch")
     assert isinstance(onnx_emb._runner(), OnnxRunner)
     assert isinstance(torch_emb._runner(), SentenceTransformerRunner)
     assert onnx_emb._loaded.pooling == mode
@@ -307,19 +307,48 @@ def test_runtime_setting_validates_in_intent_files_and_make_embedder(tmp_path: P
                         {"name": "B", "examples": ["beta one", "beta two"]}]}
     s = parse_intents({**base, "embedder": {"runtime": "onnx", "num_threads": 1}})
     assert s.embedder.runtime == "onnx"
-    assert parse_intents(base).embedder.runtime == "torch"  # the default is unchanged
+    assert parse_intents(base).embedder.runtime == "auto"
     with pytest.raises(IntentFileError, match="embedder.runtime") as ei:
         parse_intents({**base, "embedder": {"runtime": "tpu"}})
     assert "tpu" in str(ei.value)
     inner = make_embedder(s.embedder, cache=False)
     assert isinstance(inner, MiniLMEmbedder) and inner.runtime == "onnx" and not inner.is_loaded
-    assert make_embedder(EmbedderSettings(), cache=False).runtime == "torch"
     with pytest.raises(EmbedderError, match="runtime"):
         MiniLMEmbedder(runtime="tpu")
     with pytest.raises(EmbedderError, match="CPU only"):
         MiniLMEmbedder(runtime="onnx", device="cuda")
-    with pytest.raises(EmbedderError, match="bge-m3"):
-        make_embedder(EmbedderSettings(backend="bge-m3", model=str(tmp_path), runtime="onnx"))
+
+
+@pytest.mark.parametrize("runtime, device, expected", [
+    ("auto", None, "onnx"), ("auto", "cpu", "onnx"), ("auto", "auto", "onnx"), ("auto", "cuda", "torch"),
+    ("auto", "cuda:1", "torch"), ("torch", None, "torch"), ("onnx", "cpu", "onnx"), (None, None, "onnx"),
+])
+def test_auto_runtime_is_onnx_on_cpu_and_torch_on_a_gpu(runtime, device, expected) -> None:
+    assert embedders.resolve_runtime(runtime, device) == expected
+    assert MiniLMEmbedder(runtime=runtime or "auto", device=device).runtime == expected
+
+
+def test_auto_runtime_is_torch_without_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert embedders.resolve_runtime("auto", None) == "torch"
+    assert make_embedder(EmbedderSettings(), cache=False).runtime == "torch"
+
+
+def test_the_default_settings_serve_minilm_on_onnx() -> None:
+    assert make_embedder(EmbedderSettings(), cache=False).runtime == "onnx"
+    assert parse_intents({"intents": [{"name": "A", "examples": ["alpha one", "alpha two"]},
+                                      {"name": "B", "examples": ["beta one", "beta two"]}]}).embedder.runtime == "auto"
+
+
+def test_onnx_cache_env_var_is_shared_across_homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(tmp_path / "shared"))
+    assert onnx_runner.default_cache_dir() == tmp_path / "shared"
+    monkeypatch.delenv("FLYWHEEL_ONNX_CACHE")
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    assert onnx_runner.default_cache_dir() == tmp_path / "home" / "cache" / "onnx"
 
 
 # --------------------------------------------------------------------------- the real MiniLM
@@ -341,7 +370,7 @@ def test_real_minilm_export_matches_torch(tmp_path: Path) -> None:
     emb = MiniLMEmbedder(device="cpu", runtime="onnx", onnx_cache_dir=tmp_path / "onnx", num_threads=1).load()
     assert isinstance(emb._loaded, OnnxRunner)
     assert emb._loaded.manifest["verified_min_cosine"] >= onnx_runner.MIN_COSINE
-    ref = MiniLMEmbedder(device="cpu", pack_weights=False)
+    ref = MiniLMEmbedder(device="cpu", pack_weights=False, runtime="torch")
     assert _cos(emb.encode(sentences), ref.encode(sentences)).min() >= 0.9999
     single = np.concatenate([emb.encode([s]) for s in sentences])
     assert _cos(single, ref.encode(sentences)).min() >= 0.9999
