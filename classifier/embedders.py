@@ -54,6 +54,7 @@ __all__ = [
     "USE_ID",
     "BGE_M3_HUB_ID",
     "resolve_runtime",
+    "default_quantize",
     "MiniLMEmbedder",
     "SentenceTransformerEmbedder",
     "BGEM3Embedder",
@@ -89,6 +90,15 @@ def resolve_runtime(runtime: str | None, device: str | None) -> str:
 
         return "onnx" if on_cpu and importlib.util.find_spec("onnxruntime") is not None else "torch"
     return runtime
+
+
+def default_quantize(backend: str, runtime: str, layers: Sequence[int] | None = None) -> bool:
+    """What ``embedder.quantize: auto`` means: int8 only where CLINC150 measured it within
+    0.3 points of fp32 in-scope accuracy, which is MiniLM (last layer) on ONNX Runtime
+    (BENCHMARKS.md, section 9: 93.78% int8 against 93.76% fp32). Everything else stays fp32
+    until measured: torch's int8 MiniLM is further from fp32, and bge-m3 and
+    sentence-transformers directories were not measured on CLINC150."""
+    return backend == "minilm" and runtime == "onnx" and not layers
 
 
 def _st_onnx_pooling(path: Path) -> str:
@@ -337,9 +347,11 @@ class MiniLMEmbedder(_LazyEmbedder):
 
     @property
     def id(self) -> str:
-        if self.layers:
-            return f"{MINILM_ID}:mean-layers-{'-'.join(map(str, self.layers))}"
-        return MINILM_ID
+        """``minilm:all-MiniLM-L6-v2``, plus ``:mean-layers-…`` and ``:int8`` when they apply:
+        int8 vectors are close to fp32 ones but not the same space, so a head and logged
+        vectors name which one they came from."""
+        base = f"{MINILM_ID}:mean-layers-{'-'.join(map(str, self.layers))}" if self.layers else MINILM_ID
+        return f"{base}:int8" if self.quantize else base
 
     def _known_dim(self) -> int:
         return 384 * (len(self.layers) if self.layers else 1)
@@ -705,11 +717,13 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
     backend = (settings.backend or "").strip().lower()
     if backend == "auto":  # an IntentSet resolves it from its languages; bare settings mean English
         backend = ENGLISH_BACKEND
+    runtime = settings.runtime or "auto"
+    quantize = settings.quantize
+    if quantize is None and backend in ("minilm", "sentence-transformers", "bge-m3"):
+        quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
-                              "quantize": settings.quantize,
-                              "num_threads": settings.num_threads}
-    runtime = settings.runtime or "auto"
+                              "quantize": bool(quantize), "num_threads": settings.num_threads}
     inner: _LazyEmbedder
     if settings.layers and backend != "minilm":
         raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
@@ -730,7 +744,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
         inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
     elif backend == "bge-m3":
         inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
-                              device=settings.device, quantize=settings.quantize, max_chars=settings.max_chars,
+                              device=settings.device, quantize=common["quantize"], max_chars=settings.max_chars,
                               num_threads=common["num_threads"], runtime=runtime)
     else:
         raise EmbedderError(f"unknown embedder backend {settings.backend!r} "

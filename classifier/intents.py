@@ -72,7 +72,9 @@ class EmbedderSettings:
     max_chars: int = 4000
     device: str | None = None
     use_fp16: bool = False
-    quantize: bool = False
+    # int8: None ("auto", the default) is int8 where it was measured to cost <= 0.3 points of
+    # CLINC150 in-scope accuracy: MiniLM on ONNX Runtime (classifier.embedders.default_quantize)
+    quantize: bool | None = None
     num_threads: int | None = None   # torch intra-op threads (process-wide); 1 is best for serving
     layers: tuple[int, ...] | None = None  # minilm: mean-pool and concatenate these hidden layers
     # "auto": onnx on CPU for the transformer backends, torch on a GPU device (see
@@ -287,7 +289,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         max_chars=c.integer(e.get("max_chars", 4000), "embedder.max_chars", 1),
         device=e.get("device"),
         use_fp16=bool(e.get("use_fp16", False)),
-        quantize=bool(e.get("quantize", False)),
+        quantize=_quantize(c, e.get("quantize")),
         num_threads=None if e.get("num_threads") is None else c.integer(e["num_threads"], "embedder.num_threads", 1),
         layers=_layers(c, e.get("layers")),
         runtime=runtime,
@@ -330,6 +332,14 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
                      languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+
+
+def _quantize(c: _Checker, value: Any) -> bool | None:
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise c.fail(f"embedder.quantize must be true, false or auto, got {value!r}")
+    return value
 
 
 def _languages(c: _Checker, value: Any) -> tuple[str, ...]:

@@ -130,7 +130,8 @@ def test_minilm_constructor_does_not_load() -> None:
     e = MiniLMEmbedder(device="cpu", quantize=True, runtime="torch")  # a key no other test loads
     assert not e.is_loaded
     assert e._key() not in loaded_models()
-    assert e.id == MINILM_ID
+    assert e.id == MINILM_ID + ":int8"  # int8 vectors are their own space
+    assert MiniLMEmbedder(device="cpu", runtime="torch").id == MINILM_ID
     assert "not loaded" in repr(e)
     # isinstance() on a runtime-checkable Protocol reads `dim` (Python 3.11): must not load
     assert isinstance(CachedEmbedder(e), Embedder) and e.dim == 384
@@ -310,7 +311,13 @@ def test_cached_embedder_thread_safe(minilm: MiniLMEmbedder) -> None:
 
 def test_make_embedder_defaults_and_errors(tmp_path: Path) -> None:
     e = make_embedder(EmbedderSettings())
-    assert isinstance(e, CachedEmbedder) and e.id == MINILM_ID
+    # the default: ONNX Runtime, int8 (quantize: auto; measured on CLINC150, BENCHMARKS.md section 9)
+    assert isinstance(e, CachedEmbedder) and e.id == MINILM_ID + ":int8"
+    assert e.inner.runtime == "onnx" and e.inner.quantize
+    for explicit in (False, True):
+        assert make_embedder(EmbedderSettings(quantize=explicit), cache=False).quantize is explicit
+    assert not make_embedder(EmbedderSettings(runtime="torch"), cache=False).quantize
+    assert not make_embedder(EmbedderSettings(layers=(3, 4)), cache=False).quantize
     assert isinstance(e.inner, MiniLMEmbedder) and not e.inner.is_loaded
     assert isinstance(make_embedder(EmbedderSettings(), cache=False), MiniLMEmbedder)
 

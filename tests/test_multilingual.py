@@ -48,6 +48,17 @@ def test_languages_pick_the_default_encoder(languages, backend):
         c.lower() for c in ([languages] if isinstance(languages, str) else languages)))
 
 
+@pytest.mark.parametrize("value, expected", [(None, None), ("auto", None), (True, True), (False, False)])
+def test_quantize_is_auto_true_or_false(value, expected):
+    embedder = {} if value is None else {"quantize": value}
+    assert parse_intents(_doc(embedder=embedder)).embedder.quantize is expected
+
+
+def test_quantize_rejects_other_values():
+    with pytest.raises(IntentFileError, match="embedder.quantize must be true, false or auto"):
+        parse_intents(_doc(embedder={"quantize": "yes"}))
+
+
 def test_an_explicit_backend_wins_over_languages():
     s = parse_intents(_doc(languages=["es"], embedder={"backend": "minilm"}))
     assert s.embedder.backend == "minilm"

@@ -58,7 +58,8 @@ INTENT_DOC = {
         {"name": "PLATFORM", "description": "account and billing", "examples": [
             t.format(f) for t, f in zip(ACC_TEMPLATES * 2, THINGS)]},
     ],
-    "out_of_scope": {"examples": [t.format(f) for t, f in zip(OOS_TEMPLATES * 2, OOS_FILLS[::-1])]},
+    # synthetic: 0 -- the hash encoder puts nonsense and unseen words alike (see tests/test_model.py)
+    "out_of_scope": {"examples": [t.format(f) for t, f in zip(OOS_TEMPLATES * 2, OOS_FILLS[::-1])], "synthetic": 0},
 }
 ENC = HashEmbedder()  # for the vectors written into the log (not counted)
 
@@ -817,3 +818,19 @@ def test_relaxed_budget_holds_with_weights(world):
     stuck_share = float(w[stuck].sum() / w.sum())
     assert stuck_share < budget < before      # the budget binds, and can be met
     assert share <= budget + 1e-9
+
+
+def test_the_challenger_trains_on_synthetic_negatives(world):
+    """The retrain fit adds the intent set's synthetic negatives as fit-only out-of-scope
+    rows, embedded by the job's encoder, and the report's training rows do not count them."""
+    world.intents = parse_intents({**INTENT_DOC, "out_of_scope": {**INTENT_DOC["out_of_scope"], "synthetic": 24}})
+    world.seed_traffic(n_teacher=200, n_human=10)
+    res = world.run()
+    assert res.outcome == "promoted", res.reason
+    model = world.registry.load_current()
+    assert model.manifest.metrics["n_synthetic_negatives"] == 24
+    assert model.manifest.training_size == res.report["dataset"]["train"]["n"]
+    assert model.head.metrics_["fit_only_rows"] >= 24
+    from classifier.negatives import synthetic_negatives
+
+    assert set(synthetic_negatives(24)) <= set(world.embedder.texts)
