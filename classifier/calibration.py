@@ -5,12 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-
-def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64) / temperature
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+from classifier.scoring import softmax
 
 
 def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:

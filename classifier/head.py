@@ -8,7 +8,6 @@ with a trailing underscore.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,40 +15,12 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
-from classifier.calibration import expected_calibration_error, fit_temperature, softmax
+from classifier.calibration import expected_calibration_error, fit_temperature
 from classifier.errors import ModelError, NotFittedError
+from classifier.scoring import HeadScores, ServingHead, gate_features, p_oos_from_similarity, score, softmax
+from classifier.scoring import normalise_rows as _normalise
 
 OOS = "__oos__"
-
-
-def _normalise(X: Any) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float32)
-    if X.ndim != 2:
-        raise ValueError(f"expected a 2-d array of embeddings, got shape {X.shape}")
-    n = np.linalg.norm(X, axis=1, keepdims=True)
-    return X / np.where(n > 0, n, 1.0)
-
-
-@dataclass(frozen=True)
-class HeadScores:
-    """Layer-2 scores for a batch.
-
-    probs : (n, n_classes) calibrated probabilities of the in-scope labels.
-    oos_class : (n,) calibrated probability of the out-of-scope class (0 without one).
-    p_oos : (n,) the gate's probability that the query is out of scope.
-    similarity : (n,) cosine similarity to the nearest in-scope training example.
-    """
-
-    probs: np.ndarray
-    oos_class: np.ndarray
-    p_oos: np.ndarray
-    similarity: np.ndarray
-
-    def rejected(self, oos_cutoff: float) -> np.ndarray:
-        """Rows layer 2 answers as out of scope at this ``oos`` cutoff: the gate says so,
-        or the out-of-scope class is at least as likely as the top intent (the rule
-        :func:`classifier.tiers.assign_tier` applies row by row)."""
-        return (self.p_oos >= oos_cutoff) | (self.oos_class >= self.probs.max(axis=1))
 
 
 class IntentHead(ClassifierMixin, BaseEstimator):
@@ -253,15 +224,10 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         return X[sel].astype(np.float16), yi[sel].astype(np.int32)
 
     def _gate_features(self, probs: np.ndarray, sim: np.ndarray) -> np.ndarray:
-        n_in = len(self.classes_)
-        pmax = probs[:, :n_in].max(axis=1)
-        poos = probs[:, n_in] if probs.shape[1] > n_in else np.zeros(len(probs))
-        return np.column_stack([np.log(np.clip(pmax, 1e-9, None)), np.log(np.clip(poos, 1e-9, None)), sim])
+        return gate_features(probs, sim, len(self.classes_))
 
     def _p_oos_from_sim(self, sim: np.ndarray) -> np.ndarray:
-        # Share of in-scope training queries at least as far from their nearest example.
-        q = np.asarray(self.sim_quantiles_)
-        return 1.0 - np.interp(sim, q, np.linspace(0, 1, len(q)))
+        return p_oos_from_similarity(sim, self.sim_quantiles_)
 
     def _learn_thresholds(self, probs: np.ndarray, yi: np.ndarray, p_oos: np.ndarray,
                           is_oos: np.ndarray) -> dict[str, float]:
@@ -301,22 +267,22 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         X = _normalise(X)
         if X.shape[1] != self.n_features_in_:
             raise ModelError(f"head expects {self.n_features_in_}-d embeddings, got {X.shape[1]}-d")
-        # plain numpy instead of decision_function/predict_proba: the same numbers without
-        # sklearn's per-call input validation, which dominates single-query latency
-        z = X @ self.lr_.coef_.T + self.lr_.intercept_
-        if z.shape[1] == 1:
-            z = _binary_logits(z[:, 0])
-        probs = softmax(z, self.temperature_)
-        ref = self._ref32()
-        sim = (X @ ref.T).max(axis=1) if len(ref) else np.zeros(len(X))
-        if self.gate_ is not None:
-            g = self._gate_features(probs, sim) @ self.gate_.coef_[0] + self.gate_.intercept_[0]
-            p_oos = 1.0 / (1.0 + np.exp(-g))
-        else:
-            p_oos = self._p_oos_from_sim(sim)
-        n_in = len(self.classes_)
-        oos_class = probs[:, n_in] if self.has_oos_ else np.zeros(len(X))
-        return HeadScores(probs=probs[:, :n_in], oos_class=oos_class, p_oos=p_oos, similarity=sim)
+        # plain numpy (classifier.scoring) instead of decision_function/predict_proba: the same
+        # numbers without sklearn's per-call input validation, and what ServingHead computes
+        return score(X, coef=self.lr_.coef_, intercept=self.lr_.intercept_, temperature=self.temperature_,
+                     ref=self._ref32(), n_in=len(self.classes_), has_oos=self.has_oos_,
+                     gate_coef=None if self.gate_ is None else self.gate_.coef_[0],
+                     gate_intercept=None if self.gate_ is None else self.gate_.intercept_[0],
+                     sim_quantiles=self.sim_quantiles_)
+
+    def serving_head(self) -> ServingHead:
+        """The arrays :meth:`scores` needs, as a numpy-only :class:`~classifier.scoring.ServingHead`."""
+        self._check()
+        return ServingHead(classes=self.classes_, coef=self.lr_.coef_, intercept=self.lr_.intercept_,
+                           temperature=self.temperature_, ref=self.ref_, has_oos=self.has_oos_,
+                           gate_coef=None if self.gate_ is None else self.gate_.coef_[0],
+                           gate_intercept=None if self.gate_ is None else float(self.gate_.intercept_[0]),
+                           sim_quantiles=self.sim_quantiles_, thresholds=self.thresholds_, metrics=self.metrics_)
 
     def _ref32(self) -> np.ndarray:
         cached = self.__dict__.get("_ref32_cache")

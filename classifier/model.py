@@ -1,4 +1,9 @@
-"""A model version on disk: ``manifest.json`` + ``head.joblib`` + ``intents.yaml``.
+"""A model version on disk: ``manifest.json`` + ``head.joblib`` + ``head.npz`` + ``intents.yaml``.
+
+``head.joblib`` is the fitted scikit-learn estimator; ``head.npz`` holds the arrays that
+scoring needs (:class:`~classifier.scoring.ServingHead`, no pickle) and is what
+:meth:`IntentModel.load` serves by default, so serving never imports scikit-learn.
+Versions saved before ``head.npz`` existed load their estimator, as before.
 
 SetFit-style: the model (encoder settings + fitted head + intent set) is separate
 from the trainer. Loading checks the manifest against the head file (sha256,
@@ -26,6 +31,7 @@ from classifier.intents import EmbedderSettings, IntentSet, load_intents
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 HEAD_FILE = "head.joblib"
+SERVING_HEAD_FILE = "head.npz"
 INTENTS_FILE = "intents.yaml"
 
 
@@ -91,6 +97,7 @@ class Manifest:
     created_at: str = ""
     intent_set: str = ""
     head_sha256: str = ""
+    serving_head_sha256: str = ""    # head.npz; empty for versions saved without one
     libraries: dict[str, str] = field(default_factory=library_versions)
     format_version: int = FORMAT_VERSION
     parent: str | None = None        # the version this one was trained to replace
@@ -124,6 +131,39 @@ _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
+def _load_serving_head(d: Path, manifest: Manifest) -> Any:
+    from classifier.scoring import ServingHead
+
+    _check_estimator_file(d, manifest)
+    path = d / SERVING_HEAD_FILE
+    if not path.is_file():
+        raise ModelError(f"{d}: serving head {SERVING_HEAD_FILE} is missing")
+    if _sha256(path) != manifest.serving_head_sha256:
+        raise ModelError(f"{path}: checksum does not match the manifest (corrupt or replaced)")
+    return ServingHead.load(path)
+
+
+def _check_estimator_file(d: Path, manifest: Manifest) -> Path:
+    """The estimator's file, present and matching the manifest (checked even when serving
+    from ``head.npz``: a version is whole or refused)."""
+    hpath = d / HEAD_FILE
+    if not hpath.is_file():
+        raise ModelError(f"{d}: head file {HEAD_FILE} is missing")
+    if manifest.head_sha256 and _sha256(hpath) != manifest.head_sha256:
+        raise ModelError(f"{hpath}: checksum does not match the manifest (corrupt or replaced)")
+    return hpath
+
+
+def _load_estimator(d: Path, manifest: Manifest) -> Any:
+    import joblib
+
+    hpath = _check_estimator_file(d, manifest)
+    try:
+        return joblib.load(hpath)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt head
+        raise ModelError(f"{hpath}: cannot load head: {type(exc).__name__}: {exc}") from None
+
+
 @dataclass
 class IntentModel:
     """Encoder settings + fitted :class:`~classifier.head.IntentHead` + intent set."""
@@ -153,6 +193,10 @@ class IntentModel:
         try:
             joblib.dump(self.head, tmp / HEAD_FILE)
             self.manifest.head_sha256 = _sha256(tmp / HEAD_FILE)
+            serving = getattr(self.head, "serving_head", None)
+            if serving is not None:
+                serving().save(tmp / SERVING_HEAD_FILE)
+                self.manifest.serving_head_sha256 = _sha256(tmp / SERVING_HEAD_FILE)
             with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
             (tmp / MANIFEST).write_text(json.dumps(asdict(self.manifest), indent=2, sort_keys=False))
@@ -168,10 +212,14 @@ class IntentModel:
         return target
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], *, expected_encoder_id: str | None = None) -> "IntentModel":
-        """Load and verify a version directory; raise :class:`ModelError` if it is unusable."""
-        import joblib
+    def load(cls, directory: str | os.PathLike[str], *, expected_encoder_id: str | None = None,
+             estimator: bool = False) -> "IntentModel":
+        """Load and verify a version directory; raise :class:`ModelError` if it is unusable.
 
+        The head is the numpy-only :class:`~classifier.scoring.ServingHead` from ``head.npz``
+        when the version has one, unless ``estimator`` asks for the fitted scikit-learn
+        :class:`~classifier.head.IntentHead` (``head.joblib``, which imports scikit-learn).
+        """
         d = Path(directory)
         mpath = d / MANIFEST
         if not mpath.is_file():
@@ -184,15 +232,10 @@ class IntentModel:
         if manifest.format_version != FORMAT_VERSION:
             raise ModelError(f"{d}: format version {manifest.format_version} is not supported "
                              f"(this flywheel reads {FORMAT_VERSION})")
-        hpath = d / HEAD_FILE
-        if not hpath.is_file():
-            raise ModelError(f"{d}: head file {HEAD_FILE} is missing")
-        if manifest.head_sha256 and _sha256(hpath) != manifest.head_sha256:
-            raise ModelError(f"{hpath}: checksum does not match the manifest (corrupt or replaced)")
-        try:
-            head = joblib.load(hpath)
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt head
-            raise ModelError(f"{hpath}: cannot load head: {type(exc).__name__}: {exc}") from None
+        if manifest.serving_head_sha256 and not estimator:
+            head = _load_serving_head(d, manifest)
+        else:
+            head = _load_estimator(d, manifest)
         try:
             intents = load_intents(d / INTENTS_FILE)
         except IntentFileError as exc:
