@@ -1,0 +1,81 @@
+"""How many synthetic negatives, at what weight: nonsense against real queries (BENCHMARKS.md §9.3).
+
+For an intent file, fits layer 2 on its examples once per (count, weight) setting and
+reports, from layer 2 alone (no rules, no teacher):
+
+- accuracy on the English and Spanish held-out queries (``tests/data``);
+- how many of the nonsense inputs of ``tests/test_nonsense.py`` come out ``confident``,
+  and how many are not ``no_match``;
+- which short real turns ("hi", "y esto?", ...) come out ``no_match``.
+
+    python benchmarks/nonsense_sweep.py data/starter_intents.yaml
+    python benchmarks/nonsense_sweep.py my_english_only.yaml --grid 0:1 120:0.15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from classifier.embedders import make_embedder  # noqa: E402
+from classifier.intents import load_intents  # noqa: E402
+from classifier.negatives import synthetic_negatives  # noqa: E402
+from classifier.tiers import Thresholds, assign_tier  # noqa: E402
+from classifier.trainer import fit_from_vectors  # noqa: E402
+from tests.test_nonsense import nonsense  # noqa: E402
+
+SHORT = ["hi", "hola", "jajaja", "yes", "no", "ok", "thanks", "Thank you!", "gracias", "sigue", "and this?",
+         "y esto?", "lol", "hello there", "buenas", "cool", "perfecto", "hmm", "👍"]
+
+
+def rows(name: str) -> list[dict]:
+    path = ROOT / "tests" / "data" / name
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("intents")
+    ap.add_argument("--grid", nargs="+", default=["0:1", "120:1.0", "120:0.3", "120:0.2", "120:0.15", "120:0.1"],
+                    help="count:weight settings")
+    args = ap.parse_args()
+    intents = load_intents(args.intents)
+    emb = make_embedder(intents.embedder)
+    texts, labels = intents.training_pairs()
+    X = emb.encode(texts)
+    sets = {"en": rows("heldout_queries.jsonl"), "es": rows("heldout_queries_es.jsonl")}
+    vectors = {k: emb.encode([r["text"] for r in v]) for k, v in sets.items()}
+    junk = [t[:intents.embedder.max_chars] for t in nonsense()]
+    J, S = emb.encode(junk), emb.encode(SHORT)
+    print(f"encoder {emb.id}; {len(junk)} nonsense inputs")
+    for setting in args.grid:
+        count, weight = int(setting.split(":")[0]), float(setting.split(":")[1])
+        neg = emb.encode(list(synthetic_negatives(count))) if count else None
+        model = fit_from_vectors(intents, X, labels, encoder_id=emb.id, negatives=neg, negative_weight=weight)
+        th = Thresholds.for_model(model)
+
+        def decide(V: np.ndarray, model=model, th=th) -> list:
+            s = model.head.scores(V)
+            return [assign_tier(s.probs[i], list(model.head.classes_), float(s.oos_class[i]), float(s.p_oos[i]), th)
+                    for i in range(len(V))]
+
+        acc = {k: np.mean([(r.label if r.tier.value != "no_match" else None) == row["label"]
+                           for r, row in zip(decide(vectors[k]), sets[k])]) for k in sets}
+        dj = decide(J)
+        confident = sum(r.tier.value == "confident" for r in dj)
+        answered = sum(r.tier.value != "no_match" for r in dj)
+        dropped = [t for t, r in zip(SHORT, decide(S)) if r.tier.value == "no_match"]
+        print(f"count {count:4d} weight {weight:4.2f}: en {acc['en']:.3f} es {acc['es']:.3f} | nonsense confident "
+              f"{confident}/{len(junk)}, not no_match {answered} | short turns no_match: {dropped}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
