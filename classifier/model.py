@@ -35,7 +35,8 @@ SERVING_HEAD_FILE = "head.npz"
 INTENTS_FILE = "intents.yaml"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -138,7 +139,7 @@ def _load_serving_head(d: Path, manifest: Manifest) -> Any:
     path = d / SERVING_HEAD_FILE
     if not path.is_file():
         raise ModelError(f"{d}: serving head {SERVING_HEAD_FILE} is missing")
-    if _sha256(path) != manifest.serving_head_sha256:
+    if file_sha256(path) != manifest.serving_head_sha256:
         raise ModelError(f"{path}: checksum does not match the manifest (corrupt or replaced)")
     return ServingHead.load(path)
 
@@ -149,7 +150,7 @@ def _check_estimator_file(d: Path, manifest: Manifest) -> Path:
     hpath = d / HEAD_FILE
     if not hpath.is_file():
         raise ModelError(f"{d}: head file {HEAD_FILE} is missing")
-    if manifest.head_sha256 and _sha256(hpath) != manifest.head_sha256:
+    if manifest.head_sha256 and file_sha256(hpath) != manifest.head_sha256:
         raise ModelError(f"{hpath}: checksum does not match the manifest (corrupt or replaced)")
     return hpath
 
@@ -192,11 +193,11 @@ class IntentModel:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             joblib.dump(self.head, tmp / HEAD_FILE)
-            self.manifest.head_sha256 = _sha256(tmp / HEAD_FILE)
+            self.manifest.head_sha256 = file_sha256(tmp / HEAD_FILE)
             serving = getattr(self.head, "serving_head", None)
             if serving is not None:
                 serving().save(tmp / SERVING_HEAD_FILE)
-                self.manifest.serving_head_sha256 = _sha256(tmp / SERVING_HEAD_FILE)
+                self.manifest.serving_head_sha256 = file_sha256(tmp / SERVING_HEAD_FILE)
             with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
             (tmp / MANIFEST).write_text(json.dumps(asdict(self.manifest), indent=2, sort_keys=False))

@@ -25,7 +25,6 @@ What this module adds to the package, after reading its code (0.2.1):
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import threading
 from importlib import metadata
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from classifier.errors import EmbedderError
+from classifier.model import file_sha256
 from classifier.runners import Runner
 
 __all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources"]
@@ -53,14 +53,6 @@ AUDITED_SHA256 = {
     "resources/sp.model": "994fcc2e8ad0fe2c802b68fa0de9f058403f2b1656c2d33b6a94146b0c5925e9",
     "resources/weights.npz": "0db566fd0af82cbf9f3a7eac3920ede5fb784a6882398563ca9b1bbd66fb37c9",
 }
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def use_resources() -> Path:
@@ -88,7 +80,7 @@ def use_resources() -> Path:
         path = root / name
         if not path.is_file():
             raise EmbedderError(f"{USE_PACKAGE} is installed but {path} is missing")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise EmbedderError(f"{path} does not match the audited {USE_PACKAGE} {USE_VERSION} "
                                 "(SHA-256 differs): reinstall the package")
     res = root / "resources"
