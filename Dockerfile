@@ -39,8 +39,10 @@ RUN python -m venv /opt/flywheel \
 
 # FLYWHEEL_HOME holds the traffic log (log/flywheel.duckdb), the default model trained on
 # first start (cache/, ~10 s) and promoted versions (models/): mount a volume there.
-# The MiniLM encoder ships inside the installed package, so nothing is downloaded at run
-# time (HF_HUB_OFFLINE); unset it for an intent set whose encoder must be fetched.
+# The default encoders (USE multilingual for the starter set, MiniLM for English-only sets)
+# ship inside installed packages, so nothing is downloaded at run time (HF_HUB_OFFLINE);
+# unset it for an intent set whose encoder must be fetched. MiniLM's ONNX export is cached
+# under $FLYWHEEL_HOME/cache/onnx on first use.
 ENV FLYWHEEL_HOME=/var/lib/flywheel \
     HOME=/home/flywheel \
     PATH=/opt/flywheel/bin:$PATH \

@@ -20,7 +20,7 @@ import numpy as np
 
 from classifier.errors import ModelError
 
-__all__ = ["HeadScores", "ServingHead", "score", "softmax", "normalise_rows"]
+__all__ = ["HeadScores", "ServingHead", "score", "softmax", "normalise_rows", "gate_features", "p_oos_from_similarity"]
 
 
 def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
