@@ -1,11 +1,11 @@
 """The gRPC sidecar under load, against the same queries in process, in one run.
 
-A real ``flywheel serve`` subprocess (starter intents, packaged MiniLM, teacher off,
+A real ``flywheel serve`` subprocess (starter intents and their default encoder, teacher off,
 traffic log on) listens on 127.0.0.1; a bounded ``grpc.aio`` client sends distinct
 CLINC150 queries (no embedding-cache hits: every level gets queries no level sent
 before) at concurrency 1, 8, 32 and 64 and records throughput, p50 and p99. In the
 same run the bench process classifies the same number of fresh queries in process
-through ``classify_many`` (its own classifier, same model, one torch thread).
+through ``classify_many`` (its own classifier, same model).
 
 Also: the rules path's p99 end to end over loopback (on the settled server before the
 load, and again right after it, while the traffic log is still writing), the time to
