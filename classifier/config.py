@@ -37,6 +37,14 @@ def default_home() -> Path:
     return Path(user_data_dir("flywheel", appauthor=False))
 
 
+def cache_dir(kind: str) -> Path:
+    """``<home>/cache/<kind>``, the home as the environment gives it (``$FLYWHEEL_HOME``,
+    else the user data dir): where encoders keep what they build once (ONNX exports,
+    the parsed USE tokenizer)."""
+    home = os.environ.get(ENV["home"])
+    return (Path(home).expanduser() if home else default_home()) / "cache" / kind
+
+
 def starter_intents_path() -> Path:
     """The starter intent set that ships as package data in ``classifier/data/``."""
     return Path(str(files("classifier") / "data" / "starter_intents.yaml"))

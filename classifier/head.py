@@ -16,8 +16,15 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
 from classifier.calibration import expected_calibration_error, fit_temperature
-from classifier.errors import ModelError, NotFittedError
-from classifier.scoring import HeadScores, ServingHead, gate_features, p_oos_from_similarity, score, softmax
+from classifier.errors import NotFittedError
+from classifier.scoring import (
+    HeadScores,
+    ServingHead,
+    binary_logits,
+    gate_features,
+    p_oos_from_similarity,
+    softmax,
+)
 from classifier.scoring import normalise_rows as _normalise
 
 OOS = "__oos__"
@@ -157,7 +164,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
                                 sample_weight=np.concatenate([w[tr], w_fo]))
             z = np.full((len(va), len(self.lr_classes_)), -1e4)
             z[:, lr.classes_] = lr.decision_function(X[va]) if len(lr.classes_) > 2 else \
-                _binary_logits(lr.decision_function(X[va]))
+                binary_logits(lr.decision_function(X[va]))
             oof_logits[va] = z
             ref = np.vstack([X[tr][in_mask[tr]], X_fo[in_fo]])
             oof_sim[va] = (X[va] @ ref.T).max(axis=1)
@@ -165,7 +172,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         self.temperature_ = fit_temperature(oof_logits, yi)
         probs = softmax(oof_logits, self.temperature_)
         raw = softmax(oof_logits, 1.0)
-        feats = self._gate_features(probs, oof_sim)
+        feats = gate_features(probs, oof_sim, len(classes))
         is_oos = ~in_mask
         if self.has_oos_ and is_oos.any():
             self.gate_ = LogisticRegression(C=1.0, class_weight="balanced", max_iter=1000).fit(feats, is_oos)
@@ -174,7 +181,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         else:
             self.gate_ = None
             self.sim_quantiles_ = np.quantile(oof_sim, np.linspace(0, 1, 201))
-            p_oos = self._p_oos_from_sim(oof_sim)
+            p_oos = p_oos_from_similarity(oof_sim, self.sim_quantiles_)
         self.thresholds_ = self._learn_thresholds(probs, yi, p_oos, is_oos)
 
         pin = probs[:, : len(classes)]
@@ -223,12 +230,6 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         sel = np.sort(np.concatenate(keep))
         return X[sel].astype(np.float16), yi[sel].astype(np.int32)
 
-    def _gate_features(self, probs: np.ndarray, sim: np.ndarray) -> np.ndarray:
-        return gate_features(probs, sim, len(self.classes_))
-
-    def _p_oos_from_sim(self, sim: np.ndarray) -> np.ndarray:
-        return p_oos_from_similarity(sim, self.sim_quantiles_)
-
     def _learn_thresholds(self, probs: np.ndarray, yi: np.ndarray, p_oos: np.ndarray,
                           is_oos: np.ndarray) -> dict[str, float]:
         n_in = len(self.classes_)
@@ -262,18 +263,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             raise NotFittedError("IntentHead is not fitted; call fit() first")
 
     def scores(self, X: Any) -> HeadScores:
-        """Calibrated in-scope probabilities, out-of-scope probabilities and similarity."""
-        self._check()
-        X = _normalise(X)
-        if X.shape[1] != self.n_features_in_:
-            raise ModelError(f"head expects {self.n_features_in_}-d embeddings, got {X.shape[1]}-d")
-        # plain numpy (classifier.scoring) instead of decision_function/predict_proba: the same
-        # numbers without sklearn's per-call input validation, and what ServingHead computes
-        return score(X, coef=self.lr_.coef_, intercept=self.lr_.intercept_, temperature=self.temperature_,
-                     ref=self._ref32(), n_in=len(self.classes_), has_oos=self.has_oos_,
-                     gate_coef=None if self.gate_ is None else self.gate_.coef_[0],
-                     gate_intercept=None if self.gate_ is None else self.gate_.intercept_[0],
-                     sim_quantiles=self.sim_quantiles_)
+        """Calibrated in-scope probabilities, out-of-scope probabilities and similarity.
+
+        Computed by the fitted head's :class:`~classifier.scoring.ServingHead` (plain numpy:
+        the same numbers as ``decision_function``/``predict_proba`` without sklearn's per-call
+        input validation, and exactly what a served model computes)."""
+        return self._serving().scores(X)
 
     def serving_head(self) -> ServingHead:
         """The arrays :meth:`scores` needs, as a numpy-only :class:`~classifier.scoring.ServingHead`."""
@@ -284,32 +279,26 @@ class IntentHead(ClassifierMixin, BaseEstimator):
                            gate_intercept=None if self.gate_ is None else float(self.gate_.intercept_[0]),
                            sim_quantiles=self.sim_quantiles_, thresholds=self.thresholds_, metrics=self.metrics_)
 
-    def _ref32(self) -> np.ndarray:
-        cached = self.__dict__.get("_ref32_cache")
+    def _serving(self) -> ServingHead:
+        # built once per fitted head (nothing changes a fitted estimator), never pickled
+        cached = self.__dict__.get("_serving_cache")
         if cached is None:
-            cached = np.ascontiguousarray(self.ref_, dtype=np.float32)
-            self.__dict__["_ref32_cache"] = cached
+            cached = self.__dict__["_serving_cache"] = self.serving_head()
         return cached
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_ref32_cache", None)
+        state.pop("_serving_cache", None)
+        state.pop("_ref32_cache", None)  # the cache of versions before ServingHead
         return state
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """In-scope probabilities (rows sum to 1 minus the out-of-scope class share)."""
-        return self.scores(X).probs
+        return self._serving().predict_proba(X)
 
     def predict(self, X: Any) -> np.ndarray:
         """Top label per row, or ``None`` where the gate says out of scope."""
-        s = self.scores(X)
-        top = self.classes_[s.probs.argmax(axis=1)]
-        oos = s.rejected(self.thresholds_["oos"])
-        return np.where(oos, None, top)
-
-
-def _binary_logits(d: np.ndarray) -> np.ndarray:
-    return np.column_stack([-d / 2.0, d / 2.0])
+        return self._serving().predict(X)
 
 
 def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, top_share: float = 0.1,

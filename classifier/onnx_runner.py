@@ -92,15 +92,11 @@ def _count(name: str) -> None:
 
 def default_cache_dir() -> Path:
     """``FLYWHEEL_ONNX_CACHE`` when set (one cache shared by several homes, e.g. a test
-    session), else ``<FLYWHEEL_HOME>/cache/onnx`` (the home as
-    :func:`classifier.config.load_config` resolves it)."""
-    from classifier.config import default_home
+    session), else ``<FLYWHEEL_HOME>/cache/onnx`` (:func:`classifier.config.cache_dir`)."""
+    from classifier.config import cache_dir
 
     shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
-    if shared:
-        return Path(shared).expanduser()
-    home = os.environ.get("FLYWHEEL_HOME")
-    return (Path(home).expanduser() if home else default_home()) / "cache" / "onnx"
+    return Path(shared).expanduser() if shared else cache_dir("onnx")
 
 
 def _version(package: str) -> str:

@@ -20,7 +20,8 @@ import numpy as np
 
 from classifier.errors import ModelError
 
-__all__ = ["HeadScores", "ServingHead", "score", "softmax", "normalise_rows", "gate_features", "p_oos_from_similarity"]
+__all__ = ["HeadScores", "ServingHead", "score", "softmax", "normalise_rows", "gate_features", "p_oos_from_similarity",
+           "binary_logits"]
 
 
 def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -60,6 +61,11 @@ class HeadScores:
         return (self.p_oos >= oos_cutoff) | (self.oos_class >= self.probs.max(axis=1))
 
 
+def binary_logits(d: np.ndarray) -> np.ndarray:
+    """A binary logistic regression's one logit as two class logits, split symmetrically."""
+    return np.column_stack([-d / 2.0, d / 2.0])
+
+
 def gate_features(probs: np.ndarray, sim: np.ndarray, n_in: int) -> np.ndarray:
     """The gate's inputs: log top in-scope probability, log out-of-scope class probability,
     similarity to the nearest example."""
@@ -79,9 +85,8 @@ def score(X: np.ndarray, *, coef: np.ndarray, intercept: np.ndarray, temperature
           sim_quantiles: np.ndarray | None) -> HeadScores:
     """Scores of unit-norm rows ``X`` (see :class:`HeadScores`)."""
     z = X @ coef.T + intercept
-    if z.shape[1] == 1:  # a binary logistic regression: one logit, split symmetrically
-        d = z[:, 0]
-        z = np.column_stack([-d / 2.0, d / 2.0])
+    if z.shape[1] == 1:  # a binary logistic regression: one logit
+        z = binary_logits(z[:, 0])
     probs = softmax(z, temperature)
     sim = (X @ ref.T).max(axis=1) if len(ref) else np.zeros(len(X))
     if gate_coef is not None:

