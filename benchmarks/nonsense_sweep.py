@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from classifier.embedders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.negatives import synthetic_negatives  # noqa: E402
-from classifier.tiers import Thresholds, assign_tier  # noqa: E402
 from classifier.trainer import fit_from_vectors  # noqa: E402
 from tests.test_nonsense import nonsense  # noqa: E402
+from training.layer2 import layer2_predict  # noqa: E402
 
 SHORT = ["hi", "hola", "jajaja", "yes", "no", "ok", "thanks", "Thank you!", "gracias", "sigue", "and this?",
          "y esto?", "lol", "hello there", "buenas", "cool", "perfecto", "hmm", "👍"]
@@ -59,19 +59,12 @@ def main() -> int:
         count, weight = int(setting.split(":")[0]), float(setting.split(":")[1])
         neg = emb.encode(list(synthetic_negatives(count))) if count else None
         model = fit_from_vectors(intents, X, labels, encoder_id=emb.id, negatives=neg, negative_weight=weight)
-        th = Thresholds.for_model(model)
-
-        def decide(V: np.ndarray, model=model, th=th) -> list:
-            s = model.head.scores(V)
-            return [assign_tier(s.probs[i], list(model.head.classes_), float(s.oos_class[i]), float(s.p_oos[i]), th)
-                    for i in range(len(V))]
-
-        acc = {k: np.mean([(r.label if r.tier.value != "no_match" else None) == row["label"]
-                           for r, row in zip(decide(vectors[k]), sets[k])]) for k in sets}
-        dj = decide(J)
-        confident = sum(r.tier.value == "confident" for r in dj)
-        answered = sum(r.tier.value != "no_match" for r in dj)
-        dropped = [t for t, r in zip(SHORT, decide(S)) if r.tier.value == "no_match"]
+        acc = {k: np.mean([label == row["label"]
+                           for label, row in zip(layer2_predict(model, vectors[k]).labels, sets[k])]) for k in sets}
+        tiers = layer2_predict(model, J).tiers
+        confident = tiers.count("confident")
+        answered = len(tiers) - tiers.count("no_match")
+        dropped = [t for t, tier in zip(SHORT, layer2_predict(model, S).tiers) if tier == "no_match"]
         print(f"count {count:4d} weight {weight:4.2f}: en {acc['en']:.3f} es {acc['es']:.3f} | nonsense confident "
               f"{confident}/{len(junk)}, not no_match {answered} | short turns no_match: {dropped}", flush=True)
     return 0

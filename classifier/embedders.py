@@ -719,7 +719,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
         backend = ENGLISH_BACKEND
     runtime = settings.runtime or "auto"
     quantize = settings.quantize
-    if quantize is None and backend in ("minilm", "sentence-transformers", "bge-m3"):
+    if quantize is None:
         quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,

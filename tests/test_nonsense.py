@@ -83,5 +83,6 @@ def test_negatives_train_but_do_not_count_as_training_rows():
     assert model.manifest.metrics["n_synthetic_negatives"] == 30
     assert model.manifest.training_size == 6 and model.manifest.metrics["n_out_of_scope"] == 0
     assert model.head.has_oos_  # the out-of-scope class exists, trained on the negatives only
+    assert model.head.metrics_["fit_only_rows"] == 30  # never fitting the gate or the cutoffs
     off = fit_model(parse_intents({**doc, "out_of_scope": {"synthetic": 0}}), embedder=HashEmbedder())
     assert off.manifest.metrics["n_synthetic_negatives"] == 0 and not off.head.has_oos_

@@ -37,9 +37,31 @@ def _same(a, b) -> None:
         np.testing.assert_allclose(getattr(a, field), getattr(b, field), rtol=1e-5, atol=1e-6)
 
 
-def test_serving_head_scores_like_the_estimator(model, tmp_path):
+def _sklearn_reference(head: IntentHead, X: np.ndarray) -> dict[str, np.ndarray]:
+    """The head's scores computed with scikit-learn's own calls (not classifier.scoring)."""
+    from classifier.scoring import gate_features, normalise_rows, softmax
+
+    Xn = normalise_rows(X)
+    z = head.lr_.decision_function(Xn)
+    z = np.column_stack([-z / 2, z / 2]) if z.ndim == 1 else z
+    probs = softmax(z, head.temperature_)
+    n_in = len(head.classes_)
+    sim = (Xn @ head.ref_.astype(np.float32).T).max(axis=1)
+    if head.gate_ is not None:
+        p_oos = head.gate_.predict_proba(gate_features(probs, sim, n_in))[:, 1]
+    else:
+        p_oos = 1 - np.interp(sim, head.sim_quantiles_, np.linspace(0, 1, len(head.sim_quantiles_)))
+    return {"probs": probs[:, :n_in], "oos_class": probs[:, n_in] if head.has_oos_ else np.zeros(len(X)),
+            "p_oos": p_oos, "similarity": sim}
+
+
+def test_serving_head_scores_like_sklearn(model, tmp_path):
     X = HashEmbedder().encode(QUERIES)
     serving = model.head.serving_head()
+    ref = _sklearn_reference(model.head, X)
+    got = serving.scores(X)
+    for field, expected in ref.items():
+        np.testing.assert_allclose(getattr(got, field), expected, rtol=1e-5, atol=1e-6, err_msg=field)
     _same(serving.scores(X), model.head.scores(X))
     assert list(serving.classes_) == list(model.head.classes_)
     assert serving.thresholds_ == model.head.thresholds_ and serving.n_features_in_ == model.head.n_features_in_

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from classifier.labels import label_name
+from classifier.scoring import normalise_rows
 from classifier.tiers import Thresholds, assign_tier
 from training.rows import LabelledSet
 
@@ -55,12 +56,6 @@ def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = No
     return Layer2Batch(labels, sure, tiers, probs, oos_class, p_oos, classes)
 
 
-def _unit(X: np.ndarray) -> np.ndarray:
-    X = np.asarray(X, dtype=np.float32)
-    n = np.linalg.norm(X, axis=1, keepdims=True)
-    return X / np.where(n > 0, n, 1.0)
-
-
 def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None], k: int = GUARD_K) -> list[str | None]:
     """Majority label of the ``k`` nearest ``ref`` rows (cosine) for each row of ``X``;
     a tie goes to the label whose nearest member is closest."""
@@ -68,11 +63,11 @@ def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None],
         return []
     if len(ref) == 0:
         raise ValueError("knn_labels needs at least one reference row")
-    R = _unit(ref)
+    R = normalise_rows(ref)
     k = min(k, len(R))
     out: list[str | None] = []
     for i in range(0, len(X), _CHUNK):
-        sims = _unit(X[i:i + _CHUNK]) @ R.T
+        sims = normalise_rows(X[i:i + _CHUNK]) @ R.T
         top = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < len(R) else np.tile(np.arange(len(R)), (len(sims), 1))
         for row, cand in zip(sims, top):
             order = cand[np.argsort(-row[cand], kind="stable")]
