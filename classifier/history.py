@@ -12,24 +12,41 @@ from classifier.protocols import HistoryEntry
 SNIPPET_CHARS = 60
 
 
-def coerce_history(items: Iterable[Any] | None, size: int) -> tuple[HistoryEntry, ...]:
-    """Accept ``HistoryEntry``, ``(label, text)`` pairs or ``{"label", "text"}`` dicts;
-    keep the last ``size`` entries, snippets cut to 60 characters."""
+def history_entries(items: Iterable[Any] | None, max_chars: int | None = SNIPPET_CHARS) -> list[HistoryEntry]:
+    """Accept ``HistoryEntry``, ``(label, text)`` pairs or ``{"label", "text"|"snippet"}``
+    dicts (label ``None``: out of scope) as ``HistoryEntry`` objects, snippets cut to
+    ``max_chars`` characters (``None``: kept whole).
+
+    Raises
+    ------
+    InvalidInputError
+        ``items`` is a string, or an entry has none of those shapes.
+    """
     if items is None:
-        return ()
+        return []
     if isinstance(items, (str, bytes)):
         raise InvalidInputError("history must be a list of (label, text) entries, not a string")
+
+    def entry(label: Any, text: Any) -> HistoryEntry:
+        label = None if label is None else str(label)
+        return HistoryEntry(label, str(text)) if max_chars is None else HistoryEntry.of(label, str(text), max_chars)
+
     out: list[HistoryEntry] = []
     for n, it in enumerate(items):
         if isinstance(it, HistoryEntry):
-            out.append(HistoryEntry.of(it.label, it.snippet, SNIPPET_CHARS))
-        elif isinstance(it, Mapping) and "text" in it or isinstance(it, Mapping) and "snippet" in it:
-            text = it.get("text", it.get("snippet"))
-            out.append(HistoryEntry.of(it.get("label"), str(text), SNIPPET_CHARS))
+            out.append(entry(it.label, it.snippet))
+        elif isinstance(it, Mapping) and ("text" in it or "snippet" in it):
+            out.append(entry(it.get("label"), it.get("text", it.get("snippet"))))
         elif isinstance(it, (tuple, list)) and len(it) == 2:
-            out.append(HistoryEntry.of(None if it[0] is None else str(it[0]), str(it[1]), SNIPPET_CHARS))
+            out.append(entry(it[0], it[1]))
         else:
             raise InvalidInputError(f"history entry #{n + 1} must be (label, text) or {{'label', 'text'}}, got {it!r}")
+    return out
+
+
+def coerce_history(items: Iterable[Any] | None, size: int) -> tuple[HistoryEntry, ...]:
+    """:func:`history_entries`, keeping the last ``size`` entries."""
+    out = history_entries(items)
     return tuple(out[-size:]) if size > 0 else ()
 
 

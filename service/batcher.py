@@ -38,7 +38,7 @@ class MicroBatcher:
     """Batches :meth:`Classifier.score` calls from many request threads (see module docs).
 
     ``in_flight`` is a callable giving how many requests the server is handling now;
-    ``on_batch(n)`` and ``on_queue(depth)`` report to metrics.
+    ``on_batch(n)`` reports each batch size to metrics.
     """
 
     def __init__(self, classifier: Classifier, *, max_batch: int = 32, max_wait_s: float = 0.002,

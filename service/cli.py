@@ -11,7 +11,6 @@ from typing import List, Optional
 import typer
 
 from classifier.config import HOME_HELP, load_config
-from service.runtime import open_runtime
 
 __all__ = ["classify_command", "serve_command"]
 
@@ -57,6 +56,8 @@ def classify_command(
             raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
     items = [t for t in (texts or []) if t != "-"]
     from_stdin = not texts or "-" in texts
+    from service.runtime import open_runtime  # duckdb and pyarrow: only for this command
+
     # reading stdin can run for hours: then follow promotions on the watcher's thread
     runtime = open_runtime(cfg, log_decisions=log, background_reload=from_stdin)
     clf = runtime.classifier

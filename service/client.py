@@ -24,6 +24,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import grpc
 
 from classifier.decision import Decision
+from classifier.errors import InvalidInputError
+from classifier.history import history_entries
 from classifier.labels import OUT_OF_SCOPE
 from classifier.protocols import HistoryEntry
 from service.convert import decision_from_proto, history_to_proto, model_info_to_dict
@@ -44,23 +46,12 @@ _REQUEST_KEYS = frozenset({"text", "session_id", "declared_type", "history", "re
 
 
 def _history_entries(history: Iterable[Any] | None) -> list[HistoryEntry]:
-    """``HistoryEntry`` objects, ``(label, snippet)`` pairs or ``{"label", "snippet"|"text"}``
-    dicts (label ``None``: out of scope) as ``HistoryEntry`` objects."""
-    if history is None:
-        return []
-    if isinstance(history, (str, bytes)):
-        raise TypeError("history must be a list of (label, snippet) entries, not a string")
-    out = []
-    for n, it in enumerate(history):
-        if isinstance(it, HistoryEntry):
-            out.append(it)
-        elif isinstance(it, Mapping) and ("snippet" in it or "text" in it):
-            out.append(HistoryEntry(it.get("label"), str(it.get("snippet", it.get("text")))))
-        elif isinstance(it, (tuple, list)) and len(it) == 2:
-            out.append(HistoryEntry(None if it[0] is None else str(it[0]), str(it[1])))
-        else:
-            raise TypeError(f"history entry #{n + 1} must be (label, snippet) or a HistoryEntry, got {it!r}")
-    return out
+    """:func:`classifier.history.history_entries`, snippets whole (the sidecar cuts them),
+    with a ``TypeError`` for a malformed argument, as for the client's other arguments."""
+    try:
+        return history_entries(history, max_chars=None)
+    except InvalidInputError as exc:
+        raise TypeError(str(exc)) from None
 
 
 def _request(text: str, *, session_id: str | None = None, declared_type: str | None = None,

@@ -35,11 +35,11 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from classifier.decision import Decision
+from classifier.labels import OUT_OF_SCOPE, label_name
 
 __all__ = [
     "LATENCY_BUCKETS",
     "BATCH_BUCKETS",
-    "OUT_OF_SCOPE",
     "OTHER_LABEL",
     "TEACHER_OUTCOMES",
     "ServerMetrics",
@@ -52,7 +52,6 @@ __all__ = [
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-OUT_OF_SCOPE = "OUT_OF_SCOPE"  # the decision label for ``label is None``
 OTHER_LABEL = "other"  # any label outside the set given to ``set_labels``
 
 # pre-created at 0 so rate() works from the first scrape; other outcomes are still accepted
@@ -162,14 +161,8 @@ class ServerMetrics:
             child = self._decision_children[key] = self.decisions.labels(layer, tier)
         child.inc()
 
-        label = decision.label
-        if label is None:
-            name = OUT_OF_SCOPE
-        elif label in self._known_labels:
-            name = label
-        else:
-            name = OTHER_LABEL
-        self._label_child(name).inc()
+        name = label_name(decision.label)  # OUT_OF_SCOPE for None
+        self._label_child(name if name == OUT_OF_SCOPE or name in self._known_labels else OTHER_LABEL).inc()
 
         for lay, ms in decision.latency_ms.items():
             if lay == "total":
@@ -317,12 +310,9 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 
 
 def _context_code(context: Any) -> str | None:
-    """The status name the handler set on ``context``, or None (``code()`` is grpc >= 1.38)."""
-    get = getattr(context, "code", None)
-    if get is None:
-        return None
+    """The status name the handler set on ``context``, or None."""
     try:
-        code = get()
+        code = context.code()
     except Exception:  # a context without a readable code
         return None
     return None if code is None else _code_name(code)

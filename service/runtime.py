@@ -31,11 +31,11 @@ log = logging.getLogger("flywheel.serving")
 
 @dataclass
 class Runtime:
-    """A classifier wired to the traffic log (``store``/``sink`` are ``None`` without one)."""
+    """A classifier wired to the traffic log (``store`` is ``None`` without one; the sink
+    is the classifier's ``log_sink``)."""
 
     classifier: Classifier
     store: LogStore | None
-    sink: DuckDBLogSink | None
 
     def close(self) -> None:
         """Stop the watcher, finish admitted audits, flush and close the log."""
@@ -51,10 +51,10 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
     writable, before any model is loaded.
     """
     store = LogStore(cfg.log_path) if log_decisions else None
-    sink = None
+    sink: DuckDBLogSink | None = None
     if store is not None:
-        sink = store.open_sink()
-        kwargs.setdefault("log_sink", sink)
+        if "log_sink" not in kwargs:  # a caller's own sink is used as is: no second writer thread
+            sink = kwargs["log_sink"] = store.open_sink()
         kwargs.setdefault("audit_rate", cfg.audit_rate)
         kwargs.setdefault("audit_callback", _audit_recorder(store))
     try:
@@ -63,7 +63,7 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
         if sink is not None:
             sink.close()
         raise
-    return Runtime(clf, store, sink)
+    return Runtime(clf, store)
 
 
 def _audit_recorder(store: LogStore):

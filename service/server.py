@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from classifier.config import Config
 from classifier.errors import ConfigError
+from logstore import DuckDBLogSink
 from service.auth import AdminTokenInterceptor
 from service.core import BatchOptions, SidecarCore
 from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
@@ -78,9 +79,13 @@ class SidecarServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._metrics_http: tuple[Any, Any] | None = None
-        self.server = self._grpc_server()
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self._bind()
+        try:
+            self.server = self._grpc_server()
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.port = self._bind()
+        except BaseException:  # e.g. the address is taken: stop the batcher and the teacher pool
+            self.core.close()  # (and the runtime)
+            raise
         self._wire_metrics()
 
     @property
@@ -172,11 +177,12 @@ class SidecarServer:
             self.health.set(name, status)
 
     def _wire_metrics(self) -> None:
-        m, clf, rt = self.metrics, self.runtime.classifier, self.runtime
+        m, clf = self.metrics, self.runtime.classifier
         m.set_model(clf.model_version, clf.embedder.id)
         m.bind_queue_depth(lambda: self.core.batcher.depth)
-        if rt.sink is not None:
-            m.bind_log_buffered(lambda: rt.sink.buffered)
+        sink = clf.log_sink
+        if isinstance(sink, DuckDBLogSink):  # the traffic log's sink reports its buffer
+            m.bind_log_buffered(lambda: sink.buffered)
         breaker = getattr(clf.teacher, "breaker", None)
         if breaker is not None:
             m.bind_breaker_open(lambda: breaker.state == "open")
@@ -186,7 +192,9 @@ class SidecarServer:
     def _on_reload(self, version: str, error: str | None) -> None:
         self.metrics.model_reload("ok" if error is None else "refused")
         if error is None:
-            self.metrics.set_model(version, self.runtime.classifier.embedder.id)
+            clf = self.runtime.classifier
+            self.metrics.set_model(version, clf.embedder.id)
+            self.metrics.set_labels(clf.model.manifest.labels)  # a promotion may add or drop intents
 
 
 def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredentials | None:
@@ -210,7 +218,7 @@ def create_server(cfg: Config, options: ServerOptions = ServerOptions(), *, log_
     try:
         return SidecarServer(runtime, options)
     except BaseException:
-        runtime.close()
+        runtime.close()  # a second close is harmless if the server closed it already
         raise
 
 

@@ -670,7 +670,9 @@ def test_hot_reload_follows_promotions_and_refuses_a_corrupt_version(models, tmp
     reg.promote("v1")
     with serving(home) as server, client(server) as fw:
         assert fw.classify("show my invoices").model_version == "v1"
-        _fit(ALWAYS_SURE, "v2", extra_examples=["refund my last charge"]).save(reg.version_dir("v2"))
+        v2_doc = _doc(ALWAYS_SURE, ["refund my last charge"])
+        v2_doc["intents"].append({"name": "SMALLTALK", "examples": ["how are you today", "nice weather we have"]})
+        fit_model(parse_intents(v2_doc), embedder=HashEmbedder(), version="v2").save(reg.version_dir("v2"))
         reg.promote("v2")
 
         seen: list[str] = []
@@ -687,6 +689,10 @@ def test_hot_reload_follows_promotions_and_refuses_a_corrupt_version(models, tmp
         assert metric(server, "flywheel_model_reloads_total", {"outcome": "ok"}) == 1
         assert metric(server, "flywheel_model_info", {"version": "v2", "encoder": "fake:hash-256"}) == 1
         assert metric(server, "flywheel_model_info", {"version": "v1", "encoder": "fake:hash-256"}) == 0
+        # the new intent is counted under its own label, not as "other"
+        assert fw.classify("how are you today").label == "SMALLTALK"
+        assert metric(server, "flywheel_decision_labels_total", {"label": "SMALLTALK"}) == 1
+        assert metric(server, "flywheel_decision_labels_total", {"label": "other"}) == 0
 
         v3 = reg.version_dir("v3")
         shutil.copytree(reg.version_dir("v2"), v3)
@@ -756,3 +762,15 @@ def test_graceful_stop_finishes_calls_in_flight_and_logs_them(models):
     logged = {row[0] for row in LogStore(log_path).query("SELECT decision_id FROM decisions")}
     assert answered <= logged
     assert len(logged) == len(texts)                  # the refused call and the warm-up are not logged
+
+
+def test_an_address_in_use_is_a_clear_error_and_leaks_no_threads(models):
+    with serving(models["sure"]) as first:
+        before = {t.name for t in threading.enumerate()}
+        batchers = sum(t.name == "flywheel-batcher" for t in threading.enumerate())
+        cfg = load_config(teacher="off", model=str(models["sure"]))
+        with pytest.raises(Exception, match="cannot listen on 127.0.0.1") as info:
+            create_server(cfg, ServerOptions(address=f"127.0.0.1:{first.port}"), embedder=HashEmbedder())
+        assert type(info.value).__name__ == "ConfigError"
+        assert sum(t.name == "flywheel-batcher" for t in threading.enumerate()) == batchers
+        assert {t.name for t in threading.enumerate()} <= before | {"MainThread"}
