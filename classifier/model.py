@@ -255,9 +255,14 @@ class IntentModel:
                              f"not {expected_encoder_id!r}")
         return cls(intents=intents, head=head, manifest=manifest, path=d)
 
+    def encoder_matches(self, encoder_id: str, dim: int) -> bool:
+        """Whether ``(encoder_id, dim)`` is the encoder the head was trained on."""
+        enc = self.manifest.encoder
+        return enc.get("id") == encoder_id and int(enc.get("dim", -1)) == int(dim)
+
     def check_encoder(self, encoder_id: str, dim: int) -> None:
         """Refuse an encoder that is not the one the head was trained on."""
         enc = self.manifest.encoder
-        if enc.get("id") != encoder_id or int(enc.get("dim", -1)) != int(dim):
+        if not self.encoder_matches(encoder_id, dim):
             raise ModelError(f"model {self.version} was trained with encoder {enc.get('id')!r} "
                              f"({enc.get('dim')}-d), got {encoder_id!r} ({dim}-d)")

@@ -3,6 +3,7 @@ fake HashEmbedder and synthetic traffic logs written through the real LogStore s
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import random
@@ -218,6 +219,23 @@ def test_second_run_without_new_labels_skips(world):
     write(world.store, [record("hi what does addvar do asap", teacher="RETRIEVAL", created_at=time.time())])
     assert retrain_mod.count_new_labels(world.store, since) == 3
     assert world.run(min_new_labels=4).outcome == "skipped"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda doc: doc["out_of_scope"].update(synthetic=12),
+    lambda doc: doc["intents"][0].update(metadata={"rag": "false"}),
+    lambda doc: doc["intents"][0]["examples"].append("one more example of the first intent"),
+])
+def test_an_intent_set_change_retrains_without_new_labels(world, edit):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    assert world.run().outcome == "promoted"
+    assert world.run(min_new_labels=1).outcome == "skipped"
+    doc = copy.deepcopy(INTENT_DOC)
+    edit(doc)
+    world.intents = parse_intents(doc, source="synthetic.yaml")
+    res = world.run(min_new_labels=1, tolerance=1.0)
+    assert res.outcome != "skipped", res.reason
+    assert "the intent set changed since the champion was trained" in res.report["notes"]
 
 
 def test_poisoned_human_labels_are_kept_not_promoted(world):
@@ -822,7 +840,8 @@ def test_relaxed_budget_holds_with_weights(world):
 
 def test_the_challenger_trains_on_synthetic_negatives(world):
     """The retrain fit adds the intent set's synthetic negatives as fit-only out-of-scope
-    rows, embedded by the job's encoder, and the report's training rows do not count them."""
+    rows, embedded in the training set's one encode call (and counted there), and the
+    report's training rows do not count them."""
     world.intents = parse_intents({**INTENT_DOC, "out_of_scope": {**INTENT_DOC["out_of_scope"], "synthetic": 24}})
     world.seed_traffic(n_teacher=200, n_human=10)
     res = world.run()
@@ -834,3 +853,5 @@ def test_the_challenger_trains_on_synthetic_negatives(world):
     from classifier.negatives import synthetic_negatives
 
     assert set(synthetic_negatives(24)) <= set(world.embedder.texts)
+    assert world.embedder.calls == 1  # with everything else the training set embeds
+    assert res.report["dataset"]["embeddings"]["computed"] == len(set(world.embedder.texts))

@@ -93,10 +93,9 @@ def noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
     if champion is None:
         info["inactive_because"] = "no champion model"
         return info, keep
-    enc = champion.manifest.encoder
-    if enc.get("id") != embedder.id or int(enc.get("dim", -1)) != rows.vectors.shape[1]:
-        info["inactive_because"] = (f"champion {champion.version} uses encoder {enc.get('id')!r}, "
-                                    f"not {embedder.id!r}")
+    if not champion.encoder_matches(embedder.id, rows.vectors.shape[1]):
+        used = champion.manifest.encoder.get("id")
+        info["inactive_because"] = f"champion {champion.version} uses encoder {used!r}, not {embedder.id!r}"
         return info, keep
     if len(examples) == 0:
         info["inactive_because"] = "no intent examples to compare with"

@@ -57,7 +57,7 @@ import numpy as np
 from classifier.errors import FlywheelError, ModelError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet
-from classifier.model import IntentModel, new_version_name
+from classifier.model import IntentModel, intents_to_doc, new_version_name
 from classifier.tiers import Thresholds
 from training.gate import decide, evaluate_layer2
 from training.report import RetrainResult, jsonable, render_markdown
@@ -70,7 +70,6 @@ __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_
 
 LOCK_NAME = ".retrain.lock"
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
-OUTCOMES = ("promoted", "kept", "skipped")
 
 
 class RetrainError(FlywheelError):
@@ -94,10 +93,6 @@ def _trained_until(model: IntentModel) -> float | None:
             tzinfo=timezone.utc).timestamp()
     except (TypeError, ValueError):
         return None
-
-
-def _intent_shape(intents: IntentSet) -> tuple:
-    return (tuple((i.name, tuple(i.examples)) for i in intents.intents), tuple(intents.oos_examples))
 
 
 # ------------------------------------------------------------------ options
@@ -288,8 +283,8 @@ def _load_champion(registry: Any, embedder: Any, notes: list[str]) -> IntentMode
     except ModelError as exc:
         notes.append(f"champion {name} cannot be loaded ({exc}); treated as no champion")
         return None
-    enc = champ.manifest.encoder
-    if enc.get("id") != embedder.id or int(enc.get("dim", -1)) != int(embedder.dim):
+    if not champ.encoder_matches(embedder.id, embedder.dim):
+        enc = champ.manifest.encoder
         notes.append(f"champion {name} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
                      f"{embedder.id!r}; it cannot be evaluated on these embeddings, so it is treated as "
                      f"no champion")
@@ -303,7 +298,8 @@ def _should_skip(job: _Job, champion: IntentModel | None) -> str | None:
     if need <= 0 or champion is None:
         return None
     n_new = count_new_labels(job.store, _trained_until(champion))
-    changed = _intent_shape(champion.intents) != _intent_shape(job.intents)
+    # everything the model bundles (examples, synthetic negatives, metadata, rules, settings)
+    changed = intents_to_doc(champion.intents) != intents_to_doc(job.intents)
     if n_new < need and not changed:
         return f"{n_new:,} new labels since {champion.version} (fewer than --min-new-labels {need})"
     if changed:
@@ -325,7 +321,7 @@ def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors; the held-out intent
     examples are not among them); the model bundles the full intent set."""
-    from classifier.trainer import embed_negatives, fit_from_vectors
+    from classifier.trainer import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())
@@ -336,7 +332,7 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
                                  fit_only=layer2 if weighted else None, version=new_version_name(),
                                  parent=champion.version if champion else None,
                                  head=IntentHead(target_precision=job.target_precision),
-                                 negatives=embed_negatives(ts.fit_intents, job.embedder))
+                                 negatives=ts.negatives)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     return replace(model, intents=job.intents)
@@ -443,9 +439,7 @@ def _result(job: _Job, report: dict[str, Any], ev: _Evaluation) -> RetrainResult
     result = RetrainResult(report["outcome"], report["version"], report["reason"], challenger=ev.challenger,
                            champion=ev.champion, dry_run=dry_run, report=jsonable(report))
     result.markdown = render_markdown(result)
-    job.say(result.summary_line())
-    if dry_run and job.opts.progress:
-        print(result.markdown, file=sys.stderr)
+    job.say(result.summary_line())  # the markdown is the caller's to print (the CLI does on a dry run)
     return result
 
 

@@ -65,6 +65,7 @@ class TrainingSet(LabelledSet):
     log_until: float             # unix time at which the log was read
     train_keys: frozenset = frozenset()     # normalised keys of the training rows
     logged_keys: frozenset = frozenset()    # normalised keys of every labelled logged text
+    negatives: np.ndarray | None = None     # synthetic negatives' vectors (fit-only out-of-scope rows)
 
     def extra(self) -> LabelledSet:
         """The logged training rows (everything after the intent examples)."""

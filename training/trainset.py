@@ -78,6 +78,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from classifier.intents import IntentSet
+from classifier.negatives import synthetic_negatives
 from classifier.text import normalise_key
 from training.layer2 import noisy_teacher_guard
 from training.rows import SOURCES, LabelledSet, TrainingSet
@@ -190,6 +191,7 @@ class _Parts:
     eval: LabelledSet
     recent: LabelledSet
     embeddings: dict[str, Any]   # reused / computed counts and seconds
+    negatives: np.ndarray | None  # vectors of the intent set's synthetic negatives (classifier.negatives)
 
 
 def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champion: Any = None,
@@ -241,7 +243,8 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=parts.eval, recent=parts.recent, fit_intents=split.fit_intents,
                        log_until=log.until, train_keys=train_keys,
-                       logged_keys=frozenset(k for k, g in groups.items() if g.decisions))
+                       logged_keys=frozenset(k for k, g in groups.items() if g.decisions),
+                       negatives=parts.negatives)
 
 
 def _read_log(store: Any, since: Any) -> _Log:
@@ -352,8 +355,9 @@ def _attach_vectors(store: Any, embedder: Any, groups: dict[str, _Group], resolv
     """Vectors for every row: logged ones reused, the misses embedded in one batch."""
     dim = int(embedder.dim)
     fit_texts, fit_labels = split.fit_intents.training_pairs()
+    neg_texts = list(synthetic_negatives(split.fit_intents.synthetic_negatives))
     log_keys = split.train_log + split.eval_log + split.recent_keys
-    needed = list(fit_texts) + [groups[k].text for k in split.eval_example_keys + log_keys]
+    needed = list(fit_texts) + [groups[k].text for k in split.eval_example_keys + log_keys] + neg_texts
     t0 = time.perf_counter()
     vectors, reused, computed = _vectors(store, embedder, dim, groups, needed)
     seconds = time.perf_counter() - t0
@@ -370,7 +374,8 @@ def _attach_vectors(store: Any, embedder: Any, groups: dict[str, _Group], resolv
                            ["intent_example"] * len(fit_texts), [None] * len(fit_texts))
     return _Parts(examples, rows(split.train_log), rows(split.eval_example_keys).concat(rows(split.eval_log)),
                   rows(split.recent_keys),
-                  {"encoder_id": embedder.id, "reused": reused, "computed": computed, "seconds": round(seconds, 3)})
+                  {"encoder_id": embedder.id, "reused": reused, "computed": computed, "seconds": round(seconds, 3)},
+                  _stack(vectors, neg_texts, dim) if neg_texts else None)
 
 
 def _stack(vectors: dict[str, np.ndarray], texts: Sequence[str], dim: int) -> np.ndarray:
@@ -437,6 +442,12 @@ def _reduced(intents: IntentSet, held: set[str]) -> IntentSet:
                    oos_examples=keep(intents.oos_examples))
 
 
+def _decisions(groups: dict[str, _Group], text: str) -> list:
+    """The logged decisions of ``text`` (none for a text that was never logged)."""
+    g = groups.get(normalise_key(text))
+    return g.decisions if g is not None else []
+
+
 def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
              texts: list[str]) -> tuple[dict[str, np.ndarray], int, int]:
     """text -> vector for every text: the newest logged vector of its normalised text made
@@ -445,14 +456,14 @@ def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
     uniq = list(dict.fromkeys(texts))
     stored: dict[str, np.ndarray] = {}
     if store is not None:
-        ids = [did for t in uniq for _, did in groups[normalise_key(t)].decisions]
+        ids = [did for t in uniq for _, did in _decisions(groups, t)]
         if ids:
             stored = store.embeddings(embedder.id, ids)
     reused = 0
     missing: list[str] = []
     for t in uniq:
         vec = None
-        for _, did in sorted(groups[normalise_key(t)].decisions, reverse=True):
+        for _, did in sorted(_decisions(groups, t), reverse=True):
             v = stored.get(did)
             if v is not None and v.shape == (dim,) and np.isfinite(v).all():
                 vec = v
