@@ -113,6 +113,7 @@ class LabelledRow:
     encoder_id: str | None
     session_id: str | None = None
     history: tuple[HistoryEntry, ...] = ()
+    human_at: float | None = None     # unix seconds of the latest human label
 
     @property
     def target(self) -> tuple[str | None, str | None]:
@@ -142,7 +143,7 @@ def _history(items) -> tuple[HistoryEntry, ...]:
 _LABELLED_SQL = """
 SELECT d.decision_id, d.text, epoch_us(d.created_at), d.layer, d.label, d.confidence,
        d.l2_label, d.l2_confidence, l.teacher_labels, l.teacher_models, l.human_labels,
-       l.human_authors, d.encoder_id, d.session_id, d.history
+       l.human_authors, d.encoder_id, d.session_id, d.history, epoch_us(l.human_at)
 FROM decisions d
 {join} JOIN decision_labels l ON l.decision_id = d.decision_id
 WHERE {where}
@@ -299,7 +300,7 @@ class LogStore:
         rows = self._run(lambda con: con.execute(sql, params).fetchall())
         out = []
         for (did, text, us, layer, label, conf, l2l, l2c, tls, tms, hls, has, enc, sid,
-             hist) in rows:
+             hist, human_us) in rows:
             out.append(LabelledRow(
                 decision_id=did, text=text, created_at=us / 1e6, layer=layer, label=label,
                 confidence=conf, l2_label=l2l, l2_confidence=l2c,
@@ -307,7 +308,7 @@ class LogStore:
                 has_teacher_label=bool(tls), teacher_labels=tuple(tls or ()),
                 human_label=hls[-1] if hls else None, human_author=has[-1] if has else None,
                 has_human_label=bool(hls), encoder_id=enc, session_id=sid,
-                history=_history(hist)))
+                history=_history(hist), human_at=None if human_us is None else human_us / 1e6))
         return out
 
     def embeddings(self, encoder_id: str, decision_ids: Iterable[str] | None = None, *,
@@ -384,12 +385,6 @@ class LogStore:
         return int(self._run(lambda con: con.execute(
             "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
             "(SELECT count(*) FROM labels WHERE source = 'teacher' AND NOT valid)").fetchone()[0]))
-
-    def human_label_times(self) -> dict[str, float]:
-        """decision id -> unix time of its latest human label."""
-        rows = self._run(lambda con: con.execute(
-            "SELECT decision_id, epoch_us(human_at) FROM decision_labels WHERE has_human").fetchall())
-        return {did: us / 1e6 for did, us in rows}
 
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``

@@ -338,7 +338,9 @@ def test_labelled_rows_since(store):
     rows = store.labelled_rows(since=cutoff)
     assert [r.decision_id for r in rows] == ["old2"] and rows[0].human_label == "refund"
     assert rows[0].created_at == 1000.0
+    assert cutoff <= rows[0].human_at <= time.time()  # the latest human label's own time
     recent = store.labelled_rows(since=time.time() - 60)
+    assert {r.decision_id: r.human_at is not None for r in recent} == {"old2": True, "new1": True, "old1": True}
     assert {r.decision_id for r in recent} == {"old2", "new1", "old1"}
 
 

@@ -855,3 +855,16 @@ def test_the_challenger_trains_on_synthetic_negatives(world):
     assert set(synthetic_negatives(24)) <= set(world.embedder.texts)
     assert world.embedder.calls == 1  # with everything else the training set embeds
     assert res.report["dataset"]["embeddings"]["computed"] == len(set(world.embedder.texts))
+
+
+def test_the_latest_human_label_wins_by_its_own_time_not_its_decisions(world):
+    """Two decisions of one text: the newer decision is labelled first, the older one
+    later; the later *label* is the text's label."""
+    text = "what does the addparam command return to me"
+    old, new = record(text, created_at=1000.0), record(text, created_at=time.time() - 10)
+    write(world.store, [old, new])
+    world.store.add_human_label(new.decision.id, "RETRIEVAL")
+    time.sleep(0.05)
+    world.store.add_human_label(old.decision.id, "PLATFORM")
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert find(ts, text)[1:] == ("PLATFORM", "human")

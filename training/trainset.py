@@ -157,7 +157,6 @@ class _Log:
     rows: list                   # labelled rows (LogStore.labelled_rows)
     until: float                 # unix time at which the log was read
     invalid: int                 # invalid/failed teacher answers (never labels)
-    human_ts: dict[str, float]   # decision id -> time of its latest human label
 
 
 @dataclass
@@ -248,15 +247,14 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
 
 
 def _read_log(store: Any, since: Any) -> _Log:
-    """The labelled rows, the invalid teacher answers and the human label times."""
+    """The labelled rows (with their human label times) and the invalid teacher answers."""
     if store is None:
-        return _Log([], time.time(), 0, {})
+        return _Log([], time.time(), 0)
     store.ingest()          # so that everything logged before ``until`` is in the tables
     until = time.time()
     rows = store.labelled_rows(since=since)
     invalid = store.invalid_teacher_answers()
-    human_ts = store.human_label_times() if any(r.has_human_label for r in rows) else {}
-    return _Log(rows, until, invalid, human_ts)
+    return _Log(rows, until, invalid)
 
 
 def _collect_groups(examples: tuple[list[str], list[str | None]], log: _Log) -> dict[str, _Group]:
@@ -280,7 +278,7 @@ def _collect_groups(examples: tuple[list[str], list[str | None]], log: _Log) -> 
             if not g.example_labels:
                 g.text = r.text
         if r.has_human_label:
-            g.humans.append((log.human_ts.get(r.decision_id, r.created_at), r.human_label, r.decision_id))
+            g.humans.append((r.human_at or r.created_at, r.human_label, r.decision_id))
         g.votes.extend(r.teacher_labels)
     return groups
 
