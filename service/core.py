@@ -57,8 +57,7 @@ class BatchOptions:
 class SidecarCore:
     """Serves one :class:`~service.runtime.Runtime` to many request threads."""
 
-    def __init__(self, runtime: Runtime, options: BatchOptions = BatchOptions(),
-                 metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, runtime: Runtime, options: BatchOptions, metrics: ServerMetrics) -> None:
         self.runtime = runtime
         self.classifier = runtime.classifier
         self.options = options
@@ -70,7 +69,7 @@ class SidecarCore:
         self.batcher = MicroBatcher(self.classifier, max_batch=options.max_batch,
                                     max_wait_s=options.max_wait_ms / 1000.0, max_queue=options.max_queue,
                                     in_flight=lambda: self._in_flight,
-                                    on_batch=metrics.observe_batch if metrics is not None else None)
+                                    on_batch=metrics.observe_batch)
         self._teacher_pool = ThreadPoolExecutor(max_workers=options.teacher_workers,
                                                 thread_name_prefix="flywheel-teacher")
         self._teacher_slots = threading.BoundedSemaphore(options.teacher_workers + options.teacher_queue)
@@ -149,13 +148,11 @@ class SidecarCore:
             return None
         vector = self.classifier.cached_vector(p.clean.text)
         if vector is not None:
-            if self.metrics is not None:
-                self.metrics.cache_hit()
+            self.metrics.cache_hit()
             p.vector = vector
             self.classifier.score([p])
             return None
-        if self.metrics is not None:
-            self.metrics.cache_miss()
+        self.metrics.cache_miss()
         return self.batcher.submit(p, deadline)
 
     def _wait(self, fut: Future, deadline: float | None) -> None:
@@ -190,13 +187,10 @@ class SidecarCore:
             self._teacher_slots.release()
 
     def _skipped(self, p: Pending, outcome: str, why: str) -> Decision:
-        if self.metrics is not None:
-            self.metrics.teacher_call(outcome)
+        self.metrics.teacher_call(outcome)
         return self.classifier.without_teacher(p, why)
 
     def _count_teacher(self, d: Decision) -> None:
-        if self.metrics is None:
-            return
         if d.layer is Layer.LLM:
             outcome = "ok"
         elif d.teacher is not None and d.teacher.error:
@@ -207,6 +201,5 @@ class SidecarCore:
 
     def _finish(self, p: Pending, d: Decision) -> Decision:
         d = self.classifier.finish(p, d)
-        if self.metrics is not None:
-            self.metrics.observe_decision(d)
+        self.metrics.observe_decision(d)
         return d
