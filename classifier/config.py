@@ -25,8 +25,18 @@ ENV = {
     "teacher_model": "FLYWHEEL_TEACHER_MODEL",
     "teacher_timeout_s": "FLYWHEEL_TEACHER_TIMEOUT",
     "audit_rate": "FLYWHEEL_AUDIT_RATE",
+    "store": "FLYWHEEL_STORE",
+    "replica": "FLYWHEEL_REPLICA",
+    "store_poll_s": "FLYWHEEL_STORE_POLL",
+    "ship_interval_s": "FLYWHEEL_SHIP_INTERVAL",
+    "spool_max_mb": "FLYWHEEL_SPOOL_MAX_MB",
+    "log_retention_days": "FLYWHEEL_LOG_RETENTION_DAYS",
+    "mask_pii": "FLYWHEEL_MASK_PII",
 }
-_FLOATS = {"teacher_timeout_s", "audit_rate"}
+_FLOATS = {"teacher_timeout_s", "audit_rate", "store_poll_s", "ship_interval_s", "spool_max_mb",
+           "log_retention_days"}
+_BOOLS = {"mask_pii"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 #: The help text of every command's ``--home`` option.
 HOME_HELP = "flywheel home (default: $FLYWHEEL_HOME or the user data dir)"
 
@@ -61,11 +71,27 @@ class Config:
     teacher_model: str | None = None
     teacher_timeout_s: float | None = None
     audit_rate: float = 0.02
+    # fleet mode (see fleet/): the shared object store, s3://BUCKET/PREFIX; credentials and the
+    # endpoint come only from the standard AWS_* environment variables, never from this file
+    store: str | None = None
+    replica: str | None = None        # this process's name in logs and metrics (default: the host name)
+    store_poll_s: float = 5.0         # how often a replica checks the fleet's CURRENT model
+    ship_interval_s: float = 5.0      # how often finished log segments are shipped to the store
+    spool_max_mb: float = 256.0       # unshipped log kept on local disk at most; past it, batches are dropped
+    log_retention_days: float | None = None   # raw query text older than this is deleted by the retrain
+    mask_pii: bool = False            # mask e-mails, phones, cards, IBANs in logged text (classifier.masking)
     sources: dict[str, str] = field(default_factory=dict)  # key -> flag|env|file|default
 
     @property
     def models_dir(self) -> Path:
         return self.home / "models"
+
+    @property
+    def replica_name(self) -> str:
+        """``replica``, else the host name (a pod's name in Kubernetes)."""
+        import socket
+
+        return self.replica or socket.gethostname()
 
     @property
     def log_path(self) -> Path:
@@ -105,6 +131,8 @@ def load_config(**flags: Any) -> Config:
                 v = float(v)
             except (TypeError, ValueError):
                 raise ConfigError(f"{f.name} must be a number, got {v!r} (from {src})") from None
+        elif f.name in _BOOLS:
+            v = _boolean(f.name, v, src)
         values[f.name] = v
         sources[f.name] = src
     cfg = Config(**values, sources=sources)
@@ -112,4 +140,20 @@ def load_config(**flags: Any) -> Config:
         raise ConfigError(f"teacher must be 'ollama' or 'off', got {cfg.teacher!r}")
     if not 0.0 <= cfg.audit_rate <= 1.0:
         raise ConfigError(f"audit_rate must be between 0 and 1, got {cfg.audit_rate}")
+    for name in ("store_poll_s", "ship_interval_s", "spool_max_mb"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.log_retention_days is not None and not cfg.log_retention_days >= 0:
+        raise ConfigError(f"log_retention_days must be >= 0, got {cfg.log_retention_days}")
+    if cfg.store is not None and not str(cfg.store).startswith("s3://"):
+        raise ConfigError(f"store must be an s3://BUCKET/PREFIX URL, got {cfg.store!r}")
     return cfg
+
+
+def _boolean(name: str, v: Any, src: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ConfigError(f"{name} must be true or false, got {v!r} (from {src})")

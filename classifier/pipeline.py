@@ -121,7 +121,8 @@ class Classifier:
                  audit_rate: float = 0.0,
                  audit_callback: Callable[[DecisionRecord, TeacherCall], None] | None = None,
                  max_pending_audits: int = DEFAULT_MAX_PENDING,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 redact: Callable[[str], str] | None = None) -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
@@ -138,6 +139,7 @@ class Classifier:
         self.sessions = SessionHistory(model.intents.teacher.history_size, max_sessions)
         self.audit_rate = audit_rate
         self.audit_callback = audit_callback
+        self.redact = redact  # applied to logged text and history snippets only (classifier.masking)
         self._rng = rng or random.Random()
         self._audits = AuditQueue(max_pending_audits)
         self._lock = threading.Lock()
@@ -438,8 +440,13 @@ class Classifier:
                  and self._audits.reserve())
         if self.log_sink is None and not audit:
             return
-        record = DecisionRecord(decision=d, text=c.text, created_at=time.time(), session_id=session_id,
-                                declared_type=declared, history=tuple(history),
+        raw_history = tuple(history)
+        text, history = c.text, raw_history
+        if self.redact is not None:
+            text = self.redact(text)
+            history = tuple(HistoryEntry(h.label, self.redact(h.snippet)) for h in raw_history)
+        record = DecisionRecord(decision=d, text=text, created_at=time.time(), session_id=session_id,
+                                declared_type=declared, history=history,
                                 encoder_id=self.embedder.id if vector is not None else None,
                                 embedding=vector, audit=audit,
                                 pending=d.pending, layer2=layer2)
@@ -449,19 +456,22 @@ class Classifier:
             except FlywheelError as exc:  # the log must never fail a request
                 log.error("decision %s not logged: %s", d.id, exc)
         if audit:
-            self._submit_audit(rt, record)
+            self._submit_audit(rt, record, c.text, raw_history)
 
     @property
     def audits_dropped(self) -> int:
         """Audits dropped because the backlog was full."""
         return self._audits.dropped
 
-    def _submit_audit(self, rt: _Runtime, record: DecisionRecord) -> None:
+    def _submit_audit(self, rt: _Runtime, record: DecisionRecord, text: str,
+                      history: tuple[HistoryEntry, ...]) -> None:
+        """Queue a teacher audit of ``record``; the teacher sees the raw ``text`` and
+        ``history`` even when the logged copy is masked."""
         labels = rt.labels
         k = rt.model.intents.teacher.max_candidates
         cand = record.decision.label
         names = list(labels) if len(labels) <= k else ([cand] + [n for n in labels if n != cand])[:k]
-        req = TeacherRequest(record.text, tuple(rt.options[n] for n in names), record.history, True)
+        req = TeacherRequest(text, tuple(rt.options[n] for n in names), history, True)
         self._audits.submit(self._run_audit, record, req)
 
     def _run_audit(self, record: DecisionRecord, req: TeacherRequest) -> None:
