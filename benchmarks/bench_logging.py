@@ -92,7 +92,7 @@ def run(args) -> dict:
 
     # 1. write() per call, writer thread running as in production
     store = LogStore(work / "a" / "log.duckdb")
-    sink = store.open_sink(batch_size=args.batch_size, fsync=fsync)
+    sink = store.open_sink(batch_size=args.batch_size, fsync=fsync, max_spool_bytes=None)
     ns = np.empty(len(records), dtype=np.int64)
     clock = time.perf_counter_ns
     write = sink.write
@@ -115,7 +115,8 @@ def run(args) -> dict:
 
     # mean per call without per-call timers (second sink, same records)
     store_b = LogStore(work / "b" / "log.duckdb")
-    sink_b = store_b.open_sink(batch_size=args.batch_size, fsync=fsync, ingest_interval_s=None)
+    sink_b = store_b.open_sink(batch_size=args.batch_size, fsync=fsync, ingest_interval_s=None,
+                               max_spool_bytes=None)
     write = sink_b.write
     t0 = time.perf_counter()
     for r in records:

@@ -33,7 +33,7 @@ from classifier.intents import load_intents  # noqa: E402
 from classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from logstore import LogStore  # noqa: E402
-from training.retrain import retrain  # noqa: E402
+from training.retrain import RetrainOptions, retrain  # noqa: E402
 
 
 class CountingEmbedder(DelegatingEmbedder):
@@ -83,7 +83,7 @@ def main() -> int:
     print(f"embedded {len(base)} base queries in {t_embed_base:.1f}s", flush=True)
 
     store = LogStore(work / "log.duckdb")
-    sink = store.open_sink(batch_size=5000)
+    sink = store.open_sink(batch_size=5000, max_spool_bytes=None)
     t0 = time.perf_counter()
     now = time.time() - args.rows  # one decision a second, ending now
     for i in range(args.rows):
@@ -108,7 +108,8 @@ def main() -> int:
     counting = CountingEmbedder(embedder)
     registry = ModelRegistry(work / "models")
     t0 = time.perf_counter()
-    result = retrain(store=store, registry=registry, intents=intents, embedder=counting, progress=True)
+    result = retrain(store=store, registry=registry, intents=intents, embedder=counting,
+                     options=RetrainOptions(progress=True))
     t_retrain = time.perf_counter() - t0
     report = result.report or {}
     out = {

@@ -61,9 +61,44 @@ class TeacherCall:
     error: str | None = None
 
 
+def _new_process_tag() -> str:
+    return os.urandom(4).hex()
+
+
+#: 8 random hex chars that start every decision id this process makes (regenerated in a
+#: forked child), so a replica can tell an id it issued from one it cannot check. Read it
+#: as ``decision.PROCESS_TAG`` (a name imported before a fork keeps the parent's tag).
+PROCESS_TAG: str = _new_process_tag()
+
+
+def _retag_after_fork() -> None:
+    global PROCESS_TAG
+    PROCESS_TAG = _new_process_tag()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_retag_after_fork)
+
+
 def new_decision_id() -> str:
-    """A unique id for feedback: 128 random bits as hex (what uuid4 carries, cheaper)."""
-    return os.urandom(16).hex()
+    """A unique id for feedback: 32 lowercase hex chars, :data:`PROCESS_TAG` then 96
+    random bits (existing logs' ids, 128 random bits, have the same shape)."""
+    return PROCESS_TAG + os.urandom(12).hex()
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def looks_like_decision_id(s: object) -> bool:
+    """Whether ``s`` has the shape of a decision id: 32 lowercase hex chars."""
+    return isinstance(s, str) and len(s) == 32 and _HEX.issuperset(s)
+
+
+def made_by_this_process(s: object) -> bool:
+    """Whether ``s`` is a decision id this process made (its tag is :data:`PROCESS_TAG`).
+
+    False says nothing about whether the id exists: another process may have made it."""
+    return looks_like_decision_id(s) and s[:8] == PROCESS_TAG  # type: ignore[index]
 
 
 @dataclass

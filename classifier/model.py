@@ -6,9 +6,12 @@ scoring needs (:class:`~classifier.scoring.ServingHead`, no pickle) and is what
 Versions saved before ``head.npz`` existed load their estimator, as before.
 
 SetFit-style: the model (encoder settings + fitted head + intent set) is separate
-from the trainer. Loading checks the manifest against the head file (sha256,
-labels, dimension) and against the encoder, and refuses a corrupt or mismatched
-version with :class:`~classifier.errors.ModelError`.
+from the trainer. Loading checks the manifest against every file it records (sha256 of
+the head files and the bundled ``intents.yaml``: :meth:`Manifest.files`), the labels and
+dimension, and the encoder, and refuses a corrupt or mismatched version with
+:class:`~classifier.errors.ModelError`, so a copied or downloaded version is checked
+whole. Versions saved before ``intents_sha256`` was recorded still load (their intent
+file is only parsed).
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class Manifest:
     intent_set: str = ""
     head_sha256: str = ""
     serving_head_sha256: str = ""    # head.npz; empty for versions saved without one
+    intents_sha256: str = ""         # intents.yaml; empty for versions saved before it was recorded
     libraries: dict[str, str] = field(default_factory=library_versions)
     format_version: int = FORMAT_VERSION
     parent: str | None = None        # the version this one was trained to replace
@@ -123,12 +127,20 @@ class Manifest:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    def files(self) -> dict[str, str]:
+        """``{file name: sha256}`` of every file of the version whose checksum this manifest
+        records (the manifest itself excluded): what a copy must match to be the same version."""
+        recorded = ((HEAD_FILE, self.head_sha256), (SERVING_HEAD_FILE, self.serving_head_sha256),
+                    (INTENTS_FILE, self.intents_sha256))
+        return {name: sha for name, sha in recorded if sha}
+
 
 _REQUIRED = ("version", "labels", "encoder", "thresholds", "training_size")
 _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "version": (str, "a string"), "labels": (list, "a list"), "encoder": (dict, "an object"),
     "thresholds": (dict, "an object"), "training_size": (int, "an integer"), "metrics": (dict, "an object"),
     "format_version": (int, "an integer"), "head_sha256": (str, "a string"), "libraries": (dict, "an object"),
+    "serving_head_sha256": (str, "a string"), "intents_sha256": (str, "a string"),
 }
 
 
@@ -153,6 +165,18 @@ def _check_estimator_file(d: Path, manifest: Manifest) -> Path:
     if manifest.head_sha256 and file_sha256(hpath) != manifest.head_sha256:
         raise ModelError(f"{hpath}: checksum does not match the manifest (corrupt or replaced)")
     return hpath
+
+
+def _check_intents_file(d: Path, manifest: Manifest) -> None:
+    """The bundled intent set matches the manifest (versions saved before its checksum was
+    recorded are only parsed)."""
+    path = d / INTENTS_FILE
+    if not manifest.intents_sha256:
+        return
+    if not path.is_file():
+        raise ModelError(f"{d}: bundled intent set {INTENTS_FILE} is missing")
+    if file_sha256(path) != manifest.intents_sha256:
+        raise ModelError(f"{path}: checksum does not match the manifest (corrupt or replaced)")
 
 
 def _load_estimator(d: Path, manifest: Manifest) -> Any:
@@ -200,6 +224,7 @@ class IntentModel:
                 self.manifest.serving_head_sha256 = file_sha256(tmp / SERVING_HEAD_FILE)
             with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
+            self.manifest.intents_sha256 = file_sha256(tmp / INTENTS_FILE)
             (tmp / MANIFEST).write_text(json.dumps(asdict(self.manifest), indent=2, sort_keys=False))
             if target.exists():
                 target.rmdir()
@@ -237,6 +262,7 @@ class IntentModel:
             head = _load_serving_head(d, manifest)
         else:
             head = _load_estimator(d, manifest)
+        _check_intents_file(d, manifest)
         try:
             intents = load_intents(d / INTENTS_FILE)
         except IntentFileError as exc:

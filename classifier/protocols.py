@@ -3,18 +3,24 @@
 - :class:`Embedder`: text -> L2-normalised float32 vectors (layer 2's encoder).
 - :class:`Teacher`: the LLM that labels what layer 2 is unsure of (layer 3).
 - :class:`LogSink`: where every decision goes (the DuckDB traffic log in ``logstore``).
+- :class:`Registry`: the model versions and which one is served (a local models home,
+  :class:`classifier.registry.ModelRegistry`, or a shared one).
 
-``classifier`` only defines these; it never imports duckdb or grpc.
+``classifier`` only defines these; it never imports duckdb, grpc or a storage client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, ContextManager, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from classifier.decision import Decision, Layer2Answer
+
+if TYPE_CHECKING:
+    from classifier.model import IntentModel
 
 
 @runtime_checkable
@@ -142,3 +148,50 @@ class LogSink(Protocol):
     def write(self, record: DecisionRecord) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Registry(Protocol):
+    """The model versions and the pointer to the served one.
+
+    Contract:
+
+    - ``current()`` is ``(name, token)`` of the served version, ``(None, None)`` when
+      nothing is promoted. The token is opaque (the name itself in a local home, an etag
+      in a bucket): hand it back as ``expected`` to move the pointer only if nobody else
+      moved it since.
+    - ``load(name)`` is the version, verified against every checksum of its manifest;
+      :class:`~classifier.errors.ModelError` when it is missing, corrupt or unusable.
+    - ``staging_dir(name)`` is the local directory in which to save a new version
+      ``name`` before :meth:`publish` (a local registry's own version directory, where
+      publishing it is a no-op).
+    - ``publish(directory)`` makes a saved version directory available to every reader,
+      create-only: an existing version is never replaced (``ModelError``). It returns
+      the version's name and serves nothing.
+    - ``promote(name, expected=token)`` serves ``name`` if the pointer still holds
+      ``expected`` (``None``: nothing is promoted yet): compare-and-swap. When it moved,
+      it raises :class:`classifier.registry.PromotionConflict` (naming the expected and
+      the found version) and changes nothing; ``ModelError`` when ``name`` is missing or
+      does not verify. Returns the new token.
+    - ``rollback(expected=token)`` serves the previously promoted version again, with the
+      same compare-and-swap (``expected=None``: whatever is served); returns the new token.
+    - ``lock()`` is the retrain lock, taken without waiting: a context manager yielding
+      ``True`` while held, ``False`` when another run holds it. Jobs that write versions
+      (retrain, prune) hold it; promotions do not need it (they compare and swap).
+      ``create=False`` (a run that writes nothing) does not create a missing home just
+      to lock it: it yields ``True`` holding nothing.
+    """
+
+    def current(self) -> tuple[str | None, str | None]: ...
+
+    def load(self, name: str) -> IntentModel: ...
+
+    def staging_dir(self, name: str) -> Path: ...
+
+    def publish(self, directory: Path) -> str: ...
+
+    def promote(self, name: str, *, expected: str | None) -> str: ...
+
+    def rollback(self, *, expected: str | None = None) -> str: ...
+
+    def lock(self, *, create: bool = True) -> ContextManager[bool]: ...

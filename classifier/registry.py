@@ -5,10 +5,18 @@ served version and ``HISTORY`` (one promoted version per line, oldest first) for
 rollback. ``CURRENT`` is replaced atomically (write a temp file, fsync, rename), so
 a reader sees the old or the new name, never a partial one. :meth:`ModelRegistry.prune`
 deletes the versions nobody needs any more (old kept challengers, old promotions).
+
+:class:`ModelRegistry` implements :class:`classifier.protocols.Registry`: its token is
+the served version's name, and a promotion compares it and swaps ``CURRENT`` under a
+short file lock (``.current.lock``), so two writers never overwrite each other blindly
+(:class:`PromotionConflict`). :meth:`ModelRegistry.lock` is the retrain lock
+(``.retrain.lock``), held by jobs that write versions; :meth:`ModelRegistry.install`
+moves a downloaded version into the home, checked whole.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -16,21 +24,53 @@ import shutil
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from classifier.errors import InvalidInputError, ModelError
+from classifier.errors import FlywheelError, InvalidInputError, ModelError
 from classifier.model import MANIFEST, IntentModel
 
 log = logging.getLogger("flywheel.registry")
 
 CURRENT = "CURRENT"
 HISTORY = "HISTORY"
+RETRAIN_LOCK = ".retrain.lock"     # the retrain lock (ModelRegistry.lock)
+POINTER_LOCK = ".current.lock"     # held for the moment CURRENT and HISTORY are compared and rewritten
+POINTER_LOCK_TIMEOUT_S = 30.0
 # a version being deleted is first renamed to ``..pruning-<name>-<random>``: hidden, so
 # ``versions()`` no longer sees it, and recognisable, so a later prune can finish the job
 # (two dots: a save in progress is ``.<name>.<random>`` and a name never starts with a dot)
 PRUNING_PREFIX = "..pruning-"
+
+
+class PromotionConflict(ModelError):
+    """The served-version pointer moved since the caller read it: a compare-and-swap
+    promotion or rollback was refused and changed nothing. ``expected`` and ``found``
+    are the tokens (for a local home, the version names; ``None``: nothing promoted)."""
+
+    def __init__(self, expected: str | None, found: str | None, where: str = "") -> None:
+        self.expected, self.found, self.where = expected, found, where
+        super().__init__(f"{where + ': ' if where else ''}the served version moved: expected "
+                         f"{expected or 'none'}, found {found or 'none'}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.expected, self.found, self.where)
+
+
+class RegistryLockError(FlywheelError):
+    """A registry lock file cannot be taken for a reason other than being held elsewhere
+    (permissions, a read-only home), or the pointer lock stayed held too long."""
+
+
+class Unchecked(enum.Enum):
+    """The type of :data:`UNCHECKED`."""
+
+    UNCHECKED = "unchecked"
+
+
+UNCHECKED = Unchecked.UNCHECKED    # ModelRegistry.promote(expected=UNCHECKED): no compare-and-swap
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -48,6 +88,13 @@ def _atomic_write(path: Path, text: str) -> None:
             os.close(fd)
     except OSError:  # pragma: no cover - directories cannot be fsynced on some platforms
         pass
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -107,41 +154,212 @@ class ModelRegistry:
     def load_current(self, **kw: Any) -> IntentModel:
         return IntentModel.load(self.current_path(), **kw)
 
+    def current(self) -> tuple[str | None, str | None]:
+        """``(name, token)`` of the served version (``(None, None)``: none); the token is
+        the name (:class:`classifier.protocols.Registry`)."""
+        name = self.current_name()
+        return name, name
+
+    def load(self, name: str) -> IntentModel:
+        """Version ``name``, verified (:meth:`IntentModel.load`)."""
+        return IntentModel.load(self.version_dir(name))
+
     # -------------------------------------------------------------- writing
     def version_dir(self, name: str) -> Path:
         if not name or "/" in name or name.startswith(".") or name in (CURRENT, HISTORY):
             raise ModelError(f"invalid version name {name!r}")
         return self.home / name
 
-    def promote(self, name: str, *, verify: bool = True) -> Path:
-        """Make ``name`` the served version (after loading it to check it, by default)."""
+    def staging_dir(self, name: str) -> Path:
+        """Where a new version ``name`` is saved: its own directory here (then
+        :meth:`publish` is a no-op)."""
+        return self.version_dir(name)
+
+    def promote(self, name: str, *, expected: str | None | Unchecked = UNCHECKED, verify: bool = True) -> str:
+        """Make ``name`` the served version (after loading it to check it, by default).
+
+        With ``expected`` (the token :meth:`current` gave: the served name, ``None`` for
+        nothing promoted), the switch happens only if ``CURRENT`` still says so, checked
+        and written under the pointer lock; otherwise :class:`PromotionConflict` and
+        nothing changes. Without it, the switch is unconditional. Returns the new token.
+        """
         d = self.version_dir(name)
         if not d.is_dir():
             raise ModelError(f"{self.home}: no version {name!r}")
         if verify:
             IntentModel.load(d)  # raises ModelError for a corrupt or mismatched version
-        self.home.mkdir(parents=True, exist_ok=True)
-        hist = self.history()
-        if not hist or hist[-1] != name:
-            _atomic_write(self.home / HISTORY, "\n".join([*hist, name]) + "\n")
-        _atomic_write(self.home / CURRENT, name + "\n")
+        with self._pointer_lock():
+            self._check_expected(expected)
+            hist = self.history()
+            if not hist or hist[-1] != name:
+                _atomic_write(self.home / HISTORY, "\n".join([*hist, name]) + "\n")
+            _atomic_write(self.home / CURRENT, name + "\n")
         log.info("promoted %s", name)
-        return d
+        return name
 
-    def rollback(self) -> str:
-        """Serve the previously promoted version again; returns its name."""
-        hist = self.history()
-        cur = self.current_name()
-        while hist and hist[-1] == cur:
-            hist.pop()
-        if not hist:
+    def rollback(self, *, expected: str | None = None) -> str:
+        """Serve the previously promoted version again; returns its name (the new token).
+
+        With ``expected``, only if ``CURRENT`` still names it (else :class:`PromotionConflict`).
+        """
+        if not self.home.is_dir():
             raise ModelError(f"{self.home}: nothing to roll back to")
-        prev = hist[-1]
-        IntentModel.load(self.home / prev)
-        _atomic_write(self.home / HISTORY, "\n".join(hist) + "\n")
-        _atomic_write(self.home / CURRENT, prev + "\n")
+        with self._pointer_lock():
+            if expected is not None:
+                self._check_expected(expected)
+            hist = self.history()
+            cur = self.current_name()
+            while hist and hist[-1] == cur:
+                hist.pop()
+            if not hist:
+                raise ModelError(f"{self.home}: nothing to roll back to")
+            prev = hist[-1]
+            IntentModel.load(self.version_dir(prev))
+            _atomic_write(self.home / HISTORY, "\n".join(hist) + "\n")
+            _atomic_write(self.home / CURRENT, prev + "\n")
         log.info("rolled back to %s", prev)
         return prev
+
+    def _check_expected(self, expected: str | None | Unchecked) -> None:
+        """Raise :class:`PromotionConflict` unless ``CURRENT`` names ``expected`` (call it
+        under the pointer lock)."""
+        if expected is UNCHECKED:
+            return
+        found = self.current_name()
+        if found != expected:
+            raise PromotionConflict(expected, found, str(self.home))
+
+    @contextmanager
+    def _pointer_lock(self) -> Iterator[None]:
+        """Hold ``POINTER_LOCK`` (waiting at most ``POINTER_LOCK_TIMEOUT_S``) while
+        ``CURRENT``/``HISTORY`` are read, compared and rewritten. The home must exist."""
+        from filelock import FileLock, Timeout
+
+        path = self.home / POINTER_LOCK
+        lock = FileLock(str(path))
+        try:
+            lock.acquire(timeout=POINTER_LOCK_TIMEOUT_S)
+        except Timeout:
+            raise RegistryLockError(f"{path} stayed held for {POINTER_LOCK_TIMEOUT_S:g}s") from None
+        except OSError as exc:
+            raise RegistryLockError(f"cannot take the lock {path}: {exc}") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextmanager
+    def lock(self, *, create: bool = True) -> Iterator[bool]:
+        """The retrain lock (``home/.retrain.lock``), taken without waiting: yields
+        ``True`` while held, ``False`` when another run holds it. ``create=False`` (a
+        run that writes nothing) on a home that does not exist takes none and creates
+        nothing (yields ``True``). Raises :class:`RegistryLockError` when the lock file
+        cannot be opened."""
+        from filelock import FileLock, Timeout
+
+        if not create and not self.home.is_dir():
+            yield True
+            return
+        path = self.home / RETRAIN_LOCK
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(path))
+            lock.acquire(timeout=0)
+        except Timeout:
+            yield False
+            return
+        except OSError as exc:
+            raise RegistryLockError(f"cannot take the retrain lock {path}: {exc}") from None
+        try:
+            yield True
+        finally:
+            lock.release()
+
+    # -------------------------------------------------- versions from elsewhere
+    def publish(self, directory: str | os.PathLike[str]) -> str:
+        """Make the saved version ``directory`` available here, under its directory name.
+
+        A version directory of this home is already published (a no-op). One elsewhere is
+        checked (:meth:`IntentModel.load`) and copied in, create-only: an existing version
+        of that name is never replaced (:class:`ModelError`). Serves nothing.
+        """
+        src = Path(directory)
+        if not (src / MANIFEST).is_file():
+            raise ModelError(f"{src}: not a model version (no {MANIFEST})")
+        name = src.name
+        target = self.version_dir(name)
+        if src.resolve() == target.resolve():
+            return name
+        IntentModel.load(src)
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.home / f".{name}.publish-{uuid.uuid4().hex[:8]}"
+        try:
+            shutil.copytree(src, tmp)
+            self._rename_new(tmp, target)
+        finally:
+            if tmp.exists():
+                self._delete(tmp)
+        log.info("published %s from %s", name, src)
+        return name
+
+    def install(self, name: str, tmp_dir: str | os.PathLike[str]) -> Path:
+        """Move a downloaded version directory ``tmp_dir`` (best under the home, so the
+        move is one rename) into the home as ``name``; returns its path.
+
+        The download is checked whole first (:meth:`IntentModel.load`: every checksum of
+        its manifest); a version that does not verify is deleted and refused with
+        :class:`ModelError`, and nothing in the home changes. When ``name`` exists with
+        the same manifest and verifies, it is kept and the download deleted (installing
+        twice is harmless); with the same manifest but corrupt, the download replaces it;
+        with another manifest, the download is deleted and refused.
+        """
+        src = Path(tmp_dir)
+        try:
+            target = self.version_dir(name)
+            IntentModel.load(src)
+            if target.exists() and self._keep_installed(src, target):
+                return target
+            self.home.mkdir(parents=True, exist_ok=True)
+            if src.resolve().parent != self.home.resolve():   # another file system, maybe: copy in first
+                local = self.home / f".{name}.install-{uuid.uuid4().hex[:8]}"
+                shutil.copytree(src, local)
+                self._delete(src)
+                src = local
+            self._rename_new(src, target)
+        except BaseException:
+            if src.exists():
+                self._delete(src)
+            raise
+        log.info("installed %s", name)
+        return target
+
+    def _keep_installed(self, src: Path, target: Path) -> bool:
+        """For :meth:`install`: ``True`` when ``target`` is already this version (the
+        download is deleted); moves a corrupt copy of it aside (``False``); raises when
+        ``target`` is another version."""
+        same = _read_bytes(target / MANIFEST) == _read_bytes(src / MANIFEST)
+        if not same:
+            raise ModelError(f"{target}: another version named {target.name!r} is already installed; "
+                             f"refusing to replace it")
+        try:
+            IntentModel.load(target)
+        except ModelError as exc:
+            log.warning("replacing the corrupt copy of %s: %s", target.name, exc)
+            aside = self.home / f"{PRUNING_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(target, aside)
+            self._delete(aside)
+            return False
+        self._delete(src)
+        return True
+
+    def _rename_new(self, src: Path, target: Path) -> None:
+        """Rename ``src`` to ``target``, which must not exist (create-only)."""
+        if target.exists() or target.is_symlink():
+            raise ModelError(f"{self.home}: version {target.name!r} already exists; refusing to replace it")
+        try:
+            os.rename(src, target)
+        except OSError as exc:   # created meanwhile (ENOTEMPTY/EEXIST), or unwritable
+            raise ModelError(f"{self.home}: cannot add version {target.name!r}: {exc}") from None
 
     def prune(self, *, keep_promoted: int = 5, keep_recent: int = 3, dry_run: bool = False) -> list[str]:
         """Delete the version directories that nothing needs any more.
@@ -164,8 +382,9 @@ class ModelRegistry:
         interrupted prune never leaves a half-deleted directory that looks like a
         version (leftovers are deleted by the next prune).
 
-        The registry takes no lock: a caller that may run beside ``flywheel retrain``
-        should hold the retrain lock (``flywheel models prune`` does).
+        The registry holds only the pointer lock while it rewrites ``HISTORY``: a caller
+        that may run beside ``flywheel retrain`` should hold the retrain lock
+        (:meth:`lock`; ``flywheel models prune`` does).
 
         Parameters
         ----------
@@ -208,11 +427,12 @@ class ModelRegistry:
             return doomed
         # HISTORY first: if we stop half way, the survivors are plain unpromoted versions
         gone = set(doomed)
-        hist = self.history()
-        kept_hist = [n for n in hist if n not in gone]
-        if kept_hist != hist:
-            kept_hist = [n for i, n in enumerate(kept_hist) if i == 0 or kept_hist[i - 1] != n]
-            _atomic_write(self.home / HISTORY, "".join(n + "\n" for n in kept_hist))
+        with self._pointer_lock():
+            hist = self.history()
+            kept_hist = [n for n in hist if n not in gone]
+            if kept_hist != hist:
+                kept_hist = [n for i, n in enumerate(kept_hist) if i == 0 or kept_hist[i - 1] != n]
+                _atomic_write(self.home / HISTORY, "".join(n + "\n" for n in kept_hist))
         removed = []
         for name in doomed:
             if name == self.current_name():  # promoted by hand meanwhile: leave it
@@ -287,7 +507,7 @@ class ModelWatcher:
             if name is None or name == self.serving or name in self.refused:
                 return False
             try:
-                model = IntentModel.load(self.registry.home / name)
+                model = self.registry.load(name)
                 self.on_change(model)
             except ModelError as exc:
                 self.refused[name] = str(exc)

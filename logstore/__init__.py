@@ -2,22 +2,37 @@
 in DuckDB.
 
 Used as equals by the serving side (:mod:`service`, which writes through a
-:class:`DuckDBLogSink`) and the offline side (:mod:`training`, which reads and labels
+:class:`SpoolSink`) and the offline side (:mod:`training`, which reads and labels
 through a :class:`LogStore`). It depends on :mod:`classifier` only for the record types.
 
 Modules: :mod:`~logstore.errors`, :mod:`~logstore.connection` (opening the file, lock
 retries), :mod:`~logstore.schema` (migrations and the ``decision_labels`` view),
-:mod:`~logstore.segments` (the spool's Arrow segments and their ingest),
-:mod:`~logstore.sink` (the non-blocking write path) and :mod:`~logstore.store` (the
-store and every query on the log's tables but ``flywheel stats``' report).
+:mod:`~logstore.labels` (label records), :mod:`~logstore.segments` (the spool's Arrow
+segments, their wire format and how their rows get in, exactly once),
+:mod:`~logstore.drain` (the :class:`SpoolDrain` and :class:`LabelSink` seams and
+:class:`LocalIngest`), :mod:`~logstore.sink` (the non-blocking write path) and
+:mod:`~logstore.store` (the store and every query on the log's tables but
+``flywheel stats``' report).
 """
 
 from __future__ import annotations
 
+from logstore.drain import LabelSink, LocalIngest, SpoolDrain
 from logstore.errors import LogStoreBusyError, LogStoreError, UnknownDecisionError
+from logstore.labels import LABEL_SCHEMA, LabelRecord, label_records_to_table
 from logstore.schema import SCHEMA_VERSION
-from logstore.sink import DuckDBLogSink
+from logstore.segments import (
+    SEGMENT_SCHEMA,
+    from_parquet,
+    insert_objects,
+    segment_kind,
+    spool_id,
+    to_parquet,
+)
+from logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
 from logstore.store import LabelledRow, LogStore
 
-__all__ = ["DuckDBLogSink", "LabelledRow", "LogStore", "LogStoreBusyError", "LogStoreError",
-           "SCHEMA_VERSION", "UnknownDecisionError"]
+__all__ = ["DEFAULT_MAX_SPOOL_BYTES", "LABEL_SCHEMA", "LabelRecord", "LabelSink", "LabelledRow", "LocalIngest",
+           "LogStore", "LogStoreBusyError", "LogStoreError", "SCHEMA_VERSION", "SEGMENT_SCHEMA", "SpoolDrain",
+           "SpoolSink", "UnknownDecisionError", "from_parquet", "insert_objects", "label_records_to_table",
+           "segment_kind", "spool_id", "to_parquet"]

@@ -4,7 +4,7 @@
 jittered exponential backoff, and raises :class:`LogStoreBusyError` when it stayed
 locked for ``busy_timeout_s``; :func:`process_lock` serialises all opens of one file
 within this process. Both :class:`logstore.store.LogStore` and the background writer
-of :class:`logstore.sink.DuckDBLogSink` go through here; see :mod:`logstore.store`
+of :class:`logstore.drain.LocalIngest` go through here; see :mod:`logstore.store`
 for the design.
 """
 

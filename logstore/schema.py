@@ -27,10 +27,25 @@ Tables (all timestamps are naive UTC ``TIMESTAMP``):
 - ``labels``: append-only human labels and back-filled teacher labels
   (``label`` NULL = out of scope; ``valid`` false rows are kept for stats only).
 - ``resolutions``: pending decisions that the retrain job has dealt with.
-- ``ingested_segments``: bookkeeping that makes spool ingestion exactly-once.
+- ``ingested_segments``: bookkeeping that makes spool ingestion exactly-once (a name is
+  forgotten once its file is gone: spool names are never reused).
+- ``ingested_objects`` (migration 3): every object key (a bucket key of a shipped
+  segment) whose rows are in, kept forever, written in the same transaction as the rows
+  (:func:`logstore.segments.insert_objects`), because a key can be mirrored again.
+
+Migration 3 also gives ``labels`` a ``label_uid`` (the id of a
+:class:`~logstore.labels.LabelRecord`, which makes a label shipped or mirrored twice
+count once; NULL for older rows) and ``logged_at`` (when the label reached this
+database; NULL for older rows, read as ``created_at``).
+
+Labels may name a decision that is not (yet) in ``decisions``: a label made at one
+replica for a decision logged at another, whose segment arrives later. They are kept;
+every reader starts from ``decisions`` and joins, so such a label counts only once its
+decision is in.
 
 View (migration 2), the one definition of "the labels of a decision" that the store
-and ``flywheel stats`` read:
+and ``flywheel stats`` read (it may hold ids of decisions not in yet; join it to
+``decisions``):
 
 - ``decision_labels``: one row per decision with any label. ``teacher_labels`` /
   ``teacher_models``: every *valid* teacher answer (inline or back-filled), oldest
@@ -133,6 +148,16 @@ CREATE TABLE ingested_segments (
 );
 """),
     (2, "ALTER TABLE decisions ADD COLUMN l2_tier VARCHAR;\n" + _DECISION_LABELS_VIEW),
+    (3, """
+CREATE TABLE ingested_objects (
+    key         VARCHAR PRIMARY KEY,
+    kind        VARCHAR NOT NULL,
+    rows        BIGINT NOT NULL,
+    ingested_at TIMESTAMP NOT NULL
+);
+ALTER TABLE labels ADD COLUMN label_uid VARCHAR;
+ALTER TABLE labels ADD COLUMN logged_at TIMESTAMP;
+"""),
 ]
 
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]

@@ -1,9 +1,18 @@
-"""Spool segments: the Arrow IPC files the sink writes and the store ingests.
+"""Spool segments: the Arrow IPC files the sink writes, and how their rows get in.
 
 :data:`SEGMENT_SCHEMA` mirrors the ``decisions`` table (see :mod:`logstore.schema`)
 plus the ``embedding`` column; :func:`records_to_table` fills it from
-:class:`~classifier.protocols.DecisionRecord` objects; :func:`write_segment` writes one
-atomically; :func:`ingest_spool` moves finished segments into the tables, exactly once.
+:class:`~classifier.protocols.DecisionRecord` objects. Label segments hold rows of
+:data:`logstore.labels.LABEL_SCHEMA`. :func:`write_segment` writes one segment
+atomically: decisions as ``seg-<time_ns>-<pid>-<seq>.arrow``, labels as
+``lab-<time_ns>-<pid>-<seq>.arrow`` (:func:`segment_kind` tells them apart);
+:func:`spool_id` is the spool's own random id (``<spool>/SPOOL_ID``).
+
+Getting rows in, exactly once, always rows and bookkeeping in one transaction:
+:func:`ingest_spool` (a local spool; names in ``ingested_segments``, forgotten once the
+files are gone) and :func:`insert_objects` (shipped objects, e.g. mirrored from a
+bucket; keys in ``ingested_objects``, kept, and rows deduplicated by ``decision_id``
+and ``label_uid``). :func:`to_parquet` / :func:`from_parquet` are the wire format.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,17 +28,25 @@ from typing import Any, Sequence
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from classifier.decision import Layer, Tier
 from classifier.protocols import DecisionRecord
+from logstore.errors import LogStoreError
 from logstore.schema import SCHEMA_VERSION, utcnow
 
-__all__ = ["SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "records_to_table", "write_segment", "list_segments",
-           "ingest_spool"]
+__all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
+           "ingest_spool", "insert_objects", "insert_segments", "list_segments", "read_segment",
+           "records_to_table", "segment_kind", "spool_id", "spool_usage", "to_parquet", "write_segment"]
 
 log = logging.getLogger("flywheel.logstore")
 
 SEGMENT_SUFFIX = ".arrow"
+SPOOL_ID_FILE = "SPOOL_ID"
+DECISIONS, LABELS = "decisions", "labels"
+_PREFIX_OF_KIND = {DECISIONS: "seg-", LABELS: "lab-"}
+_KIND_OF_PREFIX = {p: k for k, p in _PREFIX_OF_KIND.items()}
 _STALE_TMP_S = 3600.0
 _MAX_ROWS_PER_INGEST_TXN = 200_000
 
@@ -121,10 +139,31 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_segment(spool: Path, table: pa.Table, *, fsync: bool = True,
+# --------------------------------------------------------------------------- segment files
+
+def segment_kind(name: str) -> str:
+    """``"decisions"`` or ``"labels"``: what a segment file or object holds, from its name
+    (``seg-*`` / ``lab-*``, also behind a folder and a ``<spool_id>-`` prefix, any suffix).
+    Raises ValueError for any other name."""
+    base = name.rsplit("/", 1)[-1]
+    if len(base) > 13 and base[12] == "-" and _is_spool_id(base[:12]):
+        base = base[13:]
+    for prefix, kind in _KIND_OF_PREFIX.items():
+        if base.startswith(prefix):
+            return kind
+    raise ValueError(f"not a spool segment name: {name!r}")
+
+
+def write_segment(spool: Path, table: pa.Table, *, kind: str | None = None, fsync: bool = True,
                   _seq=itertools.count()) -> Path:
-    """Write ``table`` atomically as a new segment in ``spool``; return its path."""
-    name = f"seg-{time.time_ns():020d}-{os.getpid()}-{next(_seq):08d}{SEGMENT_SUFFIX}"
+    """Write ``table`` atomically as a new segment in ``spool``; return its path.
+
+    ``kind`` (``"decisions"``: ``seg-*``, ``"labels"``: ``lab-*``) defaults to what the
+    table's columns say (a ``label_uid`` column: labels)."""
+    if kind is None:
+        kind = LABELS if "label_uid" in table.schema.names else DECISIONS
+    prefix = _PREFIX_OF_KIND[kind]
+    name = f"{prefix}{time.time_ns():020d}-{os.getpid()}-{next(_seq):08d}{SEGMENT_SUFFIX}"
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as w:
         w.write_table(table)
@@ -140,7 +179,18 @@ def write_segment(spool: Path, table: pa.Table, *, fsync: bool = True,
     return final
 
 
+def read_segment(path: Path) -> pa.Table:
+    """A segment file's rows (raises ``pyarrow.ArrowInvalid`` for a file that is not one)."""
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
+def _order(name: str) -> tuple[str, str]:
+    return name[4:], name  # by time of writing, whatever the kind
+
+
 def list_segments(spool: Path) -> list[str]:
+    """The finished segments in ``spool`` (both kinds), oldest first. Removes ``*.tmp``
+    files left by a writer killed mid-write more than an hour ago."""
     names = []
     now = time.time()
     try:
@@ -156,12 +206,247 @@ def list_segments(spool: Path) -> list[str]:
                     os.unlink(e.path)
             except OSError:
                 pass
-    return sorted(names)
+    return sorted(names, key=_order)
 
+
+def spool_usage(spool: Path) -> tuple[int, int]:
+    """``(bytes, segments)`` of the finished segments in ``spool`` (not yet drained)."""
+    size = count = 0
+    try:
+        entries = list(os.scandir(spool))
+    except FileNotFoundError:
+        return 0, 0
+    for e in entries:
+        if e.name.endswith(SEGMENT_SUFFIX):
+            try:
+                size += e.stat().st_size
+            except FileNotFoundError:  # drained meanwhile
+                continue
+            count += 1
+    return size, count
+
+
+def to_parquet(table: pa.Table) -> bytes:
+    """``table`` as Parquet bytes (zstd); :func:`from_parquet` reads them back with the
+    same Arrow schema (types and the schema's metadata)."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue().to_pybytes()
+
+
+def from_parquet(data: bytes) -> pa.Table:
+    """The table that :func:`to_parquet` wrote."""
+    return pq.read_table(pa.BufferReader(data))
+
+
+# --------------------------------------------------------------------------- spool id
+
+def _is_spool_id(s: str) -> bool:
+    return len(s) == 12 and all(c in "0123456789abcdef" for c in s)
+
+
+def spool_id(spool: Path) -> str:
+    """The spool's random id (12 hex chars), created once in ``<spool>/SPOOL_ID``.
+
+    Creation is atomic and create-only (a fsynced temporary file hard-linked into
+    place), so concurrent first callers, in any process, all get the same id.
+    Raises :class:`LogStoreError` when the file holds something else."""
+    path = Path(spool) / SPOOL_ID_FILE
+    try:
+        sid = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        sid = _create_spool_id(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LogStoreError(f"cannot read the spool id {path}: {exc}") from exc
+    if not _is_spool_id(sid):
+        raise LogStoreError(f"{path} holds no spool id (12 hex chars): {sid[:40]!r}")
+    return sid
+
+
+def _create_spool_id(path: Path) -> str:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(os.urandom(6).hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another caller made it first: theirs is the id
+        _fsync_dir(path.parent)
+        return path.read_text(encoding="ascii").strip()
+    except OSError as exc:
+        raise LogStoreError(f"cannot create the spool id {path}: {exc}") from exc
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------------------- inserting rows
 
 _DATA_ERRORS = (duckdb.ConstraintException, duckdb.ConversionException, duckdb.BinderException,
                 duckdb.InvalidInputException, pa.ArrowException)
 
+_LABEL_COLUMNS = "decision_id, source, label, model, valid, latency_ms, author, created_at, label_uid"
+
+
+def _first_new(con, table: pa.Table, column: str, sql: str) -> pa.Table:
+    """The rows of ``table`` whose ``column`` value is not in the log yet (``sql`` selects
+    those that are, from the registered ``_flywheel_ids(id)``), the first of each value."""
+    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    firsts = table.select([column]).append_column("_i", index).group_by(column, use_threads=False) \
+        .aggregate([("_i", "min")])
+    ids = firsts.column(column)
+    con.register("_flywheel_ids", pa.table({"id": ids}))
+    try:
+        known = [r[0] for r in con.execute(sql).fetchall()]
+    finally:
+        con.unregister("_flywheel_ids")
+    keep = pc.filter(firsts.column("_i_min"), pc.invert(pc.is_in(ids, value_set=pa.array(known, pa.string()))))
+    if len(keep) == table.num_rows:
+        return table
+    return table.take(np.sort(keep.to_numpy()))
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _new_labels(con, lab: pa.Table) -> pa.Table:
+    return _first_new(con, lab, "label_uid", "SELECT DISTINCT label_uid FROM labels "
+                      "WHERE label_uid IN (SELECT id FROM _flywheel_ids)")
+
+
+def _new_decisions(con, dec: pa.Table) -> pa.Table:
+    return _first_new(con, dec, "decision_id", "SELECT DISTINCT decision_id FROM decisions "
+                      "WHERE decision_id IN (SELECT id FROM _flywheel_ids)")
+
+
+_INSERT_DECISIONS = ("INSERT INTO decisions BY NAME SELECT * EXCLUDE (embedding), ?::TIMESTAMP AS logged_at "
+                     "FROM {0}")
+_INSERT_EMBEDDINGS = ("INSERT INTO embeddings (decision_id, encoder_id, dim, vector) "
+                      "SELECT decision_id, encoder_id, len(embedding), embedding "
+                      "FROM {0} WHERE embedding IS NOT NULL AND encoder_id IS NOT NULL")
+_INSERT_LABELS = (f"INSERT INTO labels ({_LABEL_COLUMNS}, logged_at) "
+                  f"SELECT {_LABEL_COLUMNS}, ?::TIMESTAMP FROM {{0}} ORDER BY created_at, label_uid")
+
+
+def _insert_rows(con, sql: str, table: pa.Table, params: list) -> int:
+    """Run ``sql`` on ``table`` (registered for the statement); return the rows inserted."""
+    if table.num_rows == 0:
+        return 0
+    con.register("_flywheel_rows", table)
+    try:
+        return con.execute(sql.format("_flywheel_rows"), params).fetchall()[0][0]
+    finally:
+        con.unregister("_flywheel_rows")
+
+
+def _split(items: Sequence[tuple[str, pa.Table]], kind_of) -> tuple[pa.Table | None, pa.Table | None]:
+    dec = [t for n, t in items if kind_of(n) == DECISIONS]
+    lab = [t for n, t in items if kind_of(n) == LABELS]
+    return (_concat(dec) if dec else None), (_concat(lab) if lab else None)
+
+
+def _transaction(con, tables: dict[str, pa.Table | None], body) -> Any:
+    """Register ``tables`` (skipping ``None``), run ``body()`` in one transaction, clean up."""
+    registered = [n for n, t in tables.items() if t is not None]
+    for n in registered:
+        con.register(n, tables[n])
+    try:
+        con.execute("BEGIN TRANSACTION")
+        out = body()
+        con.execute("COMMIT")
+        return out
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        raise
+    finally:
+        for n in registered:
+            con.unregister(n)
+
+
+def insert_segments(con, chunk: Sequence[tuple[str, pa.Table]], clear_names: bool = False) -> int:
+    """Insert spool segments' rows and names in one transaction (all or nothing); return
+    the rows inserted. ``chunk`` holds ``(segment name, table)``; the name's kind
+    (:func:`segment_kind`) says whether the rows are decisions (with their embeddings) or
+    labels (each ``label_uid`` once; labels of decisions not in the log are kept). With
+    ``clear_names`` first forget the names of earlier segments (their files are gone)."""
+    dec, lab = _split(chunk, segment_kind)
+    names = pa.table({"name": pa.array([n for n, _ in chunk], pa.string()),
+                      "rows": pa.array([t.num_rows for _, t in chunk], pa.int64())})
+    now = utcnow()
+
+    def body() -> int:
+        rows = 0
+        if clear_names:
+            con.execute("DELETE FROM ingested_segments")
+        if dec is not None:
+            rows += con.execute(_INSERT_DECISIONS.format("_flywheel_seg"), [now]).fetchall()[0][0]
+            con.execute(_INSERT_EMBEDDINGS.format("_flywheel_seg"))
+        if lab is not None:
+            rows += _insert_rows(con, _INSERT_LABELS, _new_labels(con, lab), [now])
+        con.execute("INSERT INTO ingested_segments SELECT name, rows, ?::TIMESTAMP "
+                    "FROM _flywheel_names", [now])
+        return rows
+    return int(_transaction(con, {"_flywheel_seg": dec, "_flywheel_names": names}, body))
+
+
+def insert_objects(con, items: Sequence[tuple[str, str, pa.Table]]) -> int:
+    """Insert objects' rows and keys in ONE transaction, exactly once; return the rows
+    inserted (decisions + labels).
+
+    ``items`` holds ``(key, kind, table)`` with ``kind`` ``"decisions"`` (rows of
+    :data:`SEGMENT_SCHEMA`, any older version of it) or ``"labels"`` (rows of
+    :data:`~logstore.labels.LABEL_SCHEMA`). A key already in ``ingested_objects`` (or
+    repeated in ``items``) is skipped whole; of the rest, a decision whose
+    ``decision_id`` is already in the log (or earlier in ``items``) is skipped with its
+    embedding, and so is a label whose ``label_uid`` is; labels of decisions not in the
+    log are kept. The keys are recorded with the rows, so a crash leaves both or neither.
+    """
+    for key, kind, _ in items:
+        if kind not in (DECISIONS, LABELS):
+            raise ValueError(f"object {key!r}: kind must be {DECISIONS!r} or {LABELS!r}, got {kind!r}")
+    firsts = list({key: (key, kind, t) for key, kind, t in reversed(items)}.values())[::-1]
+    if not firsts:
+        return 0
+    keys = pa.table({"key": pa.array([k for k, _, _ in firsts], pa.string()),
+                     "kind": pa.array([kd for _, kd, _ in firsts], pa.string()),
+                     "rows": pa.array([t.num_rows for _, _, t in firsts], pa.int64())})
+    con.register("_flywheel_keys", keys)
+    try:
+        done = {r[0] for r in con.execute("SELECT o.key FROM ingested_objects o "
+                                          "JOIN _flywheel_keys k ON k.key = o.key").fetchall()}
+    finally:
+        con.unregister("_flywheel_keys")
+    todo = [(k, kd, t) for k, kd, t in firsts if k not in done]
+    if not todo:
+        return 0
+    keys = keys.filter(pa.array([k not in done for k, _, _ in firsts]))
+    dec, lab = _split([(k, t) for k, _, t in todo], {k: kd for k, kd, _ in todo}.__getitem__)
+    now = utcnow()
+
+    def body() -> int:
+        rows = 0
+        if dec is not None:
+            new = _new_decisions(con, dec)
+            rows += _insert_rows(con, _INSERT_DECISIONS, new, [now])
+            _insert_rows(con, _INSERT_EMBEDDINGS, new, [])
+        if lab is not None:
+            rows += _insert_rows(con, _INSERT_LABELS, _new_labels(con, lab), [now])
+        con.execute("INSERT INTO ingested_objects SELECT key, kind, rows, ?::TIMESTAMP "
+                    "FROM _flywheel_keys", [now])
+        return rows
+    return int(_transaction(con, {"_flywheel_keys": keys}, body))
+
+
+# --------------------------------------------------------------------------- local ingest
 
 def _quarantine(spool: Path, name: str, why: object) -> None:
     log.error("traffic log: spool segment %s cannot be ingested (%s); moved aside as %s.bad",
@@ -172,39 +457,9 @@ def _quarantine(spool: Path, name: str, why: object) -> None:
         pass
 
 
-def _insert_segments(con, chunk: list[tuple[str, pa.Table]], clear_names: bool = False) -> None:
-    """Insert the segments' rows and names in one transaction (all or nothing); with
-    ``clear_names`` first forget the names of earlier segments (their files are gone)."""
-    seg = pa.concat_tables([t for _, t in chunk], promote_options="default")
-    names = pa.table({"name": [n for n, _ in chunk], "rows": [t.num_rows for _, t in chunk]})
-    now = utcnow()
-    con.register("_flywheel_seg", seg)
-    con.register("_flywheel_names", names)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        if clear_names:
-            con.execute("DELETE FROM ingested_segments")
-        con.execute("INSERT INTO decisions BY NAME SELECT * EXCLUDE (embedding), "
-                    "?::TIMESTAMP AS logged_at FROM _flywheel_seg", [now])
-        con.execute("INSERT INTO embeddings (decision_id, encoder_id, dim, vector) "
-                    "SELECT decision_id, encoder_id, len(embedding), embedding "
-                    "FROM _flywheel_seg WHERE embedding IS NOT NULL AND encoder_id IS NOT NULL")
-        con.execute("INSERT INTO ingested_segments SELECT name, rows, ?::TIMESTAMP "
-                    "FROM _flywheel_names", [now])
-        con.execute("COMMIT")
-    except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass
-        raise
-    finally:
-        con.unregister("_flywheel_seg")
-        con.unregister("_flywheel_names")
-
-
 def ingest_spool(con, spool: Path) -> int:
-    """Move finished segments from ``spool`` into the tables, exactly once. Returns rows.
+    """Move finished segments (decisions and labels) from ``spool`` into the tables,
+    exactly once. Returns rows.
 
     The caller holds the database (so no other process ingests at the same time).
     A segment that cannot be read or inserted (never expected: records are checked
@@ -229,10 +484,11 @@ def ingest_spool(con, spool: Path) -> int:
             n = todo[i]
             i += 1
             try:
-                t = pa.ipc.open_file(pa.memory_map(str(spool / n))).read_all()
+                segment_kind(n)
+                t = read_segment(spool / n)
             except FileNotFoundError:
                 continue
-            except pa.ArrowInvalid as exc:  # not a complete Arrow file
+            except (pa.ArrowInvalid, ValueError) as exc:  # not a complete Arrow file, or a stray name
                 _quarantine(spool, n, exc)
                 continue
             chunk.append((n, t))
@@ -240,24 +496,20 @@ def ingest_spool(con, spool: Path) -> int:
         if not chunk:
             continue
         try:
-            _insert_segments(con, chunk, clear)
+            total += insert_segments(con, chunk, clear)
             clear = False
         except _DATA_ERRORS:
-            rows = 0
             for n, t in chunk:  # find the bad one(s), keep the rest
                 try:
-                    _insert_segments(con, [(n, t)], clear)
+                    total += insert_segments(con, [(n, t)], clear)
                     clear = False
                 except _DATA_ERRORS as exc:
                     _quarantine(spool, n, exc)
                     continue
                 _unlink(spool / n)
-                rows += t.num_rows
-            total += rows
             continue
         for n, _ in chunk:
             _unlink(spool / n)
-        total += rows
     if clear:
         con.execute("DELETE FROM ingested_segments")
     return total

@@ -7,43 +7,59 @@ same file, even read-only, fails with a lock error. A serving process keeps logg
 for days while cron jobs (retrain, stats, the feedback CLI) read the log and add
 labels, so nobody may hold the file for long:
 
-1. **Write path: memory -> spool segment.** :meth:`DuckDBLogSink.write` only appends
-   the record to an in-memory deque (about a microsecond). A background thread turns
-   the queued records into one pyarrow Table every ``flush_interval_s`` (or as soon
-   as ``batch_size`` are queued) and writes it as an Arrow IPC *segment* file into
-   ``<path>.spool/`` (write to ``*.tmp``, fsync, atomic rename, fsync the folder).
+1. **Write path: memory -> spool segment.** :meth:`SpoolSink.write` only appends
+   the record to an in-memory deque (about a microsecond). A background writer thread
+   turns the queued records into one pyarrow Table every ``flush_interval_s`` (or as
+   soon as ``batch_size`` are queued) and writes it as an Arrow IPC *segment* file into
+   the spool, ``<path>.spool/`` (write to ``*.tmp``, fsync, atomic rename, fsync the
+   folder). Labels given to the sink become label segments (``lab-*``) the same way.
    The serving process never needs DuckDB's lock to make a decision durable, so a
    reader holding the database can neither slow nor back up the serving process.
-2. **Ingest: spool -> DuckDB.** Whoever opens the database through :class:`LogStore`
-   (any read or label method, and the sink's writer every ``ingest_interval_s``)
-   first moves the finished segments into the tables with one bulk
-   ``INSERT ... BY NAME SELECT`` from the registered Arrow table, records the segment
-   names in ``ingested_segments`` *in the same transaction*, commits, and only then
-   deletes the files. A crash between commit and delete is healed on the next
-   ingest (the names say the files are already in), so each row lands exactly once.
-3. **Every open is short.** Each operation opens a connection, ingests, runs its
+2. **Drain: spool -> somewhere durable.** A second thread of the sink hands the
+   finished segments to its :class:`~logstore.drain.SpoolDrain` every
+   ``drain_interval_s``: :class:`~logstore.drain.LocalIngest` (what :meth:`open_sink`
+   uses) ingests them into this database, the fleet's shipper uploads them. A drain
+   deletes a segment only after its destination acknowledged it, and a slow, failing or
+   hanging drain delays only the drain thread (it backs off), never a write.
+3. **Ingest: spool -> DuckDB.** Whoever opens the database through :class:`LogStore`
+   (any read or label method, and :class:`LocalIngest`) first moves the finished
+   segments into the tables with one bulk ``INSERT ... BY NAME SELECT`` from the
+   registered Arrow table, records the segment names in ``ingested_segments`` *in the
+   same transaction*, commits, and only then deletes the files. A crash between commit
+   and delete is healed on the next ingest (the names say the files are already in), so
+   each row lands exactly once. Objects mirrored from elsewhere go in through
+   :meth:`insert_objects`, whose keys are kept in ``ingested_objects`` (same transaction)
+   and whose rows are deduplicated by decision id and label uid.
+4. **Every open is short.** Each operation opens a connection, ingests, runs its
    query, fetches the result into memory and closes. All opens go through
    :func:`connect`, which retries DuckDB's lock error with bounded, jittered
    exponential backoff (``busy_timeout_s``, default 30 s) and only then raises
-   :class:`LogStoreBusyError` ("log database is busy ..."). The sink's own periodic
-   ingest tries once and simply tries again later: its rows are already durable.
+   :class:`LogStoreBusyError` ("log database is busy ..."). The sink's local ingest
+   tries once and simply tries again later: its rows are already durable.
    Within one process all opens of a file are serialised by one lock.
 
 What a hard crash (``kill -9``, power loss) can lose: only records still in memory,
 i.e. those handed to ``write`` less than about ``flush_interval_s`` (+ one batch write,
 ~40 ms per 1,000 rows) before the crash; if the writer is behind, at most
-``max_buffer`` records. Everything :meth:`DuckDBLogSink.flush` acknowledged is in a
-fsynced segment or committed in the database, and a segment is deleted only after
-its rows are committed. Buffer full (``max_buffer`` queued, e.g. the disk is
-failing): ``write`` *blocks* until the writer has made room (back-pressure, never a
-drop); the failure itself is logged and raised by ``flush``/``close``.
+``max_buffer`` records. Everything :meth:`SpoolSink.flush` acknowledged is in a
+fsynced segment or committed in the database (or wherever the drain put it), and a
+segment is deleted only after its rows are committed (acknowledged). Buffer full
+(``max_buffer`` queued, e.g. the disk is failing): ``write`` *blocks* until the writer
+has made room (back-pressure, never a drop); the failure itself is logged and raised
+by ``flush``/``close``. **Spool full** (more than ``max_spool_bytes`` of undrained
+segments, default :data:`~logstore.sink.DEFAULT_MAX_SPOOL_BYTES` = 256 MiB, because the
+drain's destination has been away for long): new batches are *dropped*, counted in
+``SpoolSink.dropped`` and logged once per episode, so the disk never fills; ``flush``
+does not fail for them. ``close(grace_s)`` drains within the grace period; what is left
+stays in the spool and drains at the next start.
 
 Rules for callers: do not mutate a record after ``write``; open sinks after forking
-(the writer thread does not survive ``fork``); readers are cheap (~30 ms) but each
+(the sink's threads do not survive ``fork``); readers are cheap (~30 ms) but each
 write method (labels) opens the file and checkpoints on close (~50-250 ms).
 
 Labels: human labels (:meth:`LogStore.add_human_label`) and back-filled teacher
-labels (:meth:`LogStore.add_teacher_label`) are append-only; the latest of each kind
+labels (:meth:`LogStore.add_teacher_label`; both :class:`~logstore.drain.LabelSink`
+methods, also offered by the sink) are append-only, each with a ``label_uid``; the latest of each kind
 wins, and :class:`LabelledRow` exposes both. **A human label always wins over the
 teacher's** (:attr:`LabelledRow.target`). A teacher answer logged with
 ``valid=False`` is kept for statistics but never reported as a teacher label.
@@ -66,10 +82,12 @@ import pyarrow as pa
 
 from classifier.protocols import HistoryEntry
 from logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock
+from logstore.drain import LocalIngest
 from logstore.errors import LogStoreError, UnknownDecisionError
+from logstore.labels import LabelRecord
 from logstore.schema import apply_migrations, current_version, utcnow
-from logstore.segments import ingest_spool
-from logstore.sink import DuckDBLogSink
+from logstore.segments import ingest_spool, insert_objects
+from logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
 
 log = logging.getLogger("flywheel.logstore")
 
@@ -151,8 +169,41 @@ ORDER BY d.created_at, d.decision_id
 """
 
 
+_FORGET_SQL = """
+UPDATE decisions SET text = '',
+    history = list_transform(history, lambda h: {'label': h.label, 'snippet': ''}),
+    teacher_error = split_part(teacher_error, ':', 1)
+WHERE created_at < ? AND (text <> '' OR teacher_error LIKE '%:%'
+    OR coalesce(len(list_filter(history, lambda h: coalesce(h.snippet, '') <> '')), 0) > 0)
+"""
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _sql_ident(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class LogStore:
     """The traffic log at ``path`` (a DuckDB file; segments spool in ``<path>.spool/``).
+    A :class:`~logstore.drain.LabelSink` that checks the decision is in the log.
 
     Opening checks that the location is writable and applies the schema migrations,
     so a bad path fails here with :class:`LogStoreError`, not as a lost log later.
@@ -166,7 +217,7 @@ class LogStore:
         self.path = str(p)
         self.spool_dir = Path(self.path + ".spool")
         self.busy_timeout_s = float(busy_timeout_s)
-        self._sinks: "weakref.WeakSet[DuckDBLogSink]" = weakref.WeakSet()
+        self._sinks: "weakref.WeakSet[SpoolSink]" = weakref.WeakSet()
         if p.is_dir():
             raise LogStoreError(f"log database path {self.path} is a directory")
         try:
@@ -206,12 +257,15 @@ class LogStore:
 
     def open_sink(self, *, flush_interval_s: float = 0.5, batch_size: int = 1000,
                   max_buffer: int = 100_000, ingest_interval_s: float | None = 10.0,
-                  fsync: bool = True) -> DuckDBLogSink:
-        """A :class:`DuckDBLogSink` writing into this store (see its docstring)."""
-        sink = DuckDBLogSink(self.path, self.spool_dir, busy_timeout_s=self.busy_timeout_s,
-                             flush_interval_s=flush_interval_s, batch_size=batch_size,
-                             max_buffer=max_buffer, ingest_interval_s=ingest_interval_s,
-                             fsync=fsync)
+                  fsync: bool = True, max_spool_bytes: int | None = DEFAULT_MAX_SPOOL_BYTES) -> SpoolSink:
+        """A :class:`SpoolSink` writing into this store's spool and draining it into the
+        database with :class:`LocalIngest` (one try, no wait) every ``ingest_interval_s``;
+        ``None``: no drain thread (the segments wait for the next read or :meth:`ingest`)."""
+        drain = None if ingest_interval_s is None else LocalIngest(self.path, busy_timeout_s=0.0)
+        sink = SpoolSink(self.spool_dir, drain, drain_interval_s=ingest_interval_s or 10.0,
+                         max_spool_bytes=max_spool_bytes, flush_interval_s=flush_interval_s,
+                         batch_size=batch_size, max_buffer=max_buffer, fsync=fsync,
+                         busy_timeout_s=self.busy_timeout_s)
         self._sinks.add(sink)
         return sink
 
@@ -219,19 +273,76 @@ class LogStore:
         """Move spooled segments into the database now; return the rows moved."""
         return self._run(lambda con: ingest_spool(con, self.spool_dir), ingest=False)
 
+    def ingested_keys(self) -> set[str]:
+        """The object keys whose rows are in (``ingested_objects``; see :meth:`insert_objects`)."""
+        return {r[0] for r in self._run(lambda con: con.execute("SELECT key FROM ingested_objects").fetchall())}
+
+    def insert_objects(self, items: Sequence[tuple[str, str, pa.Table]]) -> int:
+        """Insert shipped objects ``(key, kind, table)`` exactly once, rows and keys in one
+        transaction; return the rows inserted (:func:`logstore.segments.insert_objects`)."""
+        return int(self._run(lambda con: insert_objects(con, items)))
+
     @property
     def schema_version(self) -> int:
         return self._run(current_version)
 
+    # -- retention (fleet.retention.prune_log)
+    def forget_text(self, before: float | datetime) -> int:
+        """Remove the raw query text of every decision created before ``before`` (unix
+        seconds or datetime): ``text`` becomes ``''``, history snippets ``''`` (their
+        labels stay) and ``teacher_error`` its kind (the part before ``:``, which may quote
+        an answer). Ids, answers, labels and embeddings stay. Returns the decisions
+        changed. The old strings stay in the file's free blocks until :meth:`compact`."""
+        return int(self._run(lambda con: con.execute(_FORGET_SQL, [_to_utc(before)]).fetchone()[0]))
+
+    def compact(self) -> int:
+        """Rewrite the database file with only its live data, so that deleted and
+        overwritten values are gone from the disk file (an ``UPDATE``/``DELETE`` with
+        ``CHECKPOINT`` leaves old strings in free blocks). Copies everything
+        (``COPY FROM DATABASE``: tables, views, sequences with their counters,
+        constraints) into a new file next to it, then swaps it in atomically while the
+        old file is still open and locked, so no other process can write in between.
+        Needs free disk space for one more copy. Returns the new file's size in bytes."""
+        tmp = self.path + ".compact.tmp"
+
+        def op(con):
+            con.execute("CHECKPOINT")
+            name = con.execute("SELECT current_database()").fetchone()[0]
+            for p in (tmp, tmp + ".wal"):  # left by a crash during an earlier compaction
+                _remove(p)
+            con.execute(f"ATTACH {_sql_str(tmp)} AS _flywheel_compact")
+            try:
+                try:
+                    con.execute(f"COPY FROM DATABASE {_sql_ident(name)} TO _flywheel_compact")
+                finally:
+                    con.execute("DETACH _flywheel_compact")
+                _fsync(tmp)
+                os.replace(tmp, self.path)
+            except BaseException:
+                for p in (tmp, tmp + ".wal"):
+                    _remove(p)
+                raise
+            _fsync(os.path.dirname(self.path), directory=True)
+            return os.path.getsize(self.path)
+        return int(self._run(op))
+
     # -- labels
-    def _add_label(self, decision_id: str, row: list) -> None:
+    def _check_id(self, decision_id: object) -> None:
+        if not isinstance(decision_id, str) or not decision_id:
+            raise UnknownDecisionError(f"unknown decision id {decision_id!r} in log {self.path}")
+
+    def _add_label(self, rec: LabelRecord) -> None:
+        decision_id = rec.decision_id
+
         def op(con):
             if not con.execute("SELECT count(*) FROM decisions WHERE decision_id = ?",
                                [decision_id]).fetchone()[0]:
                 return False
-            con.execute("INSERT INTO labels (decision_id, source, label, model, valid, "
-                        "latency_ms, author, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [decision_id, *row, utcnow()])
+            now = utcnow()
+            con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, "
+                        "author, created_at, label_uid, logged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [decision_id, rec.source, rec.label, rec.model, rec.valid, rec.latency_ms,
+                         rec.author, now, rec.label_uid, now])
             return True
 
         if self._run(op):
@@ -245,16 +356,15 @@ class LogStore:
                         author: str | None = None) -> None:
         """Record a human label (``None`` = out of scope); the latest one wins and it
         always beats the teacher's. Unknown ``decision_id`` -> :class:`UnknownDecisionError`."""
-        if label is not None and not isinstance(label, str):
-            raise LogStoreError(f"label must be a string or None, got {label!r}")
-        self._add_label(decision_id, ["human", label, None, True, None, author])
+        self._check_id(decision_id)
+        self._add_label(LabelRecord.human(decision_id, label, author=author))
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str,
                           valid: bool, latency_ms: float | None = None) -> None:
         """Record a back-filled teacher answer. ``valid=False`` rows are kept for stats
         and never reported as a teacher label."""
-        self._add_label(decision_id, ["teacher", label, model, bool(valid),
-                                      None if latency_ms is None else float(latency_ms), None])
+        self._check_id(decision_id)
+        self._add_label(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))
 
     def pending(self, limit: int | None = None) -> list[tuple[str, str, tuple[HistoryEntry, ...]]]:
         """Decisions that needed the teacher while it was unavailable and have neither a
@@ -373,18 +483,22 @@ class LogStore:
         """Valid teacher answers (inline or back-filled) and human labels that reached the
         log after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts
         from when its decision was ingested (``logged_at``), so a decision that was still
-        spooled while a model was trained counts as new."""
+        spooled while a model was trained counts as new; a label from when both it and its
+        decision are in (a label whose decision is not in yet does not count)."""
         ts = _to_utc(since if since is not None else 0.0)
         return int(self._run(lambda con: con.execute(
             "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
-            "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels "
-            "WHERE (source = 'human' OR valid) AND created_at > ?)", [ts, ts]).fetchone()[0]))
+            "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels l "
+            "JOIN decisions d ON d.decision_id = l.decision_id WHERE (l.source = 'human' OR l.valid) "
+            "AND greatest(coalesce(l.logged_at, l.created_at), coalesce(d.logged_at, d.created_at)) > ?)",
+            [ts, ts]).fetchone()[0]))
 
     def invalid_teacher_answers(self) -> int:
         """Teacher answers logged as invalid (inline or back-filled): never training data."""
         return int(self._run(lambda con: con.execute(
             "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
-            "(SELECT count(*) FROM labels WHERE source = 'teacher' AND NOT valid)").fetchone()[0]))
+            "(SELECT count(*) FROM labels l WHERE source = 'teacher' AND NOT valid "
+            "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id))").fetchone()[0]))
 
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``

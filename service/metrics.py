@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from classifier.decision import Decision
 from classifier.labels import OUT_OF_SCOPE, label_name
@@ -42,6 +43,7 @@ __all__ = [
     "BATCH_BUCKETS",
     "OTHER_LABEL",
     "TEACHER_OUTCOMES",
+    "SYNC_OUTCOMES",
     "ServerMetrics",
     "MetricsInterceptor",
     "start_metrics_http",
@@ -58,6 +60,8 @@ OTHER_LABEL = "other"  # any label outside the set given to ``set_labels``
 TEACHER_OUTCOMES = ("ok", "timeout", "unavailable", "malformed", "unknown_label", "circuit_open",
                     "skipped_deadline", "pool_full", "error")
 RELOAD_OUTCOMES = ("ok", "refused")
+# what a replica's poll of the fleet's CURRENT pointer found (fleet.registry.RegistrySync)
+SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
 
 
 class ServerMetrics:
@@ -220,6 +224,11 @@ class ServerMetrics:
         """Count a reload: ``ok`` or ``refused``."""
         self.model_reloads.labels(outcome).inc()
 
+    def bind_fleet(self, *, spool: Any = None, sync: Any = None) -> None:
+        """Expose fleet mode's shipping (``spool``: a :class:`logstore.SpoolSink`) and model
+        sync (``sync``: a :class:`fleet.registry.RegistrySync`), read at scrape time."""
+        self.registry.register(_FleetCollector(spool, sync))
+
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:
         """Compute the buffered-row gauge at scrape time from ``fn()``."""
         self.log_buffered_rows.set_function(lambda: float(fn()))
@@ -334,3 +343,38 @@ def stop_metrics_http(server: Any, thread: threading.Thread | None = None, timeo
     server.server_close()
     if thread is not None:
         thread.join(timeout)
+
+
+class _FleetCollector:
+    """Counters and gauges that live on the spool sink and the registry sync; read when
+    Prometheus scrapes, so the request path pays nothing for them."""
+
+    def __init__(self, spool: Any, sync: Any) -> None:
+        self.spool, self.sync = spool, sync
+
+    def collect(self):
+        s = self.spool
+        if s is not None:
+            yield _counter("flywheel_log_shipped_rows", "Traffic-log rows acknowledged by the log's destination "
+                           "(the object store in fleet mode, else the local DuckDB).", s.drained)
+            yield _counter("flywheel_log_dropped_rows", "Traffic-log rows dropped because the spool was past "
+                           "its disk bound (spool_max_mb).", s.dropped)
+            yield _counter("flywheel_log_ship_errors", "Failed attempts to ship or ingest spool segments.",
+                           s.drain_errors)
+            yield _gauge("flywheel_log_spool_bytes", "Bytes of traffic log waiting in the spool.", s.spool_bytes)
+            yield _gauge("flywheel_log_spool_segments", "Segments waiting in the spool.", s.spool_segments)
+        if self.sync is not None:
+            polls = CounterMetricFamily("flywheel_registry_polls", "Polls of the fleet's CURRENT model pointer "
+                                        "by outcome.", labels=["outcome"])
+            counts = dict(self.sync.polls)
+            for outcome in sorted(set(SYNC_OUTCOMES) | set(counts)):
+                polls.add_metric([outcome], float(counts.get(outcome, 0)))
+            yield polls
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=float(value))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))

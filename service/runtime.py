@@ -22,7 +22,7 @@ from classifier.default import build_classifier
 from classifier.errors import FlywheelError
 from classifier.pipeline import Classifier
 from classifier.protocols import DecisionRecord
-from logstore import DuckDBLogSink, LogStore
+from logstore import LogStore, SpoolSink
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -51,7 +51,7 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
     writable, before any model is loaded.
     """
     store = LogStore(cfg.log_path) if log_decisions else None
-    sink: DuckDBLogSink | None = None
+    sink: SpoolSink | None = None
     if store is not None:
         if "log_sink" not in kwargs:  # a caller's own sink is used as is: no second writer thread
             sink = kwargs["log_sink"] = store.open_sink()

@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from classifier.config import Config
 from classifier.errors import ConfigError
-from logstore import DuckDBLogSink
+from logstore import SpoolSink
 from service.auth import AdminTokenInterceptor
 from service.core import BatchOptions, SidecarCore
 from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
@@ -181,7 +181,7 @@ class SidecarServer:
         m.set_model(clf.model_version, clf.embedder.id)
         m.bind_queue_depth(lambda: self.core.batcher.depth)
         sink = clf.log_sink
-        if isinstance(sink, DuckDBLogSink):  # the traffic log's sink reports its buffer
+        if isinstance(sink, SpoolSink):  # the traffic log's sink reports its buffer
             m.bind_log_buffered(lambda: sink.buffered)
         breaker = getattr(clf.teacher, "breaker", None)
         if breaker is not None:

@@ -1,11 +1,12 @@
 """The layout's rules, read from the source: dependencies flow one way and nothing
 imports another module's private names.
 
-    flywheel (the CLI root) -> service, training -> logstore -> classifier
+    flywheel (the CLI root) -> service, training -> fleet -> logstore -> classifier
 
 ``classifier`` never imports duckdb, pyarrow or grpc; ``service`` never imports
-``training`` (nor ``training`` ``service``). Every import counts, also one inside a
-function, so a late import cannot hide a cycle.
+``training`` (nor ``training`` ``service``); ``logstore`` and ``classifier`` never import
+``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Every
+import counts, also one inside a function, so a late import cannot hide a cycle.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("classifier", "logstore", "service", "training", "flywheel")
+PACKAGES = ("classifier", "logstore", "fleet", "service", "training", "flywheel")
 # what each package may import from the project (itself included)
 ALLOWED = {
     "classifier": {"classifier"},
     "logstore": {"classifier", "logstore"},
-    "service": {"classifier", "logstore", "service"},
-    "training": {"classifier", "logstore", "training"},
-    "flywheel": {"classifier", "logstore", "service", "training", "flywheel"},
+    "fleet": {"classifier", "logstore", "fleet"},
+    "service": {"classifier", "logstore", "fleet", "service"},
+    "training": {"classifier", "logstore", "fleet", "training"},
+    "flywheel": {"classifier", "logstore", "fleet", "service", "training", "flywheel"},
 }
 FORBIDDEN_THIRD_PARTY = {"classifier": {"duckdb", "pyarrow", "grpc"}}
+# the object-store clients, and the one module allowed to import them
+STORE_CLIENTS = {"obstore", "boto3", "botocore", "s3fs", "fsspec"}
+STORE_CLIENT_HOME = "fleet.objects"
 
 
 def _module_name(path: Path) -> str:
@@ -99,7 +104,7 @@ def _cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_tree_was_found():
-    assert {"classifier.pipeline", "logstore.store", "service.runtime", "training.retrain",
+    assert {"classifier.pipeline", "logstore.store", "fleet.objects", "service.runtime", "training.retrain",
             "flywheel.cli"} <= set(MODULES)
 
 
@@ -120,6 +125,14 @@ def test_dependencies_flow_one_way(package):
             if top in FORBIDDEN_THIRD_PARTY.get(package, ()):
                 bad.append(f"{m} imports {module}")
     assert bad == []
+
+
+def test_only_fleet_objects_imports_an_object_store_client():
+    bad = [f"{m} imports {module}" for m, path in MODULES.items() if m != STORE_CLIENT_HOME
+           for module, _ in _imports(path) if module.split(".")[0] in STORE_CLIENTS]
+    assert bad == []
+    # the rule sees the one allowed import (so a clean result means something)
+    assert "obstore" in {module.split(".")[0] for module, _ in _imports(MODULES[STORE_CLIENT_HOME])}
 
 
 def test_no_private_names_cross_modules():

@@ -100,3 +100,42 @@ def test_corrupt_manifest_names_what_is_wrong(tmp_path, model, edit, expected):
         IntentModel.load(d)
     assert "corrupt manifest" in str(info.value) and expected in str(info.value)
     assert "__init__" not in str(info.value) and "positional" not in str(info.value)
+
+
+def test_manifest_records_every_file_and_a_corrupt_intent_file_is_refused(tmp_path, model):
+    from classifier.model import Manifest, file_sha256
+
+    d = model.save(tmp_path / "v1")
+    doc = json.loads((d / "manifest.json").read_text())
+    files = Manifest.from_dict(doc).files()
+    assert set(files) == {"head.joblib", "head.npz", "intents.yaml"}
+    assert all(files[f] == file_sha256(d / f) for f in files)
+    assert doc["intents_sha256"] == files["intents.yaml"]
+    intents = d / "intents.yaml"
+    original = intents.read_text()
+    intents.write_text(original.replace("what is addvar", "what is addvar, tampered"))
+    with pytest.raises(ModelError, match="intents.yaml: checksum does not match") as info:
+        IntentModel.load(d)
+    assert str(intents) in str(info.value)
+    intents.unlink()
+    with pytest.raises(ModelError, match="intents.yaml is missing"):
+        IntentModel.load(d)
+    intents.write_text(original)
+    assert IntentModel.load(d).version == model.version
+
+
+def test_a_manifest_without_the_intents_checksum_still_loads(tmp_path, model):
+    from classifier.model import Manifest
+
+    d = model.save(tmp_path / "v1")
+    doc = json.loads((d / "manifest.json").read_text())
+    del doc["intents_sha256"]
+    (d / "manifest.json").write_text(json.dumps(doc))
+    assert set(Manifest.from_dict(doc).files()) == {"head.joblib", "head.npz"}
+    # saved before the checksum existed: the intent file is parsed, not checked
+    (d / "intents.yaml").write_text((d / "intents.yaml").read_text() + "\n# a comment\n")
+    assert IntentModel.load(d).intents.labels == model.intents.labels
+    doc["intents_sha256"] = 42
+    (d / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="'intents_sha256' should be a string"):
+        IntentModel.load(d)

@@ -164,8 +164,8 @@ def test_prune_keeps_current_last_promoted_and_recent(pruneable):
     assert _names(home) == before and reg.history() == ["v01", "v03", "v05"]  # the dry run changed nothing
     assert reg.prune(keep_promoted=2, keep_recent=2) == ["v01", "v02", "v04", "v06"]
     assert [v.name for v in reg.versions()] == ["v03", "v05", "v07", "v08"]
-    assert _names(home) == sorted([".retrain.lock", ".v09.tmp1234", "CURRENT", "HISTORY", "README.txt",
-                                   "notes", "v03", "v05", "v07", "v08"])
+    assert _names(home) == sorted([".current.lock", ".retrain.lock", ".v09.tmp1234", "CURRENT", "HISTORY",
+                                   "README.txt", "notes", "v03", "v05", "v07", "v08"])
     assert (home / "notes" / "todo.txt").read_text() == "keep me"
     assert (home / ".v09.tmp1234" / "manifest.json").is_file()
     assert reg.current_name() == "v05" and reg.history() == ["v03", "v05"]
@@ -251,3 +251,191 @@ def test_cli_models_prune(pruneable, capsys):
     assert main(["models", "prune", "--models", str(home), "--keep-recent", "-1"]) == 2
     assert capsys.readouterr().err == "flywheel: error: keep_recent must be >= 0, got -1\n"
     assert [v.name for v in ModelRegistry(home).versions()] == ["v03", "v05", "v07", "v08"]
+
+
+# ------------------------------------------------------------- the Registry contract
+def test_model_registry_is_a_registry(tmp_path):
+    from classifier.protocols import Registry
+
+    reg = ModelRegistry(tmp_path / "models")
+    assert isinstance(reg, Registry)
+    assert reg.current() == (None, None)
+    save(reg, "v1")
+    assert reg.promote("v1", expected=None) == "v1"
+    assert reg.current() == ("v1", "v1")
+    assert reg.load("v1").version == "v1" and reg.staging_dir("v2") == reg.home / "v2"
+    with pytest.raises(ModelError, match="invalid version name"):
+        reg.load("../v1")
+
+
+def test_promote_compares_and_swaps(tmp_path):
+    from classifier.registry import PromotionConflict
+
+    reg = ModelRegistry(tmp_path / "models")
+    for name in ("v1", "v2", "v3"):
+        save(reg, name)
+    reg.promote("v1", expected=None)
+    _, token = reg.current()
+    assert reg.promote("v2", expected=token) == "v2"
+    # a stale token (v1), or "nothing promoted": refused, nothing changes
+    for stale in (token, None):
+        with pytest.raises(PromotionConflict, match="expected (v1|none), found v2") as info:
+            reg.promote("v3", expected=stale)
+        assert isinstance(info.value, ModelError)
+        assert (info.value.expected, info.value.found) == (stale, "v2") and str(reg.home) in str(info.value)
+    assert reg.current_name() == "v2" and reg.history() == ["v1", "v2"]
+    with pytest.raises(PromotionConflict, match="expected v1, found v2"):
+        reg.rollback(expected="v1")
+    assert reg.current_name() == "v2" and reg.history() == ["v1", "v2"]
+    assert reg.rollback(expected="v2") == "v1"
+    reg.promote("v3")                                      # no expected: unconditional, as before
+    assert reg.current_name() == "v3"
+
+
+def test_promotion_conflict_survives_pickling():
+    import pickle
+
+    from classifier.registry import PromotionConflict
+
+    exc = pickle.loads(pickle.dumps(PromotionConflict("v1", None, "home")))
+    assert (exc.expected, exc.found) == ("v1", None)
+    assert str(exc) == "home: the served version moved: expected v1, found none"
+
+
+def test_racing_promotions_one_wins(tmp_path, fitted):
+    """Eight threads promote eight versions against the same token: exactly one wins."""
+    from classifier.registry import PromotionConflict
+
+    reg = ModelRegistry(tmp_path / "models")
+    for name in ("v00", *(f"v0{i}" for i in range(1, 9))):
+        fitted.get(name, fitted["v00"]).save(reg.version_dir(name))
+    reg.promote("v00")
+    won, lost = [], []
+    start = threading.Barrier(8)
+
+    def worker(name):
+        start.wait(timeout=30)
+        try:
+            won.append(ModelRegistry(reg.home).promote(name, expected="v00"))
+        except PromotionConflict as exc:
+            lost.append(exc.found)
+
+    threads = [threading.Thread(target=worker, args=(f"v0{i}",)) for i in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(won) == 1 and len(lost) == 7 and set(lost) == set(won)
+    assert reg.current_name() == won[0] and reg.history() == ["v00", won[0]]
+
+
+HOLDER = """
+import sys
+from classifier.registry import ModelRegistry
+with ModelRegistry(sys.argv[1]).lock() as taken:
+    print("held" if taken else "busy", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _holder(home):
+    """A process that tries the retrain lock, says whether it got it, and keeps it until told."""
+    import select
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(home)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    if not ready:
+        proc.kill()
+        pytest.fail("the lock holder did not answer in 60 s")
+    return proc, proc.stdout.readline().strip()
+
+
+def _release(proc):
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.slow
+def test_retrain_lock_is_exclusive_across_processes(tmp_path):
+    reg = ModelRegistry(tmp_path / "models")
+    proc, said = _holder(reg.home)
+    try:
+        assert said == "held"
+        with reg.lock() as taken:
+            assert taken is False
+    finally:
+        _release(proc)
+    with reg.lock() as taken:
+        assert taken is True
+        proc, said = _holder(reg.home)
+        _release(proc)
+        assert said == "busy"
+    with reg.lock() as taken:                               # released on exit
+        assert taken is True
+
+
+def test_a_run_that_writes_nothing_creates_no_home_for_the_lock(tmp_path):
+    reg = ModelRegistry(tmp_path / "models")
+    with reg.lock(create=False) as taken:
+        assert taken is True
+    assert not reg.home.exists()
+    with reg.lock() as taken:
+        assert taken is True
+    assert (reg.home / ".retrain.lock").exists()
+
+
+# -------------------------------------------------------------- publish and install
+def test_publish_copies_create_only(tmp_path, fitted):
+    reg = ModelRegistry(tmp_path / "models")
+    elsewhere = fitted["v01"].save(tmp_path / "trained" / "v01")
+    assert reg.publish(elsewhere) == "v01"
+    assert reg.load("v01").version == "v01" and (elsewhere / "manifest.json").is_file()
+    with pytest.raises(ModelError, match="'v01' already exists"):
+        reg.publish(elsewhere)
+    assert reg.publish(reg.version_dir("v01")) == "v01"      # already here: nothing to do
+    fitted["v02"].save(reg.version_dir("v02"))
+    assert reg.publish(reg.version_dir("v02")) == "v02"
+    with pytest.raises(ModelError, match="not a model version"):
+        reg.publish(tmp_path / "trained")
+    assert reg.current_name() is None                        # publishing serves nothing
+    assert not [p for p in reg.home.iterdir() if "publish" in p.name]
+
+
+def test_install_refuses_and_removes_a_tampered_download(tmp_path, fitted):
+    reg = ModelRegistry(tmp_path / "models")
+    fitted["v01"].save(reg.version_dir("v01"))
+    reg.promote("v01")
+    download = fitted["v02"].save(reg.home / ".download-v02")
+    intents = download / "intents.yaml"
+    intents.write_text(intents.read_text().replace("RETRIEVAL", "RETRIEVAL ", 1))
+    with pytest.raises(ModelError, match="intents.yaml: checksum does not match"):
+        reg.install("v02", download)
+    assert not download.exists() and not reg.version_dir("v02").exists()
+    assert reg.current_name() == "v01" and reg.history() == ["v01"]
+    # an intact download is moved in and can be promoted
+    download = fitted["v02"].save(reg.home / ".download-v02")
+    assert reg.install("v02", download) == reg.version_dir("v02") and not download.exists()
+    reg.promote("v02", expected="v01")
+    # the same version again: kept; another version under that name: refused; both downloads go
+    again = fitted["v02"].save(reg.home / ".again")
+    (again / "manifest.json").write_bytes((reg.version_dir("v02") / "manifest.json").read_bytes())
+    assert reg.install("v02", again) == reg.version_dir("v02") and not again.exists()
+    other = fitted["v03"].save(reg.home / ".other")
+    with pytest.raises(ModelError, match="another version named 'v02'"):
+        reg.install("v02", other)
+    assert not other.exists() and reg.load("v02").version == "v02" and reg.current_name() == "v02"
+
+
+def test_install_repairs_a_corrupt_copy_and_takes_downloads_from_elsewhere(tmp_path, fitted):
+    reg = ModelRegistry(tmp_path / "models")
+    fitted["v01"].save(reg.version_dir("v01"))
+    (reg.version_dir("v01") / "head.npz").write_bytes(b"rotten")
+    download = fitted["v01"].save(tmp_path / "downloads" / "v01")
+    (download / "manifest.json").write_bytes((reg.version_dir("v01") / "manifest.json").read_bytes())
+    assert reg.install("v01", download) == reg.version_dir("v01")
+    assert reg.load("v01").version == "v01" and not download.exists()
+    assert not [p for p in reg.home.iterdir() if p.name.startswith(".")]

@@ -23,7 +23,7 @@ from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
 from classifier.intents import parse_intents
 from classifier.model import intents_to_doc
 from classifier.protocols import DecisionRecord
-from classifier.registry import ModelRegistry
+from classifier.registry import UNCHECKED, ModelRegistry
 from classifier.text import normalise_key
 from classifier.trainer import fit_model
 from logstore import LogStore
@@ -31,7 +31,7 @@ from tests.fakes import HashEmbedder
 from training import cli_retrain
 from training import retrain as retrain_mod
 from training.layer2 import layer2_predict
-from training.retrain import retrain
+from training.retrain import RetrainOptions, retrain
 from training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, split_role, split_value
 
 # ----------------------------------------------------------------- synthetic world
@@ -141,9 +141,8 @@ class World:
         self.embedder = CountingEmbedder()
 
     def run(self, **kw):
-        kw.setdefault("tolerance", 0.01)
         return retrain(store=self.store, registry=self.registry, intents=self.intents,
-                       embedder=self.embedder, **kw)
+                       embedder=self.embedder, options=RetrainOptions(**kw))
 
     def seed_traffic(self, n_teacher: int = 600, n_human: int = 40, seed: int = 0):
         """Teacher-labelled traffic (every third row with its logged embedding) and a few
@@ -868,3 +867,184 @@ def test_the_latest_human_label_wins_by_its_own_time_not_its_decisions(world):
     world.store.add_human_label(old.decision.id, "PLATFORM")
     ts = build_training_set(world.store, world.intents, embedder=world.embedder)
     assert find(ts, text)[1:] == ("PLATFORM", "human")
+
+
+# ------------------------------------------------------- the champion moves during the run
+class MovedDuringTheRun(ModelRegistry):
+    """A real registry on which someone else promotes ``others``, one before each of the
+    retrain's compare-and-swap promotions, until they run out."""
+
+    def __init__(self, home, others) -> None:
+        super().__init__(home)
+        self.others = list(others)
+        self.calls: list[tuple[str, str | None]] = []
+
+    def promote(self, name, *, expected=UNCHECKED, verify=True):
+        if expected is not UNCHECKED:
+            self.calls.append((name, expected))
+            if self.others:
+                super().promote(self.others.pop(0))
+        return super().promote(name, expected=expected, verify=verify)
+
+
+def _by_hand(world, *names):
+    """Versions trained outside retrain (``flywheel train``), saved but not promoted."""
+    for name in names:
+        fit_model(world.intents, embedder=HashEmbedder(), version=name).save(world.registry.version_dir(name))
+
+
+def _saved_report(world, res):
+    return json.loads((world.registry.home / res.version / "report.json").read_text())
+
+
+def test_a_champion_promoted_meanwhile_is_gated_against_then_replaced_by_compare_and_swap(world):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    _by_hand(world, "v-by-hand")
+    world.registry = MovedDuringTheRun(world.registry.home, ["v-by-hand"])
+    res = world.run(tolerance=1.0)
+    assert res.outcome == "promoted", res.reason
+    # the first promotion was refused (the pointer moved), the second compared against the new champion
+    assert world.registry.calls == [(res.version, first.version), (res.version, "v-by-hand")]
+    assert world.registry.history() == [first.version, "v-by-hand", res.version]
+    assert res.champion["version"] == "v-by-hand" and res.report["champion_version"] == "v-by-hand"
+    moved = f"the champion moved during the run (expected {first.version}, found v-by-hand)"
+    assert any(n.startswith(moved) for n in res.report["notes"])
+    assert any("not trained by retrain" in n for n in res.report["notes"])   # the gate against v-by-hand
+    saved = _saved_report(world, res)
+    assert saved["champion_version"] == "v-by-hand" and saved["promoted"] is True
+
+
+def test_a_champion_that_keeps_moving_is_never_overwritten(world):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    _by_hand(world, "v-a", "v-b", "v-c")
+    world.registry = MovedDuringTheRun(world.registry.home, ["v-a", "v-b", "v-c"])
+    res = world.run(tolerance=1.0)
+    assert res.outcome == "kept"
+    assert res.reason == "champion moved during the run (expected v-b, found v-c); not overwritten"
+    assert [e for _, e in world.registry.calls] == [first.version, "v-a", "v-b"]   # PROMOTE_TRIES tries
+    assert world.registry.current_name() == "v-c"
+    assert world.registry.history() == [first.version, "v-a", "v-b", "v-c"]
+    assert res.summary_line().startswith(f"kept v-c, challenger {res.version} not promoted: champion moved")
+    moves = [n for n in res.report["notes"] if n.startswith("the champion moved")]
+    assert len(moves) == 3 and "expected v-b, found v-c" in moves[-1]
+    saved = _saved_report(world, res)
+    assert saved["outcome"] == "kept" and saved["promoted"] is False and saved["reason"] == res.reason
+    assert "NOT promoted" in (world.registry.home / res.version / "report.md").read_text()
+
+
+def test_a_champion_moved_to_another_retrain_of_it_is_kept(world, tmp_path):
+    """Another host retrained the same champion on the same log and promoted first."""
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    other = ModelRegistry(tmp_path / "host2")
+    other.publish(world.registry.version_dir(first.version))
+    other.promote(first.version)
+    sibling = retrain(store=world.store, registry=other, intents=world.intents, embedder=HashEmbedder(),
+                      options=RetrainOptions(tolerance=1.0))
+    assert sibling.outcome == "promoted"
+    world.registry.publish(other.version_dir(sibling.version))
+    world.registry = MovedDuringTheRun(world.registry.home, [sibling.version])
+    res = world.run(tolerance=1.0)
+    assert res.outcome == "kept"
+    assert res.reason == (f"champion moved during the run (expected {first.version}, found {sibling.version}), "
+                          f"to another retrain of {first.version}; not overwritten")
+    assert world.registry.current_name() == sibling.version and len(world.registry.calls) == 1
+    assert _saved_report(world, res)["promoted"] is False
+
+
+def test_a_champion_moved_before_saving_is_gated_against_before_publishing(world, monkeypatch):
+    """The pointer moved while the challenger trained: the published report already names
+    the new champion, and the promotion goes through on its token."""
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    _by_hand(world, "v-by-hand")
+    real_gate, published = retrain_mod._gate, []
+
+    def gate(job, trial, champion):
+        if champion.name == first.version:       # someone promotes while the first gate runs
+            world.registry.promote("v-by-hand")
+        return real_gate(job, trial, champion)
+
+    class Recording(ModelRegistry):
+        def publish(self, directory):
+            published.append(json.loads((directory / "report.json").read_text())["champion_version"])
+            return super().publish(directory)
+
+    monkeypatch.setattr(retrain_mod, "_gate", gate)
+    world.registry = Recording(world.registry.home)
+    res = world.run(tolerance=1.0)
+    assert res.outcome == "promoted" and published == ["v-by-hand"]
+    assert world.registry.history() == [first.version, "v-by-hand", res.version]
+
+
+def test_two_retrains_on_one_home_one_runs_the_other_says_so(world):
+    """The retrain lock: the second run, started while the first holds it, is skipped."""
+    world.seed_traffic(n_teacher=200, n_human=10)
+    inside, released = threading.Event(), threading.Event()
+
+    class Held(ModelRegistry):
+        def current(self):               # called with the retrain lock held
+            inside.set()
+            released.wait(timeout=60)
+            return super().current()
+
+    results = {}
+
+    def run(name, registry):
+        results[name] = retrain(store=world.store, registry=registry, intents=world.intents,
+                                embedder=HashEmbedder())
+
+    first = threading.Thread(target=run, args=("first", Held(world.registry.home)))
+    first.start()
+    try:
+        assert inside.wait(timeout=60)
+        run("second", ModelRegistry(world.registry.home))
+    finally:
+        released.set()
+        first.join(timeout=120)
+    assert results["first"].outcome == "promoted"
+    assert results["second"].outcome == "skipped" and results["second"].reason == "another retrain is running"
+    assert world.registry.history() == [results["first"].version]
+
+
+def test_two_retrains_racing_without_a_shared_lock_one_promotes_the_other_says_so(world):
+    """Two hosts (each with its own retrain lock) share one pointer: both gate against the
+    same champion and promote at the same moment; one wins, the other is kept and says why."""
+    from contextlib import contextmanager
+
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    both_gated = threading.Barrier(2)
+
+    class Host(ModelRegistry):
+        @contextmanager
+        def lock(self, *, create=True):
+            yield True
+
+        def promote(self, name, *, expected=UNCHECKED, verify=True):
+            if expected is not UNCHECKED and not both_gated.broken:
+                both_gated.wait(timeout=120)
+            return super().promote(name, expected=expected, verify=verify)
+
+    results = []
+
+    def run():
+        results.append(retrain(store=world.store, registry=Host(world.registry.home), intents=world.intents,
+                               embedder=HashEmbedder(), options=RetrainOptions(tolerance=1.0)))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == 2
+    won = [r for r in results if r.outcome == "promoted"]
+    lost = [r for r in results if r.outcome != "promoted"]
+    assert len(won) == 1 and len(lost) == 1, [r.summary_line() for r in results]
+    assert lost[0].outcome == "kept"
+    assert lost[0].reason == (f"champion moved during the run (expected {first.version}, found {won[0].version}), "
+                              f"to another retrain of {first.version}; not overwritten")
+    assert world.registry.current_name() == won[0].version
+    assert world.registry.history() == [first.version, won[0].version]

@@ -85,6 +85,8 @@ def fill(store: LogStore) -> None:
         ("d04", "teacher", "refund", True, 1),
         ("d04", "teacher", "shipping", True, 2),    # later: wins
         ("d07", "teacher", "refund", False, 1),     # invalid: not a teacher label
+        ("zz-elsewhere", "human", "billing", True, 1),     # labels of a decision not in (yet):
+        ("zz-elsewhere", "teacher", "refund", True, 1),    # another replica's; counted nowhere
     ]
     values = ", ".join("(?, ?, ?, ?, ?, TIMESTAMP '2024-05-03 00:00:00' + to_minutes(?::BIGINT))"
                        for _ in labels)

@@ -9,6 +9,7 @@ import typer
 
 from classifier.config import load_config
 from classifier.errors import FlywheelError
+from classifier.registry import RETRAIN_LOCK, ModelRegistry
 from training.cli import echo_json
 
 __all__ = ["models_app"]
@@ -17,9 +18,7 @@ __all__ = ["models_app"]
 models_app = typer.Typer(help="Model versions: list, promote, rollback, prune.", no_args_is_help=True)
 
 
-def _registry(models: Optional[Path], home: Optional[Path]):
-    from classifier.registry import ModelRegistry
-
+def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
     return ModelRegistry(models or load_config(home=home).models_dir)
 
 
@@ -49,7 +48,9 @@ def models_promote(version: str = typer.Argument(...),
                    models: Optional[Path] = typer.Option(None, "--models"),
                    home: Optional[Path] = typer.Option(None, "--home")) -> None:
     """Serve VERSION (checked before the switch)."""
-    _registry(models, home).promote(version)
+    reg = _registry(models, home)
+    _, token = reg.current()
+    reg.promote(version, expected=token)   # refused if another promotion lands meanwhile
     typer.echo(f"promoted {version}")
 
 
@@ -57,7 +58,9 @@ def models_promote(version: str = typer.Argument(...),
 def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
                     home: Optional[Path] = typer.Option(None, "--home")) -> None:
     """Serve the previously promoted version again."""
-    typer.echo(f"rolled back to {_registry(models, home).rollback()}")
+    reg = _registry(models, home)
+    _, token = reg.current()
+    typer.echo(f"rolled back to {reg.rollback(expected=token)}")
 
 
 @models_app.command("prune")
@@ -74,22 +77,11 @@ def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
     if dry_run or not reg.home.is_dir():
         removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run)
     else:  # never delete beside a running retrain (it saves, then promotes, a new version)
-        from filelock import FileLock, Timeout
-
-        from training.retrain import LOCK_NAME
-
-        lock = FileLock(str(reg.home / LOCK_NAME))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise FlywheelError(f"a retrain is running ({reg.home / LOCK_NAME} is held); "
-                                "try again when it is done") from None
-        except OSError as exc:
-            raise FlywheelError(f"cannot take the retrain lock {reg.home / LOCK_NAME}: {exc}") from None
-        try:
+        with reg.lock() as taken:
+            if not taken:
+                raise FlywheelError(f"a retrain is running ({reg.home / RETRAIN_LOCK} is held); "
+                                    "try again when it is done")
             removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent)
-        finally:
-            lock.release()
     verb = "would remove" if dry_run else "removed"
     for name in removed:
         typer.echo(f"{verb} {name}")

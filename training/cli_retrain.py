@@ -11,31 +11,37 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from classifier.errors import FlywheelError, ModelError
+from training.options import RetrainOptions
 from training.report import RetrainResult, fmt_share, fmt_value
-from training.trainset import SELF_TRAINING_MAX
+
+if TYPE_CHECKING:
+    from classifier.intents import IntentSet
+    from classifier.protocols import Registry
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 
+_DEFAULTS = RetrainOptions()   # the options' defaults, stated once (in RetrainOptions)
+
 
 def retrain_command(
-    min_new_labels: int = typer.Option(0, "--min-new-labels", min=0,
+    min_new_labels: int = typer.Option(_DEFAULTS.min_new_labels, "--min-new-labels", min=0,
                                        help="Skip unless this many labels arrived since the champion."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    tolerance: float = typer.Option(0.01, "--tolerance", help="How much worse the challenger may be."),
+    tolerance: float = typer.Option(_DEFAULTS.tolerance, "--tolerance", help="How much worse the challenger may be."),
     target_precision: Optional[float] = typer.Option(None, "--target-precision",
                                                      help="Precision of layer 2's sure answers."),
     llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
                                                help="Largest share of traffic left to the LLM, e.g. 0.05."),
-    self_training: float = typer.Option(0.0, "--self-training", min=0.0, max=1.0,
+    self_training: float = typer.Option(_DEFAULTS.self_training, "--self-training", min=0.0, max=1.0,
                                         help="Also train on layer 2's confident decisions at this weight "
                                              "(0 = off, e.g. 0.3)."),
-    self_training_max: int = typer.Option(SELF_TRAINING_MAX, "--self-training-max", min=0,
+    self_training_max: int = typer.Option(_DEFAULTS.self_training_max, "--self-training-max", min=0,
                                           help="At most this many of them (the newest)."),
     models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
     log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
@@ -46,10 +52,10 @@ def retrain_command(
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
-        result = run_from_config(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                          target_precision=target_precision, llm_budget=llm_budget, models=models,
-                          log_db=log_db, intents=intents, home=home, progress=not quiet,
-                          self_training=self_training, self_training_max=self_training_max)
+        options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
+                                 target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
+                                 self_training=self_training, self_training_max=self_training_max)
+        result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home)
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -80,8 +86,12 @@ def make_embedder(settings: Any) -> Any:
     return make_embedder(settings)
 
 
-def run_from_config(*, min_new_labels, dry_run, tolerance, target_precision, llm_budget, models, log_db, intents,
-             home, progress, self_training=0.0, self_training_max=SELF_TRAINING_MAX) -> RetrainResult:
+def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_db: str | None = None,
+                    intents: Path | None = None, home: Path | None = None) -> RetrainResult:
+    """Run :func:`training.retrain.retrain` with ``options`` on the configured models home
+    and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
+    intent set is ``intents``, else the champion's bundled one, else the configured file
+    (or the starter set)."""
     from classifier.config import load_config, starter_intents_path
     from classifier.intents import load_intents
     from classifier.registry import ModelRegistry
@@ -92,22 +102,25 @@ def run_from_config(*, min_new_labels, dry_run, tolerance, target_precision, llm
     if intents is not None:
         intent_set = load_intents(intents)
     else:
-        intent_set = None
-        if registry.current_name() is not None:
-            try:
-                intent_set = registry.load_current().intents
-            except ModelError:
-                intent_set = None
+        intent_set = _champion_intents(registry)
         if intent_set is None:
             intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     embedder = make_embedder(intent_set.embedder)
     store = LogStore(cfg.log_path)
     from training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
-    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder,
-                   min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                   target_precision=target_precision, llm_budget=llm_budget, progress=progress,
-                   self_training=self_training, self_training_max=self_training_max)
+    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options)
+
+
+def _champion_intents(registry: Registry) -> IntentSet | None:
+    """The served version's bundled intent set, or None (nothing served, or unloadable)."""
+    name, _ = registry.current()
+    if name is None:
+        return None
+    try:
+        return registry.load(name).intents
+    except ModelError:
+        return None
 
 
 def _readable(result: RetrainResult) -> list[str]:

@@ -1,13 +1,15 @@
 """``flywheel retrain``: distil the teacher's labels (human corrections on top) from the
 traffic log back into layer 2, and promote the new model only if it is not worse.
 
-Run it from cron. :func:`retrain` checks its options once (:class:`RetrainOptions`),
-then one run is these steps (each a function here):
+Run it from cron. :func:`retrain` takes a traffic log (:class:`training.protocols.TrafficLog`),
+a registry (:class:`classifier.protocols.Registry`: a local models home or a shared one)
+and its options, checked once (:class:`RetrainOptions`); one run is these steps (each a
+function here):
 
-1. ``_retrain_lock``: takes ``<models home>/.retrain.lock`` without waiting (held:
-   outcome ``skipped``);
-2. ``_load_champion``: the served ``CURRENT`` version (none, unloadable or trained with
-   another encoder: no champion, and the report says why);
+1. ``registry.lock()``: the retrain lock, taken without waiting (held: outcome
+   ``skipped``);
+2. ``_load_champion``: the served version with its token (none, unloadable or trained
+   with another encoder: no champion, and the report says why);
 3. ``_should_skip``: with ``min_new_labels``, counts the labels (valid teacher answers +
    human labels) newer than the champion's training data and skips when there are
    fewer (unless the intent set changed; without a usable champion the job always
@@ -31,9 +33,19 @@ then one run is these steps (each a function here):
 8. ``_decide``: promotes when ``challenger accuracy >= champion accuracy - tolerance -
    noise`` (and the same for out-of-scope recall when there are >= 20 out-of-scope
    evaluation queries); otherwise keeps the champion;
-9. ``_save``: every challenger is saved (its manifest's metrics name the split and the
-   log it saw) with ``report.json`` and ``report.md``, and promoted if it won;
-   ``dry_run`` saves and promotes nothing.
+9. ``_save``: every challenger is saved in the registry's staging directory (its
+   manifest's metrics name the split and the log it saw) with ``report.json`` and
+   ``report.md`` and published; if it won, it is promoted against the champion's token
+   (compare-and-swap). ``dry_run`` saves and promotes nothing.
+
+The champion may move during the run (another retrain, a promotion or rollback by hand).
+The job never overwrites a version it did not gate against: before publishing and on a
+refused promotion (:class:`~classifier.registry.PromotionConflict`) it loads the new
+champion and repeats steps 7 and 8 against it (``_regate``). The challenger is kept,
+not promoted, when it loses that gate, when the new champion is another retrain of the
+same champion (its manifest's ``parent``: two retrains raced and the other won), or when
+the champion keeps moving (:data:`PROMOTE_TRIES` refused promotions); the reason and the
+notes say which version it found.
 
 Gate set: the fixed ``eval`` set. A champion not trained by this job (its manifest lacks
 ``metrics.eval_split == SPLIT_ID``) may have trained on the held-out intent examples, so
@@ -46,40 +58,37 @@ from __future__ import annotations
 import json
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from classifier.errors import FlywheelError, ModelError
+from classifier.errors import ModelError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, intents_to_doc, new_version_name
+from classifier.protocols import Embedder, Registry
+from classifier.registry import PromotionConflict
 from classifier.tiers import Thresholds
 from training.gate import decide, evaluate_layer2
+from training.options import RetrainError, RetrainOptions
+from training.protocols import TrafficLog
 from training.report import RetrainResult, jsonable, render_markdown
 from training.rows import LabelledSet, TrainingSet
-from training.trainset import SELF_TRAINING_MAX, SPLIT_ID, build_training_set
+from training.trainset import SPLIT_ID, build_training_set
 from training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
-__all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "LOCK_NAME",
-           "MIN_GATE_ROWS"]
+__all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
+           "PROMOTE_TRIES"]
 
-LOCK_NAME = ".retrain.lock"
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
-
-
-class RetrainError(FlywheelError):
-    """The retrain job could not run (e.g. the challenger cannot be trained)."""
-
-    exit_code = 1
+PROMOTE_TRIES = 3           # refused promotions (the champion moved) before the challenger is kept
 
 
 # ----------------------------------------------------------------- metrics
-def count_new_labels(store: Any, since: float | None) -> int:
+def count_new_labels(store: TrafficLog | None, since: float | None) -> int:
     """Labels that reached the log after ``since`` (see :meth:`LogStore.count_new_labels`)."""
     return 0 if store is None else store.count_new_labels(since)
 
@@ -95,54 +104,14 @@ def _trained_until(model: IntentModel) -> float | None:
         return None
 
 
-# ------------------------------------------------------------------ options
-@dataclass(frozen=True)
-class RetrainOptions:
-    """How one run behaves: the keyword arguments of :func:`retrain`, checked here once
-    (an option out of range raises :class:`RetrainError`)."""
-
-    min_new_labels: int = 0
-    dry_run: bool = False
-    tolerance: float = 0.01
-    target_precision: float | None = None
-    llm_budget: float | None = None
-    progress: bool = False
-    now: Any = None
-    self_training: float = 0.0
-    self_training_max: int = SELF_TRAINING_MAX
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise :class:`RetrainError` naming the first option out of range."""
-        if not 0.0 <= self.self_training <= 1.0:
-            raise RetrainError(f"self_training must be between 0 and 1, got {self.self_training}")
-        if self.self_training_max < 0:
-            raise RetrainError(f"self_training_max must be >= 0, got {self.self_training_max}")
-        if not 0.0 <= self.tolerance <= 1.0:
-            raise RetrainError(f"tolerance must be between 0 and 1, got {self.tolerance}")
-        if self.llm_budget is not None and not 0.0 <= self.llm_budget <= 1.0:
-            raise RetrainError(f"llm_budget must be between 0 and 1, got {self.llm_budget}")
-        if self.target_precision is not None and not 0.0 < self.target_precision <= 1.0:
-            raise RetrainError(f"target_precision must be in (0, 1], got {self.target_precision}")
-        if self.min_new_labels < 0:
-            raise RetrainError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
-
-    def run_at(self) -> float:
-        """The run's time for the report (unix seconds)."""
-        now = self.now
-        return now.timestamp() if isinstance(now, datetime) else float(now) if now is not None else time.time()
-
-
 @dataclass(frozen=True)
 class _Job:
     """One run's inputs; ``notes`` collects what the report should say."""
 
-    store: Any
-    registry: Any
+    store: TrafficLog
+    registry: Registry
     intents: IntentSet
-    embedder: Any
+    embedder: Embedder
     opts: RetrainOptions
     notes: list[str] = field(default_factory=list)
 
@@ -166,103 +135,75 @@ class _Evaluation:
     champion: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class _Champion:
+    """The served version as the run read it: its name and token (for the compare-and-swap
+    promotion) and the model, when it is usable here (else ``None``, and a note says why)."""
+
+    name: str | None
+    token: str | None
+    model: IntentModel | None
+
+
+@dataclass
+class _Trial:
+    """The challenger and what it was made from: everything a (re-)gate needs."""
+
+    ts: TrainingSet
+    fitted: IntentModel           # as fitted: the cross-validation thresholds
+    challenger: IntentModel       # with the tuned thresholds: what is evaluated and saved
+    tuning: dict[str, Any]
+    run_at: float
+    t_start: float
+    t_data: float
+    t_fit: float
+    notes_before_gate: int = 0    # job.notes up to here hold for any champion
+    moves: list[tuple[str | None, str | None]] = field(default_factory=list)  # (expected, found) per move
+
+
 # ------------------------------------------------------------------ the job
-def retrain(*, store: Any, registry: Any, intents: IntentSet, embedder: Any, min_new_labels: int = 0,
-            dry_run: bool = False, tolerance: float = 0.01, target_precision: float | None = None,
-            llm_budget: float | None = None, progress: bool = False, now: Any = None,
-            self_training: float = 0.0, self_training_max: int = SELF_TRAINING_MAX) -> RetrainResult:
+def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedder: Embedder,
+            options: RetrainOptions | None = None) -> RetrainResult:
     """Run the retrain job once; see the module docs.
 
     Parameters
     ----------
-    store : LogStore
-        The traffic log.
-    registry : ModelRegistry
-        The models home (champion = its CURRENT version; the challenger is saved there).
+    store : TrafficLog
+        The traffic log (a :class:`logstore.LogStore`).
+    registry : Registry
+        The model versions: the champion is its served version (promotions compare and
+        swap against its token); the challenger is saved in its ``staging_dir`` and
+        published.
     intents : IntentSet
         The intent set to train.
     embedder : Embedder
         Its ``id`` must be the champion's encoder id for the champion to be compared.
-    min_new_labels : int
-        Skip unless at least this many labels arrived since the champion was trained.
-    dry_run : bool
-        Do everything except saving and promoting.
-    tolerance : float
-        How much worse (accuracy, out-of-scope recall) the challenger may be.
-    target_precision : float, optional
-        Precision of layer 2's sure answers the confident cutoff is tuned for (default:
-        the intent set's ``thresholds.target_precision``).
-    llm_budget : float, optional
-        Largest share of recent traffic layer 2 may leave to the teacher; the cutoff is
-        the lower of the precision cutoff and the strictest one within the budget.
-    progress : bool
-        Progress messages on stderr.
-    now : float or datetime, optional
-        The run's time for the report (default: now).
-    self_training : float
-        Weight (0 to 1) of self-training rows: layer 2's own confident decisions from
-        the log, trained on with this weight and never used to fit the gate or the
-        cutoffs (see :mod:`training.trainset`). 0 (the default) leaves them out.
-    self_training_max : int
-        At most this many of them, the newest.
-
-    The options are checked by :class:`RetrainOptions` before anything runs.
+    options : RetrainOptions, optional
+        How the run behaves (default: ``RetrainOptions()``).
     """
-    opts = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
-                          target_precision=target_precision, llm_budget=llm_budget, progress=progress,
-                          now=now, self_training=self_training, self_training_max=self_training_max)
-    with _retrain_lock(Path(registry.home), dry_run) as taken:
+    opts = options if options is not None else RetrainOptions()
+    with registry.lock(create=not opts.dry_run) as taken:   # a dry run creates no models home
         if not taken:
-            return _skip("another retrain is running", dry_run)
+            return _skip("another retrain is running", opts.dry_run)
         return _run(_Job(store, registry, intents, embedder, opts))
-
-
-@contextmanager
-def _retrain_lock(home: Path, dry_run: bool) -> Iterator[bool]:
-    """Hold ``home/LOCK_NAME`` without waiting; ``False`` when another run holds it. A
-    dry run on a home that does not exist yet takes none (it creates nothing)."""
-    from filelock import FileLock, Timeout
-
-    if dry_run and not home.is_dir():
-        yield True
-        return
-    home.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(home / LOCK_NAME))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        yield False
-        return
-    except OSError as exc:
-        raise RetrainError(f"cannot take the retrain lock {home / LOCK_NAME}: {exc}") from None
-    try:
-        yield True
-    finally:
-        lock.release()
 
 
 def _run(job: _Job) -> RetrainResult:
     t_start = time.perf_counter()
     run_at = job.opts.run_at()
-    champion = _load_champion(job.registry, job.embedder, job.notes)
-    job.say(f"champion: {champion.version if champion else 'none'}")
-    skip = _should_skip(job, champion)
+    champion = _load_champion(job)
+    job.say(f"champion: {champion.model.version if champion.model else 'none'}")
+    skip = _should_skip(job, champion.model)
     if skip is not None:
         return _skip(skip, job.opts.dry_run, job.notes)
-    ts, t_data = _timed(_build_data, job, champion)
-    fitted, t_fit = _timed(_fit_challenger, job, ts, champion)
+    ts, t_data = _timed(_build_data, job, champion.model)
+    fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
     tuning, thresholds = _tune(job, fitted, ts)
-    challenger = with_thresholds(fitted, thresholds)
-    ev, t_eval = _timed(_evaluate, job, challenger, champion, ts)
-    outcome, reason, checks = _decide(job, challenger, champion, ev)
-    challenger = _with_run_metrics(challenger, ts, ev, tuning)
-    timing = _timing(ts, challenger, time.perf_counter() - t_start, t_data, t_fit, t_eval)
-    report = _report(job, challenger.version, run_at, outcome, reason, checks, champion, ev, ts, timing,
-                     {"cross_validation": learned_thresholds(fitted), "tuning": tuning,
-                      "saved": dict(challenger.manifest.thresholds)})
-    result = _result(job, report, ev)
+    trial = _Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
+                   notes_before_gate=len(job.notes))
+    result, challenger = _gate(job, trial, champion)
     if not job.opts.dry_run:
-        _save(job, challenger, result)
+        result = _save(job, trial, champion, challenger, result)
     return result
 
 
@@ -272,24 +213,25 @@ def _timed(step, *args) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def _load_champion(registry: Any, embedder: Any, notes: list[str]) -> IntentModel | None:
-    """The served model, or None (and a note why) when there is none usable here."""
-    name = registry.current_name()
+def _load_champion(job: _Job) -> _Champion:
+    """The served version now, with its model when usable here (else a note why not)."""
+    name, token = job.registry.current()
     if name is None:
-        notes.append("no champion: nothing promoted yet")
-        return None
+        job.notes.append("no champion: nothing promoted yet")
+        return _Champion(None, token, None)
     try:
-        champ = registry.load_current()
+        champ = job.registry.load(name)
     except ModelError as exc:
-        notes.append(f"champion {name} cannot be loaded ({exc}); treated as no champion")
-        return None
-    if not champ.encoder_matches(embedder.id, embedder.dim):
+        job.notes.append(f"champion {name} cannot be loaded ({exc}); treated as no champion")
+        return _Champion(name, token, None)
+    emb = job.embedder
+    if not champ.encoder_matches(emb.id, emb.dim):
         enc = champ.manifest.encoder
-        notes.append(f"champion {name} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
-                     f"{embedder.id!r}; it cannot be evaluated on these embeddings, so it is treated as "
-                     f"no champion")
-        return None
-    return champ
+        job.notes.append(f"champion {name} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
+                         f"{emb.id!r}; it cannot be evaluated on these embeddings, so it is treated as "
+                         f"no champion")
+        return _Champion(name, token, None)
+    return _Champion(name, token, champ)
 
 
 def _should_skip(job: _Job, champion: IntentModel | None) -> str | None:
@@ -347,6 +289,19 @@ def _tune(job: _Job, model: IntentModel, ts: TrainingSet) -> tuple[dict[str, Any
     job.say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
             f"({tuning['method']})")
     return tuning, thresholds
+
+
+def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult, IntentModel]:
+    """Steps 7 and 8 against ``champion``: the result (with its report) and the challenger
+    as saved (its metrics do not depend on the champion)."""
+    ev, t_eval = _timed(_evaluate, job, trial.challenger, champion.model, trial.ts)
+    outcome, reason, checks = _decide(job, trial.challenger, champion.model, ev)
+    model = _with_run_metrics(trial.challenger, trial.ts, ev, trial.tuning)
+    timing = _timing(trial.ts, model, time.perf_counter() - trial.t_start, trial.t_data, trial.t_fit, t_eval)
+    report = _report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
+                     timing, {"cross_validation": learned_thresholds(trial.fitted), "tuning": trial.tuning,
+                              "saved": dict(model.manifest.thresholds)})
+    return _result(job, report), model
 
 
 def _evaluate(job: _Job, challenger: IntentModel, champion: IntentModel | None, ts: TrainingSet) -> _Evaluation:
@@ -433,23 +388,86 @@ def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, chec
     }
 
 
-def _result(job: _Job, report: dict[str, Any], ev: _Evaluation) -> RetrainResult:
+def _result(job: _Job, report: dict[str, Any]) -> RetrainResult:
     """The run's result with its markdown."""
     dry_run = job.opts.dry_run
-    result = RetrainResult(report["outcome"], report["version"], report["reason"], challenger=ev.challenger,
-                           champion=ev.champion, dry_run=dry_run, report=jsonable(report))
+    result = RetrainResult(report["outcome"], report["version"], report["reason"], challenger=report["challenger"],
+                           champion=report["champion"], dry_run=dry_run, report=jsonable(report))
     result.markdown = render_markdown(result)
     job.say(result.summary_line())  # the markdown is the caller's to print (the CLI does on a dry run)
     return result
 
 
-def _save(job: _Job, model: IntentModel, result: RetrainResult) -> None:
-    """Save the challenger with ``report.json`` and ``report.md``; promote it if it won."""
-    path = job.registry.version_dir(model.version)
+def _save(job: _Job, trial: _Trial, champion: _Champion, model: IntentModel,
+          result: RetrainResult) -> RetrainResult:
+    """Save the challenger with ``report.json`` and ``report.md`` in the registry's staging
+    directory and publish it; promote it if it won, against the token of the champion it
+    was gated against. A champion that moved meanwhile is gated against first (before
+    publishing, and after each refused promotion, at most :data:`PROMOTE_TRIES`)."""
+    path = job.registry.staging_dir(model.version)
     model.save(path)
+    if result.outcome == "promoted":
+        champion, result = _follow(job, trial, champion, result)
+    _write_reports(path, result)
+    name = job.registry.publish(path)
+    if result.outcome != "promoted":
+        return result
+    for _ in range(PROMOTE_TRIES):
+        try:
+            job.registry.promote(name, expected=champion.token)
+        except PromotionConflict as exc:
+            conflict = exc
+            champion, result = _follow(job, trial, champion, result)
+            _write_reports(path, result)
+            if result.outcome != "promoted":
+                return result
+            continue
+        job.say(f"promoted {name}")
+        return result
+    # refused PROMOTE_TRIES times: the champion keeps moving
+    moved = trial.moves[-1] if trial.moves else (conflict.expected, conflict.found)
+    result = _overrule(job, result, f"champion moved during the run ({_moved(*moved)}); not overwritten")
+    _write_reports(path, result)
+    return result
+
+
+def _follow(job: _Job, trial: _Trial, champion: _Champion,
+            result: RetrainResult) -> tuple[_Champion, RetrainResult]:
+    """The champion now and the result gated against it (unchanged when it did not move)."""
+    _, token = job.registry.current()
+    return (champion, result) if token == champion.token else _regate(job, trial, champion)
+
+
+def _regate(job: _Job, trial: _Trial, old: _Champion) -> tuple[_Champion, RetrainResult]:
+    """Load the champion that replaced ``old`` and repeat steps 7 and 8 against it. A
+    champion that is another retrain of ``old`` (two retrains raced) keeps its place."""
+    mark = trial.notes_before_gate
+    del job.notes[mark:]                       # the last gate's notes were about the old champion
+    champion = _load_champion(job)
+    trial.moves.append((old.name, champion.name))
+    job.notes[mark:mark] = [f"the champion moved during the run ({_moved(*m)}): the challenger was gated again "
+                            f"against {m[1] or 'none'}" for m in trial.moves]
+    job.say(job.notes[mark + len(trial.moves) - 1])
+    result, _ = _gate(job, trial, champion)
+    parent = old.model.version if old.model is not None else None
+    new = champion.model
+    if result.outcome == "promoted" and new is not None and new.manifest.metrics.get("eval_split") == SPLIT_ID \
+            and new.manifest.parent == parent:
+        result = _overrule(job, result, f"champion moved during the run ({_moved(old.name, champion.name)}), "
+                                        f"to another retrain of {old.name or 'no champion'}; not overwritten")
+    return champion, result
+
+
+def _moved(expected: str | None, found: str | None) -> str:
+    return f"expected {expected or 'none'}, found {found or 'none'}"
+
+
+def _overrule(job: _Job, result: RetrainResult, reason: str) -> RetrainResult:
+    """``result`` turned into ``kept`` for ``reason`` (the gate's metrics unchanged)."""
+    return _result(job, {**result.report, "outcome": "kept", "reason": reason, "promoted": False})
+
+
+def _write_reports(path: Path, result: RetrainResult) -> None:
     result.report_path = path / "report.json"
     result.report_path.write_text(json.dumps(result.report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (path / "report.md").write_text(result.markdown + "\n", encoding="utf-8")
-    if result.outcome == "promoted":
-        job.registry.promote(model.version)
-        job.say(f"promoted {model.version}")

@@ -1,0 +1,30 @@
+"""The fleet's errors: what can go wrong talking to the shared object store.
+
+Every message names the bucket and key it concerns, never a credential
+(:func:`fleet.config.StoreConfig.redact` scrubs what the client library says).
+"""
+
+from __future__ import annotations
+
+from classifier.errors import FlywheelError
+
+__all__ = ["FleetError", "PreconditionFailed", "StoreConfigError", "StoreUnavailable"]
+
+
+class FleetError(FlywheelError):
+    """The object store refused or failed an operation (the base of the fleet's errors)."""
+
+
+class StoreUnavailable(FleetError):
+    """The store cannot be reached now: connection refused, timeout, or a 5xx/429 answer.
+    Worth retrying later; nothing was decided."""
+
+
+class PreconditionFailed(FleetError):
+    """A conditional write lost (412): the key already exists, or its etag moved."""
+
+
+class StoreConfigError(FleetError):
+    """The store URL or its environment (endpoint, credentials) is invalid or incomplete."""
+
+    exit_code = 2

@@ -1,0 +1,88 @@
+"""Label records: what a human or the teacher said about a logged decision.
+
+A :class:`LabelRecord` travels like a decision: written by a
+:class:`~logstore.sink.SpoolSink` into a label segment (``lab-*.arrow``, rows of
+:data:`LABEL_SCHEMA`) and ingested into the ``labels`` table, or inserted directly by
+:class:`~logstore.store.LogStore`. ``label_uid`` makes each record count once however
+often its segment is shipped or mirrored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from logstore.errors import LogStoreError
+from logstore.schema import SCHEMA_VERSION
+
+__all__ = ["LABEL_SCHEMA", "LABEL_SOURCES", "LabelRecord", "label_records_to_table", "new_label_uid"]
+
+LABEL_SOURCES = ("human", "teacher")
+
+LABEL_SCHEMA = pa.schema([
+    ("label_uid", pa.string()), ("decision_id", pa.string()), ("source", pa.string()),
+    ("label", pa.string()), ("model", pa.string()), ("valid", pa.bool_()),
+    ("latency_ms", pa.float64()), ("author", pa.string()), ("created_at", pa.timestamp("us")),
+], metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
+
+
+def new_label_uid() -> str:
+    """A random id for one label record (32 hex chars)."""
+    return os.urandom(16).hex()
+
+
+@dataclass(frozen=True)
+class LabelRecord:
+    """One label of one decision. ``label`` ``None`` = out of scope; ``source`` is
+    ``"human"`` or ``"teacher"``; a teacher record with ``valid=False`` is kept for
+    statistics only; ``created_at`` is unix seconds."""
+
+    decision_id: str
+    source: str
+    label: str | None
+    model: str | None = None
+    valid: bool = True
+    latency_ms: float | None = None
+    author: str | None = None
+    created_at: float = field(default_factory=time.time)
+    label_uid: str = field(default_factory=new_label_uid)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.decision_id, str) or not self.decision_id:
+            raise LogStoreError(f"a label needs a decision id, got {self.decision_id!r}")
+        if self.source not in LABEL_SOURCES:
+            raise LogStoreError(f"label source must be one of {LABEL_SOURCES}, got {self.source!r}")
+        if self.label is not None and not isinstance(self.label, str):
+            raise LogStoreError(f"label must be a string or None, got {self.label!r}")
+
+    @classmethod
+    def human(cls, decision_id: str, label: str | None, *, author: str | None = None) -> "LabelRecord":
+        return cls(decision_id, "human", label, author=author)
+
+    @classmethod
+    def teacher(cls, decision_id: str, label: str | None, model: str, valid: bool,
+                latency_ms: float | None = None) -> "LabelRecord":
+        return cls(decision_id, "teacher", label, model=model, valid=bool(valid),
+                   latency_ms=None if latency_ms is None else float(latency_ms))
+
+
+def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
+    """Label records as one Arrow table of :data:`LABEL_SCHEMA`."""
+    created = np.fromiter((r.created_at for r in records), dtype=np.float64, count=len(records))
+    cols = [
+        pa.array([r.label_uid for r in records], pa.string()),
+        pa.array([r.decision_id for r in records], pa.string()),
+        pa.array([r.source for r in records], pa.string()),
+        pa.array([r.label for r in records], pa.string()),
+        pa.array([r.model for r in records], pa.string()),
+        pa.array([bool(r.valid) for r in records], pa.bool_()),
+        pa.array([None if r.latency_ms is None else float(r.latency_ms) for r in records], pa.float64()),
+        pa.array([r.author for r in records], pa.string()),
+        pa.array((created * 1e6).astype(np.int64), pa.timestamp("us")),
+    ]
+    return pa.Table.from_arrays(cols, schema=LABEL_SCHEMA)

@@ -1,0 +1,55 @@
+"""What the training jobs need from the traffic log, as a :class:`typing.Protocol`.
+
+:class:`TrafficLog` is the part of :class:`logstore.LogStore` that
+:func:`training.retrain.retrain` (with :mod:`training.trainset` and
+:mod:`training.tuning`) reads; a store that mirrors a shared log implements the same.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from logstore import LabelledRow
+
+__all__ = ["TrafficLog"]
+
+
+@runtime_checkable
+class TrafficLog(Protocol):
+    """The traffic log as the retrain reads it (see :class:`logstore.LogStore` for each
+    method's contract)."""
+
+    def ingest(self) -> int:
+        """Make everything logged so far readable; the rows moved."""
+        ...
+
+    def labelled_rows(self, since: float | datetime | None = None, *,
+                      labelled_only: bool = True) -> list[LabelledRow]:
+        """Decisions with a human or a valid teacher label (newer than ``since``), oldest first."""
+        ...
+
+    def invalid_teacher_answers(self) -> int:
+        """How many teacher answers were logged as invalid."""
+        ...
+
+    def embeddings(self, encoder_id: str, decision_ids: Iterable[str] | None = None, *,
+                   texts: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Logged layer-2 vectors made by ``encoder_id``, by decision id (or by text)."""
+        ...
+
+    def confident_layer2(self, encoder_id: str, limit: int
+                         ) -> tuple[list[str], list[str], list[str], list[np.ndarray]]:
+        """The newest confident in-scope layer-2 decisions with their vectors."""
+        ...
+
+    def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
+        """``(decision_id, text)`` of the newest ``n`` decisions layer 2 ran on."""
+        ...
+
+    def count_new_labels(self, since: float | None) -> int:
+        """Labels that reached the log after ``since``."""
+        ...
