@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -61,29 +62,36 @@ class TeacherCall:
     error: str | None = None
 
 
-def _new_process_tag() -> str:
-    return os.urandom(4).hex()
+def _new_process_keys() -> tuple[str, bytes]:
+    return os.urandom(4).hex(), os.urandom(16)
 
 
 #: 8 random hex chars that start every decision id this process makes (regenerated in a
 #: forked child), so a replica can tell an id it issued from one it cannot check. Read it
 #: as ``decision.PROCESS_TAG`` (a name imported before a fork keeps the parent's tag).
-PROCESS_TAG: str = _new_process_tag()
+PROCESS_TAG, _PROCESS_KEY = _new_process_keys()
 
 
 def _retag_after_fork() -> None:
-    global PROCESS_TAG
-    PROCESS_TAG = _new_process_tag()
+    global PROCESS_TAG, _PROCESS_KEY
+    PROCESS_TAG, _PROCESS_KEY = _new_process_keys()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_retag_after_fork)
 
 
+def _mac(tag: str, body: str) -> str:
+    return hashlib.blake2b((tag + body).encode(), key=_PROCESS_KEY, digest_size=4).hexdigest()
+
+
 def new_decision_id() -> str:
-    """A unique id for feedback: 32 lowercase hex chars, :data:`PROCESS_TAG` then 96
-    random bits (existing logs' ids, 128 random bits, have the same shape)."""
-    return PROCESS_TAG + os.urandom(12).hex()
+    """A unique id for feedback: 32 lowercase hex chars, :data:`PROCESS_TAG`, 64 random
+    bits and a 32-bit keyed checksum of both (existing logs' ids, 128 random bits, have the
+    same shape). The checksum lets this process tell its own ids from made-up ones that
+    carry its tag (:func:`made_by_this_process`) without remembering any of them."""
+    tag, body = PROCESS_TAG, os.urandom(8).hex()
+    return tag + body + _mac(tag, body)
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -94,11 +102,17 @@ def looks_like_decision_id(s: object) -> bool:
     return isinstance(s, str) and len(s) == 32 and _HEX.issuperset(s)
 
 
+def carries_this_process_tag(s: object) -> bool:
+    """Whether ``s`` starts with :data:`PROCESS_TAG`: an id this process made, or a
+    corrupted or made-up one (see :func:`made_by_this_process`)."""
+    return looks_like_decision_id(s) and s[:8] == PROCESS_TAG  # type: ignore[index]
+
+
 def made_by_this_process(s: object) -> bool:
-    """Whether ``s`` is a decision id this process made (its tag is :data:`PROCESS_TAG`).
+    """Whether ``s`` is a decision id this process made (its tag and keyed checksum match).
 
     False says nothing about whether the id exists: another process may have made it."""
-    return looks_like_decision_id(s) and s[:8] == PROCESS_TAG  # type: ignore[index]
+    return carries_this_process_tag(s) and _mac(s[:8], s[8:24]) == s[24:]  # type: ignore[index]
 
 
 @dataclass

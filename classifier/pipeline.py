@@ -490,12 +490,13 @@ class Classifier:
             except Exception:  # noqa: BLE001
                 log.exception("audit callback failed")
 
-    def close(self) -> None:
-        """Finish background audits and close the log sink."""
+    def close(self, *, close_sink: bool = True) -> None:
+        """Stop the model watcher, finish background audits and (unless the caller closes
+        it itself, ``close_sink=False``) close the log sink."""
         if self.watcher is not None:
             self.watcher.stop()
         self._audits.close()
-        if self.log_sink is not None:
+        if close_sink and self.log_sink is not None:
             self.log_sink.close()
 
 

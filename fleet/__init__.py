@@ -11,14 +11,27 @@ Modules: :mod:`~fleet.errors` (the named errors), :mod:`~fleet.config` (the
 from the optional ``flywheel[fleet]`` extra) and :mod:`~fleet.registry` (the fleet's model
 registry, :class:`~fleet.registry.BucketRegistry`, and :class:`~fleet.registry.RegistrySync`,
 which makes a replica follow its ``CURRENT`` pointer).
+
+The fleet's log: :mod:`~fleet.shipper` (:class:`~fleet.shipper.ObjectShipper`, the spool
+drain that ships segments as Parquet objects, create-only), :mod:`~fleet.mirror`
+(:func:`fleet.mirror.mirror`: the bucket's log into a local DuckDB, exactly once; not
+re-exported here, where its name would hide the module),
+:mod:`~fleet.labels` (:class:`~fleet.labels.BucketLabels`: labels from the command line)
+and :mod:`~fleet.retention` (:func:`~fleet.retention.prune_log`: raw text past N days
+removed from the bucket and the local file).
 """
 
 from __future__ import annotations
 
 from fleet.config import StoreConfig
 from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
+from fleet.labels import BucketLabels
+from fleet.mirror import MirrorReport
 from fleet.objects import NOT_MODIFIED, ObjectInfo, ObjectStore
 from fleet.registry import BucketRegistry, RegistrySync
+from fleet.retention import PruneReport, prune_log
+from fleet.shipper import ObjectShipper
 
-__all__ = ["BucketRegistry", "FleetError", "NOT_MODIFIED", "ObjectInfo", "ObjectStore", "PreconditionFailed",
-           "RegistrySync", "StoreConfig", "StoreConfigError", "StoreUnavailable"]
+__all__ = ["BucketLabels", "BucketRegistry", "FleetError", "MirrorReport", "NOT_MODIFIED", "ObjectInfo",
+           "ObjectShipper", "ObjectStore", "PreconditionFailed", "PruneReport", "RegistrySync", "StoreConfig",
+           "StoreConfigError", "StoreUnavailable", "prune_log"]

@@ -15,7 +15,7 @@ import typer
 
 from classifier.errors import FlywheelError
 from service.cli import classify_command, serve_command
-from training.cli import eval_command, feedback_command, label_command, stats_command, train_command
+from training.cli import eval_command, feedback_command, label_command, prune_log_command, stats_command, train_command
 from training.cli_models import models_app
 from training.cli_retrain import retrain_command
 
@@ -34,6 +34,7 @@ def build_app() -> typer.Typer:
     app.command("label")(label_command)
     app.command("retrain")(retrain_command)
     app.command("stats")(stats_command)
+    app.command("prune-log")(prune_log_command)
     app.add_typer(models_app, name="models")
     return app
 

@@ -368,8 +368,10 @@ class LogStore:
 
     def pending(self, limit: int | None = None) -> list[tuple[str, str, tuple[HistoryEntry, ...]]]:
         """Decisions that needed the teacher while it was unavailable and have neither a
-        valid teacher label nor a resolution yet, oldest first: ``(id, text, history)``."""
-        sql = ("SELECT d.decision_id, d.text, d.history FROM decisions d WHERE d.pending "
+        valid teacher label nor a resolution yet, oldest first: ``(id, text, history)``.
+        Decisions whose text retention removed (:meth:`forget_text`) are left out: there
+        is nothing to ask the teacher."""
+        sql = ("SELECT d.decision_id, d.text, d.history FROM decisions d WHERE d.pending AND d.text <> '' "
                "AND NOT EXISTS (SELECT 1 FROM resolutions r WHERE r.decision_id = d.decision_id) "
                "AND NOT EXISTS (SELECT 1 FROM decision_labels l WHERE l.decision_id = d.decision_id "
                "AND l.has_teacher) ORDER BY d.created_at, d.decision_id")
@@ -467,6 +469,11 @@ class LogStore:
         table = self._run(lambda con: arrow_table(con, sql, [encoder_id, int(limit)]))
         return (table.column("i").to_pylist(), table.column("t").to_pylist(), table.column("l").to_pylist(),
                 _vectors(table.column("v")))
+
+    def has_decision(self, decision_id: str) -> bool:
+        """Whether ``decision_id`` is in the log (after ingesting the spool)."""
+        return bool(self._run(lambda con: con.execute(
+            "SELECT count(*) FROM decisions WHERE decision_id = ?", [decision_id]).fetchall()[0][0]))
 
     def count(self) -> int:
         """Number of logged decisions (after ingesting the spool)."""

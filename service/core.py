@@ -26,11 +26,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Sequence
 
-from classifier.decision import Decision, Layer
+from classifier.decision import Decision, Layer, carries_this_process_tag, looks_like_decision_id, made_by_this_process
 from classifier.errors import InvalidInputError
 from classifier.labels import parse_label
 from classifier.model import IntentModel
 from classifier.pipeline import Pending, Query
+from logstore.errors import UnknownDecisionError
 from service.batcher import MicroBatcher
 from service.errors import DeadlineExceeded, NoTrafficLog, NotServing
 from service.metrics import ServerMetrics
@@ -85,12 +86,13 @@ class SidecarCore:
         """New requests get :class:`NotServing`; those in flight finish."""
         self.stopping = True
 
-    def close(self) -> None:
-        """Stop the batcher and the teacher pool, then flush and close the log."""
+    def close(self, grace_s: float | None = None) -> None:
+        """Stop the batcher and the teacher pool, then flush and close the log (shipping it
+        within ``grace_s`` seconds in fleet mode)."""
         self.stopping = True
         self.batcher.close()
         self._teacher_pool.shutdown(wait=True, cancel_futures=True)
-        self.runtime.close()
+        self.runtime.close(grace_s=grace_s)
 
     @property
     def in_flight(self) -> int:
@@ -120,14 +122,26 @@ class SidecarCore:
 
     def feedback(self, decision_id: str, label: str) -> str | None:
         """A human label for a logged decision (the same as ``flywheel feedback``);
-        returns the stored label (``None`` = out of scope)."""
-        store = self.runtime.store
-        if store is None:
+        returns the stored label (``None`` = out of scope).
+
+        Locally the decision must be in the log (else :class:`UnknownDecisionError`). In
+        fleet mode the decision may have been made by another replica, so only what this
+        replica can rule out is refused: an id that is not a decision id, or one that
+        carries this process's tag but was not made here. Any other id is accepted, and the
+        retrain checks it against the fleet's log."""
+        labels = self.runtime.labels
+        if labels is None:
             raise NoTrafficLog("this server runs without the traffic log (--no-log): feedback cannot be stored")
         if not isinstance(decision_id, str) or not decision_id.strip():
             raise InvalidInputError("decision_id must not be empty")
+        decision_id = decision_id.strip()
         value = parse_label(label, self.classifier.model.manifest.labels, what="feedback label")
-        store.add_human_label(decision_id.strip(), value, author="grpc")
+        if self.runtime.fleet:
+            if not looks_like_decision_id(decision_id):
+                raise UnknownDecisionError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
+            if carries_this_process_tag(decision_id) and not made_by_this_process(decision_id):
+                raise UnknownDecisionError(f"unknown decision id {decision_id!r}: this replica did not make it")
+        labels.add_human_label(decision_id, value, author="grpc")
         return value
 
     def model(self) -> IntentModel:

@@ -1,76 +1,173 @@
-"""The runtime wiring shared by ``flywheel classify`` and the gRPC sidecar.
+"""The runtime wiring shared by ``flywheel classify``, the gRPC sidecar and Python callers.
 
 :func:`open_runtime` opens the classifier that ``cfg`` describes together with what
-serving needs around it: the traffic log's non-blocking sink, audit sampling whose
-answers become teacher labels, and, when the model comes from a models home, the
-watcher that follows promotions. :class:`Runtime` closes them in the right order
-(watcher, audits, then the log is flushed).
+serving needs around it, and :class:`Runtime` owns all of it and closes it in order:
 
-A long-running process (the sidecar) passes ``background_reload=True``: the watcher
-then loads and swaps a promoted version on its own thread, never on a request.
+- **Local mode** (no ``store`` configured): the DuckDB traffic log's non-blocking sink
+  (:class:`logstore.SpoolSink` draining into the local database), labels (``Feedback`` and
+  audit answers) written to that database, and, when the model comes from a models home,
+  the watcher that follows promotions.
+- **Fleet mode** (``store = s3://BUCKET/PREFIX``, see :mod:`fleet`): the sink's spool is a
+  buffer that an :class:`fleet.shipper.ObjectShipper` empties into the object store
+  (never on the request path); labels go through the same spool; a
+  :class:`fleet.registry.RegistrySync` follows the fleet's ``models/CURRENT``, installs each
+  promoted version into the local models home, and the classifier's watcher swaps it in.
+  A fresh replica syncs once before it loads a model, so it starts on the fleet's version.
+  No local DuckDB is opened: raw text stays on the replica only until it has shipped.
+
+A long-running process (the sidecar) passes ``background_reload=True``: the watcher and the
+sync then run on their own threads, never on a request.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from classifier.config import Config
 from classifier.decision import TeacherCall
-from classifier.default import build_classifier
+from classifier.default import build_classifier, default_model_dir
 from classifier.errors import FlywheelError
 from classifier.pipeline import Classifier
 from classifier.protocols import DecisionRecord
-from logstore import LogStore, SpoolSink
+from classifier.registry import CURRENT, ModelRegistry
+from logstore import LabelSink, LogStore, SpoolSink
 
-__all__ = ["Runtime", "open_runtime"]
+__all__ = ["Runtime", "open_runtime", "FIRST_SYNC_TIMEOUT_S"]
 
 log = logging.getLogger("flywheel.serving")
+
+#: How long a starting replica waits for the fleet's current model before it serves what
+#: it has (the store may be down: serving never waits for it longer than this).
+FIRST_SYNC_TIMEOUT_S = 30.0
 
 
 @dataclass
 class Runtime:
-    """A classifier wired to the traffic log (``store`` is ``None`` without one; the sink
-    is the classifier's ``log_sink``)."""
+    """A classifier and what was opened around it, closed by :meth:`close` in order.
+
+    ``labels`` takes human labels and audit answers (``None`` without a traffic log);
+    ``store`` is the local DuckDB log (``None`` in fleet mode or without a log); ``sink`` is
+    the log sink this runtime opened (``None`` when the caller brought one); ``sync`` follows
+    the fleet's model (fleet mode only); ``teacher`` is closed when this runtime built it."""
 
     classifier: Classifier
-    store: LogStore | None
+    labels: LabelSink | None = None
+    store: LogStore | None = None
+    sink: SpoolSink | None = None
+    sync: Any = None
+    teacher: Any = None
 
-    def close(self) -> None:
-        """Stop the watcher, finish admitted audits, flush and close the log."""
-        self.classifier.close()
+    @property
+    def fleet(self) -> bool:
+        """Whether this runtime ships to an object store and follows the fleet's model."""
+        return self.sync is not None
+
+    def close(self, grace_s: float | None = None) -> None:
+        """Stop the model sync and watcher, finish admitted audits, then flush the log and
+        ship (or ingest) it within ``grace_s`` seconds; what is left ships at the next start."""
+        try:
+            if self.sync is not None:
+                self.sync.stop()
+            self.classifier.close(close_sink=self.sink is None)
+        finally:
+            try:
+                if self.sink is not None:
+                    self.sink.close(grace_s=grace_s)
+            finally:
+                close = getattr(self.teacher, "close", None)
+                if close is not None:
+                    close()
 
 
 def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = True,
                  background_reload: bool = False, **kwargs: Any) -> Runtime:
-    """Build the default classifier for ``cfg`` with the DuckDB log and audit sampling.
+    """Build the default classifier for ``cfg`` with its traffic log, labels and audits.
 
     ``kwargs`` go to :class:`~classifier.pipeline.Classifier` (an ``embedder``, a
-    ``teacher``, ...). Raises :class:`~logstore.LogStoreError` when the log is not
-    writable, before any model is loaded.
+    ``teacher``, a ``log_sink`` of the caller's, ...). Raises
+    :class:`~logstore.LogStoreError` when the log is not writable and
+    :class:`fleet.errors.StoreConfigError` for a bad store URL or missing credentials,
+    before any model is loaded.
     """
+    if cfg.mask_pii:
+        from classifier.masking import mask_pii
+
+        kwargs.setdefault("redact", mask_pii)
+    if cfg.store:
+        return _open_fleet(cfg, log_decisions, progress, background_reload, kwargs)
     store = LogStore(cfg.log_path) if log_decisions else None
-    sink: SpoolSink | None = None
-    if store is not None:
-        if "log_sink" not in kwargs:  # a caller's own sink is used as is: no second writer thread
-            sink = kwargs["log_sink"] = store.open_sink()
+    sink = None
+    if store is not None and "log_sink" not in kwargs:  # a caller's own sink is used as is
+        sink = kwargs["log_sink"] = store.open_sink()
+    return _build(cfg, kwargs, progress, background_reload,
+                  Runtime(None, labels=store, store=store, sink=sink))  # type: ignore[arg-type]
+
+
+def _open_fleet(cfg: Config, log_decisions: bool, progress: bool, background_reload: bool,
+                kwargs: dict[str, Any]) -> Runtime:
+    from fleet.config import StoreConfig
+    from fleet.objects import ObjectStore
+    from fleet.registry import RegistrySync
+    from fleet.shipper import ObjectShipper
+
+    objects = ObjectStore(StoreConfig.parse(cfg.store))
+    local = ModelRegistry(cfg.models_dir)
+    sync = RegistrySync(objects, local, interval_s=cfg.store_poll_s)
+    if cfg.model is None:
+        sync.sync_once(FIRST_SYNC_TIMEOUT_S)
+        _serve_from_models_home(cfg, local, progress)
+    sink = None
+    if log_decisions:
+        spool = Path(str(cfg.log_path) + ".spool")
+        sink = SpoolSink(spool, drain=ObjectShipper(objects), drain_interval_s=cfg.ship_interval_s,
+                         max_spool_bytes=int(cfg.spool_max_mb * 2**20))
+        if "log_sink" not in kwargs:
+            kwargs["log_sink"] = sink
+    rt = Runtime(None, labels=sink, sink=sink, sync=sync)  # type: ignore[arg-type]
+    rt = _build(cfg, kwargs, progress, background_reload, rt)
+    if background_reload:
+        sync.start()
+    return rt
+
+
+def _serve_from_models_home(cfg: Config, local: ModelRegistry, progress: bool) -> None:
+    """Before the fleet has promoted anything, serve the default model from the local models
+    home (installed there once), so that the watcher follows the fleet's first promotion."""
+    if (local.home / CURRENT).is_file():
+        return
+    path = default_model_dir(cfg, progress=progress)
+    if (path / CURRENT).is_file():
+        return
+    name = local.publish(path)
+    local.promote(name)
+    log.info("fleet: no model promoted yet; serving %s until the fleet promotes one", name)
+
+
+def _build(cfg: Config, kwargs: dict[str, Any], progress: bool, background_reload: bool,
+           rt: Runtime) -> Runtime:
+    """Build the classifier into ``rt``; on failure close what ``rt`` opened."""
+    if rt.labels is not None:
         kwargs.setdefault("audit_rate", cfg.audit_rate)
-        kwargs.setdefault("audit_callback", _audit_recorder(store))
+        kwargs.setdefault("audit_callback", _audit_recorder(rt.labels))
+    own_teacher = "teacher" not in kwargs
     try:
-        clf = build_classifier(cfg, progress=progress, background_reload=background_reload, **kwargs)
+        rt.classifier = build_classifier(cfg, progress=progress, background_reload=background_reload, **kwargs)
     except BaseException:
-        if sink is not None:
-            sink.close()
+        if rt.sink is not None:
+            rt.sink.close()
         raise
-    return Runtime(clf, store)
+    rt.teacher = rt.classifier.teacher if own_teacher else None
+    return rt
 
 
-def _audit_recorder(store: LogStore):
+def _audit_recorder(labels: LabelSink):
     """The audit callback: the teacher's answer becomes a teacher label of the decision."""
     def on_audit(record: DecisionRecord, call: TeacherCall) -> None:
         try:
-            store.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms)
+            labels.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms)
         except FlywheelError as exc:
             log.warning("audit answer for %s not stored: %s", record.decision.id, exc)
     return on_audit

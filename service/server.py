@@ -32,7 +32,6 @@ from grpc_reflection.v1alpha import reflection
 
 from classifier.config import Config
 from classifier.errors import ConfigError
-from logstore import SpoolSink
 from service.auth import AdminTokenInterceptor
 from service.core import BatchOptions, SidecarCore
 from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
@@ -123,7 +122,8 @@ class SidecarServer:
             while (self.core.in_flight or time.monotonic() < drain_until) and time.monotonic() < end:
                 time.sleep(0.01)
             self.server.stop(max(0.0, end - time.monotonic())).wait()
-            self.core.close()                      # batcher, teacher pool, then flush the log
+            # batcher, teacher pool, then flush the log and ship it with what is left of the grace
+            self.core.close(grace_s=max(1.0, end - time.monotonic()))
             if self._metrics_http is not None:
                 stop_metrics_http(*self._metrics_http)
             self._stopped.set()
@@ -180,9 +180,11 @@ class SidecarServer:
         m, clf = self.metrics, self.runtime.classifier
         m.set_model(clf.model_version, clf.embedder.id)
         m.bind_queue_depth(lambda: self.core.batcher.depth)
-        sink = clf.log_sink
-        if isinstance(sink, SpoolSink):  # the traffic log's sink reports its buffer
+        sink = self.runtime.sink
+        if sink is not None:  # the traffic log's sink reports its buffer, spool and shipping
             m.bind_log_buffered(lambda: sink.buffered)
+        if sink is not None or self.runtime.sync is not None:
+            m.bind_fleet(spool=sink, sync=self.runtime.sync)
         breaker = getattr(clf.teacher, "breaker", None)
         if breaker is not None:
             m.bind_breaker_open(lambda: breaker.state == "open")

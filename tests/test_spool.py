@@ -13,7 +13,15 @@ import duckdb
 import pytest
 
 from classifier import decision as decision_mod
-from classifier.decision import Decision, Layer, Tier, looks_like_decision_id, made_by_this_process, new_decision_id
+from classifier.decision import (
+    Decision,
+    Layer,
+    Tier,
+    carries_this_process_tag,
+    looks_like_decision_id,
+    made_by_this_process,
+    new_decision_id,
+)
 from classifier.protocols import DecisionRecord
 from logstore import (
     LABEL_SCHEMA,
@@ -384,6 +392,10 @@ def test_decision_ids_carry_the_process_tag():
     assert Decision(label=None, confidence=0.0, tier=Tier.NO_MATCH, layer=Layer.RULES, reason="r").id[:8] == tag
     other = ("0" * 8 if tag != "0" * 8 else "1" * 8) + "a" * 24
     assert looks_like_decision_id(other) and not made_by_this_process(other)
+    forged = tag + ("b" * 24 if ids[0][8:] != "b" * 24 else "c" * 24)   # our tag, made up: the checksum fails
+    assert carries_this_process_tag(forged) and not made_by_this_process(forged)
+    flipped = ids[0][:-1] + ("0" if ids[0][-1] != "0" else "1")
+    assert not made_by_this_process(flipped)
     for bad in ("", "xyz", ids[0].upper(), ids[0][:31], ids[0] + "0", None, 12):
         assert not looks_like_decision_id(bad) and not made_by_this_process(bad)
 

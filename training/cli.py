@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from classifier.config import HOME_HELP, load_config
-from classifier.errors import FlywheelError
+from classifier.errors import FlywheelError, InvalidInputError
 from classifier.labels import label_name
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
@@ -115,10 +115,23 @@ def feedback_command(
     home: Optional[Path] = typer.Option(None, "--home"),
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
+    from classifier.decision import looks_like_decision_id
     from training.feedback import record_feedback
+    from training.fleetlog import label_sink, open_log, open_objects
 
     cfg = load_config(home=home, log_db=log_db)
-    stored = record_feedback(cfg, decision_id, label, author=author)
+    objects = open_objects(cfg)
+    if objects is None:
+        stored = record_feedback(cfg, decision_id, label, author=author)
+    else:  # fleet mode: the decision may be on a replica's spool still; checked at retrain
+        if not looks_like_decision_id(decision_id):
+            raise InvalidInputError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
+        store = open_log(cfg, objects=objects)
+        stored = record_feedback(cfg, decision_id, label, author=author,
+                                 labels=label_sink(cfg, store, objects=objects))
+        if not store.has_decision(decision_id):
+            typer.echo(f"flywheel: note: decision {decision_id} is not in the fleet's log yet; the label "
+                       f"is kept and counts once the decision arrives", err=True)
     typer.echo(f"recorded {label_name(stored)} for decision {decision_id}")
 
 
@@ -133,16 +146,18 @@ def label_command(
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
     from classifier.default import build_classifier
-    from logstore import LogStore
+    from training.fleetlog import label_sink, open_log, open_objects
     from training.labeling import backfill_pending
 
     cfg = load_config(home=home, log_db=log_db, ollama_host=ollama_host)
     if cfg.teacher == "off":
         raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
-    store = LogStore(cfg.log_path)
+    objects = open_objects(cfg)
+    store = open_log(cfg, progress=not quiet, objects=objects)
     clf = build_classifier(cfg, progress=not quiet)
     try:
-        counts = backfill_pending(store, clf, batch_size=batch_size, limit=limit, progress=not quiet)
+        counts = backfill_pending(store, clf, batch_size=batch_size, limit=limit, progress=not quiet,
+                                  labels=label_sink(cfg, store, objects=objects))
     finally:
         clf.close()
     if as_json:
@@ -173,6 +188,10 @@ def stats_command(
     last_n = None if last is None else int_option("--last", last)
     top_n = int_option("--top", top)
     cfg = load_config(home=home, log_db=log_db)
+    if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
+        from training.fleetlog import open_log
+
+        open_log(cfg, progress=not as_json)
     result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n)
     if result.get("missing"):
         typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
@@ -182,3 +201,31 @@ def stats_command(
         sys.stdout.flush()
     else:
         typer.echo(format_table(result))
+
+
+def prune_log_command(
+    days: float = typer.Option(..., "--days", min=0.0, help="Delete raw query text older than this many days."),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Delete raw query text older than N days from the store (fleet mode) and the local log.
+
+    Labels, layer-2 vectors and every other field stay, so the retrain still trains on those
+    decisions with the same encoder; the bytes of the text are gone, not only its rows."""
+    from training.fleetlog import open_log, open_objects, prune_log_now
+
+    cfg = load_config(home=home, log_db=log_db)
+    objects = open_objects(cfg)
+    store = open_log(cfg, progress=not as_json, objects=objects)
+    rep = prune_log_now(cfg, store, days, objects=objects, progress=False)
+    out = {"cutoff": rep.cutoff.isoformat() + "Z", "objects_redacted": rep.redacted, "objects_deleted": rep.deleted,
+           "objects_waiting": rep.waiting, "local_rows": rep.local_rows, "compacted_bytes": rep.compacted_bytes,
+           "spool_files": rep.spool_files, "seconds": round(rep.seconds, 3)}
+    if as_json:
+        echo_json(out)
+        return
+    typer.echo(f"removed query text older than {out['cutoff']}: {rep.local_rows:,} local rows"
+               + (f", {rep.redacted} store objects rewritten without text ({rep.deleted} originals deleted)"
+                  if objects is not None else "")
+               + (f"; {rep.waiting} objects of the cutoff day wait for the next run" if rep.waiting else ""))

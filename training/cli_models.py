@@ -1,14 +1,18 @@
-"""``flywheel models``: list, promote, roll back and prune model versions."""
+"""``flywheel models``: list, push, promote, roll back and prune model versions.
+
+With a store configured (fleet mode) ``list``, ``push``, ``promote`` and ``rollback`` act on
+the fleet's registry in the bucket (``promote``/``rollback`` switch ``models/CURRENT`` by
+compare-and-swap, and every replica follows); ``prune`` always cleans the local models home."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from classifier.config import load_config
-from classifier.errors import FlywheelError
+from classifier.errors import FlywheelError, InvalidInputError
 from classifier.registry import RETRAIN_LOCK, ModelRegistry
 from training.cli import echo_json
 
@@ -22,19 +26,29 @@ def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
     return ModelRegistry(models or load_config(home=home).models_dir)
 
 
+def _fleet_or_local(models: Optional[Path], home: Optional[Path]) -> Any:
+    from training.fleetlog import open_registry
+
+    return open_registry(load_config(home=home), models)
+
+
+def _where(reg: Any) -> str:
+    return str(getattr(reg, "home", None) or reg)
+
+
 @models_app.command("list")
 def models_list(models: Optional[Path] = typer.Option(None, "--models"),
                 home: Optional[Path] = typer.Option(None, "--home"),
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """List versions (the served one marked with *)."""
-    reg = _registry(models, home)
+    reg = _fleet_or_local(models, home)
     vs = reg.versions()
     if as_json:
         echo_json([{"version": v.name, "current": v.current, "created_at": v.created_at,
                      "training_size": v.training_size, "valid": v.valid, "metrics": v.metrics} for v in vs])
         return
     if not vs:
-        typer.echo(f"no model versions in {reg.home}")
+        typer.echo(f"no model versions in {_where(reg)}")
         return
     for v in vs:
         acc = v.metrics.get("oof_top1_accuracy")
@@ -47,18 +61,35 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models"),
 def models_promote(version: str = typer.Argument(...),
                    models: Optional[Path] = typer.Option(None, "--models"),
                    home: Optional[Path] = typer.Option(None, "--home")) -> None:
-    """Serve VERSION (checked before the switch)."""
-    reg = _registry(models, home)
+    """Serve VERSION (checked before the switch; fleet-wide with a store)."""
+    reg = _fleet_or_local(models, home)
     _, token = reg.current()
     reg.promote(version, expected=token)   # refused if another promotion lands meanwhile
-    typer.echo(f"promoted {version}")
+    typer.echo(f"promoted {version} in {_where(reg)}")
+
+
+@models_app.command("push")
+def models_push(directory: Path = typer.Argument(..., help="A saved version directory (flywheel train --out)."),
+                promote: bool = typer.Option(False, "--promote", help="Also promote it (compare-and-swap)."),
+                models: Optional[Path] = typer.Option(None, "--models"),
+                home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Publish a locally trained version to the registry (create-only, manifest last)."""
+    reg = _fleet_or_local(models, home)
+    if not Path(directory).is_dir():
+        raise InvalidInputError(f"{directory}: not a directory")
+    name = reg.publish(Path(directory))
+    typer.echo(f"pushed {name} to {_where(reg)}")
+    if promote:
+        _, token = reg.current()
+        reg.promote(name, expected=token)
+        typer.echo(f"promoted {name}")
 
 
 @models_app.command("rollback")
 def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
                     home: Optional[Path] = typer.Option(None, "--home")) -> None:
-    """Serve the previously promoted version again."""
-    reg = _registry(models, home)
+    """Serve the previously promoted version again (fleet-wide with a store)."""
+    reg = _fleet_or_local(models, home)
     _, token = reg.current()
     typer.echo(f"rolled back to {reg.rollback(expected=token)}")
 

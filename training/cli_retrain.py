@@ -94,11 +94,11 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     (or the starter set)."""
     from classifier.config import load_config, starter_intents_path
     from classifier.intents import load_intents
-    from classifier.registry import ModelRegistry
-    from logstore import LogStore
+    from training.fleetlog import apply_retention, open_log, open_objects, open_registry
 
     cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
-    registry = ModelRegistry(Path(models).expanduser() if models else cfg.models_dir)
+    objects = open_objects(cfg)
+    registry = open_registry(cfg, models, objects=objects)
     if intents is not None:
         intent_set = load_intents(intents)
     else:
@@ -106,7 +106,8 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         if intent_set is None:
             intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     embedder = make_embedder(intent_set.embedder)
-    store = LogStore(cfg.log_path)
+    store = open_log(cfg, progress=options.progress, objects=objects)
+    apply_retention(cfg, store, objects=objects, progress=options.progress)
     from training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from classifier.config import Config
 from classifier.labels import parse_label
-from logstore import LogStore
+from logstore import LabelSink, LogStore
 
 __all__ = ["known_labels", "record_feedback"]
 
@@ -29,12 +29,16 @@ def known_labels(cfg: Config) -> tuple[str, ...] | None:
 
 
 def record_feedback(cfg: Config, decision_id: str, label: str, *, author: str | None = None,
-                    store: LogStore | None = None) -> str | None:
+                    store: LogStore | None = None, labels: LabelSink | None = None) -> str | None:
     """Store a human label for ``decision_id``; returns the stored label (None = out of scope).
 
     The label is parsed by :func:`classifier.labels.parse_label` against the served
-    model's labels; an unknown decision id raises :class:`logstore.UnknownDecisionError`.
+    model's labels. It goes to ``labels`` when given (in fleet mode a
+    :class:`fleet.labels.BucketLabels`, which accepts a decision another replica has not
+    shipped yet), else to ``store`` (default: the configured log), where an unknown
+    decision id raises :class:`logstore.UnknownDecisionError`.
     """
     value = parse_label(label, known_labels(cfg), what="label")
-    (store or LogStore(cfg.log_path)).add_human_label(decision_id, value, author=author)
+    sink = labels if labels is not None else (store or LogStore(cfg.log_path))
+    sink.add_human_label(decision_id, value, author=author)
     return value

@@ -8,19 +8,21 @@ from typing import Any
 
 from classifier.errors import FlywheelError, TeacherError
 from classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
-from logstore import LogStore
+from logstore import LabelSink, LogStore
 
 __all__ = ["backfill_pending"]
 
 
 def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, limit: int | None = None,
-                     progress: bool = True) -> dict[str, Any]:
+                     progress: bool = True, labels: LabelSink | None = None) -> dict[str, Any]:
     """Ask the teacher for decisions that needed it while it was down, in batches.
 
     Valid answers become teacher labels and the decision leaves the pending list;
     invalid answers are stored as invalid (never training data) and resolved too;
-    when the teacher is unreachable the run stops and the rest stays pending.
+    when the teacher is unreachable the run stops and the rest stays pending. Answers go
+    to ``labels`` (in fleet mode the bucket, so every host sees them), else to ``store``.
     """
+    sink: LabelSink = labels if labels is not None else store
     if clf.teacher is None:
         raise FlywheelError("no teacher configured (teacher = off)")
     todo = store.pending(limit)
@@ -38,14 +40,14 @@ def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, 
             for (did, _, _), req in zip(batch, requests):
                 try:
                     ans = clf.teacher.label(req)
-                    store.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)
+                    sink.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)
                     counts["labelled"] += 1
                 except TeacherError as exc:
                     if exc.kind in RETRYABLE_TEACHER_ERRORS:
                         counts["stopped_because"] = str(exc)
                         store.mark_resolved(resolved)
                         return counts
-                    store.add_teacher_label(did, None, clf.teacher.model, False)
+                    sink.add_teacher_label(did, None, clf.teacher.model, False)
                     counts["invalid"] += 1
                 resolved.append(did)
                 counts["remaining"] -= 1

@@ -1,0 +1,592 @@
+"""The fleet's model registry in the object store, and the thread that makes a replica follow it.
+
+Layout, under the store's prefix::
+
+    models/<version>/head.npz, head.joblib, intents.yaml   the files the manifest hashes
+    models/<version>/report.json, report.md              the retrain's report (optional, not hashed)
+    models/<version>/manifest.json                       uploaded LAST: a version is complete once it exists
+    models/CURRENT                                       {"version", "history", "updated_at", "by", "generation"}
+
+:class:`BucketRegistry` implements :class:`classifier.protocols.Registry` on that layout.
+Its token is the etag of ``models/CURRENT``, which changes only by compare-and-swap
+(``If-Match``; ``If-None-Match: *`` for the first promotion), so two promoters never
+overwrite each other: the loser gets :class:`~classifier.registry.PromotionConflict`.
+Versions are written create-only and never replaced. Versions live also in a local
+:class:`~classifier.registry.ModelRegistry` (the host's models home): new ones are saved
+there before :meth:`BucketRegistry.publish`, and :meth:`BucketRegistry.download` installs
+bucket versions there after checking every file's SHA-256 against the manifest.
+
+:class:`RegistrySync` is what a replica runs: it polls ``models/CURRENT`` (a conditional
+GET, every few seconds), downloads and verifies a newly promoted version, installs it in
+the local home and promotes it there; the classifier's :class:`~classifier.registry.ModelWatcher`
+on that home then warms it and swaps it in. A version that does not verify is refused,
+logged and counted once, and the old one keeps serving.
+
+Serving never unpickles anything from the bucket: a version is only promoted (and only
+installed) when its manifest records the numpy-only serving head ``head.npz``, which is
+what :meth:`IntentModel.load` serves; ``head.joblib`` is downloaded and checked, never loaded.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from classifier.errors import FlywheelError, ModelError
+from classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
+from classifier.registry import ModelRegistry, PromotionConflict
+from fleet.errors import PreconditionFailed
+from fleet.objects import NOT_MODIFIED, ObjectStore
+
+__all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "MODELS", "REPORT_FILES", "SYNC_OUTCOMES", "BucketRegistry",
+           "BucketVersion", "Pointer", "RegistrySync"]
+
+log = logging.getLogger("flywheel.fleet.registry")
+
+MODELS = "models"
+CURRENT_KEY = f"{MODELS}/CURRENT"
+HISTORY_LIMIT = 50                                  # promoted names kept in CURRENT, for rollback
+REPORT_FILES = ("report.json", "report.md")          # uploaded with a version when present; not hashed
+REQUIRED_FILES = (HEAD_FILE, SERVING_HEAD_FILE, INTENTS_FILE)   # a fleet version's manifest hashes each
+SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
+DOWNLOAD_MARK = ".download-"                         # temp dirs: ``.<name>.download-<random>`` in the home
+STALE_DOWNLOAD_S = 3600.0                            # leftovers of a crashed download older than this go
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def _utcnow() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """The content of ``models/CURRENT`` and its etag (``etag`` ``None``: no pointer yet)."""
+
+    version: str | None = None
+    history: tuple[str, ...] = ()
+    updated_at: str = ""
+    by: str = ""
+    etag: str | None = None
+    generation: int = 0          # how many times CURRENT was written (each write adds one)
+
+    @classmethod
+    def parse(cls, data: bytes, etag: str | None, where: str) -> Pointer:
+        """Read the JSON document; :class:`ModelError` naming ``where`` when it is not one."""
+        try:
+            doc = json.loads(data.decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError(f"expected a JSON object, found {type(doc).__name__}")
+            version, history = doc.get("version"), doc.get("history", [])
+            if version is not None and not isinstance(version, str):
+                raise ValueError("'version' should be a string")
+            if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
+                raise ValueError("'history' should be a list of strings")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{where}: corrupt model pointer: {exc}") from None
+        generation = doc.get("generation", 0)
+        return cls(version or None, tuple(history), str(doc.get("updated_at", "")), str(doc.get("by", "")), etag,
+                   generation if isinstance(generation, int) and not isinstance(generation, bool) else 0)
+
+    def moved_to(self, version: str, history: list[str], by: str) -> bytes:
+        """The document that serves ``version`` with ``history`` (cut to :data:`HISTORY_LIMIT`),
+        one generation on: every write has new bytes, so a new etag even where the store's
+        etag is the content's MD5 (the same version promoted twice in a second)."""
+        doc = {"version": version, "history": history[-HISTORY_LIMIT:], "updated_at": _utcnow(), "by": by,
+               "generation": self.generation + 1}
+        return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class BucketVersion:
+    """One complete version in the bucket (what ``flywheel models list`` shows); same field
+    names as :class:`classifier.registry.VersionInfo`, with ``location`` for ``path``."""
+
+    name: str
+    location: str
+    created_at: str
+    training_size: int
+    metrics: dict[str, Any]
+    current: bool
+    valid: bool
+    problem: str = ""
+    files: tuple[str, ...] = field(default=())
+
+
+class BucketRegistry:
+    """The fleet's versions and ``CURRENT`` pointer in ``objects``, cached in ``local``
+    (:class:`classifier.protocols.Registry`; the token is the etag of ``models/CURRENT``).
+
+    ``by`` is written into ``CURRENT`` with each promotion (default ``user@host``).
+
+    :meth:`lock` is the retrain lock of the *local* home only. That is enough: the
+    Kubernetes retrain CronJob runs with ``concurrencyPolicy: Forbid``, and correctness does
+    not rest on the lock anyway: versions are create-only and every promotion is a
+    compare-and-swap on ``CURRENT``, so two retrains that race (on two hosts) cannot
+    overwrite each other; the loser re-gates against the winner (``training.retrain``).
+    """
+
+    def __init__(self, objects: ObjectStore, local: ModelRegistry, *, by: str | None = None) -> None:
+        self.objects = objects
+        self.local = local
+        self.by = by or _who()
+
+    def __repr__(self) -> str:
+        return f"BucketRegistry({self.objects.cfg.location(MODELS)}, local={self.local.home})"
+
+    # ------------------------------------------------------------------ reading
+    def pointer(self) -> Pointer:
+        """``models/CURRENT`` now (read unconditionally); an empty :class:`Pointer` when absent."""
+        got = self.objects.get(CURRENT_KEY)
+        if got is None or got is NOT_MODIFIED:
+            return Pointer()
+        data, etag = got
+        return Pointer.parse(data, etag, self.objects.cfg.location(CURRENT_KEY))
+
+    def current(self) -> tuple[str | None, str | None]:
+        """``(served version, etag of models/CURRENT)``; ``(None, None)`` before any promotion."""
+        p = self.pointer()
+        return p.version, p.etag
+
+    def history(self) -> list[str]:
+        """The promoted versions, oldest first (at most :data:`HISTORY_LIMIT`)."""
+        return list(self.pointer().history)
+
+    def manifest(self, name: str) -> tuple[Manifest, bytes]:
+        """Version ``name``'s manifest and its bytes; :class:`ModelError` when the version is
+        not (completely) in the bucket or its manifest is unreadable."""
+        key = self._key(name, MANIFEST)
+        got = self.objects.get(key)
+        if got is None or got is NOT_MODIFIED:
+            raise ModelError(f"{self.objects.cfg.location(self._key(name))}: no version {name!r} in the "
+                             f"store (or its upload is not complete: no {MANIFEST})")
+        data = got[0]
+        try:
+            return Manifest.from_dict(json.loads(data.decode("utf-8"))), data
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{self.objects.cfg.location(key)}: corrupt manifest: {exc}") from None
+
+    def versions(self) -> list[BucketVersion]:
+        """Every complete version (one with a manifest), by name; partial uploads are not listed."""
+        by_version: dict[str, set[str]] = {}
+        for info in self.objects.list(MODELS):
+            parts = info.key.split("/")
+            if len(parts) == 3:
+                by_version.setdefault(parts[1], set()).add(parts[2])
+        current = self.pointer().version
+        out = []
+        for name in sorted(n for n, files in by_version.items() if MANIFEST in files):
+            where = self.objects.cfg.location(self._key(name))
+            files = tuple(sorted(by_version[name]))
+            try:
+                m, _ = self.manifest(name)
+                problem = self._unservable(m)
+                out.append(BucketVersion(name, where, m.created_at, int(m.training_size), m.metrics,
+                                         name == current, not problem, problem, files))
+            except ModelError as exc:
+                out.append(BucketVersion(name, where, "", 0, {}, name == current, False, str(exc), files))
+        return out
+
+    def load(self, name: str) -> IntentModel:
+        """Version ``name``, downloaded into the local home if needed and verified."""
+        self.download(name)
+        return self.local.load(name)
+
+    # ------------------------------------------------------------------ writing
+    def staging_dir(self, name: str) -> Path:
+        """Where a new version is saved before :meth:`publish`: its directory in the local home
+        (so publishing, then promoting, it on this host downloads nothing)."""
+        return self.local.version_dir(self._check_name(name))
+
+    def publish(self, directory: str | os.PathLike[str]) -> str:
+        """Upload the saved version ``directory`` as ``models/<its name>/``, create-only;
+        returns the name.
+
+        The files its manifest hashes go first (plus ``report.json``/``report.md`` when
+        present), the manifest last, so a version without its manifest is an incomplete
+        upload that nobody lists, promotes or downloads. Publishing the same version again
+        (same manifest bytes) completes what is missing and changes nothing else; a version
+        of that name with other content is never replaced (:class:`ModelError`). The
+        version must verify locally and have the serving head ``head.npz`` and the
+        checksum of every file (what replicas require)."""
+        src = Path(directory)
+        name = self._check_name(src.name)
+        model = IntentModel.load(src)  # checks every recorded checksum (the serving head: no unpickling)
+        problem = self._unservable(model.manifest)
+        if problem:
+            raise ModelError(f"{src}: cannot publish: {problem}")
+        manifest_bytes = (src / MANIFEST).read_bytes()
+        try:
+            _, remote_bytes = self.manifest(name)
+        except ModelError:   # not there yet (or an unreadable manifest: the create-only upload refuses it)
+            remote_bytes = None
+        if remote_bytes is not None and remote_bytes != manifest_bytes:
+            raise ModelError(f"{self.objects.cfg.location(self._key(name))}: another version named {name!r} "
+                             f"is already in the store; refusing to replace it")
+        for fname, sha in model.manifest.files().items():
+            self._put_file(name, fname, (src / fname).read_bytes(), sha)
+        for fname in REPORT_FILES:  # informational; the first upload stays
+            if (src / fname).is_file():
+                self.objects.put_if_absent(self._key(name, fname), (src / fname).read_bytes())
+        if remote_bytes is None:
+            self._put_file(name, MANIFEST, manifest_bytes, _sha256(manifest_bytes))
+        log.info("published %s to %s", name, self.objects.cfg.location(self._key(name)))
+        return name
+
+    def promote(self, name: str, *, expected: str | None, verify: bool = True) -> str:
+        """Point ``models/CURRENT`` at ``name`` if its etag is still ``expected`` (``None``:
+        only if there is no ``CURRENT`` yet); returns the new etag.
+
+        ``name`` must be complete in the store with a serving head (``head.npz``) and every
+        file's checksum in its manifest (else :class:`ModelError`); with ``verify`` (default)
+        it is also downloaded into the local home and checked whole (nothing to download when
+        it was saved on this host). When the pointer moved: :class:`PromotionConflict`, naming
+        the version promoted now, and nothing changes."""
+        self._check_promotable(name)
+        if verify:
+            self.download(name)
+        now = self.pointer()
+        if now.etag != expected:
+            raise self._conflict(expected, now)
+        history = list(now.history)
+        if not history or history[-1] != name:
+            history.append(name)
+        return self._swap(now.moved_to(name, history, self.by), expected, name)
+
+    def rollback(self, *, expected: str | None = None) -> str:
+        """Serve the previously promoted version again; returns the new etag. With
+        ``expected``, only if ``CURRENT``'s etag still is that (else :class:`PromotionConflict`);
+        without it, against the pointer as read now (a concurrent change is still a conflict)."""
+        now = self.pointer()
+        if expected is not None and now.etag != expected:
+            raise self._conflict(expected, now)
+        history = list(now.history)
+        while history and history[-1] == now.version:
+            history.pop()
+        if not history:
+            raise ModelError(f"{self.objects.cfg.location(CURRENT_KEY)}: nothing to roll back to")
+        prev = history[-1]
+        self._check_promotable(prev)
+        return self._swap(now.moved_to(prev, history, self.by), now.etag, prev, verb="rolled back to")
+
+    @contextmanager
+    def lock(self, *, create: bool = True) -> Iterator[bool]:
+        """The retrain lock of the local home (see the class docstring for why that is enough)."""
+        with self.local.lock(create=create) as taken:
+            yield taken
+
+    # ------------------------------------------------------------------ download
+    def download(self, name: str) -> Path:
+        """Install version ``name`` from the store in the local home (verified); its path.
+
+        Every file the manifest hashes is fetched into a temp dir inside the local home and
+        its SHA-256 checked, then :meth:`ModelRegistry.install` moves it in (checked again by
+        loading it). A version already installed with the same manifest that verifies is
+        used as it is. :class:`ModelError` when the version is missing, incomplete, corrupt,
+        lacks a checksum (``head.npz``, ``head.joblib``, ``intents.yaml``) or cannot be
+        installed; the temp dir is removed. Store failures raise :class:`~fleet.errors.FleetError`."""
+        name = self._check_name(name)
+        manifest, manifest_bytes = self.manifest(name)
+        problem = self._unservable(manifest)
+        if problem:
+            raise ModelError(f"{self.objects.cfg.location(self._key(name))}: refusing version {name!r}: {problem}")
+        target = self.local.version_dir(name)
+        if _same_bytes(target / MANIFEST, manifest_bytes):
+            try:
+                IntentModel.load(target)
+                return target
+            except ModelError as exc:   # a corrupt local copy: install replaces it
+                log.warning("local copy of %s does not verify, downloading it again: %s", name, exc)
+        self.local.home.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_downloads()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}{DOWNLOAD_MARK}", dir=self.local.home))
+        try:
+            for fname, sha in manifest.files().items():
+                (tmp / fname).write_bytes(self._get_file(name, fname, sha))
+            (tmp / MANIFEST).write_bytes(manifest_bytes)
+            path = self.local.install(name, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("downloaded %s from %s", name, self.objects.cfg.location(self._key(name)))
+        return path
+
+    # ------------------------------------------------------------------ helpers
+    def _key(self, name: str, fname: str | None = None) -> str:
+        return f"{MODELS}/{name}/{fname}" if fname else f"{MODELS}/{name}"
+
+    def _check_name(self, name: str) -> str:
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "CURRENT":
+            raise ModelError(f"invalid version name {name!r} (letters, digits, '.', '_', '+', '-'; "
+                             f"starting with a letter or digit)")
+        self.local.version_dir(name)   # the local home's own rules
+        return name
+
+    @staticmethod
+    def _unservable(manifest: Manifest) -> str:
+        """Why a replica would refuse this version ('' when it would not)."""
+        files = manifest.files()
+        if SERVING_HEAD_FILE not in files:
+            return (f"its manifest has no serving head ({SERVING_HEAD_FILE}); replicas serve only that "
+                    f"and never unpickle {HEAD_FILE} (re-save it with this flywheel)")
+        missing = [f for f in REQUIRED_FILES if f not in files]
+        if missing:
+            return f"its manifest records no checksum for {', '.join(missing)}, so it cannot be verified whole"
+        return ""
+
+    def _check_promotable(self, name: str) -> Manifest:
+        """The manifest of a complete, servable version ``name`` whose files are all in the store."""
+        name = self._check_name(name)
+        manifest, _ = self.manifest(name)
+        problem = self._unservable(manifest)
+        if problem:
+            raise ModelError(f"{self.objects.cfg.location(self._key(name))}: cannot promote {name!r}: {problem}")
+        for fname in manifest.files():
+            if self.objects.head(self._key(name, fname)) is None:
+                raise ModelError(f"{self.objects.cfg.location(self._key(name, fname))}: missing; cannot promote "
+                                 f"{name!r}")
+        return manifest
+
+    def _put_file(self, name: str, fname: str, data: bytes, sha: str) -> None:
+        """Create ``models/<name>/<fname>``; an existing object must hold the same bytes."""
+        key = self._key(name, fname)
+        if self.objects.put_if_absent(key, data):
+            return
+        got = self.objects.get(key)
+        if got is None or got is NOT_MODIFIED or _sha256(got[0]) != sha:
+            raise ModelError(f"{self.objects.cfg.location(key)}: already in the store with other content; "
+                             f"refusing to replace it (a version {name!r} was partly uploaded by someone else)")
+
+    def _get_file(self, name: str, fname: str, sha: str) -> bytes:
+        key = self._key(name, fname)
+        got = self.objects.get(key)
+        if got is None or got is NOT_MODIFIED:
+            raise ModelError(f"{self.objects.cfg.location(key)}: missing (version {name!r} is incomplete)")
+        if _sha256(got[0]) != sha:
+            raise ModelError(f"{self.objects.cfg.location(key)}: checksum does not match the manifest "
+                             f"(corrupt or replaced)")
+        return got[0]
+
+    def _swap(self, data: bytes, expected: str | None, name: str, verb: str = "promoted") -> str:
+        try:
+            etag = self.objects.put_if_match(CURRENT_KEY, data, expected)
+        except PreconditionFailed:
+            raise self._conflict(expected, self._pointer_or_empty()) from None
+        log.info("%s %s in %s", verb, name, self.objects.cfg.location(CURRENT_KEY))
+        return etag
+
+    def _pointer_or_empty(self) -> Pointer:
+        try:
+            return self.pointer()
+        except FlywheelError:
+            return Pointer()
+
+    def _conflict(self, expected: str | None, now: Pointer) -> PromotionConflict:
+        where = f"{self.objects.cfg.location(CURRENT_KEY)} (now serving {now.version or 'nothing'}" \
+                f"{', promoted by ' + now.by if now.by else ''})"
+        exc = PromotionConflict(expected, now.etag, where)
+        exc.found_version = now.version   # type: ignore[attr-defined]
+        return exc
+
+    def _remove_stale_downloads(self) -> None:
+        cutoff = time.time() - STALE_DOWNLOAD_S
+        for p in self.local.home.glob(f".*{DOWNLOAD_MARK}*"):
+            try:
+                if p.is_dir() and p.stat().st_mtime < cutoff:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
+class RegistrySync:
+    """Makes a replica's local models home follow the fleet's ``models/CURRENT``.
+
+    :meth:`poll` does one conditional GET of the pointer (``If-None-Match`` with the last
+    etag) and, when the fleet serves a version the local ``CURRENT`` does not name,
+    downloads and verifies it (:meth:`BucketRegistry.download`) and promotes it locally;
+    the classifier's :class:`~classifier.registry.ModelWatcher` on the home then hot-reloads
+    it. It returns one of :data:`SYNC_OUTCOMES`, also counted in ``polls``:
+
+    - ``not_modified``: the pointer did not change (nothing to do);
+    - ``unchanged``: it was read, and the local home already serves it (or it names nothing,
+      or a version refused before);
+    - ``new``: a version was installed and promoted locally;
+    - ``refused``: the version does not verify; remembered in ``refused`` (name -> reason),
+      logged, counted once and not tried again; the old one keeps serving;
+    - ``error``: the store is unreachable or failed (``last_error``), or the pointer is
+      corrupt; nothing changed, the next poll tries again.
+
+    The fleet's pointer wins: a version promoted by hand in the local home is replaced by
+    the fleet's at the next poll. ``serving`` is the version this sync last found or made
+    current locally (``fleet_version``: what ``CURRENT`` named at the last read). :meth:`start`
+    polls every ``interval_s`` on a daemon thread, :meth:`stop` ends it; :meth:`sync_once`
+    is the bounded first poll of a starting replica. Nothing here raises from a poll.
+    """
+
+    def __init__(self, objects: ObjectStore, local: ModelRegistry, *, interval_s: float = 5.0) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.objects = objects
+        self.local = local
+        self.bucket = BucketRegistry(objects, local)
+        self.interval_s = float(interval_s)
+        self.polls: dict[str, int] = dict.fromkeys(SYNC_OUTCOMES, 0)
+        self.refused: dict[str, str] = {}
+        self.last_error: str | None = None
+        self.serving: str | None = None
+        self.fleet_version: str | None = None     # what models/CURRENT named at the last read
+        self._etag: str | None = None
+        self._failing = False
+        self._poll_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"RegistrySync({self.objects.cfg.location(CURRENT_KEY)} -> {self.local.home})"
+
+    # ------------------------------------------------------------------ polling
+    def poll(self) -> str:
+        """One check of the fleet's pointer (see the class docstring); never raises."""
+        with self._poll_lock:
+            try:
+                outcome = self._poll()
+            except Exception as exc:  # noqa: BLE001 - a replica keeps serving whatever happens here
+                outcome = self._error(exc)
+            self.polls[outcome] = self.polls.get(outcome, 0) + 1
+            if outcome != "error" and self._failing:
+                self._failing = False
+                log.info("model sync: the store answers again")
+            return outcome
+
+    def _poll(self) -> str:
+        got = self.objects.get(CURRENT_KEY, if_none_match=self._etag)
+        if got is NOT_MODIFIED:
+            quiet = "not_modified"
+        else:
+            if got is None:
+                pointer = Pointer()
+            else:
+                pointer = Pointer.parse(got[0], got[1], self.objects.cfg.location(CURRENT_KEY))
+            self.fleet_version, self._etag = pointer.version, pointer.etag
+            quiet = "unchanged"
+        name = self.fleet_version
+        if name is None or name in self.refused:
+            return quiet
+        local = self.local.current_name()
+        if local == name:
+            self.serving = name
+            return quiet
+        return self._follow(name, local)
+
+    def _follow(self, name: str, local: str | None) -> str:
+        t0 = time.monotonic()
+        try:
+            self.bucket.download(name)
+            self.local.promote(name, expected=local, verify=False)   # install() has just verified it
+        except PromotionConflict as exc:   # another process on this host moved the local pointer
+            log.info("model sync: local pointer moved while installing %s (%s); checking again next poll",
+                     name, exc)
+            return "unchanged"
+        except ModelError as exc:
+            self.refused[name] = str(exc)
+            self.last_error = str(exc)
+            log.error("refusing model version %s from the fleet, still serving %s: %s", name, local, exc)
+            return "refused"
+        self.serving = name
+        log.info("model sync: installed and promoted %s (was %s) in %.2fs", name, local, time.monotonic() - t0)
+        return "new"
+
+    def _error(self, exc: Exception) -> str:
+        text = self.objects.cfg.redact(str(exc)) if str(exc) else type(exc).__name__
+        self.last_error = text
+        if self._failing:   # logged once per episode; the metric counts every one
+            log.debug("model sync: %s", text)
+        elif isinstance(exc, FlywheelError):
+            log.warning("model sync: %s (still serving %s; retrying every %gs)", text,
+                        self.local.current_name(), self.interval_s)
+        else:
+            log.exception("model sync: unexpected failure (retrying every %gs)", self.interval_s)
+        self._failing = True
+        return "error"
+
+    def sync_once(self, timeout_s: float = 30.0) -> str:
+        """One poll for a replica that is starting, waiting at most ``timeout_s``: an empty
+        home gets the fleet's current version. Returns the outcome; ``error`` (logged, never
+        raised) when the store is down or too slow: serving goes on with what is local (a
+        poll still running finishes in the background)."""
+        box: list[str] = []
+        worker = threading.Thread(target=lambda: box.append(self.poll()), name="flywheel-registry-sync-once",
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if box:
+            return box[0]
+        self.last_error = f"the first model sync took longer than {timeout_s:g}s; it goes on in the background"
+        log.warning("model sync: %s (serving %s)", self.last_error, self.local.current_name())
+        return "error"
+
+    # ------------------------------------------------------------------ thread
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> RegistrySync:
+        """Poll every ``interval_s`` on a daemon thread (the first poll at once)."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="flywheel-registry-sync", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval_s)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the thread and wait for it, at most ``timeout_s`` (default: one store
+        request's timeout plus a second); a download still running is left to finish on
+        its daemon thread."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(self.objects.timeout_s + 1.0 if timeout_s is None else timeout_s)
+            if thread.is_alive():
+                log.warning("model sync thread still busy after stop(); leaving it to finish")
+
+    def close(self) -> None:
+        """Same as :meth:`stop` (for owners that close what they hold)."""
+        self.stop()

@@ -1,0 +1,174 @@
+"""fleet.registry.RegistrySync against a real S3 server: a replica's local models home
+follows the fleet's ``models/CURRENT``; what does not verify is refused once and the old
+version keeps serving; a store that is down changes nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from classifier import Classifier
+from classifier.intents import parse_intents
+from classifier.model import IntentModel
+from classifier.registry import ModelRegistry
+from classifier.trainer import fit_model
+from fleet.objects import ObjectStore
+from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, SYNC_OUTCOMES, BucketRegistry, RegistrySync
+from tests.fakes import HashEmbedder
+from tests.fleet.test_registry_bucket import publish, save_version, tamper, upload_raw, without_serving_head
+from tests.test_model import DOC
+
+pytestmark = pytest.mark.slow   # every test talks to the real server
+
+
+@pytest.fixture(scope="module")
+def trained() -> IntentModel:
+    """One tiny fitted model; versions are copies of it under other names."""
+    return fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base")
+
+
+@pytest.fixture
+def fleet(objects, tmp_path) -> BucketRegistry:
+    """The fleet registry as the retrain host sees it."""
+    return BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"), by="trainer@test")
+
+
+@pytest.fixture
+def replica(tmp_path) -> ModelRegistry:
+    """A replica's local models home, empty (not even created)."""
+    return ModelRegistry(tmp_path / "replica")
+
+
+def wait_for(predicate, timeout_s: float = 20.0, step_s: float = 0.02) -> float:
+    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout_s, "timed out"
+        time.sleep(step_s)
+    return time.monotonic() - t0
+
+
+def test_a_fresh_replica_starts_on_the_fleets_current_version(objects, fleet, replica, trained):
+    sync = RegistrySync(objects, replica, interval_s=0.1)
+    assert sync.poll() == "unchanged"                  # nothing promoted in the fleet yet
+    assert replica.current_name() is None
+    publish(fleet, trained, "v1", "v2")
+    fleet.promote("v2", expected=None)
+
+    assert sync.sync_once(timeout_s=30) == "new"
+    assert replica.current_name() == "v2" and sync.serving == "v2" and sync.fleet_version == "v2"
+    assert [v.name for v in replica.versions()] == ["v2"]    # only what is served is downloaded
+    assert sync.poll() == "not_modified"
+    assert sync.polls == {**dict.fromkeys(SYNC_OUTCOMES, 0), "unchanged": 1, "new": 1, "not_modified": 1}
+    assert Classifier.from_registry(replica.home, embedder=HashEmbedder(), watch=False).model_version == "v2"
+
+
+def test_a_tampered_version_is_refused_once_and_the_old_one_keeps_serving(objects, fleet, replica, trained,
+                                                                         caplog):
+    publish(fleet, trained, "v1", "v2", "v3")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica)
+    assert sync.poll() == "new"
+
+    tamper(objects, "models/v2/head.npz")                # the bucket copy is damaged after publishing
+    e2 = fleet.promote("v2", expected=e1)                # the trainer's own copy is fine, so this passes
+    with caplog.at_level(logging.ERROR, logger="flywheel.fleet.registry"):
+        assert sync.poll() == "refused"
+    assert replica.current_name() == "v1" and sync.serving == "v1"
+    assert "checksum does not match" in sync.refused["v2"] and sync.last_error == sync.refused["v2"]
+    assert any("refusing model version v2" in r.getMessage() for r in caplog.records)
+    assert not (replica.home / "v2").exists()
+    assert not any(DOWNLOAD_MARK in p.name for p in replica.home.iterdir())
+
+    assert sync.poll() == "not_modified"                 # not tried again
+    e2b = fleet.promote("v2", expected=e2)               # the same version promoted again: new etag
+    assert sync.poll() == "unchanged"
+    assert sync.polls["refused"] == 1 and replica.current_name() == "v1"
+
+    fleet.promote("v3", expected=e2b)
+    assert sync.poll() == "new" and replica.current_name() == "v3"
+    assert replica.history() == ["v1", "v3"]
+
+
+def test_a_version_without_a_serving_head_is_refused_by_replicas(objects, tmp_path, fleet, replica, trained):
+    publish(fleet, trained, "v1")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica)
+    assert sync.poll() == "new"
+    old = without_serving_head(save_version(ModelRegistry(tmp_path / "x"), trained, "x"), tmp_path / "old")
+    upload_raw(objects, old)
+    doc = {"version": "old", "history": ["v1", "old"], "updated_at": "2026-01-01T00:00:00Z", "by": "hand"}
+    objects.put_if_match(CURRENT_KEY, json.dumps(doc).encode(), e1)   # promoted by hand, past every check
+    assert sync.poll() == "refused"
+    assert "head.npz" in sync.refused["old"]
+    assert replica.current_name() == "v1" and not (replica.home / "old").exists()
+
+
+def test_a_corrupt_pointer_is_an_error_and_changes_nothing(objects, fleet, replica, trained):
+    publish(fleet, trained, "v1")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica)
+    assert sync.poll() == "new"
+    objects.put_if_match(CURRENT_KEY, b"{not json", e1)
+    assert sync.poll() == "error" and "corrupt model pointer" in sync.last_error
+    assert sync.poll() == "error"                        # read again each time until it is fixed
+    assert replica.current_name() == "v1" and sync.polls["error"] == 2
+
+
+def test_store_down_poll_is_an_error_and_nothing_changes(s3_server, objects, fleet, replica, trained):
+    fast = ObjectStore(objects.cfg, timeout_s=2.0, max_retries=0)
+    publish(fleet, trained, "v1", "v2")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(fast, replica)
+    assert sync.poll() == "new"
+    fleet.promote("v2", expected=e1)
+    s3_server.stop()
+    try:
+        t0 = time.monotonic()
+        assert sync.poll() == "error"
+        assert sync.sync_once(timeout_s=10) == "error"   # a replica starting now: logged, never raised
+        assert time.monotonic() - t0 < 10
+        assert replica.current_name() == "v1" and sync.serving == "v1"
+        assert "unavailable" in sync.last_error
+        assert s3_server.secret_key not in sync.last_error and s3_server.access_key not in sync.last_error
+    finally:
+        s3_server.start()
+    assert sync.poll() == "new" and replica.current_name() == "v2"
+    assert sync.polls["error"] == 2
+
+
+def test_the_sync_thread_follows_promotions_and_stops(objects, fleet, replica, trained):
+    publish(fleet, trained, "v1", "v2")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica, interval_s=0.05).start()
+    try:
+        wait_for(lambda: replica.current_name() == "v1")
+        fleet.promote("v2", expected=e1)
+        wait_for(lambda: replica.current_name() == "v2")
+        assert sync.running
+    finally:
+        sync.stop()
+    assert not sync.running
+    assert sync.polls["new"] == 2 and sync.polls["error"] == 0 and sync.polls["refused"] == 0
+
+
+def test_a_served_classifier_picks_up_a_fleet_promotion(objects, fleet, replica, trained, record_property):
+    publish(fleet, trained, "v1", "v2")
+    e1 = fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica, interval_s=0.1)
+    assert sync.sync_once(timeout_s=30) == "new"
+    clf = Classifier.from_registry(replica.home, embedder=HashEmbedder(), interval_s=0.1, background=True)
+    sync.start()
+    try:
+        assert clf.classify("show my invoices").model_version == "v1"
+        t0 = time.monotonic()
+        fleet.promote("v2", expected=e1)
+        latency = wait_for(lambda: clf.classify("show my invoices").model_version == "v2", timeout_s=20)
+        record_property("promotion_to_serving_s", round(time.monotonic() - t0, 3))
+        assert latency < 5.0   # one sync interval + one watcher interval + download and warm-up
+    finally:
+        sync.stop()
+        clf.close()
