@@ -30,15 +30,15 @@ than the cutoff are deleted: they may hold text that was never ingested.
 
 What the retrain can still do with a decision whose text is gone
 ----------------------------------------------------------------
-- Its stored layer-2 vector and its labels (teacher, human, inline) are intact, so it
-  still trains layer 2 **with the same encoder** (the vector is reused, never
-  recomputed), and it still counts in ``flywheel stats``.
-- It cannot be re-embedded: a retrain with a **new encoder** cannot use it (no text to
-  encode), nor can anything that needs the text (the teacher, self-training's text
-  dedupe, the held-out split, which is a hash of the normalised text).
-- ``training.trainset`` groups rows by normalised text. It must treat ``''`` as "no
-  text" (keep each such row apart, train-only, vector from the log or dropped), not as
-  one text shared by every redacted row; see the report of issue 14's retention work.
+- Its stored layer-2 vector and its labels (teacher, human, inline) are kept, and it still
+  counts in ``flywheel stats`` (layer shares, tiers, audit agreement, confusions).
+- Today's retrain leaves it out of the training set (:mod:`training.trainset` merges rows
+  by normalised text, and every redacted text is ``''``). Keying a text-less row by its
+  decision id, train-only with its logged vector, would let it keep training layer 2 with
+  the **same encoder**; a **new encoder** can never use it (no text to encode), nor can the
+  teacher, self-training or the held-out split (a hash of the text).
+  ``LogStore.pending`` leaves it out (nothing to ask the teacher).
+
 Mirrored copies behave the same: :func:`fleet.mirror.mirror` brings redacted objects
 into a fresh store with their vectors and labels, and never the originals' text.
 """

@@ -149,7 +149,11 @@ class ObjectShipper:
             self._quarantine(path, exc)
             return 0
         key = object_key(kind, segment_date(table, name), sid, name)
-        created = self.objects.put_if_absent(key, data)
+        try:
+            created = self.objects.put_if_absent(key, data)
+        except ValueError as exc:  # a name no key can hold (control characters, ...)
+            self._quarantine(path, exc)
+            return 0
         rows = table.num_rows
         del table  # release the memory map before the file goes
         try:

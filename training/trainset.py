@@ -252,7 +252,9 @@ def _read_log(store: Any, since: Any) -> _Log:
         return _Log([], time.time(), 0)
     store.ingest()          # so that everything logged before ``until`` is in the tables
     until = time.time()
-    rows = store.labelled_rows(since=since)
+    # rows whose text retention removed (text '') are left out: they would all merge under
+    # one normalised key; see fleet.retention for what keeps them usable later
+    rows = [r for r in store.labelled_rows(since=since) if r.text]
     invalid = store.invalid_teacher_answers()
     return _Log(rows, until, invalid)
 

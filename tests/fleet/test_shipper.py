@@ -146,17 +146,19 @@ def test_a_segment_shipped_twice_is_one_object_and_one_row(tmp_path, objects):
 
 def test_an_unreadable_segment_is_quarantined_and_the_rest_ships(tmp_path, objects, caplog):
     spool = tmp_path / "spool"
-    spool.mkdir()
+    with SpoolSink(spool, None) as writer:
+        writer.write(rec())
+    (good,) = list_segments(spool)
+    odd = f"seg-{2:020d}-1-\x01.arrow"   # readable, but no object key can hold its name
+    shutil.copy(spool / good, spool / odd)
     (spool / f"seg-{1:020d}-1-00000000.arrow").write_bytes(b"not an arrow file")
     (spool / "junk.arrow").write_bytes(b"")
-    sink, shipper = shipping_sink(spool, objects)
-    sink.write(rec())
-    assert sink.drain_now(10.0) == 1
+    shipper = ObjectShipper(objects)
+    assert shipper.drain(spool, 10.0) == 1
     assert sorted(p.name for p in spool.iterdir() if p.name.endswith(".bad")) == \
-        ["junk.arrow.bad", f"seg-{1:020d}-1-00000000.arrow.bad"]
-    assert shipper.quarantined == 2 and len(log_keys(objects, "decisions")) == 1
-    assert "cannot be shipped" in caplog.text
-    sink.close()
+        ["junk.arrow.bad", f"seg-{1:020d}-1-00000000.arrow.bad", odd + ".bad"]
+    assert shipper.quarantined == 3 and len(log_keys(objects, "decisions")) == 1
+    assert list_segments(spool) == [] and "cannot be shipped" in caplog.text
 
 
 def test_no_new_segment_starts_after_the_timeout(tmp_path, objects):
