@@ -79,6 +79,14 @@ class IntentClassifierServicer:
     def Feedback(self, request, context):
         """Correct (or confirm) the label of an earlier decision, by its id. The stored
         label becomes training data for the next model version.
+
+        NOT_FOUND: a server with a local traffic log answers it for any decision_id that is
+        not in that log. In fleet mode (replicas sharing a log on object storage) a decision
+        may have been made by another replica, so a replica answers NOT_FOUND only for what
+        it can rule out itself: a decision_id that is not 32 lowercase hex characters, or one
+        that carries this replica process's tag but was not made by it. Any other id is
+        accepted (OK) and checked against the fleet's log when the retrain reads it; a label
+        for a decision that never existed is never training data.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
