@@ -32,12 +32,13 @@ What the retrain can still do with a decision whose text is gone
 ----------------------------------------------------------------
 - Its stored layer-2 vector and its labels (teacher, human, inline) are kept, and it still
   counts in ``flywheel stats`` (layer shares, tiers, audit agreement, confusions).
-- Today's retrain leaves it out of the training set (:mod:`training.trainset` merges rows
-  by normalised text, and every redacted text is ``''``). Keying a text-less row by its
-  decision id, train-only with its logged vector, would let it keep training layer 2 with
-  the **same encoder**; a **new encoder** can never use it (no text to encode), nor can the
-  teacher, self-training or the held-out split (a hash of the text).
-  ``LogStore.pending`` leaves it out (nothing to ask the teacher).
+- The retrain trains on it with the **same encoder**: :mod:`training.trainset` keys a
+  text-less row by its decision id (never merged with others, never held out for
+  evaluation) and uses its logged vector and its own label (human, else the valid
+  teacher majority); the report counts them under ``text_removed``. A row without a
+  logged vector of that encoder is skipped, and a **new encoder** can never use it (no
+  text to encode), nor can the teacher, self-training or the held-out split (a hash of
+  the text). ``LogStore.pending`` leaves it out (nothing to ask the teacher).
 
 Mirrored copies behave the same: :func:`fleet.mirror.mirror` brings redacted objects
 into a fresh store with their vectors and labels, and never the originals' text.

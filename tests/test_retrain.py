@@ -1048,3 +1048,24 @@ def test_two_retrains_racing_without_a_shared_lock_one_promotes_the_other_says_s
                               f"to another retrain of {first.version}; not overwritten")
     assert world.registry.current_name() == won[0].version
     assert world.registry.history() == [first.version, won[0].version]
+
+
+def test_decisions_whose_text_retention_removed_train_on_their_logged_vectors(world):
+    from training.trainset import build_training_set
+
+    items = sample(90, seed=7)
+    recs = [record(t, true=y, embed=(i % 3 != 0)) for i, (t, y) in enumerate(items)]   # 60 with vectors
+    write(world.store, recs)
+    before = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert before.report["text_removed"] == {"labelled_rows": 0, "trained": 0}
+    assert world.store.forget_text(time.time() + 1) == 90
+    after = build_training_set(world.store, world.intents, embedder=world.embedder)
+    removed = after.report["text_removed"]
+    assert removed["labelled_rows"] == 90
+    with_vec = {r.decision.id: y for r, (_, y) in zip(recs, items) if r.embedding is not None}
+    assert removed["trained"] == len(with_vec) == 60   # each on its own row, never merged into one
+    rows = {d: (y, s) for d, y, s, t in zip(after.decision_ids, after.labels, after.sources, after.texts) if t == ""}
+    assert {d: y for d, (y, _) in rows.items()} == with_vec
+    assert all(s == "teacher" for _, s in rows.values())
+    assert "" not in {normalise_key(t) for t in after.eval.texts + after.recent.texts}   # training only
+    assert world.run().outcome in ("promoted", "kept")   # the job runs on them

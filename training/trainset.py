@@ -154,9 +154,10 @@ _MISSING: Any = _Missing()
 class _Log:
     """What was read from the traffic log."""
 
-    rows: list                   # labelled rows (LogStore.labelled_rows)
+    rows: list                   # labelled rows (LogStore.labelled_rows) that still have their text
     until: float                 # unix time at which the log was read
     invalid: int                 # invalid/failed teacher answers (never labels)
+    textless: list = field(default_factory=list)   # labelled rows whose text retention removed
 
 
 @dataclass
@@ -237,7 +238,12 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     if len(layer2_rows):
         train = train.concat(layer2_rows)
         say(f"self-training: {len(layer2_rows):,} confident layer-2 decisions added")
+    textless = _textless_rows(store, embedder, log.textless, set(intents.labels))
+    if len(textless):
+        train = train.concat(textless)
+        say(f"{len(textless):,} decisions whose text retention removed train on their logged vectors")
     report = _report(len(examples[0]), log, groups, resolved, split, parts, guard, self_info, train, t_start)
+    report["text_removed"] = {"labelled_rows": len(log.textless), "trained": len(textless)}
     say(_summary(train, parts, guard))
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=parts.eval, recent=parts.recent, fit_intents=split.fit_intents,
@@ -252,11 +258,35 @@ def _read_log(store: Any, since: Any) -> _Log:
         return _Log([], time.time(), 0)
     store.ingest()          # so that everything logged before ``until`` is in the tables
     until = time.time()
-    # rows whose text retention removed (text '') are left out: they would all merge under
-    # one normalised key; see fleet.retention for what keeps them usable later
-    rows = [r for r in store.labelled_rows(since=since) if r.text]
+    rows = store.labelled_rows(since=since)
     invalid = store.invalid_teacher_answers()
-    return _Log(rows, until, invalid)
+    return _Log([r for r in rows if r.text], until, invalid, [r for r in rows if not r.text])
+
+
+def _textless_rows(store: Any, embedder: Any, rows: list, known: set[str]) -> LabelledSet:
+    """Training-only rows for labelled decisions whose text retention removed: keyed by
+    decision id (never merged, never held out), with their logged vector of this encoder
+    (rows without one are skipped: there is no text to embed) and their own label (the
+    latest human label, else the valid teacher majority; ties and removed intents dropped)."""
+    dim = int(embedder.dim)
+    picked = []
+    for r in rows:
+        if r.has_human_label:
+            label, source = r.human_label, "human"
+        else:
+            ranked = Counter(r.teacher_labels).most_common()
+            if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+                continue
+            label, source = ranked[0][0], "teacher"
+        if label is None or label in known:
+            picked.append((r.decision_id, label, source))
+    vecs = store.embeddings(embedder.id, [d for d, _, _ in picked]) if picked else {}
+    picked = [p for p in picked if p[0] in vecs and vecs[p[0]].size == dim]
+    if not picked:
+        return _empty(dim)
+    return LabelledSet([""] * len(picked), [lab for _, lab, _ in picked],
+                       np.stack([vecs[d] for d, _, _ in picked]).astype(np.float32, copy=False),
+                       [src for _, _, src in picked], [d for d, _, _ in picked])
 
 
 def _collect_groups(examples: tuple[list[str], list[str | None]], log: _Log) -> dict[str, _Group]:
