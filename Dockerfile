@@ -33,8 +33,10 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/fly
  && chown 10001:10001 /var/lib/flywheel
 
 COPY --from=build /dist/ /tmp/dist/
+# the fleet extra (obstore) lets the same image ship to an object store (FLYWHEEL_STORE)
 RUN python -m venv /opt/flywheel \
- && /opt/flywheel/bin/pip install --no-cache-dir --disable-pip-version-check /tmp/dist/flywheel-*.whl \
+ && WHEEL="$(ls /tmp/dist/flywheel-*.whl)" \
+ && /opt/flywheel/bin/pip install --no-cache-dir --disable-pip-version-check "${WHEEL}[fleet]" \
  && rm -rf /tmp/dist
 
 # FLYWHEEL_HOME holds the traffic log (log/flywheel.duckdb), the default model trained on
