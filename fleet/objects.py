@@ -172,7 +172,7 @@ class ObjectStore:
 
     def _error(self, op: str, key: str, exc: Exception) -> FleetError:
         """The named error for a client exception; its text is redacted and cut short."""
-        text = self.cfg.redact(str(exc)).split("\n\nDebug source")[0]
+        text = self.cfg.redact(str(exc).split("\n\nDebug source")[0])   # cut obstore's dump, then redact
         text = " ".join(text.split())[:600]
         where = f"{op} {self.cfg.location(key)}"
         if isinstance(exc, (obx.AlreadyExistsError, obx.PreconditionError)):
@@ -185,6 +185,8 @@ class ObjectStore:
             return FleetError(f"{where}: the bucket {self.cfg.bucket!r} does not exist: {text}")
         status = _STATUS.search(text)
         code = int(status.group(1)) if status else None
+        if code in (401, 403):  # obstore reports a refused list as a GenericError with the status
+            return FleetError(f"{where}: access denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY): {text}")
         if isinstance(exc, (obx.GenericError, OSError)) and (code is None or code >= 500 or code in (408, 429)):
             return StoreUnavailable(f"{where}: store unavailable: {text}")
         return FleetError(f"{where}: {text}")

@@ -309,7 +309,7 @@ class _Drainer:
             self.usage.rescan()
         self.drained += n
         if self.last_error is not None:
-            log.warning("traffic log: drain of %s works again", self.spool)
+            log.info("traffic log: drain of %s works again", self.spool)
             self.last_error = None
         return n
 
