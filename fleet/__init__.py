@@ -9,7 +9,7 @@ Modules: :mod:`~fleet.errors` (the named errors), :mod:`~fleet.config` (the
 ``s3://BUCKET/PREFIX`` URL and the AWS environment, credentials never shown),
 :mod:`~fleet.objects` (the object store client, the only importer of ``obstore``,
 from the optional ``flywheel[fleet]`` extra) and :mod:`~fleet.registry` (the fleet's model
-registry, :class:`~fleet.registry.BucketRegistry`, and :class:`~fleet.registry.RegistrySync`,
+registry, :class:`~fleet.registry.BucketRegistry`, and :class:`~fleet.sync.RegistrySync` (:mod:`~fleet.sync`),
 which makes a replica follow its ``CURRENT`` pointer).
 
 The fleet's log: :mod:`~fleet.shipper` (:class:`~fleet.shipper.ObjectShipper`, the spool
@@ -28,9 +28,10 @@ from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, Store
 from fleet.labels import BucketLabels
 from fleet.mirror import MirrorReport
 from fleet.objects import NOT_MODIFIED, ObjectInfo, ObjectStore
-from fleet.registry import BucketRegistry, RegistrySync
+from fleet.registry import BucketRegistry
 from fleet.retention import PruneReport, prune_log
 from fleet.shipper import ObjectShipper
+from fleet.sync import RegistrySync
 
 __all__ = ["BucketLabels", "BucketRegistry", "FleetError", "MirrorReport", "NOT_MODIFIED", "ObjectInfo",
            "ObjectShipper", "ObjectStore", "PreconditionFailed", "PruneReport", "RegistrySync", "StoreConfig",

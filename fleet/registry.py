@@ -1,4 +1,4 @@
-"""The fleet's model registry in the object store, and the thread that makes a replica follow it.
+"""The fleet's model registry in the object store.
 
 Layout, under the store's prefix::
 
@@ -16,11 +16,7 @@ Versions are written create-only and never replaced. Versions live also in a loc
 there before :meth:`BucketRegistry.publish`, and :meth:`BucketRegistry.download` installs
 bucket versions there after checking every file's SHA-256 against the manifest.
 
-:class:`RegistrySync` is what a replica runs: it polls ``models/CURRENT`` (a conditional
-GET, every few seconds), downloads and verifies a newly promoted version, installs it in
-the local home and promotes it there; the classifier's :class:`~classifier.registry.ModelWatcher`
-on that home then warms it and swaps it in. A version that does not verify is refused,
-logged and counted once, and the old one keeps serving.
+A replica follows it with :class:`fleet.sync.RegistrySync`.
 
 Serving never unpickles anything from the bucket: a version is only promoted (and only
 installed) when its manifest records the numpy-only serving head ``head.npz``, which is
@@ -38,7 +34,6 @@ import re
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,8 +48,7 @@ from classifier.registry import ModelRegistry, PromotionConflict
 from fleet.errors import PreconditionFailed
 from fleet.objects import NOT_MODIFIED, ObjectStore
 
-__all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "MODELS", "REPORT_FILES", "SYNC_OUTCOMES", "BucketRegistry",
-           "BucketVersion", "Pointer", "RegistrySync"]
+__all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "MODELS", "REPORT_FILES", "BucketRegistry", "BucketVersion", "Pointer"]
 
 log = logging.getLogger("flywheel.fleet.registry")
 
@@ -63,7 +57,6 @@ CURRENT_KEY = f"{MODELS}/CURRENT"
 HISTORY_LIMIT = 50                                  # promoted names kept in CURRENT, for rollback
 REPORT_FILES = ("report.json", "report.md")          # uploaded with a version when present; not hashed
 REQUIRED_FILES = (HEAD_FILE, SERVING_HEAD_FILE, INTENTS_FILE)   # a fleet version's manifest hashes each
-SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
 DOWNLOAD_MARK = ".download-"                         # temp dirs: ``.<name>.download-<random>`` in the home
 STALE_DOWNLOAD_S = 3600.0                            # leftovers of a crashed download older than this go
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
@@ -429,164 +422,3 @@ def _same_bytes(path: Path, data: bytes) -> bool:
         return path.read_bytes() == data
     except OSError:
         return False
-
-
-class RegistrySync:
-    """Makes a replica's local models home follow the fleet's ``models/CURRENT``.
-
-    :meth:`poll` does one conditional GET of the pointer (``If-None-Match`` with the last
-    etag) and, when the fleet serves a version the local ``CURRENT`` does not name,
-    downloads and verifies it (:meth:`BucketRegistry.download`) and promotes it locally;
-    the classifier's :class:`~classifier.registry.ModelWatcher` on the home then hot-reloads
-    it. It returns one of :data:`SYNC_OUTCOMES`, also counted in ``polls``:
-
-    - ``not_modified``: the pointer did not change (nothing to do);
-    - ``unchanged``: it was read, and the local home already serves it (or it names nothing,
-      or a version refused before);
-    - ``new``: a version was installed and promoted locally;
-    - ``refused``: the version does not verify; remembered in ``refused`` (name -> reason),
-      logged, counted once and not tried again; the old one keeps serving;
-    - ``error``: the store is unreachable or failed (``last_error``), or the pointer is
-      corrupt; nothing changed, the next poll tries again.
-
-    The fleet's pointer wins: a version promoted by hand in the local home is replaced by
-    the fleet's at the next poll. ``serving`` is the version this sync last found or made
-    current locally (``fleet_version``: what ``CURRENT`` named at the last read). :meth:`start`
-    polls every ``interval_s`` on a daemon thread, :meth:`stop` ends it; :meth:`sync_once`
-    is the bounded first poll of a starting replica. Nothing here raises from a poll.
-    """
-
-    def __init__(self, objects: ObjectStore, local: ModelRegistry, *, interval_s: float = 5.0) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self.objects = objects
-        self.local = local
-        self.bucket = BucketRegistry(objects, local)
-        self.interval_s = float(interval_s)
-        self.polls: dict[str, int] = dict.fromkeys(SYNC_OUTCOMES, 0)
-        self.refused: dict[str, str] = {}
-        self.last_error: str | None = None
-        self.serving: str | None = None
-        self.fleet_version: str | None = None     # what models/CURRENT named at the last read
-        self._etag: str | None = None
-        self._failing = False
-        self._poll_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __repr__(self) -> str:
-        return f"RegistrySync({self.objects.cfg.location(CURRENT_KEY)} -> {self.local.home})"
-
-    # ------------------------------------------------------------------ polling
-    def poll(self) -> str:
-        """One check of the fleet's pointer (see the class docstring); never raises."""
-        with self._poll_lock:
-            try:
-                outcome = self._poll()
-            except Exception as exc:  # noqa: BLE001 - a replica keeps serving whatever happens here
-                outcome = self._error(exc)
-            self.polls[outcome] = self.polls.get(outcome, 0) + 1
-            if outcome != "error" and self._failing:
-                self._failing = False
-                log.info("model sync: the store answers again")
-            return outcome
-
-    def _poll(self) -> str:
-        got = self.objects.get(CURRENT_KEY, if_none_match=self._etag)
-        if got is NOT_MODIFIED:
-            quiet = "not_modified"
-        else:
-            if got is None:
-                pointer = Pointer()
-            else:
-                pointer = Pointer.parse(got[0], got[1], self.objects.cfg.location(CURRENT_KEY))
-            self.fleet_version, self._etag = pointer.version, pointer.etag
-            quiet = "unchanged"
-        name = self.fleet_version
-        if name is None or name in self.refused:
-            return quiet
-        local = self.local.current_name()
-        if local == name:
-            self.serving = name
-            return quiet
-        return self._follow(name, local)
-
-    def _follow(self, name: str, local: str | None) -> str:
-        t0 = time.monotonic()
-        try:
-            self.bucket.download(name)
-            self.local.promote(name, expected=local, verify=False)   # install() has just verified it
-        except PromotionConflict as exc:   # another process on this host moved the local pointer
-            log.info("model sync: local pointer moved while installing %s (%s); checking again next poll",
-                     name, exc)
-            return "unchanged"
-        except ModelError as exc:
-            self.refused[name] = str(exc)
-            self.last_error = str(exc)
-            log.error("refusing model version %s from the fleet, still serving %s: %s", name, local, exc)
-            return "refused"
-        self.serving = name
-        log.info("model sync: installed and promoted %s (was %s) in %.2fs", name, local, time.monotonic() - t0)
-        return "new"
-
-    def _error(self, exc: Exception) -> str:
-        text = self.objects.cfg.redact(str(exc)) if str(exc) else type(exc).__name__
-        self.last_error = text
-        if self._failing:   # logged once per episode; the metric counts every one
-            log.debug("model sync: %s", text)
-        elif isinstance(exc, FlywheelError):
-            log.warning("model sync: %s (still serving %s; retrying every %gs)", text,
-                        self.local.current_name(), self.interval_s)
-        else:
-            log.exception("model sync: unexpected failure (retrying every %gs)", self.interval_s)
-        self._failing = True
-        return "error"
-
-    def sync_once(self, timeout_s: float = 30.0) -> str:
-        """One poll for a replica that is starting, waiting at most ``timeout_s``: an empty
-        home gets the fleet's current version. Returns the outcome; ``error`` (logged, never
-        raised) when the store is down or too slow: serving goes on with what is local (a
-        poll still running finishes in the background)."""
-        box: list[str] = []
-        worker = threading.Thread(target=lambda: box.append(self.poll()), name="flywheel-registry-sync-once",
-                                  daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if box:
-            return box[0]
-        self.last_error = f"the first model sync took longer than {timeout_s:g}s; it goes on in the background"
-        log.warning("model sync: %s (serving %s)", self.last_error, self.local.current_name())
-        return "error"
-
-    # ------------------------------------------------------------------ thread
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> RegistrySync:
-        """Poll every ``interval_s`` on a daemon thread (the first poll at once)."""
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="flywheel-registry-sync", daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            self._stop.wait(self.interval_s)
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the thread and wait for it, at most ``timeout_s`` (default: one store
-        request's timeout plus a second); a download still running is left to finish on
-        its daemon thread."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(self.objects.timeout_s + 1.0 if timeout_s is None else timeout_s)
-            if thread.is_alive():
-                log.warning("model sync thread still busy after stop(); leaving it to finish")
-
-    def close(self) -> None:
-        """Same as :meth:`stop` (for owners that close what they hold)."""
-        self.stop()

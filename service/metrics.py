@@ -60,7 +60,7 @@ OTHER_LABEL = "other"  # any label outside the set given to ``set_labels``
 TEACHER_OUTCOMES = ("ok", "timeout", "unavailable", "malformed", "unknown_label", "circuit_open",
                     "skipped_deadline", "pool_full", "error")
 RELOAD_OUTCOMES = ("ok", "refused")
-# what a replica's poll of the fleet's CURRENT pointer found (fleet.registry.RegistrySync)
+# what a replica's poll of the fleet's CURRENT pointer found (fleet.sync.RegistrySync)
 SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
 
 
@@ -226,7 +226,7 @@ class ServerMetrics:
 
     def bind_fleet(self, *, spool: Any = None, sync: Any = None) -> None:
         """Expose fleet mode's shipping (``spool``: a :class:`logstore.SpoolSink`) and model
-        sync (``sync``: a :class:`fleet.registry.RegistrySync`), read at scrape time."""
+        sync (``sync``: a :class:`fleet.sync.RegistrySync`), read at scrape time."""
         self.registry.register(_FleetCollector(spool, sync))
 
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:

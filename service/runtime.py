@@ -10,7 +10,7 @@ serving needs around it, and :class:`Runtime` owns all of it and closes it in or
 - **Fleet mode** (``store = s3://BUCKET/PREFIX``, see :mod:`fleet`): the sink's spool is a
   buffer that an :class:`fleet.shipper.ObjectShipper` empties into the object store
   (never on the request path); labels go through the same spool; a
-  :class:`fleet.registry.RegistrySync` follows the fleet's ``models/CURRENT``, installs each
+  :class:`fleet.sync.RegistrySync` follows the fleet's ``models/CURRENT``, installs each
   promoted version into the local models home, and the classifier's watcher swaps it in.
   A fresh replica syncs once before it loads a model, so it starts on the fleet's version.
   No local DuckDB is opened: raw text stays on the replica only until it has shipped.
@@ -110,8 +110,8 @@ def _open_fleet(cfg: Config, log_decisions: bool, progress: bool, background_rel
                 kwargs: dict[str, Any]) -> Runtime:
     from fleet.config import StoreConfig
     from fleet.objects import ObjectStore
-    from fleet.registry import RegistrySync
     from fleet.shipper import ObjectShipper
+    from fleet.sync import RegistrySync
 
     objects = ObjectStore(StoreConfig.parse(cfg.store))
     local = ModelRegistry(cfg.models_dir)

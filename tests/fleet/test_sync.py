@@ -1,4 +1,4 @@
-"""fleet.registry.RegistrySync against a real S3 server: a replica's local models home
+"""fleet.sync.RegistrySync against a real S3 server: a replica's local models home
 follows the fleet's ``models/CURRENT``; what does not verify is refused once and the old
 version keeps serving; a store that is down changes nothing."""
 
@@ -16,7 +16,8 @@ from classifier.model import IntentModel
 from classifier.registry import ModelRegistry
 from classifier.trainer import fit_model
 from fleet.objects import ObjectStore
-from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, SYNC_OUTCOMES, BucketRegistry, RegistrySync
+from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
+from fleet.sync import SYNC_OUTCOMES, RegistrySync
 from tests.fakes import HashEmbedder
 from tests.fleet.test_registry_bucket import publish, save_version, tamper, upload_raw, without_serving_head
 from tests.test_model import DOC
