@@ -200,3 +200,35 @@ def test_metrics_http_exposes_every_name():
     assert 'flywheel_decision_labels_total{label="billing"} 0.0\n' in text
     assert 'flywheel_batch_size_bucket{le="+Inf"} 0.0\n' in text
     assert "flywheel_batch_size_count 0.0\n" in text
+
+
+class _Spool:
+    """The numbers a SpoolSink exposes, as the fleet collector reads them."""
+
+    drained, dropped, drain_errors, spool_bytes, spool_segments = 120, 7, 3, 4096, 2
+
+
+class _Sync:
+    polls = {"not_modified": 5, "new": 1, "refused": 1}
+
+
+def test_fleet_metrics_are_read_at_scrape_time():
+    m = ServerMetrics()
+    spool = _Spool()
+    m.bind_fleet(spool=spool, sync=_Sync())
+    get = m.registry.get_sample_value
+    assert get("flywheel_log_shipped_rows_total") == 120
+    assert get("flywheel_log_dropped_rows_total") == 7
+    assert get("flywheel_log_ship_errors_total") == 3
+    assert get("flywheel_log_spool_bytes") == 4096 and get("flywheel_log_spool_segments") == 2
+    assert get("flywheel_registry_polls_total", {"outcome": "new"}) == 1
+    assert get("flywheel_registry_polls_total", {"outcome": "error"}) == 0   # every outcome, from the start
+    spool.spool_bytes = 0
+    assert get("flywheel_log_spool_bytes") == 0
+
+
+def test_fleet_metrics_without_a_registry_sync():
+    m = ServerMetrics()
+    m.bind_fleet(spool=_Spool())
+    assert m.registry.get_sample_value("flywheel_log_shipped_rows_total") == 120
+    assert m.registry.get_sample_value("flywheel_registry_polls_total", {"outcome": "new"}) is None
