@@ -109,7 +109,7 @@ def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_in
     assert "flywheel/cli.py" in names
     assert not [n for n in names if "simulated_ollama" in n or n.startswith("tests/")]
     assert {n.split("/")[0] for n in names if not n.startswith("flywheel-")} == {
-        "classifier", "logstore", "service", "training", "flywheel"}
+        "classifier", "logstore", "fleet", "service", "training", "flywheel"}
 
 
 @slow
