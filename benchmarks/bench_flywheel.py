@@ -83,6 +83,22 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.1%}"
 
 
+def report(rows: list[dict], summary: dict, args: argparse.Namespace) -> None:
+    """Print the windows as a markdown table and the summary; write both to ``--json-out``."""
+    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        l2 = r["layer2_test"]
+        took = "" if r.get("retrain_s") is None else f" ({r['retrain_s']}s)"
+        print(f"| {r['window']} | {r['queries']} | {_pct(r['llm_share'])} | {_pct(r['e2e_accuracy'])} | "
+              f"{_pct(l2['accuracy'])} | {_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
+              f"{r['retrain'] or ''}{took} |")
+    print("\n" + json.dumps(summary, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"summary": summary, "windows": rows, "args": vars(args)},
+                                                  indent=2, default=str))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
@@ -195,18 +211,7 @@ def main() -> int:
         "promotions": sum(r["retrain"] == "promoted" for r in rows[1:]),
         "simulator": sim_counts,
     }
-    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        l2 = r["layer2_test"]
-        took = "" if r.get("retrain_s") is None else f" ({r['retrain_s']}s)"
-        print(f"| {r['window']} | {r['queries']} | {_pct(r['llm_share'])} | {_pct(r['e2e_accuracy'])} | "
-              f"{_pct(l2['accuracy'])} | {_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
-              f"{r['retrain'] or ''}{took} |")
-    print("\n" + json.dumps(summary, indent=2))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"summary": summary, "windows": rows, "args": vars(args)},
-                                                  indent=2, default=str))
+    report(rows, summary, args)
     return 0
 
 

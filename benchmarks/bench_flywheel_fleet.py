@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_flywheel import _pct, layer2_accuracy, starter_intents  # noqa: E402
+from bench_flywheel import layer2_accuracy, report, starter_intents  # noqa: E402
 
 from classifier.embedders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
@@ -208,18 +208,7 @@ def main() -> int:
         "rows_shipped": sum(r["shipped_rows"] for r in rows[1:]),
         "simulator": sim_counts,
     }
-    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        l2 = r["layer2_test"]
-        took = "" if r.get("retrain_s") is None else f" ({r['retrain_s']}s)"
-        print(f"| {r['window']} | {r['queries']} | {_pct(r['llm_share'])} | {_pct(r['e2e_accuracy'])} | "
-              f"{_pct(l2['accuracy'])} | {_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
-              f"{r['retrain'] or ''}{took} |")
-    print("\n" + json.dumps(summary, indent=2))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"summary": summary, "windows": rows, "args": vars(args)},
-                                                  indent=2, default=str))
+    report(rows, summary, args)
     return 0
 
 

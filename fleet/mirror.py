@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
 
 from fleet.objects import NOT_MODIFIED, ObjectStore
+from fleet.parallel import ordered_map
 from fleet.shipper import LOG_PREFIX
 from logstore.labels import LABEL_SCHEMA
 from logstore.segments import DECISIONS, LABELS, SEGMENT_SCHEMA, from_parquet
@@ -138,36 +137,22 @@ def mirror(objects: ObjectStore, store: LogStore, *, progress: ProgressFn | None
     run = _Run(store, len(keys), progress)
     batch: list[tuple[str, str, pa.Table]] = []
     batch_n = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flywheel-mirror") as pool:
-        pending: deque[Future] = deque()
-        it = iter(keys)
-        try:
-            while True:
-                while len(pending) < 2 * workers:
-                    key = next(it, None)
-                    if key is None:
-                        break
-                    pending.append(pool.submit(_download, objects, key))
-                if not pending:
-                    break
-                key, table, nbytes, exc = pending.popleft().result()
-                run.bytes += nbytes
-                if exc is not None:
-                    run.bad += 1
-                    log.error("fleet mirror: object %s cannot be read (%s); left for the next run", key, exc)
-                    continue
-                if table is None:
-                    run.gone += 1  # deleted since the listing (e.g. replaced by its redacted copy)
-                    continue
-                batch.append((key, _kind(key), table))
-                batch_n += table.num_rows
-                if batch_n >= batch_rows:
-                    run.insert(batch)
-                    batch, batch_n = [], 0
-            if batch:
-                run.insert(batch)
-        finally:
-            for f in pending:
-                f.cancel()
+    for key, table, nbytes, exc in ordered_map(lambda k: _download(objects, k), keys, workers=workers,
+                                               name="flywheel-mirror"):
+        run.bytes += nbytes
+        if exc is not None:
+            run.bad += 1
+            log.error("fleet mirror: object %s cannot be read (%s); left for the next run", key, exc)
+            continue
+        if table is None:
+            run.gone += 1  # deleted since the listing (e.g. replaced by its redacted copy)
+            continue
+        batch.append((key, _kind(key), table))
+        batch_n += table.num_rows
+        if batch_n >= batch_rows:
+            run.insert(batch)
+            batch, batch_n = [], 0
+    if batch:
+        run.insert(batch)
     return MirrorReport(objects=run.objects, rows=run.rows, skipped=skipped + run.gone,
                         seconds=round(time.monotonic() - t0, 3), bad=run.bad, bytes=run.bytes)

@@ -50,8 +50,6 @@ import logging
 import os
 import re
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -61,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleet.objects import NOT_MODIFIED, ObjectStore
+from fleet.parallel import ordered_map
 from fleet.shipper import LOG_PREFIX
 from logstore.segments import DECISIONS, from_parquet, to_parquet
 from logstore.store import LogStore
@@ -164,32 +163,18 @@ def _prune_bucket(objects: ObjectStore, store: LogStore | None, cutoff: datetime
             store.insert_objects(local)
         local, local_rows = [], 0
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flywheel-prune") as pool:
-        pending: deque[Future] = deque()
-        it = iter(keys)
-        try:
-            while True:
-                while len(pending) < 2 * workers:
-                    key = next(it, None)
-                    if key is None:
-                        break
-                    pending.append(pool.submit(_prune_object, objects, key, cutoff))
-                if not pending:
-                    break
-                outcome, rkey, red, created = pending.popleft().result()
-                if outcome == "waiting":
-                    counts["waiting"] += 1
-                elif outcome == "done":
-                    counts["deleted"] += 1
-                    counts["redacted"] += int(created)
-                    local.append((rkey, DECISIONS, red))
-                    local_rows += red.num_rows
-                    if local_rows >= _LOCAL_BATCH_ROWS:
-                        flush_local()
-            flush_local()
-        finally:
-            for f in pending:
-                f.cancel()
+    for outcome, rkey, red, created in ordered_map(lambda k: _prune_object(objects, k, cutoff), keys,
+                                                   workers=workers, name="flywheel-prune"):
+        if outcome == "waiting":
+            counts["waiting"] += 1
+        elif outcome == "done":
+            counts["deleted"] += 1
+            counts["redacted"] += int(created)
+            local.append((rkey, DECISIONS, red))
+            local_rows += red.num_rows
+            if local_rows >= _LOCAL_BATCH_ROWS:
+                flush_local()
+    flush_local()
     return counts
 
 
