@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -83,6 +84,33 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.1%}"
 
 
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The stream, seed model and simulated teacher options every flywheel benchmark takes."""
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
+    ap.add_argument("--per-intent", type=int, default=5)
+    ap.add_argument("--accuracy", type=float, default=0.9, help="simulated teacher accuracy")
+    ap.add_argument("--latency-s", type=float, default=0.3, help="median teacher latency")
+    ap.add_argument("--latency-scale", type=float, default=0.1, help="multiplier on the latency (time budget)")
+    ap.add_argument("--retrain-every", type=int, default=1000)
+    ap.add_argument("--max-candidates", type=int, default=20)
+    ap.add_argument("--retrain-args", default="", help="extra arguments for flywheel retrain")
+    ap.add_argument("--limit", type=int, default=None, help="stream only this many queries (smoke runs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json-out", default=None)
+
+
+def setup(args: argparse.Namespace, prefix: str) -> tuple[dict, Path, Any]:
+    """The data set, the work directory and the seed intent set written into it."""
+    data = json.loads(Path(args.data).read_text())
+    work = Path(args.workdir or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    intents_file = work / "seed_intents.yaml"
+    intents_file.write_text(yaml.safe_dump(starter_intents(data["train"], args.per_intent, args.seed,
+                                                           args.max_candidates)))
+    return data, work, load_intents(intents_file)
+
+
 def report(rows: list[dict], summary: dict, args: argparse.Namespace) -> None:
     """Print the windows as a markdown table and the summary; write both to ``--json-out``."""
     print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
@@ -101,27 +129,9 @@ def report(rows: list[dict], summary: dict, args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
-    ap.add_argument("--per-intent", type=int, default=5)
-    ap.add_argument("--accuracy", type=float, default=0.9, help="simulated teacher accuracy")
-    ap.add_argument("--latency-s", type=float, default=0.3, help="median teacher latency")
-    ap.add_argument("--latency-scale", type=float, default=0.1, help="multiplier on the latency (time budget)")
-    ap.add_argument("--retrain-every", type=int, default=1000)
-    ap.add_argument("--max-candidates", type=int, default=20)
-    ap.add_argument("--retrain-args", default="", help="extra arguments for flywheel retrain")
-    ap.add_argument("--limit", type=int, default=None, help="stream only this many queries (smoke runs)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json-out", default=None)
+    add_arguments(ap)
     args = ap.parse_args()
-
-    data = json.loads(Path(args.data).read_text())
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="flywheel-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    intents_file = work / "seed_intents.yaml"
-    intents_file.write_text(yaml.safe_dump(starter_intents(data["train"], args.per_intent, args.seed,
-                                                           args.max_candidates)))
-    intents = load_intents(intents_file)
+    data, work, intents = setup(args, "flywheel-bench-")
     models_home, log_db = work / "models", work / "log.duckdb"
     registry = ModelRegistry(models_home)
     embedder = make_embedder(intents.embedder)

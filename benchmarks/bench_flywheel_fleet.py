@@ -22,22 +22,19 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_flywheel import layer2_accuracy, report, starter_intents  # noqa: E402
+from bench_flywheel import add_arguments, layer2_accuracy, report, setup  # noqa: E402
 
 from classifier.embedders import make_embedder  # noqa: E402
-from classifier.intents import load_intents  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
 from fleet.config import StoreConfig  # noqa: E402
@@ -90,29 +87,11 @@ def _parallel(fns) -> list:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
+    add_arguments(ap)
     ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--per-intent", type=int, default=5)
-    ap.add_argument("--accuracy", type=float, default=0.9)
-    ap.add_argument("--latency-s", type=float, default=0.3)
-    ap.add_argument("--latency-scale", type=float, default=0.1)
-    ap.add_argument("--retrain-every", type=int, default=1000)
-    ap.add_argument("--max-candidates", type=int, default=20)
-    ap.add_argument("--retrain-args", default="")
     ap.add_argument("--poll", type=float, default=0.5, help="replicas' FLYWHEEL_STORE_POLL")
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
-
-    data = json.loads(Path(args.data).read_text())
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="flywheel-fleet-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
-    intents_file = work / "seed_intents.yaml"
-    intents_file.write_text(yaml.safe_dump(starter_intents(data["train"], args.per_intent, args.seed,
-                                                           args.max_candidates)))
-    intents = load_intents(intents_file)
+    data, work, intents = setup(args, "flywheel-fleet-bench-")
     embedder = make_embedder(intents.embedder)
     test = data["test"] + data["oos_test"]
     X_test = embedder.encode([t for t, _ in test])
