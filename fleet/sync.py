@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from classifier.errors import FlywheelError, ModelError
 from classifier.registry import ModelRegistry, PromotionConflict
@@ -62,6 +63,9 @@ class RegistrySync:
         self.last_error: str | None = None
         self.serving: str | None = None
         self.fleet_version: str | None = None     # what models/CURRENT named at the last read
+        # called (no arguments) after a version was promoted locally: the runtime hands it the
+        # classifier's watcher, so the swap follows at once instead of at its next check
+        self.on_new: Callable[[], object] | None = None
         self._etag: str | None = None
         self._failing = False
         self._poll_lock = threading.Lock()
@@ -121,6 +125,11 @@ class RegistrySync:
             return "refused"
         self.serving = name
         log.info("model sync: installed and promoted %s (was %s) in %.2fs", name, local, time.monotonic() - t0)
+        if self.on_new is not None:
+            try:
+                self.on_new()
+            except Exception:  # noqa: BLE001 - the watcher retries on its own schedule
+                log.exception("model sync: reloading %s at once failed; the watcher will retry", name)
         return "new"
 
     def _error(self, exc: Exception) -> str:

@@ -128,6 +128,9 @@ def _open_fleet(cfg: Config, log_decisions: bool, progress: bool, background_rel
             kwargs["log_sink"] = sink
     rt = Runtime(None, labels=sink, sink=sink, sync=sync)  # type: ignore[arg-type]
     rt = _build(cfg, kwargs, progress, background_reload, rt)
+    watcher = rt.classifier.watcher
+    if watcher is not None:  # swap a version in as soon as the sync has installed it
+        sync.on_new = lambda: watcher.poll(force=True)
     if background_reload:
         sync.start()
     return rt

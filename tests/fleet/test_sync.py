@@ -173,3 +173,19 @@ def test_a_served_classifier_picks_up_a_fleet_promotion(objects, fleet, replica,
     finally:
         sync.stop()
         clf.close()
+
+
+def test_a_served_classifier_swaps_as_soon_as_the_sync_installs(objects, fleet, replica, trained):
+    publish(fleet, trained, "v1", "v2")
+    fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica)
+    assert sync.poll() == "new"
+    clf = Classifier.from_registry(replica.home, embedder=HashEmbedder(), interval_s=3600.0)  # a lazy watcher
+    calls = []
+    sync.on_new = lambda: calls.append(clf.watcher.poll(force=True))
+    _, etag = fleet.current()
+    fleet.promote("v2", expected=etag)
+    assert sync.poll() == "new" and calls == [True]
+    assert clf.model_version == "v2"          # without waiting for the watcher's own check
+    assert sync.poll() == "not_modified" and calls == [True]
+    clf.close()
