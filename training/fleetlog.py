@@ -24,7 +24,8 @@ from classifier.config import Config
 from classifier.registry import ModelRegistry
 from logstore import LabelSink, LogStore
 
-__all__ = ["open_objects", "open_log", "label_sink", "open_registry", "apply_retention", "prune_log_now"]
+__all__ = ["open_objects", "open_log", "label_sink", "open_registry", "apply_retention", "prune_log_now",
+           "mirror_progress"]
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -50,11 +51,25 @@ def open_log(cfg: Config, *, progress: bool = False, objects: Any = None) -> Log
         from fleet.mirror import mirror
 
         _say(progress, f"mirroring the fleet's log from {objects} ...")
-        rep = mirror(objects, store)
+        rep = mirror(objects, store, progress=mirror_progress() if progress else None)
         _say(progress, f"mirrored {rep.objects:,} new objects ({rep.rows:,} rows, {rep.bytes / 2**20:.1f} MiB) "
                        f"in {rep.seconds:.1f}s" + (f"; {rep.bad} unreadable, left for the next run" if rep.bad
                                                    else ""))
     return store
+
+
+def mirror_progress(every_s: float = 5.0):
+    """A :func:`fleet.mirror.mirror` progress callback that prints a line at most every ``every_s``."""
+    import time
+
+    last = [time.monotonic()]
+
+    def report(done: int, total: int, rows: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s or done == total:
+            last[0] = now
+            _say(True, f"  mirrored {done:,} of {total:,} new objects ({rows:,} rows)")
+    return report
 
 
 def label_sink(cfg: Config, store: LogStore, *, objects: Any = None) -> LabelSink:
