@@ -3,7 +3,7 @@
 from classifier.config import load_config
 from classifier.registry import ModelRegistry
 from logstore import LogStore
-from training.fleetlog import mirror_progress, label_sink, open_log, open_objects, open_registry
+from training.fleetlog import label_sink, mirror_progress, open_log, open_objects, open_registry
 
 
 def test_without_a_store_everything_is_local(tmp_path):
