@@ -62,16 +62,19 @@ def store_env(weed: WeedServer, prefix: str, **extra: str) -> dict[str, str]:
             "FLYWHEEL_STORE": f"s3://{weed.bucket}/{prefix}", **extra}
 
 
+MODES = ("off", "on", "held")   # local DuckDB log; fleet mode shipping; fleet mode, shipping held back
+
+
 def throughput(home: Path, weed: WeedServer, texts: list[str], rounds: int, per_round: int,
-               ship_interval: float) -> dict:
-    runs: dict[str, list[float]] = {"off": [], "on": []}
+               ship_interval: float, modes: tuple[str, ...] = ("off", "on")) -> dict:
+    runs: dict[str, list[float]] = {m: [] for m in modes}
     cursor = 0
     for r in range(rounds):
-        for mode in ("off", "on"):
+        for mode in modes:
             env_before = dict(os.environ)
-            if mode == "on":
-                os.environ.update(store_env(weed, "bench-throughput",
-                                            FLYWHEEL_SHIP_INTERVAL=str(ship_interval)))
+            if mode in ("on", "held"):   # "held": fleet mode whose spool ships only after the load
+                interval = ship_interval if mode == "on" else 3600.0
+                os.environ.update(store_env(weed, "bench-throughput", FLYWHEEL_SHIP_INTERVAL=str(interval)))
             try:
                 srv = Server(home / mode)
                 batch = texts[cursor:cursor + per_round]
@@ -84,9 +87,15 @@ def throughput(home: Path, weed: WeedServer, texts: list[str], rounds: int, per_
                 os.environ.update(env_before)
             runs[mode].append(res["throughput_qps"])
             print(f"round {r} shipping {mode}: {res['throughput_qps']} q/s ({res['codes']})", flush=True)
-    off, on = float(np.median(runs["off"])), float(np.median(runs["on"]))
-    return {"rounds": rounds, "queries_per_round": per_round, "concurrency": 32, "qps_off": runs["off"],
-            "qps_on": runs["on"], "median_off": off, "median_on": on, "ratio_on_over_off": round(on / off, 3)}
+    med = {m: float(np.median(v)) for m, v in runs.items()}
+    out = {"rounds": rounds, "queries_per_round": per_round, "concurrency": 32,
+           **{f"qps_{m}": v for m, v in runs.items()}, **{f"median_{m}": v for m, v in med.items()}}
+    for m in modes:
+        if m != "off" and "off" in med:
+            out[f"ratio_{m}_over_off"] = round(med[m] / med["off"], 3)
+    if "on" in med and "held" in med:
+        out["ratio_on_over_held"] = round(med["on"] / med["held"], 3)
+    return out
 
 
 def _record(i: int, rng: np.random.Generator) -> DecisionRecord:
@@ -177,12 +186,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-round", type=int, default=1500)
+    ap.add_argument("--per-round", type=int, default=2500)
     ap.add_argument("--ship-interval", type=float, default=5.0)
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--promotions", type=int, default=20)
     ap.add_argument("--poll", default="5")
+    ap.add_argument("--modes", default="off,on", help=f"throughput modes, of {','.join(MODES)}")
+    ap.add_argument("--parts", default="throughput,ship,propagation")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -190,7 +201,7 @@ def main() -> int:
     os.environ["FLYWHEEL_HOME"] = str(work / "home")
     subprocess.run([sys.executable, "-m", "flywheel", "classify", "--no-log", "--teacher", "off", "warm"],
                    cwd=ROOT, check=True, capture_output=True)          # trains the starter model once
-    for sub in ("off", "on"):                                            # the servers' homes share that cache
+    for sub in MODES:                                                    # the servers' homes share that cache
         (work / sub).mkdir()
         os.symlink(work / "home" / "cache", work / sub / "cache")
     for i in range(args.replicas):
@@ -202,15 +213,21 @@ def main() -> int:
                     "python": platform.python_version()}
     try:
         os.environ.update({k: v for k, v in store_env(weed, "x").items() if k.startswith("AWS_")})
-        texts = queries(args.data)
-        result["throughput"] = throughput(work, weed, texts, args.rounds, args.per_round, args.ship_interval)
-        print(json.dumps(result["throughput"]), flush=True)
-        objects = ObjectStore(StoreConfig.parse(f"s3://{weed.bucket}/bench-ship"))
-        result["ship_and_mirror"] = ship_and_mirror(work, objects, args.rows)
-        print(json.dumps(result["ship_and_mirror"]), flush=True)
-        prop_objects = ObjectStore(StoreConfig.parse(f"s3://{weed.bucket}/bench-prop"))
-        result["propagation"] = propagation(work, weed, prop_objects, args.replicas, args.promotions, args.poll)
-        print(json.dumps(result["propagation"]), flush=True)
+        parts = set(args.parts.split(","))
+        if "throughput" in parts:
+            modes = tuple(m for m in args.modes.split(",") if m in MODES)
+            result["throughput"] = throughput(work, weed, queries(args.data), args.rounds, args.per_round,
+                                              args.ship_interval, modes)
+            print(json.dumps(result["throughput"]), flush=True)
+        if "ship" in parts:
+            objects = ObjectStore(StoreConfig.parse(f"s3://{weed.bucket}/bench-ship"))
+            result["ship_and_mirror"] = ship_and_mirror(work, objects, args.rows)
+            print(json.dumps(result["ship_and_mirror"]), flush=True)
+        if "propagation" in parts:
+            prop_objects = ObjectStore(StoreConfig.parse(f"s3://{weed.bucket}/bench-prop"))
+            result["propagation"] = propagation(work, weed, prop_objects, args.replicas, args.promotions,
+                                                args.poll)
+            print(json.dumps(result["propagation"]), flush=True)
     finally:
         weed.stop()
     if args.json_out:
