@@ -2,7 +2,8 @@
 
 Model resolution: the configured ``model`` (a version directory, or a models home
 with a ``CURRENT`` pointer), else the configured ``intents`` file, else the starter
-intents in ``data/``, trained on first use and cached under ``<home>/cache/``.
+intents that ship as package data (``classifier/data/starter_intents.yaml``), trained on
+first use and cached under ``<home>/cache/``.
 """
 
 from __future__ import annotations

@@ -44,8 +44,6 @@ app = build_app()
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, mapping flywheel errors to one-line messages."""
-    from typer._click import exceptions as click_exc  # typer bundles its own click
-
     try:
         rv = app(args=argv, standalone_mode=False)
     except FlywheelError as exc:
@@ -59,9 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("flywheel: interrupted", err=True)
         return 130
-    except click_exc.ClickException as exc:  # usage errors: bad option values, missing arguments
-        exc.show()
-        return exc.exit_code
+    except typer.TyperException as exc:  # usage errors (typer's bundled click): bad values, missing arguments
+        show = getattr(exc, "show", None)
+        if show is None:
+            typer.echo(f"flywheel: error: {exc}", err=True)
+        else:
+            show()
+        return int(getattr(exc, "exit_code", 2))
     return int(rv) if isinstance(rv, int) else 0
 
 

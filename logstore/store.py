@@ -119,7 +119,7 @@ class LabelledRow:
     layer: str
     label: str | None                 # what the classifier answered
     confidence: float | None
-    l2_label: str | None              # what layer 2 said (see ``_layer2``)
+    l2_label: str | None              # what layer 2 said (NULL when layer 2 did not run)
     l2_confidence: float | None
     teacher_label: str | None
     teacher_model: str | None

@@ -9,7 +9,6 @@ import json
 import random
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from classifier.protocols import DecisionRecord
 from classifier.registry import UNCHECKED, ModelRegistry
 from classifier.text import normalise_key
 from classifier.trainer import fit_model
-from logstore import LogStore
+from logstore import LabelRecord, LogStore, label_records_to_table
 from tests.fakes import HashEmbedder
 from training import cli_retrain
 from training import retrain as retrain_mod
@@ -121,15 +120,11 @@ def write(store: LogStore, records) -> list[str]:
 
 
 def human_labels(store: LogStore, pairs) -> None:
-    """Bulk version of ``add_human_label`` (one statement instead of one open per label)."""
-    pairs = list(pairs)
-    if not pairs:
-        return
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
-    values = ", ".join("(?, 'human', ?, NULL, TRUE, NULL, 'tester', ?::TIMESTAMP)" for _ in pairs)
-    params = [x for did, lab in pairs for x in (did, lab, now)]
-    store.query("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, author, created_at) "
-                f"VALUES {values}", params)
+    """Bulk version of ``add_human_label``: one transaction through the store's public bulk
+    insert instead of one open per label."""
+    records = [LabelRecord.human(did, lab, author="tester") for did, lab in pairs]
+    if records:
+        store.insert_objects([(f"test-labels-{records[0].label_uid}", "labels", label_records_to_table(records))])
 
 
 class World:

@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from classifier.errors import InvalidInputError
 from classifier.protocols import DecisionRecord
-from logstore import LogStore, LogStoreError
+from logstore import LabelRecord, LogStore, LogStoreError, label_records_to_table
 from training.stats import convergence, empty_stats, format_table, parse_window
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
@@ -88,12 +88,10 @@ def fill(store: LogStore) -> None:
         ("zz-elsewhere", "human", "billing", True, 1),     # labels of a decision not in (yet):
         ("zz-elsewhere", "teacher", "refund", True, 1),    # another replica's; counted nowhere
     ]
-    values = ", ".join("(?, ?, ?, ?, ?, TIMESTAMP '2024-05-03 00:00:00' + to_minutes(?::BIGINT))"
-                       for _ in labels)
-    params = [x for d, src, lab, ok, m in labels
-              for x in (d, src, lab, "m" if src == "teacher" else None, ok, m)]
-    store.query("INSERT INTO labels (decision_id, source, label, model, valid, created_at) "
-                f"VALUES {values}", params)
+    t0 = datetime(2024, 5, 3, tzinfo=timezone.utc).timestamp()
+    records = [LabelRecord(d, src, lab, model="m" if src == "teacher" else None, valid=ok, created_at=t0 + 60 * m)
+               for d, src, lab, ok, m in labels]
+    store.insert_objects([("test-labels", "labels", label_records_to_table(records))])
 
 
 @pytest.fixture(scope="module")

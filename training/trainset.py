@@ -11,8 +11,9 @@ merged, dropped and why, how many embeddings were reused). The rows go to
 
 The steps, in order (each a function here):
 
-1. ``_read_log``: ingest the spool, then read the labelled rows, the invalid teacher
-   answers and the human label times;
+1. ``_read_log``: ingest the spool, then read the labelled rows (each with its latest
+   human label's time) and the invalid teacher answers; rows whose text retention removed
+   are kept apart (``_textless_rows``);
 2. ``_collect_groups``: merge intent examples and log rows by normalised text;
 3. ``_resolve_labels``: one label per text (the rules below);
 4. ``_fixed_split``: training, evaluation or recent-traffic holdout by hash;
@@ -253,7 +254,8 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
 
 
 def _read_log(store: Any, since: Any) -> _Log:
-    """The labelled rows (with their human label times) and the invalid teacher answers."""
+    """The labelled rows (each with its latest human label's time), the invalid teacher
+    answers, and apart the labelled rows whose text retention removed."""
     if store is None:
         return _Log([], time.time(), 0)
     store.ingest()          # so that everything logged before ``until`` is in the tables
