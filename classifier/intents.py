@@ -7,6 +7,7 @@ intent (when there is one) and the problem.
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -36,7 +37,10 @@ _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence"}
-_THRESHOLD_KEYS = {"confident", "ambiguous_margin", "oos", "target_precision", "per_intent"}
+log = logging.getLogger("flywheel.intents")
+
+_THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent"}
+_OLD_RATIO_KEY = "ambiguous_margin"   # the old name of ambiguous_ratio, still read (with a warning)
 _PER_INTENT_KEYS = {"confident"}
 _OOS_KEYS = {"examples", "description", "synthetic"}
 
@@ -102,7 +106,7 @@ class ThresholdSettings:
     """Cutoffs; ``None`` means learned from data when the model is fitted."""
 
     confident: float | None = None
-    ambiguous_margin: float | None = None
+    ambiguous_ratio: float | None = None
     oos: float | None = None
     target_precision: float = 0.95
     per_intent: dict[str, float] = field(default_factory=dict)
@@ -225,6 +229,17 @@ class _Checker:
         return tuple(out)
 
 
+def _ambiguous_ratio(c: Any, th: dict[str, Any], source: str) -> float | None:
+    """``thresholds.ambiguous_ratio``, or its old name ``ambiguous_margin`` (deprecated)."""
+    if _OLD_RATIO_KEY not in th:
+        return c.optional_number(th.get("ambiguous_ratio"), "thresholds.ambiguous_ratio", 0.0, 1.0)
+    if "ambiguous_ratio" in th:
+        raise c.fail("thresholds: give ambiguous_ratio only (ambiguous_margin is its old name)")
+    log.warning("%s: thresholds.ambiguous_margin is deprecated; call it ambiguous_ratio (same meaning: "
+                "the runner-up/top ratio that makes a result ambiguous)", source)
+    return c.optional_number(th.get(_OLD_RATIO_KEY), "thresholds.ambiguous_margin", 0.0, 1.0)
+
+
 def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     """Validate a parsed document (a dict) into an :class:`IntentSet`."""
     c = _Checker(source)
@@ -324,7 +339,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
             per_intent.setdefault(i.name, i.confident)
     thresholds = ThresholdSettings(
         confident=c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0),
-        ambiguous_margin=c.optional_number(th.get("ambiguous_margin"), "thresholds.ambiguous_margin", 0.0, 1.0),
+        ambiguous_ratio=_ambiguous_ratio(c, th, source),
         oos=c.optional_number(th.get("oos"), "thresholds.oos", 0.0, 1.0),
         target_precision=c.number(th.get("target_precision", 0.95), "thresholds.target_precision", 0.0, 1.0),
         per_intent=per_intent,

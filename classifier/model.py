@@ -79,7 +79,7 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
         "languages": list(intents.languages),
         "embedder": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(intents.embedder).items()},
         "teacher": {k: v for k, v in asdict(intents.teacher).items()},
-        "thresholds": {"confident": th.confident, "ambiguous_margin": th.ambiguous_margin,
+        "thresholds": {"confident": th.confident, "ambiguous_ratio": th.ambiguous_ratio,
                        "oos": th.oos, "target_precision": th.target_precision,
                        "per_intent": dict(th.per_intent)},
         "rules": rules,

@@ -41,7 +41,7 @@ class Thresholds:
         user = model.intents.thresholds
         return cls(
             confident=user.confident if user.confident is not None else float(th["confident"]),
-            ambiguous_ratio=user.ambiguous_margin if user.ambiguous_margin is not None
+            ambiguous_ratio=user.ambiguous_ratio if user.ambiguous_ratio is not None
             else float(th["ambiguous_ratio"]),
             oos=user.oos if user.oos is not None else float(th["oos"]),
             oos_confident=float(th.get("oos_confident", 1.1)),

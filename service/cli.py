@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from classifier.config import HOME_HELP, load_config
+from classifier.output import echo_json
 
 __all__ = ["classify_command", "serve_command"]
 
@@ -23,11 +24,6 @@ OLLAMA_HOST_OPTION = typer.Option(None, "--ollama-host")
 LOG_OPTION = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log.")
 LOG_DB_OPTION = typer.Option(None, "--log-db")
 HOME_OPTION = typer.Option(None, "--home", help=HOME_HELP)
-
-
-def _echo_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
 
 
 def classify_command(
@@ -66,7 +62,7 @@ def classify_command(
         lines = (ln.rstrip("\n") for ln in sys.stdin if ln.strip()) if from_stdin else iter(())
         for text in itertools.chain(items, lines):
             d = clf.classify(text, history=hist, declared_type=declared_type, session_id=session)
-            _echo_json(d.to_dict())
+            echo_json(d.to_dict())
     finally:
         runtime.close()
 

@@ -64,7 +64,7 @@ def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
     from classifier.config import starter_intents_path
 
     doc = yaml.safe_load(starter_intents_path().read_text())
-    doc["thresholds"].update({"confident": 1.0, "ambiguous_margin": 0.0})  # layer 2 is never sure
+    doc["thresholds"].update({"confident": 1.0, "ambiguous_ratio": 0.0})  # layer 2 is never sure
     intents = tmp_path / "unsure.yaml"
     intents.write_text(yaml.safe_dump(doc))
     monkeypatch.setenv("FLYWHEEL_HOME", str(home))

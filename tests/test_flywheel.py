@@ -20,8 +20,8 @@ from tests.test_model import DOC
 from training.labeling import backfill_pending
 from training.stats import convergence
 
-UNSURE = {"confident": 1.0, "ambiguous_margin": 0.0, "oos": 1.0}
-SURE = {"confident": 0.0, "ambiguous_margin": 1.0, "oos": 1.0}
+UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
+SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 
 
 def classifier(thresholds, **kw):

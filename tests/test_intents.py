@@ -92,3 +92,20 @@ def test_embedder_layers_and_threads_are_validated():
         parse_intents(doc(embedder={"layers": "all"}))
     with pytest.raises(IntentFileError, match="embedder.num_threads"):
         parse_intents(doc(embedder={"num_threads": 0}))
+
+
+def _with_thresholds(**th):
+    return {"version": 1, "intents": [{"name": n, "description": n, "examples": [f"{n} a", f"{n} b"]}
+                                      for n in ("ALPHA", "BETA")], "thresholds": th}
+
+
+def test_ambiguous_ratio_and_its_old_name(caplog):
+    assert parse_intents(_with_thresholds(ambiguous_ratio=0.4)).thresholds.ambiguous_ratio == 0.4
+    with caplog.at_level("WARNING", logger="flywheel.intents"):
+        old = parse_intents(_with_thresholds(ambiguous_margin=0.3), source="old.yaml")
+    assert old.thresholds.ambiguous_ratio == 0.3
+    assert "old.yaml: thresholds.ambiguous_margin is deprecated; call it ambiguous_ratio" in caplog.text
+    with pytest.raises(IntentFileError, match="give ambiguous_ratio only"):
+        parse_intents(_with_thresholds(ambiguous_ratio=0.4, ambiguous_margin=0.3))
+    with pytest.raises(IntentFileError, match="ambiguous_ratio"):
+        parse_intents(_with_thresholds(ambiguous_ratio=2))

@@ -55,7 +55,7 @@ class _Sink:
 
 def test_the_log_gets_masked_text_and_the_teacher_the_raw_one():
     doc = copy.deepcopy(DOC)
-    doc["thresholds"] = {"confident": 0.0, "ambiguous_margin": 1.0, "oos": 1.0}   # always sure: audits
+    doc["thresholds"] = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}   # always sure: audits
     emb = HashEmbedder()
     teacher = ScriptedTeacher(answer=lambda req: "PLATFORM")
     sink, audits = _Sink(), []

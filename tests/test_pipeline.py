@@ -20,8 +20,8 @@ def make(thresholds=None, teacher=None, embedder=None, doc=DOC, **kw):
     return Classifier(model, embedder=emb, teacher=teacher, **kw)
 
 
-ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_margin": 0.0, "oos": 1.0}
-ALWAYS_SURE = {"confident": 0.0, "ambiguous_margin": 1.0, "oos": 1.0}
+ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
+ALWAYS_SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 
 
 class ListSink:

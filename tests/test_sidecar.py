@@ -43,8 +43,8 @@ from tests.test_model import DOC
 
 SERVICE = "flywheel.v1.IntentClassifier"
 HEALTH = health_pb2.HealthCheckResponse
-ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_margin": 0.0, "oos": 1.0}   # layer 2 always asks the teacher
-ALWAYS_SURE = {"confident": 0.0, "ambiguous_margin": 1.0, "oos": 1.0}     # layer 2 always decides
+ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}   # layer 2 always asks the teacher
+ALWAYS_SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}     # layer 2 always decides
 METADATA = {"RETRIEVAL": {"rag": "true"}, "PLATFORM": {"route": "billing", "team": "payments"}}
 LOCAL = "127.0.0.1:0"
 

@@ -7,8 +7,6 @@ Each command only parses its options, calls the library and prints the result.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -17,14 +15,9 @@ import typer
 from classifier.config import HOME_HELP, load_config
 from classifier.errors import FlywheelError, InvalidInputError
 from classifier.labels import label_name
+from classifier.output import echo_json
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
-
-
-def echo_json(obj: object) -> None:
-    """One JSON object on its own line of stdout."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def train_command(
@@ -197,8 +190,7 @@ def stats_command(
         typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
                    err=True)
     if as_json:
-        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
+        echo_json(result)
     else:
         typer.echo(format_table(result))
 

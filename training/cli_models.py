@@ -13,8 +13,8 @@ import typer
 
 from classifier.config import load_config
 from classifier.errors import FlywheelError, InvalidInputError
+from classifier.output import echo_json
 from classifier.registry import RETRAIN_LOCK, ModelRegistry
-from training.cli import echo_json
 
 __all__ = ["models_app"]
 

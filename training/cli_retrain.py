@@ -7,15 +7,14 @@ traceback (``FLYWHEEL_DEBUG=1`` shows it).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from classifier.errors import FlywheelError, ModelError
+from classifier.output import echo_json
 from training.options import RetrainOptions
 from training.report import RetrainResult, fmt_share, fmt_value
 
@@ -69,8 +68,7 @@ def retrain_command(
                    f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-        sys.stdout.flush()
+        echo_json(result.to_dict())
         return
     for line in _readable(result):
         typer.echo(line)

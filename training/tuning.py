@@ -312,7 +312,7 @@ def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, rece
     allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
                                   np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top,
                                   th.ambiguous_ratio, {"oos": user.oos is not None,
-                                                       "ambiguous_ratio": user.ambiguous_margin is not None})
+                                                       "ambiguous_ratio": user.ambiguous_ratio is not None})
     if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
         s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
         w = np.asarray(traffic.weights, dtype=np.float64)
