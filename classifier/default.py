@@ -17,6 +17,8 @@ from typing import Any
 
 from classifier.config import Config, load_config, starter_intents_path
 from classifier.intents import IntentSet, load_intents
+from classifier.model import MANIFEST
+from classifier.registry import CURRENT
 
 log = logging.getLogger("flywheel.default")
 _lock = threading.Lock()
@@ -36,13 +38,13 @@ def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
 
 def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -> Path:
     """Train the intent set into ``target`` unless a valid version is already there."""
-    if (target / "manifest.json").is_file():
+    if (target / MANIFEST).is_file():
         return target
     from filelock import FileLock
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if (target / "manifest.json").is_file():
+        if (target / MANIFEST).is_file():
             return target
         intents = load_intents(intents_path)
         if progress:
@@ -56,7 +58,7 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -
 
 def existing_model_dir(cfg: Config) -> Path | None:
     """The version the default classifier would serve, if it exists already (trains nothing)."""
-    from classifier.registry import CURRENT, ModelRegistry
+    from classifier.registry import ModelRegistry
 
     if cfg.model:
         path = Path(cfg.model).expanduser()
@@ -65,7 +67,7 @@ def existing_model_dir(cfg: Config) -> Path | None:
         return ModelRegistry(cfg.models_dir).current_path()
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
     cached = cached_model_dir(cfg, intents_path) if intents_path.is_file() else None
-    return cached if cached is not None and (cached / "manifest.json").is_file() else None
+    return cached if cached is not None and (cached / MANIFEST).is_file() else None
 
 
 def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
@@ -73,18 +75,21 @@ def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
     else the intent set (configured or starter) trained into the cache."""
     if cfg.model:
         return Path(cfg.model).expanduser()
-    if (cfg.models_dir / "CURRENT").is_file():
+    if (cfg.models_dir / CURRENT).is_file():
         return cfg.models_dir
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
     return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress)
 
 
 def build_teacher(cfg: Config, intents: IntentSet) -> Any:
+    """The teacher ``cfg`` and the intent set's ``teacher`` section describe (``None`` when
+    ``teacher = off``); flags, environment and config file win over the intent file, then
+    :func:`classifier.teacher.resolve_host` picks the host. No connection is made."""
     if cfg.teacher == "off":
         return None
     from classifier.teacher import CircuitBreaker, OllamaTeacher
 
-    t = intents.teacher
+    t = intents.teacher   # its backend is "ollama": the intent-file parser refuses any other
     return OllamaTeacher(model=cfg.teacher_model or t.model, host=cfg.ollama_host or t.host,
                          timeout_s=cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s,
                          breaker=CircuitBreaker(t.breaker_failures, t.breaker_reset_s))
@@ -94,24 +99,21 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True,
                      background_reload: bool = False, **kwargs: Any) -> Any:
     """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
     :class:`~classifier.pipeline.Classifier`. Served from a models home, it follows
-    promotions: on a watcher thread with ``background_reload``, else checked on the
-    calling thread (see :meth:`Classifier.watch`)."""
-    from classifier.model import IntentModel
+    promotions (:meth:`Classifier.from_registry`): on a watcher thread with
+    ``background_reload``, else checked on the calling thread."""
     from classifier.pipeline import Classifier
-    from classifier.registry import CURRENT, ModelRegistry
 
     cfg = cfg or load_config()
     path = default_model_dir(cfg, progress=progress)
+    own_teacher = "teacher" not in kwargs
+    kwargs.setdefault("teacher", None)
     if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
-        registry = ModelRegistry(path)
-        model = registry.load_current()
-        kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
-        clf = Classifier(model, **kwargs)
-        clf.watch(registry, background=background_reload)
-        return clf
-    model = IntentModel.load(path)
-    kwargs.setdefault("teacher", build_teacher(cfg, model.intents))
-    return Classifier(model, **kwargs)
+        clf = Classifier.from_registry(path, background=background_reload, **kwargs)
+    else:
+        clf = Classifier.load(path, **kwargs)
+    if own_teacher:  # the served version's intent set says which teacher (the config overrides it)
+        clf.teacher = build_teacher(cfg, clf.model.intents)
+    return clf
 
 
 def default_classifier() -> Any:

@@ -28,14 +28,13 @@ from classifier.protocols import TeacherAnswer, TeacherRequest
 if TYPE_CHECKING:  # pragma: no cover
     import ollama
 
-    from classifier.intents import TeacherSettings
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 HISTORY_RULE = ("the history only resolves references such as 'this' or 'that function' "
                 "in the query; it must not bias the label")
 
 __all__ = ["DEFAULT_HOST", "HISTORY_RULE", "CircuitBreaker", "OllamaTeacher",
-           "build_messages", "resolve_host", "response_schema", "teacher_from_settings"]
+           "build_messages", "resolve_host", "response_schema"]
 
 
 def resolve_host(explicit: str | None) -> str:
@@ -385,29 +384,3 @@ class OllamaTeacher:
         offered = names + ([OUT_OF_SCOPE] if allow_out_of_scope else [])
         raise TeacherError("unknown_label",
                            f"{_short(label, 60)!r} is not one of {', '.join(offered)}")
-
-
-def teacher_from_settings(settings: TeacherSettings) -> OllamaTeacher:
-    """Build the teacher described by an intent file's ``teacher`` section.
-
-    Parameters
-    ----------
-    settings : TeacherSettings
-        Backend, model, host, timeout and breaker settings.
-
-    Returns
-    -------
-    OllamaTeacher
-        A teacher with its own :class:`CircuitBreaker`; no connection is made.
-
-    Raises
-    ------
-    ConfigError
-        If the backend is not ``ollama``.
-    """
-    if settings.backend != "ollama":
-        raise ConfigError(f"unknown teacher backend {settings.backend!r} (expected 'ollama')")
-    breaker = CircuitBreaker(failures=settings.breaker_failures,
-                             reset_s=settings.breaker_reset_s)
-    return OllamaTeacher(model=settings.model, host=settings.host,
-                         timeout_s=settings.timeout_s, breaker=breaker)

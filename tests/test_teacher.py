@@ -10,8 +10,7 @@ import time
 import pytest
 from werkzeug import Request, Response
 
-from classifier.errors import ConfigError, TeacherError
-from classifier.intents import TeacherSettings
+from classifier.errors import TeacherError
 from classifier.protocols import HistoryEntry, LabelOption, Teacher, TeacherRequest
 from classifier.teacher import (
     DEFAULT_HOST,
@@ -22,7 +21,6 @@ from classifier.teacher import (
     build_messages,
     resolve_host,
     response_schema,
-    teacher_from_settings,
 )
 
 MODEL = "test-model:1b"
@@ -369,12 +367,19 @@ def test_construction_makes_no_connection(httpserver, monkeypatch):
     assert t._client is None
 
 
-def test_teacher_from_settings():
-    s = TeacherSettings(model="m:1", host="http://127.0.0.1:9", timeout_s=1.5,
-                        breaker_failures=4, breaker_reset_s=12.0)
-    t = teacher_from_settings(s)
-    assert (t.model, t.host, t.timeout_s) == ("m:1", "http://127.0.0.1:9", 1.5)
+def test_build_teacher_reads_the_intent_file_and_the_config_wins():
+    from classifier.config import load_config
+    from classifier.default import build_teacher
+    from classifier.errors import IntentFileError
+    from classifier.intents import parse_intents
+
+    doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
+           "teacher": {"model": "m:1", "host": "http://127.0.0.1:9", "timeout_s": 1.5,
+                       "breaker_failures": 4, "breaker_reset_s": 12.0}}
+    t = build_teacher(load_config(ollama_host="http://127.0.0.1:8"), parse_intents(doc))
+    assert (t.model, t.host, t.timeout_s) == ("m:1", "http://127.0.0.1:8", 1.5)
     assert (t.breaker.failures, t.breaker.reset_s) == (4, 12.0)
     assert t._client is None
-    with pytest.raises(ConfigError):
-        teacher_from_settings(TeacherSettings(backend="openai"))
+    assert build_teacher(load_config(teacher="off"), parse_intents(doc)) is None
+    with pytest.raises(IntentFileError, match="teacher.backend must be 'ollama'"):
+        parse_intents({**doc, "teacher": {"backend": "openai"}})

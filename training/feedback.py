@@ -18,11 +18,12 @@ def known_labels(cfg: Config) -> tuple[str, ...] | None:
     from classifier.default import existing_model_dir
     from classifier.errors import FlywheelError
     from classifier.intents import load_intents
+    from classifier.model import MANIFEST, Manifest
 
     try:
         path = existing_model_dir(cfg)
-        if path is not None:
-            return tuple(json.loads((path / "manifest.json").read_text())["labels"])
+        if path is not None:   # the manifest only: loading the version would read the head
+            return tuple(Manifest.from_dict(json.loads((path / MANIFEST).read_text())).labels)
         return load_intents(cfg.intents or starter_intents_path()).labels
     except (FlywheelError, OSError, ValueError, KeyError):
         return None
