@@ -300,10 +300,10 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     embedder = EmbedderSettings(
         backend=backend,
         model=e.get("model"),
-        batch_size=c.integer(e.get("batch_size", 64), "embedder.batch_size", 1),
-        max_chars=c.integer(e.get("max_chars", 4000), "embedder.max_chars", 1),
+        batch_size=c.integer(e.get("batch_size", EmbedderSettings.batch_size), "embedder.batch_size", 1),
+        max_chars=c.integer(e.get("max_chars", EmbedderSettings.max_chars), "embedder.max_chars", 1),
         device=e.get("device"),
-        use_fp16=bool(e.get("use_fp16", False)),
+        use_fp16=bool(e.get("use_fp16", EmbedderSettings.use_fp16)),
         quantize=_quantize(c, e.get("quantize")),
         num_threads=None if e.get("num_threads") is None else c.integer(e["num_threads"], "embedder.num_threads", 1),
         layers=_layers(c, e.get("layers")),
@@ -311,18 +311,20 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     )
 
     t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)
+    td = TeacherSettings   # the one owner of every default below
     if t.get("backend", "ollama") != "ollama":
         raise c.fail(f"teacher.backend must be 'ollama', got {t.get('backend')!r}")
     teacher = TeacherSettings(
-        model=str(t.get("model", TeacherSettings.model)),
+        model=str(t.get("model", td.model)),
         host=t.get("host"),
-        timeout_s=c.number(t.get("timeout_s", 5.0), "teacher.timeout_s", 0.001, 600),
-        max_candidates=c.integer(t.get("max_candidates", 6), "teacher.max_candidates", 1),
-        examples_per_intent=c.integer(t.get("examples_per_intent", 3), "teacher.examples_per_intent", 0),
-        history_size=c.integer(t.get("history_size", 6), "teacher.history_size", 0),
-        breaker_failures=c.integer(t.get("breaker_failures", 3), "teacher.breaker_failures", 1),
-        breaker_reset_s=c.number(t.get("breaker_reset_s", 30.0), "teacher.breaker_reset_s", 0.0, 86400),
-        confidence=c.number(t.get("confidence", 0.9), "teacher.confidence", 0.0, 1.0),
+        timeout_s=c.number(t.get("timeout_s", td.timeout_s), "teacher.timeout_s", 0.001, 600),
+        max_candidates=c.integer(t.get("max_candidates", td.max_candidates), "teacher.max_candidates", 1),
+        examples_per_intent=c.integer(t.get("examples_per_intent", td.examples_per_intent),
+                                      "teacher.examples_per_intent", 0),
+        history_size=c.integer(t.get("history_size", td.history_size), "teacher.history_size", 0),
+        breaker_failures=c.integer(t.get("breaker_failures", td.breaker_failures), "teacher.breaker_failures", 1),
+        breaker_reset_s=c.number(t.get("breaker_reset_s", td.breaker_reset_s), "teacher.breaker_reset_s", 0.0, 86400),
+        confidence=c.number(t.get("confidence", td.confidence), "teacher.confidence", 0.0, 1.0),
     )
 
     th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)
@@ -341,7 +343,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         confident=c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0),
         ambiguous_ratio=_ambiguous_ratio(c, th, source),
         oos=c.optional_number(th.get("oos"), "thresholds.oos", 0.0, 1.0),
-        target_precision=c.number(th.get("target_precision", 0.95), "thresholds.target_precision", 0.0, 1.0),
+        target_precision=c.number(th.get("target_precision", ThresholdSettings.target_precision),
+                                  "thresholds.target_precision", 0.0, 1.0),
         per_intent=per_intent,
     )
     name = doc.get("name") or Path(source).stem

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from classifier.pipeline import Classifier, Pending
 from service.errors import DeadlineExceeded, NotServing, Overloaded
+from service.options import BatchOptions
 
 log = logging.getLogger("flywheel.batcher")
 
@@ -41,8 +42,9 @@ class MicroBatcher:
     ``on_batch(n)`` reports each batch size to metrics.
     """
 
-    def __init__(self, classifier: Classifier, *, max_batch: int = 32, max_wait_s: float = 0.002,
-                 max_queue: int = 512, in_flight: Callable[[], int] | None = None,
+    def __init__(self, classifier: Classifier, *, max_batch: int = BatchOptions.max_batch,
+                 max_wait_s: float = BatchOptions.max_wait_ms / 1000.0,
+                 max_queue: int = BatchOptions.max_queue, in_flight: Callable[[], int] | None = None,
                  on_batch: Callable[[int], Any] | None = None) -> None:
         if max_batch < 1 or max_queue < 1 or max_wait_s < 0:
             raise ValueError("need max_batch >= 1, max_queue >= 1 and max_wait_s >= 0")

@@ -12,6 +12,7 @@ import typer
 
 from classifier.config import HOME_HELP, load_config
 from classifier.output import echo_json
+from service.options import BatchOptions, ServerOptions
 
 __all__ = ["classify_command", "serve_command"]
 
@@ -68,10 +69,12 @@ def classify_command(
 
 
 def serve_command(
-    address: str = typer.Option("127.0.0.1:50051", "--address", help="host:port to listen on (loopback by default)."),
+    address: str = typer.Option(ServerOptions.address, "--address",
+                                help="host:port to listen on (loopback by default)."),
     uds: Optional[str] = typer.Option(None, "--uds", help="Listen on this Unix domain socket instead."),
-    grace: float = typer.Option(10.0, "--grace", min=0.0, help="Seconds calls in flight get to finish on SIGTERM."),
-    max_message_bytes: int = typer.Option(1 << 20, "--max-message-bytes", min=1024,
+    grace: float = typer.Option(ServerOptions.grace_s, "--grace", min=0.0,
+                                help="Seconds calls in flight get to finish on SIGTERM."),
+    max_message_bytes: int = typer.Option(ServerOptions.max_message_bytes, "--max-message-bytes", min=1024,
                                           help="Largest request accepted (INVALID_ARGUMENT beyond)."),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="FLYWHEEL_ADMIN_TOKEN",
                                               help="Feedback then needs 'authorization: Bearer <token>'."),
@@ -79,13 +82,15 @@ def serve_command(
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key (with --tls-cert)."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0,
                                                help="Serve Prometheus /metrics on this port (off by default)."),
-    metrics_address: str = typer.Option("127.0.0.1", "--metrics-address", help="Address of /metrics."),
-    max_batch: int = typer.Option(32, "--max-batch", min=1, help="Queries per encoder pass."),
-    max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", min=0.0,
+    metrics_address: str = typer.Option(ServerOptions.metrics_address, "--metrics-address",
+                                        help="Address of /metrics."),
+    max_batch: int = typer.Option(BatchOptions.max_batch, "--max-batch", min=1, help="Queries per encoder pass."),
+    max_wait_ms: float = typer.Option(BatchOptions.max_wait_ms, "--max-wait-ms", min=0.0,
                                       help="Wait for a fuller batch, only while busy."),
-    max_queue: int = typer.Option(512, "--max-queue", min=1,
+    max_queue: int = typer.Option(BatchOptions.max_queue, "--max-queue", min=1,
                                   help="Queries waiting for the encoder; beyond: RESOURCE_EXHAUSTED."),
-    teacher_workers: int = typer.Option(4, "--teacher-workers", min=1, help="Concurrent LLM calls."),
+    teacher_workers: int = typer.Option(BatchOptions.teacher_workers, "--teacher-workers", min=1,
+                                        help="Concurrent LLM calls."),
     model: Optional[str] = MODEL_OPTION,
     intents: Optional[str] = INTENTS_OPTION,
     teacher: Optional[str] = TEACHER_OPTION,
@@ -97,8 +102,7 @@ def serve_command(
     """Run the gRPC sidecar (flywheel.v1.IntentClassifier, health, reflection) until SIGTERM."""
     import logging
 
-    from service.core import BatchOptions
-    from service.server import ServerOptions, serve
+    from service.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,

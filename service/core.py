@@ -23,7 +23,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Sequence
 
 from classifier.decision import Decision, Layer, carries_this_process_tag, looks_like_decision_id, made_by_this_process
@@ -35,24 +34,12 @@ from logstore.errors import UnknownDecisionError
 from service.batcher import MicroBatcher
 from service.errors import DeadlineExceeded, NoTrafficLog, NotServing
 from service.metrics import ServerMetrics
+from service.options import BatchOptions
 from service.runtime import Runtime
 
 log = logging.getLogger("flywheel.sidecar")
 
 __all__ = ["BatchOptions", "SidecarCore"]
-
-
-@dataclass(frozen=True)
-class BatchOptions:
-    """Micro-batching and teacher-pool settings (``flywheel serve`` flags)."""
-
-    max_batch: int = 32              # queries per encoder pass
-    max_wait_ms: float = 2.0         # wait for more only while busy
-    max_queue: int = 512             # queries waiting for the encoder; beyond: RESOURCE_EXHAUSTED
-    teacher_workers: int = 4         # concurrent teacher calls
-    teacher_queue: int = 16          # teacher calls admitted beyond the running ones
-    min_teacher_s: float = 0.25      # less of the deadline left: answer without the teacher
-    reply_margin_s: float = 0.05     # deadline kept for sending the reply
 
 
 class SidecarCore:

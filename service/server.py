@@ -22,7 +22,6 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,9 @@ from grpc_reflection.v1alpha import reflection
 from classifier.config import Config
 from classifier.errors import ConfigError
 from service.auth import AdminTokenInterceptor
-from service.core import BatchOptions, SidecarCore
+from service.core import SidecarCore
 from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
+from service.options import DEFAULT_ADDRESS, ServerOptions
 from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
 from service.runtime import Runtime, open_runtime
 from service.servicer import SERVICE_NAME, IntentClassifierServicer
@@ -43,26 +43,7 @@ log = logging.getLogger("flywheel.sidecar")
 
 __all__ = ["ServerOptions", "SidecarServer", "create_server", "serve", "DEFAULT_ADDRESS"]
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
 FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """``flywheel serve``'s settings."""
-
-    address: str = DEFAULT_ADDRESS
-    uds: str | None = None                 # listen on this Unix domain socket instead
-    grace_s: float = 10.0
-    drain_s: float = 0.5                   # NOT_SERVING with the port open before it closes (within grace)
-    max_message_bytes: int = 1 << 20
-    admin_token: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    metrics_port: int | None = None        # None: no /metrics endpoint
-    metrics_address: str = "127.0.0.1"
-    max_workers: int = 128                 # gRPC handler threads (requests waiting on a batch hold one)
-    batch: BatchOptions = field(default_factory=BatchOptions)
 
 
 class SidecarServer:

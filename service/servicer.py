@@ -30,6 +30,7 @@ from logstore.errors import LogStoreBusyError, UnknownDecisionError
 from service.convert import decision_to_proto, history_from_proto, model_info_to_proto
 from service.core import SidecarCore
 from service.errors import DeadlineExceeded, NoTrafficLog, NotServing, Overloaded
+from service.options import ServerOptions
 from service.protos.flywheel.v1 import classifier_pb2 as pb
 from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
 
@@ -61,7 +62,7 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 class IntentClassifierServicer(pb_grpc.IntentClassifierServicer):
     """``flywheel.v1.IntentClassifier`` over a :class:`~service.core.SidecarCore`."""
 
-    def __init__(self, core: SidecarCore, *, max_message_bytes: int = 1 << 20) -> None:
+    def __init__(self, core: SidecarCore, *, max_message_bytes: int = ServerOptions.max_message_bytes) -> None:
         self.core = core
         self.max_message_bytes = max_message_bytes
 
