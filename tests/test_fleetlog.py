@@ -22,3 +22,12 @@ def testmirror_progress_prints_at_most_every_interval_and_at_the_end(capsys):
     report(3, 3, 30)
     err = capsys.readouterr().err.splitlines()
     assert err == ["flywheel:   mirrored 3 of 3 new objects (30 rows)"]
+
+
+def test_stats_refuses_bad_options_before_touching_the_store(monkeypatch, capsys):
+    from flywheel.cli import main
+
+    monkeypatch.setenv("FLYWHEEL_STORE", "s3://nowhere/prefix")   # no endpoint nor credentials: never reached
+    assert main(["stats", "--top", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--top must be an integer" in err and "mirroring" not in err

@@ -181,11 +181,13 @@ def stats_command(
     last_n = None if last is None else int_option("--last", last)
     top_n = int_option("--top", top)
     cfg = load_config(home=home, log_db=log_db)
+    open_store = None
     if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
         from training.fleetlog import open_log
 
-        open_log(cfg, progress=not as_json)
-    result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n)
+        def open_store():
+            return open_log(cfg, progress=not as_json)
+    result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n, open_store=open_store)
     if result.get("missing"):
         typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
                    err=True)

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from classifier.errors import InvalidInputError
 from classifier.labels import label_name
@@ -438,12 +438,18 @@ def _n_windows(stats: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------- command line
 
 def stats_for_path(path: str | Path, *, window: str | int = "day", last: int | None = None,
-                   top: int = 5) -> dict[str, Any]:
+                   top: int = 5, open_store: Callable[[], Any] | None = None) -> dict[str, Any]:
     """:func:`convergence` of the log at ``path``; a missing log gives ``total`` 0 and
-    ``"missing": true`` (the file is not created)."""
+    ``"missing": true`` (the file is not created). ``open_store`` opens the log instead (in
+    fleet mode: mirrored from the bucket first); it runs only once the options are valid."""
     p = Path(path).expanduser()
     window = parse_window(window)
     _check_limits(last, top)
+    if open_store is not None:
+        store = open_store()
+        full = convergence(store, window=window, last=last, top=top)
+        full.update(log_path=store.path, missing=False)
+        return full
     spool = Path(str(p) + ".spool")
     if not p.exists() and not (spool.is_dir() and any(spool.glob("*.arrow"))):
         out = empty_stats(window)
