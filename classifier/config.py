@@ -32,9 +32,10 @@ ENV = {
     "spool_max_mb": "FLYWHEEL_SPOOL_MAX_MB",
     "log_retention_days": "FLYWHEEL_LOG_RETENTION_DAYS",
     "mask_pii": "FLYWHEEL_MASK_PII",
+    "shadow_fraction": "FLYWHEEL_SHADOW_FRACTION",
 }
 _FLOATS = {"teacher_timeout_s", "audit_rate", "store_poll_s", "ship_interval_s", "spool_max_mb",
-           "log_retention_days"}
+           "log_retention_days", "shadow_fraction"}
 _BOOLS = {"mask_pii"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 #: The help text of every command's ``--home`` option.
@@ -80,6 +81,7 @@ class Config:
     spool_max_mb: float = 256.0       # unshipped log kept on local disk at most; past it, batches are dropped
     log_retention_days: float | None = None   # raw query text older than this is deleted by the retrain
     mask_pii: bool = False            # mask e-mails, phones, cards, IBANs in logged text (classifier.masking)
+    shadow_fraction: float = 1.0      # share of layer-2 traffic a shadow version scores (0: never load one)
     sources: dict[str, str] = field(default_factory=dict)  # key -> flag|env|file|default
 
     @property
@@ -138,8 +140,9 @@ def load_config(**flags: Any) -> Config:
     cfg = Config(**values, sources=sources)
     if cfg.teacher not in ("ollama", "off"):
         raise ConfigError(f"teacher must be 'ollama' or 'off', got {cfg.teacher!r}")
-    if not 0.0 <= cfg.audit_rate <= 1.0:
-        raise ConfigError(f"audit_rate must be between 0 and 1, got {cfg.audit_rate}")
+    for name in ("audit_rate", "shadow_fraction"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ConfigError(f"{name} must be between 0 and 1, got {getattr(cfg, name)}")
     for name in ("store_poll_s", "ship_interval_s", "spool_max_mb"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

@@ -27,6 +27,14 @@ class Layer(str, Enum):
     LLM = "llm"
 
 
+#: Why a decision is degraded: the teacher's failure kinds
+#: (:class:`~classifier.errors.TeacherError`), the sidecar's reasons for not asking or not
+#: waiting (``skipped_deadline``, ``pool_full``, ``timeout``), ``no_teacher`` (none
+#: configured) and ``error`` (a teacher that raised something unexpected).
+DEGRADED_REASONS = ("unavailable", "timeout", "circuit_open", "skipped_deadline", "pool_full",
+                    "malformed", "unknown_label", "error", "no_teacher")
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One label with its confidence (``label`` is ``None`` for out of scope)."""
@@ -123,8 +131,10 @@ class Decision:
     ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version``,
     ``latency_ms`` (milliseconds per layer that ran) and ``metadata`` (the intent's
     string map from the intent file, e.g. ``{"rag": "false"}``; empty for out of scope). ``teacher`` records the LLM
-    call, if any, and ``pending`` whether the teacher was needed but unavailable; both
-    are for the traffic log and not part of the public dict.
+    call, if any, ``pending`` whether the teacher was needed but unavailable, and
+    ``degraded`` why the answer did not get the layer it needed (one of
+    :data:`DEGRADED_REASONS`: layer 2 was unsure and the teacher did not answer); they are
+    for the traffic log and the metrics, not part of the public dict.
     """
 
     label: str | None
@@ -139,6 +149,7 @@ class Decision:
     metadata: dict[str, str] = field(default_factory=dict)
     teacher: TeacherCall | None = None
     pending: bool = False  # the teacher was needed but unavailable: label it later (log only)
+    degraded: str | None = None  # why this answer did not get the layer it needed (log and metrics only)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from classifier.anchoring import AnchoringMonitor
 from classifier.audit import DEFAULT_MAX_PENDING, AuditQueue
 from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from classifier.errors import FlywheelError, InvalidInputError, TeacherError
@@ -30,6 +31,9 @@ from classifier.text import CleanText, clean_text
 from classifier.tiers import Layer2Result, Thresholds, assign_tier
 
 log = logging.getLogger("flywheel.classifier")
+
+#: What a teacher audit of a confident layer-2 decision found (``Classifier.audit_outcomes``).
+AUDIT_OUTCOMES = ("agree", "disagree", "failed")
 
 # Teacher failures that mean "ask again later" (the query is marked pending).
 RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open"})
@@ -144,6 +148,11 @@ class Classifier:
         self._audits = AuditQueue(max_pending_audits)
         self._lock = threading.Lock()
         self.watcher: Any = None  # a registry.ModelWatcher when serving from a models home
+        self.shadow: Any = None   # a shadow.ShadowScorer: offered every query that reached layer 2
+        # teacher audits of confident layer-2 decisions by outcome (read by the metrics)
+        self.audit_outcomes: dict[str, int] = dict.fromkeys(AUDIT_OUTCOMES, 0)
+        # history anchoring of the teacher's answers (ADR RC-03); None: not measured
+        self.anchoring: AnchoringMonitor | None = AnchoringMonitor()
 
     # ----------------------------------------------------------- model access
     @classmethod
@@ -313,6 +322,7 @@ class Classifier:
                 p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)
             elif self.teacher is None:
                 p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency, "; no LLM teacher configured")
+                p.decision.degraded = "no_teacher"  # keeps layer 2's tier: there is no teacher to fail
 
     def _assign_layer2(self, todo: Sequence["Pending"]) -> None:
         """Encode the queries without a vector (one call) and set ``layer2`` on each."""
@@ -338,12 +348,13 @@ class Classifier:
         history = p.history if p.history is not None else (self.sessions.get(p.session_id) if p.session_id else ())
         return self._layer3(p.rt, p.clean, p.layer2, history, dict(p.latency))
 
-    def without_teacher(self, p: "Pending", why: str) -> Decision:
+    def without_teacher(self, p: "Pending", why: str, reason: str = "skipped_deadline") -> Decision:
         """Layer 2's best guess for an unsure query whose teacher call was not made or not
-        waited for (``why`` goes into the reason); it is logged as pending, so
+        waited for (``why`` goes into the reason, ``reason`` is the degraded reason, one of
+        :data:`~classifier.decision.DEGRADED_REASONS`); it is logged as pending, so
         ``flywheel label`` asks the teacher later."""
         assert p.layer2 is not None, "without_teacher needs a scored query"
-        d = self._from_layer2(p.rt, p.layer2, p.clean, dict(p.latency), f"; llm skipped: {why}", degraded=True)
+        d = self._from_layer2(p.rt, p.layer2, p.clean, dict(p.latency), f"; llm skipped: {why}", degraded=reason)
         d.pending = True
         return d
 
@@ -358,6 +369,9 @@ class Classifier:
             d.latency_ms["total"] = _ms(p.t_start)
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None
         self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2)
+        shadow = self.shadow
+        if shadow is not None and p.vector is not None and l2 is not None:
+            shadow.offer(d.id, p.vector, p.rt.model.version)   # a non-blocking put; scored off this thread
         return d
 
     # ------------------------------------------------------------- internals
@@ -372,15 +386,19 @@ class Classifier:
                         metadata=dict(rt.metadata.get(label, {})) if label is not None else {})
 
     def _from_layer2(self, rt: _Runtime, res: Layer2Result, c: CleanText, lat: dict[str, float],
-                     suffix: str = "", teacher: TeacherCall | None = None, degraded: bool = False) -> Decision:
+                     suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None) -> Decision:
+        """Layer 2's answer as the decision; ``degraded`` (a reason) when layer 2 was unsure
+        and the teacher did not answer."""
         tier = res.tier
-        if degraded and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
+        if degraded is not None and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
             tier = Tier.WEAK  # the teacher was needed and failed: layer 2's answer is a best guess
         alts = res.alternatives if tier is not Tier.CONFIDENT else []
         if tier is Tier.WEAK and not alts and res.label is not None:
             alts = [c_ for c_ in res.candidates[:3]]
-        return self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
-                              alts, teacher)
+        d = self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
+                           alts, teacher)
+        d.degraded = degraded
+        return d
 
     def _layer3(self, rt: _Runtime, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
                 lat: dict[str, float]) -> Decision:
@@ -393,14 +411,14 @@ class Classifier:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind != "circuit_open" else None
-            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=True)
+            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=exc.kind)
             d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
             return d
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
             lat["llm"] = _ms(t0)
             log.exception("teacher raised an unexpected error")
             call = TeacherCall(self.teacher.model, None, False, lat["llm"], f"error: {exc}")
-            return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call, degraded=True)
+            return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call, degraded="error")
         lat["llm"] = _ms(t0)
         call = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"])
         conf = rt.model.intents.teacher.confidence
@@ -433,6 +451,8 @@ class Classifier:
                declared: str | None, session_id: str | None, vector: np.ndarray | None,
                layer2: Layer2Answer | None) -> None:
         history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
+        if self.anchoring is not None and d.layer is Layer.LLM and layer2 is not None:  # the teacher answered
+            self.anchoring.observe(d.label, layer2.label, [h.label for h in history])
         if session_id:
             self.sessions.add(session_id, d.label, c.text)
         audit = (self.audit_rate > 0 and self.teacher is not None and d.layer is Layer.EMBEDDING
@@ -484,6 +504,9 @@ class Classifier:
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), str(exc))
         except Exception as exc:  # noqa: BLE001
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), f"error: {exc}")
+        outcome = "failed" if not call.valid else ("agree" if call.label == record.decision.label else "disagree")
+        with self._lock:
+            self.audit_outcomes[outcome] += 1
         if self.audit_callback is not None:
             try:
                 self.audit_callback(record, call)

@@ -36,6 +36,9 @@ log = logging.getLogger("flywheel.registry")
 
 CURRENT = "CURRENT"
 HISTORY = "HISTORY"
+SHADOW = "SHADOW"                  # the version replicas score beside CURRENT, enforcing nothing
+LAST_RETRAIN = "LAST_RETRAIN"      # JSON: when the last retrain run finished, and what it did
+_POINTER_NAMES = (CURRENT, HISTORY, SHADOW, LAST_RETRAIN)
 RETRAIN_LOCK = ".retrain.lock"     # the retrain lock (ModelRegistry.lock)
 POINTER_LOCK = ".current.lock"     # held for the moment CURRENT and HISTORY are compared and rewritten
 POINTER_LOCK_TIMEOUT_S = 30.0
@@ -151,6 +154,52 @@ class ModelRegistry:
                 out.append(VersionInfo(d.name, d, "", 0, {}, d.name == cur, False, str(exc)))
         return out
 
+    def shadow_name(self) -> str | None:
+        """The shadow version (``SHADOW``), or ``None``."""
+        try:
+            name = (self.home / SHADOW).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        return name or None
+
+    def shadow(self) -> str | None:
+        """Same as :meth:`shadow_name` (:class:`classifier.protocols.Registry`)."""
+        return self.shadow_name()
+
+    def set_shadow(self, name: str | None, *, verify: bool = True) -> None:
+        """Make ``name`` the shadow version (checked first, by default), or clear it
+        (``None``). Replicas score the shadow beside the served version and enforce nothing."""
+        if name is None:
+            with self._pointer_lock():
+                try:
+                    os.unlink(self.home / SHADOW)
+                except FileNotFoundError:
+                    pass
+            log.info("shadow cleared in %s", self.home)
+            return
+        d = self.version_dir(name)
+        if not d.is_dir():
+            raise ModelError(f"{self.home}: no version {name!r}")
+        if verify:
+            IntentModel.load(d)
+        with self._pointer_lock():
+            _atomic_write(self.home / SHADOW, name + "\n")
+        log.info("shadow set to %s in %s", name, self.home)
+
+    def last_retrain(self) -> dict[str, Any] | None:
+        """What :meth:`record_retrain` wrote last (``None``: never, or unreadable)."""
+        try:
+            data = json.loads((self.home / LAST_RETRAIN).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def record_retrain(self, status: dict[str, Any]) -> None:
+        """Record a finished retrain run (``status``: JSON-ready, with ``finished_at`` in
+        unix seconds); the sidecar exports its time as a metric."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.home / LAST_RETRAIN, json.dumps(status, sort_keys=True) + "\n")
+
     def load_current(self, **kw: Any) -> IntentModel:
         return IntentModel.load(self.current_path(), **kw)
 
@@ -166,7 +215,7 @@ class ModelRegistry:
 
     # -------------------------------------------------------------- writing
     def version_dir(self, name: str) -> Path:
-        if not name or "/" in name or name.startswith(".") or name in (CURRENT, HISTORY):
+        if not name or "/" in name or name.startswith(".") or name in _POINTER_NAMES:
             raise ModelError(f"invalid version name {name!r}")
         return self.home / name
 
@@ -366,7 +415,7 @@ class ModelRegistry:
 
         A version is kept when it is any of:
 
-        * the served version (``CURRENT``), always;
+        * the served version (``CURRENT``) and the shadow (``SHADOW``), always;
         * one of the last ``keep_promoted`` entries of ``HISTORY``, so :meth:`rollback`
           keeps working that far back;
         * one of the ``keep_recent`` newest versions (in the order of :meth:`versions`,
@@ -417,9 +466,7 @@ class ModelRegistry:
         protected = set(names[-keep_recent:]) if keep_recent else set()
         if keep_promoted:
             protected.update(self.history()[-keep_promoted:])
-        current = self.current_name()
-        if current is not None:
-            protected.add(current)
+        protected.update(n for n in (self.current_name(), self.shadow_name()) if n is not None)
         doomed = [n for n in names if n not in protected]
         if dry_run or not doomed:
             if not dry_run:
@@ -476,16 +523,24 @@ class ModelWatcher:
     loads a newly promoted version; ``on_change(model)`` swaps it in. A version that
     fails to load is refused (logged, remembered, the old one keeps serving).
 
+    ``pointer=SHADOW`` follows the shadow pointer instead; then a cleared pointer calls
+    ``on_change(None)`` (and the watcher starts from nothing, so an existing shadow is
+    loaded at the first poll).
+
     ``poll()`` is cheap (one ``stat``-free read of a tiny file, rate-limited) and is
     called from the request path; ``start()`` runs it in a daemon thread instead.
     """
 
-    def __init__(self, registry: ModelRegistry, on_change: Callable[[IntentModel], None],
-                 interval_s: float = 2.0, current: str | None = None) -> None:
+    def __init__(self, registry: ModelRegistry, on_change: Callable[[IntentModel | None], None],
+                 interval_s: float = 2.0, current: str | None = None, *, pointer: str = CURRENT) -> None:
+        if pointer not in (CURRENT, SHADOW):
+            raise ValueError(f"pointer must be {CURRENT!r} or {SHADOW!r}, got {pointer!r}")
         self.registry = registry
         self.on_change = on_change
         self.interval_s = interval_s
-        self.serving = current if current is not None else registry.current_name()
+        self.pointer = pointer
+        self._read = registry.current_name if pointer == CURRENT else registry.shadow_name
+        self.serving = current if current is not None or pointer == SHADOW else registry.current_name()
         self.refused: dict[str, str] = {}
         # called with (version, None) after a swap and (version, error message) after a refusal
         self.listeners: list[Callable[[str, str | None], None]] = []
@@ -503,9 +558,15 @@ class ModelWatcher:
             return False
         try:
             self._next = now + self.interval_s
-            name = self.registry.current_name()
-            if name is None or name == self.serving or name in self.refused:
+            name = self._read()
+            if name == self.serving or name in self.refused:
                 return False
+            if name is None:
+                if self.pointer == CURRENT:
+                    return False
+                self.on_change(None)      # the shadow was cleared
+                self.serving = None
+                return True
             try:
                 model = self.registry.load(name)
                 self.on_change(model)

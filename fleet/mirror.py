@@ -34,7 +34,7 @@ import pyarrow as pa
 from fleet.objects import NOT_MODIFIED, ObjectStore
 from fleet.parallel import ordered_map
 from fleet.shipper import LOG_PREFIX
-from logstore.labels import LABEL_SCHEMA
+from logstore.labels import LABEL_COLUMNS_V3, LABEL_SCHEMA
 from logstore.segments import DECISIONS, LABELS, SEGMENT_SCHEMA, from_parquet
 from logstore.store import LogStore
 
@@ -86,7 +86,7 @@ def _todo(objects: ObjectStore, done: set[str]) -> tuple[list[str], int]:
 
 
 _REQUIRED = {DECISIONS: {"decision_id", "created_at", "text", "layer", "embedding"},
-             LABELS: set(LABEL_SCHEMA.names)}
+             LABELS: set(LABEL_COLUMNS_V3)}
 _KNOWN = {DECISIONS: set(SEGMENT_SCHEMA.names), LABELS: set(LABEL_SCHEMA.names)}
 
 

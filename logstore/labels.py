@@ -20,14 +20,23 @@ import pyarrow as pa
 from logstore.errors import LogStoreError
 from logstore.schema import SCHEMA_VERSION
 
-__all__ = ["LABEL_SCHEMA", "LABEL_SOURCES", "LabelRecord", "label_records_to_table", "new_label_uid"]
+__all__ = ["LABEL_COLUMNS_V3", "LABEL_SCHEMA", "LABEL_SOURCES", "LabelRecord", "conform_labels",
+           "label_records_to_table", "new_label_uid"]
 
-LABEL_SOURCES = ("human", "teacher")
+LABEL_SOURCES = ("human", "teacher", "shadow")
+
+#: Columns a label segment of schema version 3 has; later columns are optional (filled
+#: with nulls by :func:`conform_labels`).
+LABEL_COLUMNS_V3 = ("label_uid", "decision_id", "source", "label", "model", "valid", "latency_ms", "author",
+                    "created_at")
 
 LABEL_SCHEMA = pa.schema([
     ("label_uid", pa.string()), ("decision_id", pa.string()), ("source", pa.string()),
     ("label", pa.string()), ("model", pa.string()), ("valid", pa.bool_()),
     ("latency_ms", pa.float64()), ("author", pa.string()), ("created_at", pa.timestamp("us")),
+    # a shadow model's answer (source "shadow", model = its version): its confidence, its
+    # tier, and whether it was sure (would have decided without the teacher)
+    ("confidence", pa.float64()), ("tier", pa.string()), ("sure", pa.bool_()),
 ], metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
 
 
@@ -39,8 +48,10 @@ def new_label_uid() -> str:
 @dataclass(frozen=True)
 class LabelRecord:
     """One label of one decision. ``label`` ``None`` = out of scope; ``source`` is
-    ``"human"`` or ``"teacher"``; a teacher record with ``valid=False`` is kept for
-    statistics only; ``created_at`` is unix seconds."""
+    ``"human"``, ``"teacher"`` or ``"shadow"`` (a shadow model version's answer, never a
+    training label); a teacher record with ``valid=False`` is kept for statistics only;
+    ``created_at`` is unix seconds. ``confidence``, ``tier`` and ``sure`` are set for
+    shadow answers only."""
 
     decision_id: str
     source: str
@@ -51,6 +62,9 @@ class LabelRecord:
     author: str | None = None
     created_at: float = field(default_factory=time.time)
     label_uid: str = field(default_factory=new_label_uid)
+    confidence: float | None = None
+    tier: str | None = None
+    sure: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.decision_id, str) or not self.decision_id:
@@ -71,6 +85,24 @@ class LabelRecord:
                    latency_ms=None if latency_ms is None else float(latency_ms))
 
 
+    @classmethod
+    def shadow(cls, decision_id: str, version: str, label: str | None, confidence: float, tier: str,
+               sure: bool) -> "LabelRecord":
+        """Shadow model ``version``'s answer for a decision the champion made."""
+        return cls(decision_id, "shadow", label, model=version, confidence=float(confidence), tier=str(tier),
+                   sure=bool(sure))
+
+
+def conform_labels(table: pa.Table) -> pa.Table:
+    """``table`` (label rows of this or an older schema version) with every column of
+    :data:`LABEL_SCHEMA`, the ones it lacks as nulls."""
+    names = set(table.schema.names)
+    for f in LABEL_SCHEMA:
+        if f.name not in names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table
+
+
 def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
     """Label records as one Arrow table of :data:`LABEL_SCHEMA`."""
     created = np.fromiter((r.created_at for r in records), dtype=np.float64, count=len(records))
@@ -84,5 +116,8 @@ def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
         pa.array([None if r.latency_ms is None else float(r.latency_ms) for r in records], pa.float64()),
         pa.array([r.author for r in records], pa.string()),
         pa.array((created * 1e6).astype(np.int64), pa.timestamp("us")),
+        pa.array([r.confidence for r in records], pa.float64()),
+        pa.array([r.tier for r in records], pa.string()),
+        pa.array([r.sure for r in records], pa.bool_()),
     ]
     return pa.Table.from_arrays(cols, schema=LABEL_SCHEMA)

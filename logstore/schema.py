@@ -38,6 +38,12 @@ Migration 3 also gives ``labels`` a ``label_uid`` (the id of a
 count once; NULL for older rows) and ``logged_at`` (when the label reached this
 database; NULL for older rows, read as ``created_at``).
 
+Migration 4 adds ``decisions.degraded`` (why an answer did not get the layer it needed,
+:data:`classifier.decision.DEGRADED_REASONS`; NULL when it did, and for older rows) and,
+for shadow answers (``labels.source = 'shadow'``, ``model`` = the shadow version),
+``labels.confidence``, ``labels.tier`` and ``labels.sure``. Readers of training labels
+select ``source IN ('human', 'teacher')``; a shadow answer is never a training label.
+
 Labels may name a decision that is not (yet) in ``decisions``: a label made at one
 replica for a decision logged at another, whose segment arrives later. They are kept;
 every reader starts from ``decisions`` and joins, so such a label counts only once its
@@ -157,6 +163,12 @@ CREATE TABLE ingested_objects (
 );
 ALTER TABLE labels ADD COLUMN label_uid VARCHAR;
 ALTER TABLE labels ADD COLUMN logged_at TIMESTAMP;
+"""),
+    (4, """
+ALTER TABLE decisions ADD COLUMN degraded VARCHAR;
+ALTER TABLE labels ADD COLUMN confidence DOUBLE;
+ALTER TABLE labels ADD COLUMN tier VARCHAR;
+ALTER TABLE labels ADD COLUMN sure BOOLEAN;
 """),
 ]
 

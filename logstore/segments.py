@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from classifier.decision import Layer, Tier
 from classifier.protocols import DecisionRecord
 from logstore.errors import LogStoreError
+from logstore.labels import conform_labels
 from logstore.schema import SCHEMA_VERSION, utcnow
 
 __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
@@ -63,7 +64,7 @@ SEGMENT_SCHEMA = pa.schema([
     ("teacher_valid", pa.bool_()), ("teacher_latency_ms", pa.float64()),
     ("teacher_error", pa.string()), ("audit", pa.bool_()), ("pending", pa.bool_()),
     ("l2_label", pa.string()), ("l2_confidence", pa.float64()), ("l2_tier", pa.string()),
-    ("embedding", pa.list_(pa.float32())),
+    ("embedding", pa.list_(pa.float32())), ("degraded", pa.string()),
 ], metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
 
@@ -127,6 +128,7 @@ def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
         pa.array([float(a.confidence) if a else None for a in l2], pa.float64()),
         pa.array([_v(a.tier) if a else None for a in l2], pa.string()),
         emb,
+        pa.array([d.degraded for d in ds], pa.string()),
     ]
     return pa.Table.from_arrays(cols, schema=SEGMENT_SCHEMA)
 
@@ -293,7 +295,8 @@ def _create_spool_id(path: Path) -> str:
 _DATA_ERRORS = (duckdb.ConstraintException, duckdb.ConversionException, duckdb.BinderException,
                 duckdb.InvalidInputException, pa.ArrowException)
 
-_LABEL_COLUMNS = "decision_id, source, label, model, valid, latency_ms, author, created_at, label_uid"
+_LABEL_COLUMNS = ("decision_id, source, label, model, valid, latency_ms, author, created_at, label_uid, "
+                  "confidence, tier, sure")
 
 
 def _first_new(con, table: pa.Table, column: str, sql: str) -> pa.Table:
@@ -319,6 +322,7 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
 
 
 def _new_labels(con, lab: pa.Table) -> pa.Table:
+    lab = conform_labels(lab)
     return _first_new(con, lab, "label_uid", "SELECT DISTINCT label_uid FROM labels "
                       "WHERE label_uid IN (SELECT id FROM _flywheel_ids)")
 

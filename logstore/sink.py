@@ -442,6 +442,12 @@ class SpoolSink:
         """Enqueue a back-filled teacher answer for the spool; see :class:`LabelSink`."""
         self.write(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))  # type: ignore[arg-type]
 
+    def add_shadow_answer(self, answer) -> None:
+        """Enqueue a shadow version's answer (a :class:`classifier.shadow.ShadowAnswer`) for
+        the spool, as a ``source='shadow'`` label record of the decision."""
+        self.write(LabelRecord.shadow(answer.decision_id, answer.version, answer.label,  # type: ignore[arg-type]
+                                      answer.confidence, answer.tier, answer.sure))
+
     def flush(self, timeout: float | None = None) -> int:
         """Block until every record written before this call is in a segment (or dropped
         by the spool bound); return the total number of rows this sink has written.

@@ -496,7 +496,8 @@ class LogStore:
         return int(self._run(lambda con: con.execute(
             "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
             "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels l "
-            "JOIN decisions d ON d.decision_id = l.decision_id WHERE (l.source = 'human' OR l.valid) "
+            "JOIN decisions d ON d.decision_id = l.decision_id "
+            "WHERE (l.source = 'human' OR (l.source = 'teacher' AND l.valid)) "
             "AND greatest(coalesce(l.logged_at, l.created_at), coalesce(d.logged_at, d.created_at)) > ?)",
             [ts, ts]).fetchone()[0]))
 

@@ -189,7 +189,7 @@ class SidecarCore:
 
     def _skipped(self, p: Pending, outcome: str, why: str) -> Decision:
         self.metrics.teacher_call(outcome)
-        return self.classifier.without_teacher(p, why)
+        return self.classifier.without_teacher(p, why, reason=outcome)
 
     def _count_teacher(self, d: Decision) -> None:
         if d.layer is Layer.LLM:

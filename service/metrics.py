@@ -35,8 +35,10 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from classifier.decision import Decision
+from classifier.decision import DEGRADED_REASONS, Decision
 from classifier.labels import OUT_OF_SCOPE, label_name
+from classifier.pipeline import AUDIT_OUTCOMES
+from classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -93,6 +95,10 @@ class ServerMetrics:
             "flywheel_decision_labels_total",
             f"Decisions by label ({OUT_OF_SCOPE} for out of scope, '{OTHER_LABEL}' outside the known label set).",
             ["label"], registry=r)
+        self.degraded = Counter(
+            "flywheel_degraded_decisions_total",
+            "Answers that did not get the layer they needed (layer 2 was unsure and the teacher did not "
+            "answer), by reason.", ["reason"], registry=r)
         self.layer_seconds = Histogram(
             "flywheel_layer_seconds", "Time spent per classifier layer that ran (seconds).",
             ["layer"], buckets=LATENCY_BUCKETS, registry=r)
@@ -126,6 +132,7 @@ class ServerMetrics:
         self._label_children: dict[str, Any] = {}
         self._layer_children: dict[str, Any] = {}
         self._teacher_children: dict[str, Any] = {}
+        self._degraded_children: dict[str, Any] = {r_: self.degraded.labels(r_) for r_ in DEGRADED_REASONS}
         self._known_labels: frozenset[str] = frozenset()
         self._model_lock = threading.Lock()
         self._model: tuple[str, str] | None = None
@@ -164,6 +171,13 @@ class ServerMetrics:
         if child is None:
             child = self._decision_children[key] = self.decisions.labels(layer, tier)
         child.inc()
+
+        reason = decision.degraded
+        if reason is not None:
+            d = self._degraded_children.get(reason)
+            if d is None:
+                d = self._degraded_children[reason] = self.degraded.labels(reason)
+            d.inc()
 
         name = label_name(decision.label)  # OUT_OF_SCOPE for None
         self._label_child(name if name == OUT_OF_SCOPE or name in self._known_labels else OTHER_LABEL).inc()
@@ -229,6 +243,14 @@ class ServerMetrics:
         sync (``sync``: a :class:`fleet.sync.RegistrySync`), read at scrape time."""
         self.registry.register(_FleetCollector(spool, sync))
 
+    def bind_serving(self, *, classifier: Any, shadow: Any = None, registry: Any = None) -> None:
+        """Expose, read at scrape time: the classifier's audit outcomes
+        (``flywheel_audit_answers_total{outcome}``), the shadow scorer's outcomes and loads
+        (``flywheel_shadow_decisions_total{outcome}``, ``flywheel_shadow_loads_total{outcome}``,
+        ``flywheel_shadow_info{version}``) and the models home's last retrain
+        (``flywheel_last_retrain_timestamp_seconds``, absent until one has run)."""
+        self.registry.register(_ServingCollector(classifier, shadow, registry))
+
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:
         """Compute the buffered-row gauge at scrape time from ``fn()``."""
         self.log_buffered_rows.set_function(lambda: float(fn()))
@@ -237,6 +259,15 @@ class ServerMetrics:
     def interceptor(self) -> MetricsInterceptor:
         """A :class:`MetricsInterceptor` recording into these metrics."""
         return MetricsInterceptor(self)
+
+    # ------------------------------------------------------------ teacher anchoring (ADR RC-03)
+    def bind_anchoring(self, monitor: Any) -> None:
+        """Expose a :class:`classifier.anchoring.AnchoringMonitor` (the classifier's
+        ``anchoring``), read at scrape time: ``flywheel_anchoring_rate{history}`` (NaN while
+        its count is 0) and ``flywheel_anchoring_observed_total{history}``, ``history`` being
+        ``with`` or ``without``. ``None`` (anchoring not measured) binds nothing."""
+        if monitor is not None:
+            self.registry.register(_AnchoringCollector(monitor))
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
@@ -364,6 +395,11 @@ class _FleetCollector:
             yield _gauge("flywheel_log_spool_bytes", "Bytes of traffic log waiting in the spool.", s.spool_bytes)
             yield _gauge("flywheel_log_spool_segments", "Segments waiting in the spool.", s.spool_segments)
         if self.sync is not None:
+            fleet = GaugeMetricFamily("flywheel_fleet_model_info", "The version the fleet's models/CURRENT named "
+                                      "at this replica's last successful poll (1).", labels=["version"])
+            if self.sync.fleet_version is not None:
+                fleet.add_metric([self.sync.fleet_version], 1.0)
+            yield fleet
             polls = CounterMetricFamily("flywheel_registry_polls", "Polls of the fleet's CURRENT model pointer "
                                         "by outcome.", labels=["outcome"])
             counts = dict(self.sync.polls)
@@ -372,9 +408,68 @@ class _FleetCollector:
             yield polls
 
 
+class _ServingCollector:
+    """Audit outcomes, the shadow scorer and the last retrain, read when Prometheus scrapes."""
+
+    def __init__(self, classifier: Any, shadow: Any, registry: Any) -> None:
+        self.classifier, self.shadow, self.models = classifier, shadow, registry
+
+    def collect(self):
+        yield _labelled_counter("flywheel_audit_answers", "Teacher audits of confident layer-2 decisions by "
+                                "outcome (agree, disagree, failed).", "outcome",
+                                dict(getattr(self.classifier, "audit_outcomes", {})), AUDIT_OUTCOMES)
+        sh = self.shadow
+        counts = dict(sh.counts) if sh is not None else {}
+        yield _labelled_counter("flywheel_shadow_decisions", "Layer-2 queries offered to the shadow version, by "
+                                "outcome (scored, busy: skipped because the backlog was full, sampled_out, error).",
+                                "outcome", counts, SHADOW_OUTCOMES)
+        yield _labelled_counter("flywheel_shadow_loads", "Shadow versions loaded (ok) or refused.", "outcome",
+                                dict(sh.loads) if sh is not None else {}, LOAD_OUTCOMES)
+        info = GaugeMetricFamily("flywheel_shadow_info", "The shadow version scored beside the served one (1).",
+                                 labels=["version"])
+        if sh is not None and sh.version is not None:
+            info.add_metric([sh.version], 1.0)
+        yield info
+        last = self.models.last_retrain() if self.models is not None else None
+        when = last.get("finished_at") if last else None
+        if isinstance(when, (int, float)) and not isinstance(when, bool):
+            yield _gauge("flywheel_last_retrain_timestamp_seconds", "Unix time the last retrain run finished "
+                         "(promoted, shadowed or kept), as recorded in the models registry.", when)
+
+
+def _labelled_counter(name: str, doc: str, label: str, counts: dict[str, int],
+                      always: Iterable[str]) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=[label])
+    for key in sorted(set(always) | set(counts)):
+        fam.add_metric([key], float(counts.get(key, 0)))
+    return fam
+
+
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=float(value))
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=float(value))
+
+
+class _AnchoringCollector:
+    """The teacher's history anchoring (:mod:`classifier.anchoring`), reported by the
+    monitor when Prometheus scrapes; a rate that has no observations yet is NaN."""
+
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = monitor
+
+    def collect(self):
+        r = self.monitor.report()
+        rate = GaugeMetricFamily("flywheel_anchoring_rate", "Share of teacher answers anchored on the history: "
+                                 "with a history, the answer is the history's dominant label and layer 2's is "
+                                 "not; without, the chance baseline of that (classifier.anchoring).",
+                                 labels=["history"])
+        seen = CounterMetricFamily("flywheel_anchoring_observed", "Teacher answers observed by the anchoring "
+                                   "monitor, with and without a history.", labels=["history"])
+        for side, value, n in (("with", r.rate_with, r.n_with), ("without", r.rate_without, r.n_without)):
+            rate.add_metric([side], float("nan") if value is None else float(value))
+            seen.add_metric([side], float(n))
+        yield rate
+        yield seen

@@ -59,6 +59,8 @@ class Runtime:
     sink: SpoolSink | None = None
     sync: Any = None
     teacher: Any = None
+    shadow: Any = None            # a classifier.shadow.ShadowScorer (serving from a models home, with a log)
+    shadow_watcher: Any = None    # the ModelWatcher on the models home's SHADOW pointer
 
     @property
     def fleet(self) -> bool:
@@ -71,6 +73,10 @@ class Runtime:
         try:
             if self.sync is not None:
                 self.sync.stop()
+            if self.shadow_watcher is not None:
+                self.shadow_watcher.stop()
+            if self.shadow is not None:       # its last answers go to the log before it closes
+                self.shadow.close()
             self.classifier.close(close_sink=self.sink is None)
         finally:
             try:
@@ -163,7 +169,35 @@ def _build(cfg: Config, kwargs: dict[str, Any], progress: bool, background_reloa
             rt.sink.close()
         raise
     rt.teacher = rt.classifier.teacher if own_teacher else None
+    _attach_shadow(cfg, rt, background_reload)
     return rt
+
+
+def _attach_shadow(cfg: Config, rt: Runtime, background_reload: bool) -> None:
+    """Score the models home's shadow version (``SHADOW``, see ``flywheel models shadow``)
+    beside the champion, when the classifier is served from a models home and its decisions
+    are logged (shadow answers are logged as ``source='shadow'`` labels): a
+    :class:`~classifier.shadow.ShadowScorer` fed by the pipeline, and a watcher on the pointer
+    (polled once now; on its own thread with ``background_reload``)."""
+    clf = rt.classifier
+    sink = rt.sink if rt.sink is not None else clf.log_sink
+    add = getattr(sink, "add_shadow_answer", None)
+    if cfg.shadow_fraction <= 0 or clf.watcher is None or add is None:
+        return
+    from classifier.registry import SHADOW, ModelWatcher
+    from classifier.shadow import ShadowScorer
+
+    scorer = ShadowScorer(add, fraction=cfg.shadow_fraction, check_encoder=clf.check_encoder)
+    watcher = ModelWatcher(clf.watcher.registry, scorer.set_model, clf.watcher.interval_s, pointer=SHADOW)
+    watcher.listeners.append(scorer.count_load)
+    rt.shadow, rt.shadow_watcher = scorer, watcher
+    clf.shadow = scorer
+    try:
+        watcher.poll(force=True)
+    except Exception:  # noqa: BLE001 - a shadow never stops serving
+        log.exception("loading the shadow version failed; serving without it")
+    if background_reload:
+        watcher.start()
 
 
 def _audit_recorder(labels: LabelSink):

@@ -166,6 +166,9 @@ class SidecarServer:
             m.bind_log_buffered(lambda: sink.buffered)
         if sink is not None or self.runtime.sync is not None:
             m.bind_fleet(spool=sink, sync=self.runtime.sync)
+        m.bind_anchoring(clf.anchoring)  # the teacher's history anchoring (ADR RC-03)
+        m.bind_serving(classifier=clf, shadow=self.runtime.shadow,
+                       registry=clf.watcher.registry if clf.watcher is not None else None)
         breaker = getattr(clf.teacher, "breaker", None)
         if breaker is not None:
             m.bind_breaker_open(lambda: breaker.state == "open")

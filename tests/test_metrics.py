@@ -210,6 +210,7 @@ class _Spool:
 
 class _Sync:
     polls = {"not_modified": 5, "new": 1, "refused": 1}
+    fleet_version = "v2"
 
 
 def test_fleet_metrics_are_read_at_scrape_time():
@@ -223,6 +224,7 @@ def test_fleet_metrics_are_read_at_scrape_time():
     assert get("flywheel_log_spool_bytes") == 4096 and get("flywheel_log_spool_segments") == 2
     assert get("flywheel_registry_polls_total", {"outcome": "new"}) == 1
     assert get("flywheel_registry_polls_total", {"outcome": "error"}) == 0   # every outcome, from the start
+    assert get("flywheel_fleet_model_info", {"version": "v2"}) == 1
     spool.spool_bytes = 0
     assert get("flywheel_log_spool_bytes") == 0
 

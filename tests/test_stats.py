@@ -200,7 +200,7 @@ def test_format_table(daily, log_path):
     i = lines.index(header)
     day1, day2 = lines[i + 2], lines[i + 3]
     assert day1.split()[:2] == ["2024-05-01", "6"] and day2.split()[:2] == ["2024-05-02", "4"]
-    assert "1/2 50.0%" in day1 and day2.split()[-1] == "0"
+    assert "1/2 50.0%" in day1 and day2.split()[-2:] == ["0", "0.0%"]
     # columns line up: every cell of a row ends where its header ends (right-aligned numbers)
     assert header.index("embed") + len("embed") == day1.index("50.0%") + len("50.0%")
     pairs = [ln.split() for ln in lines if " -> " in ln and ":" not in ln]

@@ -60,13 +60,15 @@ def eval_command(
     text_column: str = typer.Option("text", "--text-column"),
     label_column: str = typer.Option("label", "--label-column"),
     oos_label: str = typer.Option("oos", "--oos-label", help="Label name meaning out of scope."),
+    lang_column: str = typer.Option("lang", "--lang-column", help="Optional per-row language (per-language slices)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability and confusion PNGs here."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
     latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
-    """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency."""
+    """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
+    and the same headline figures per language when the test rows carry one."""
     from classifier.intents import load_intents
     from classifier.model import IntentModel
     from classifier.pipeline import Classifier
@@ -74,7 +76,8 @@ def eval_command(
     from training.evaluate import evaluate, format_report, write_plots
     from training.loaders import intent_set_from_data, load_labelled
 
-    opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label)
+    opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
+                lang_column=lang_column)
     test_data = load_labelled(test, split="test", **opts)
     if model is not None:
         m = IntentModel.load(model)
@@ -91,7 +94,8 @@ def eval_command(
         if save is not None:
             m.save(save)
     clf = Classifier(m, teacher=None)
-    report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample)
+    report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
+                      langs=test_data.langs)
     if plots is not None:
         report["plots"] = [str(p) for p in write_plots(report, plots)]
     if as_json:

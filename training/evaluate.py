@@ -16,7 +16,11 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
   predictions (in-scope labels and out of scope);
 - ``ece``, ``top3_accuracy``, ``reliability``: from layer 2 alone (the head's
   calibrated in-scope probabilities, without the out-of-scope gate), over in-scope
-  queries.
+  queries;
+- ``by_language`` (only when some queries carry a language): ``n``, ``n_in_scope``,
+  ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
+  ``oos_precision`` and ``macro_f1`` per language, queries without one under
+  ``"unknown"``.
 
 Evaluation runs on a private copy of the classifier that shares its model and teacher
 but bypasses any :class:`~classifier.embedders.CachedEmbedder` (so repeated runs do not
@@ -40,13 +44,16 @@ from classifier.labels import OUT_OF_SCOPE, label_name
 from classifier.protocols import DelegatingEmbedder
 from classifier.text import clean_text
 
-__all__ = ["evaluate", "classification_metrics", "format_report", "write_plots"]
+__all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
 
 RELIABILITY_BINS = 15
 CHUNK_SIZE = 512
 TOP_CONFUSED_PAIRS = 10
 CONFUSION_MAX_LABELS = 20       # the confusion plot shows at most this many labels
+UNKNOWN_LANGUAGE = "unknown"    # the by_language slice of queries without a language
+SLICE_FIELDS = ("n", "n_in_scope", "n_out_of_scope", "accuracy", "in_scope_accuracy", "oos_recall",
+                "oos_precision", "macro_f1")
 
 
 # ------------------------------------------------------------------ metrics
@@ -123,6 +130,35 @@ def _confusion_subset(cm: np.ndarray, classes: list[str], off: np.ndarray, k: in
             "complete": len(keep) == len(classes), "n_labels": len(classes)}
 
 
+def language_slices(true: Sequence[str | None], pred: Sequence[str | None],
+                    langs: Sequence[str | None] | None) -> dict[str, dict[str, Any]]:
+    """The scalar :func:`classification_metrics` of each language's queries.
+
+    Languages are sorted, with queries whose language is ``None`` last under
+    ``"unknown"``. Empty when ``langs`` is ``None`` or holds no language.
+
+    Examples
+    --------
+    >>> s = language_slices(["a", "a", None], ["a", "b", None], ["en", "es", "es"])
+    >>> s["en"]["accuracy"], s["es"]["accuracy"], s["es"]["oos_recall"]
+    (1.0, 0.5, 1.0)
+    """
+    if langs is None or all(v is None for v in langs):
+        return {}
+    if not len(true) == len(pred) == len(langs):
+        raise ValueError(f"{len(true)} true labels, {len(pred)} predictions but {len(langs)} languages")
+    groups: dict[str | None, list[int]] = {}
+    for i, lang in enumerate(langs):
+        groups.setdefault(lang, []).append(i)
+    order = sorted((g for g in groups if g is not None), key=str) + ([None] if None in groups else [])
+    out: dict[str, dict[str, Any]] = {}
+    for lang in order:
+        idx = groups[lang]
+        m = classification_metrics([true[i] for i in idx], [pred[i] for i in idx])
+        out[UNKNOWN_LANGUAGE if lang is None else str(lang)] = {k: m[k] for k in SLICE_FIELDS}
+    return out
+
+
 def _r(x: float) -> float:
     return round(float(x), 6)
 
@@ -163,7 +199,8 @@ def _share(values: list[str], names: list[str]) -> dict[str, float]:
 
 
 def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
-             latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE) -> dict[str, Any]:
+             latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE,
+             langs: Sequence[str | None] | None = None) -> dict[str, Any]:
     """Classify labelled queries and measure the classifier.
 
     Parameters
@@ -182,6 +219,9 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
         Seed of the latency sample.
     chunk_size : int
         Queries per ``classify_many`` call in the batch pass.
+    langs : sequence, optional
+        Each query's language (``None``: not given); when any is given the report has
+        ``by_language`` (see :func:`language_slices`).
 
     Returns
     -------
@@ -191,7 +231,7 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     Raises
     ------
     ValueError
-        ``texts`` and ``labels`` differ in length, or there are none.
+        ``texts``, ``labels`` and ``langs`` differ in length, or there are no texts.
     InvalidInputError
         A text is unusable (the message gives its 1-based position).
     """
@@ -203,6 +243,8 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     labels = [None if v is None else str(v) for v in labels]
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    if langs is not None and len(langs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(langs)} languages")
     if not texts:
         raise ValueError("nothing to evaluate: no texts")
     if chunk_size < 1:
@@ -260,6 +302,9 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     metrics = classification_metrics(labels, preds)
     report.update({k: metrics[k] for k in ("n", "n_in_scope", "n_out_of_scope", "accuracy",
                                            "in_scope_accuracy", "oos_recall", "oos_precision", "macro_f1")})
+    by_language = language_slices(labels, preds, langs)
+    if by_language:
+        report["by_language"] = by_language
     conf = np.array(conf_l2, dtype=np.float64)
     ok = np.array(correct_l2, dtype=bool)
     report["top1_accuracy_layer2"] = _r(ok.mean()) if ok.size else None
@@ -332,6 +377,7 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
             ("layer-2 ECE", "n/a" if ece is None else f"{ece:.4f}")]
     width = max(len(r[0]) for r in rows)
     lines += [f"  {name:<{width}}  {value:>8}" for name, value in rows]
+    lines += _language_table(report.get("by_language") or {})
     lines.append("")
     for key, title in (("tier_share", "Tiers"), ("layer_share", "Layers")):
         shares = report.get(key) or {}
@@ -361,6 +407,18 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
         lines += [f"  {k:<{lw}}  {v['precision']:>6.3f}  {v['recall']:>6.3f}  {v['f1']:>6.3f}  {v['support']:>7}"
                   for k, v in items]
     return "\n".join(lines)
+
+
+def _language_table(slices: dict[str, dict[str, Any]]) -> list[str]:
+    """A short per-language table (empty without languages)."""
+    if not slices:
+        return []
+    lw = max(4, *(len(k) for k in slices))
+    lines = ["", "By language:",
+             f"  {'lang':<{lw}}  {'n':>6}  {'accuracy':>8}  {'in-scope':>8}  {'oos recall':>10}"]
+    lines += [f"  {k:<{lw}}  {v['n']:>6,}  {_pct(v.get('accuracy')):>8}  {_pct(v.get('in_scope_accuracy')):>8}  "
+              f"{_pct(v.get('oos_recall')):>10}" for k, v in slices.items()]
+    return lines
 
 
 def write_plots(report: dict[str, Any], directory: str | Path) -> list[Path]:

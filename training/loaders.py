@@ -11,10 +11,14 @@ Formats
     ``data_full.json``). ``split="train"`` reads ``train`` + ``oos_train``,
     ``split="test"`` reads ``test`` + ``oos_test`` (and ``"val"``: ``val`` + ``oos_val``).
 ``csv``
-    A header row naming at least ``text_column`` and ``label_column``.
+    A header row naming at least ``text_column`` and ``label_column``; an optional
+    ``lang_column`` (default ``lang``) gives each row's language.
 ``jsonl``
     One JSON object per line with ``text_column`` and ``label_column`` keys; blank
-    lines are skipped. A JSON ``null`` label means out of scope.
+    lines are skipped. A JSON ``null`` label means out of scope. An optional
+    ``lang_column`` key (default ``lang``) gives the row's language (``null``: none).
+
+A language is any non-empty string (``"en"``, ``"es"``, ...); CLINC150 has none.
 
 In every format a label equal to ``oos_label`` (default ``"oos"``) means out of scope.
 A bad file raises :class:`DatasetError` naming the file, the line or row, and the problem.
@@ -59,15 +63,22 @@ class DatasetError(FlywheelError):
 
 @dataclass(frozen=True)
 class LabelledData:
-    """Texts with their labels (``None`` = out of scope), in file order."""
+    """Texts with their labels (``None`` = out of scope), in file order.
+
+    ``langs`` holds each text's language (``None`` where a row gives none), or is
+    ``None`` when no row gives one.
+    """
 
     texts: list[str]
     labels: list[str | None]
     source: str = field(default="<memory>", compare=False)
+    langs: list[str | None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.texts) != len(self.labels):
             raise ValueError(f"{len(self.texts)} texts but {len(self.labels)} labels")
+        if self.langs is not None and len(self.langs) != len(self.texts):
+            raise ValueError(f"{len(self.texts)} texts but {len(self.langs)} languages")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -101,7 +112,7 @@ def infer_format(path: str | Path) -> str:
 
 def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "train",
                   text_column: str = "text", label_column: str = "label",
-                  oos_label: str | None = "oos") -> LabelledData:
+                  oos_label: str | None = "oos", lang_column: str | None = "lang") -> LabelledData:
     """Read a labelled data file.
 
     Parameters
@@ -116,12 +127,16 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
         CSV columns / JSONL keys holding the text and the label.
     oos_label : str or None
         The label that means out of scope (becomes ``None``).
+    lang_column : str or None
+        CSV column / JSONL key holding the row's language, when present (``None``:
+        ignore languages). Languages end up in :attr:`LabelledData.langs`.
 
     Raises
     ------
     DatasetError
         Missing or unreadable file, unknown format or split, invalid JSON (with the
-        line number), a missing column or key, an empty text or label, or no examples.
+        line number), a missing column or key, an empty text or label, a language
+        that is not a non-empty string, or no examples.
     """
     p = Path(path)
     if fmt is None:
@@ -137,8 +152,11 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
     reader = {"clinc150": _read_clinc150, "csv": _read_csv, "jsonl": _read_jsonl}[fmt]
     texts: list[str] = []
     labels: list[str | None] = []
-    for where, text, label in reader(p, raw, split=split, text_column=text_column, label_column=label_column):
+    langs: list[str | None] = []
+    rows = reader(p, raw, split=split, text_column=text_column, label_column=label_column, lang_column=lang_column)
+    for where, text, label, lang in rows:
         t = _check_text(p, where, text)
+        langs.append(None if lang is None else _check_lang(p, where, lang))
         if label is None:
             labels.append(None)
         else:
@@ -148,7 +166,8 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
     if not texts:
         what = f"split {split!r} of " if fmt == "clinc150" else ""
         raise DatasetError(p, f"{what}the file contains no examples")
-    return LabelledData(texts, labels, source=str(p))
+    has_langs = any(v is not None for v in langs)
+    return LabelledData(texts, labels, source=str(p), langs=langs if has_langs else None)
 
 
 # --------------------------------------------------------------------------- readers
@@ -183,6 +202,15 @@ def _check_label(p: Path, where: str, label: Any) -> str:
     return lab
 
 
+def _check_lang(p: Path, where: str, lang: Any) -> str:
+    if not isinstance(lang, str):
+        raise DatasetError(p, f"lang must be a string, got {_describe(lang)}", where)
+    code = lang.strip()
+    if not code:
+        raise DatasetError(p, "empty lang", where)
+    return code
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
@@ -190,7 +218,7 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-Row = Iterator[tuple[str, Any, Any]]
+Row = Iterator[tuple[str, Any, Any, Any]]  # where, text, label, language (None: not given)
 
 
 def _read_clinc150(p: Path, raw: str, *, split: str, **_: Any) -> Row:
@@ -214,10 +242,11 @@ def _read_clinc150(p: Path, raw: str, *, split: str, **_: Any) -> Row:
                 raise DatasetError(p, f"expected a [text, label] pair, got {_describe(item)}", where)
             if item[1] is None:  # CLINC150 names out of scope "oos"; null is a mistake here
                 raise DatasetError(p, "label is null", where)
-            yield where, item[0], item[1]
+            yield where, item[0], item[1], None
 
 
-def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, **_: Any) -> Row:
+def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, lang_column: str | None = None,
+              **_: Any) -> Row:
     reader = csv.reader(io.StringIO(raw, newline=""))
     try:
         header = next(reader, None)
@@ -231,6 +260,8 @@ def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, **_: An
         raise DatasetError(p, f"missing column {missing[0]!r} (columns: {', '.join(repr(n) for n in names)})",
                            "header (line 1)")
     ti, li = names.index(text_column), names.index(label_column)
+    gi = names.index(lang_column) if lang_column is not None and lang_column in names else None
+    last = max(ti, li) if gi is None else max(ti, li, gi)
     row_no = 0
     while True:
         start = reader.line_num + 1
@@ -245,12 +276,13 @@ def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, **_: An
         row_no += 1
         where = f"line {start} (row {row_no})" if reader.line_num == start else \
             f"lines {start}-{reader.line_num} (row {row_no})"
-        if len(row) <= max(ti, li):
+        if len(row) <= last:
             raise DatasetError(p, f"has {len(row)} field(s), expected {len(names)}", where)
-        yield where, row[ti], row[li]
+        yield where, row[ti], row[li], None if gi is None else row[gi]
 
 
-def _read_jsonl(p: Path, raw: str, *, text_column: str, label_column: str, **_: Any) -> Row:
+def _read_jsonl(p: Path, raw: str, *, text_column: str, label_column: str, lang_column: str | None = None,
+                **_: Any) -> Row:
     # split on "\n" only: JSON strings may hold U+2028 and other characters splitlines() breaks on
     for n, line in enumerate(raw.split("\n"), start=1):
         line = line.rstrip("\r")
@@ -266,7 +298,7 @@ def _read_jsonl(p: Path, raw: str, *, text_column: str, label_column: str, **_: 
         for key in (text_column, label_column):
             if key not in obj:
                 raise DatasetError(p, f"missing key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'})", where)
-        yield where, obj[text_column], obj[label_column]
+        yield where, obj[text_column], obj[label_column], None if lang_column is None else obj.get(lang_column)
 
 
 # ----------------------------------------------------------------- intent sets

@@ -32,6 +32,13 @@ Definitions (every count is over the ``decisions`` table, windows included):
   human label differs from the served ``label``. Top ``top`` pairs by count (ties by
   name, out of scope last); ``None`` = out of scope. ``teacher_labelled``,
   ``human_labelled`` and ``human_corrected`` give the denominators.
+- degraded: ``degraded`` counts decisions that did not get the layer they needed
+  (``decisions.degraded`` set: layer 2 was unsure and the teacher did not answer, or
+  there is no teacher); ``degraded_share`` = ``degraded / n`` and ``degraded_reasons``
+  the counts by reason (:data:`classifier.decision.DEGRADED_REASONS`). Rows logged before
+  migration 4 are never counted as degraded.
+- ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
+  :mod:`training.anchoring_stats` (its own statement; definition in :mod:`classifier.anchoring`).
 
 Windows: ``window="day"`` (also ``"hour"``, ``"week"``) groups by UTC calendar
 period; ``start``/``end`` are the period bounds (``end`` exclusive) and periods
@@ -65,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from classifier.errors import InvalidInputError
 from classifier.labels import label_name
+from training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
 
 if TYPE_CHECKING:  # pragma: no cover
     from logstore import LogStore
@@ -77,7 +85,7 @@ TIERS = ("confident", "ambiguous", "weak", "no_match")
 PERIODS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
 
 _COUNTS = ("audited", "audit_labelled", "audit_agree", "pending_flagged", "pending",
-           "teacher_calls", "teacher_labelled", "human_labelled", "human_corrected")
+           "teacher_calls", "teacher_labelled", "human_labelled", "human_corrected", "degraded")
 _COLUMNS = ("scope", "kind", "w", "k1", "k2", "n", "n_windows", "first_at", "last_at") + _COUNTS
 
 # Built on the log's ``decision_labels`` view (logstore.schema): the one definition of a
@@ -90,7 +98,7 @@ WITH res AS (
 ), base AS MATERIALIZED (
     SELECT d.created_at, d.layer, d.tier, d.label, d.l2_label,
            d.l2_confidence IS NOT NULL AS has_l2,
-           d.audit, d.pending,
+           d.audit, d.pending, d.degraded,
            d.pending AND res.decision_id IS NULL AND NOT coalesce(l.has_teacher, false) AS pending_open,
            d.teacher_model IS NOT NULL AS teacher_called,
            coalesce(l.has_teacher, false) AS has_t, l.teacher_label AS t_label,
@@ -116,6 +124,7 @@ _WINDOW_AGG = {
     "teacher_labelled": "count(*) FILTER (WHERE has_t)",
     "human_labelled": "count(*) FILTER (WHERE has_h)",
     "human_corrected": "count(*) FILTER (WHERE has_h AND h_label IS DISTINCT FROM label)",
+    "degraded": "count(*) FILTER (WHERE degraded IS NOT NULL)",
 }
 
 
@@ -153,6 +162,7 @@ def _sql(window_expr: str, last: int | None) -> str:
         ("window", _WINDOW_AGG, "", ""),
         ("layer", {"k1": "layer", "n": "count(*)"}, "", "layer"),
         ("tier", {"k1": "tier", "n": "count(*)"}, "", "tier"),
+        ("degraded", {"k1": "degraded", "n": "count(*)"}, "degraded IS NOT NULL", "degraded"),
         ("l2_teacher", {"k1": "l2_label", "k2": "t_label", "n": "count(*)"},
          "has_l2 AND has_t AND l2_label IS DISTINCT FROM t_label", "l2_label, t_label"),
         ("human_served", {"k1": "label", "k2": "h_label", "n": "count(*)"},
@@ -219,10 +229,12 @@ def _top(pairs: dict[tuple[str | None, str | None], int], names: tuple[str, str]
 
 
 def _summary(n: int, layers: dict, tiers: dict, counts: dict[str, int],
-             l2t: dict, hs: dict, top: int) -> dict[str, Any]:
+             l2t: dict, hs: dict, top: int, degraded: dict | None = None) -> dict[str, Any]:
     agree, labelled = counts["audit_agree"], counts["audit_labelled"]
     layer_share = _shares(layers, n, LAYERS)
     return {
+        "degraded_share": round(counts["degraded"] / n, 6) if n else 0.0,
+        "degraded_reasons": {k: int(v) for k, v in sorted((degraded or {}).items())},
         "n": n,
         "layer_share": layer_share,
         "layer_counts": {k: int(layers.get(k, 0)) for k in layer_share},
@@ -241,7 +253,7 @@ def empty_stats(window: str | int = "day") -> dict[str, Any]:
     out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
-            "windows": []}
+            "anchoring": empty_anchoring(), "windows": []}
 
 
 def convergence(store: "LogStore", *, window: str | int = "day", last: int | None = None,
@@ -295,6 +307,8 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
             s["layers"][r["k1"]] = int(r["n"])
         elif kind == "tier":
             s["tiers"][r["k1"]] = int(r["n"])
+        elif kind == "degraded":
+            s["degraded"][r["k1"]] = int(r["n"])
         elif kind == "l2_teacher":
             s["l2t"][(r["k1"], r["k2"])] = int(r["n"])
         elif kind == "human_served":
@@ -314,17 +328,17 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
         windows.append({"index": i, "start": _iso(start), "end": _iso(end),
                         "first": _iso(s["first"]), "last": _iso(s["last"]),
                         **_summary(s["n"], s["layers"], s["tiers"], s["counts"], s["l2t"], s["hs"],
-                                   top)})
+                                   top, s["degraded"])})
     t = total_slot
-    summary = _summary(t["n"], t["layers"], t["tiers"], t["counts"], t["l2t"], t["hs"], top)
+    summary = _summary(t["n"], t["layers"], t["tiers"], t["counts"], t["l2t"], t["hs"], top, t["degraded"])
     summary.pop("n")
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
-            "n_windows": n_windows, "windows": windows}
+            "n_windows": n_windows, "anchoring": anchoring_section(store), "windows": windows}
 
 
 def _slot() -> dict[str, Any]:
-    return {"layers": {}, "tiers": {}, "l2t": {}, "hs": {}, "n": 0, "n_windows": 0,
+    return {"layers": {}, "tiers": {}, "l2t": {}, "hs": {}, "degraded": {}, "n": 0, "n_windows": 0,
             "first": None, "last": None, "counts": {k: 0 for k in _COUNTS}}
 
 
@@ -387,6 +401,11 @@ def format_table(stats: dict[str, Any]) -> str:
                  f"   teacher calls: {stats['teacher_calls']}   teacher-labelled: "
                  f"{stats['teacher_labelled']}   human-labelled: {stats['human_labelled']} "
                  f"({stats['human_corrected']} corrected)")
+    reasons = ", ".join(f"{k} {v}" for k, v in stats.get("degraded_reasons", {}).items())
+    lines.append(f"  degraded: {_pct(stats.get('degraded_share'))} of decisions did not get the layer they needed"
+                 + (f" ({reasons})" if reasons else ""))
+    if stats.get("anchoring"):
+        lines.append("  " + format_anchoring(stats["anchoring"]))
     windows = stats.get("windows") or []
     if windows:
         w = stats.get("window")
@@ -398,7 +417,7 @@ def format_table(stats: dict[str, Any]) -> str:
         else:
             head_cols = [str(w)]
         headers = (head_cols + ["n"] + [_SHORT.get(k, k) for k in layer_keys]
-                   + [_SHORT.get(k, k) for k in tier_keys] + ["audit agree", "pending"])
+                   + [_SHORT.get(k, k) for k in tier_keys] + ["audit agree", "pending", "degraded"])
         rows = []
         for s in windows:
             if by_count:
@@ -409,14 +428,14 @@ def format_table(stats: dict[str, Any]) -> str:
             rows.append(head + [f"{s['n']:,}"]
                         + [_pct(s["layer_share"].get(k, 0.0)) for k in layer_keys]
                         + [_pct(s["tier_share"].get(k, 0.0)) for k in tier_keys]
-                        + [_audit_cell(s), str(s["pending"])])
+                        + [_audit_cell(s), str(s["pending"]), _pct(s["degraded_share"])])
         title = f"per window of {w:,} decisions" if by_count else f"per {w} (UTC)"
         shown = len(windows)
         if shown < _n_windows(stats):
             title += f", last {shown} of {_n_windows(stats)}"
         lines.append("")
         lines.append(title + ": layer and tier shares, audit agreement (agree/answered), "
-                     "open pending")
+                     "open pending, degraded share")
         lines.extend("  " + ln for ln in _table(headers, rows,
                                                  set(range(len(head_cols), len(headers)))))
     for key, (a, b), title in (

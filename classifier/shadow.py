@@ -1,0 +1,236 @@
+"""A shadow model version scored beside the champion, off the request path.
+
+:class:`ShadowScorer` holds one shadow :class:`~classifier.model.IntentModel` (set and
+cleared by a :class:`~classifier.registry.ModelWatcher` on the ``SHADOW`` pointer). The
+pipeline offers it every query that reached layer 2, with the vector the champion's
+encoder already made (:meth:`ShadowScorer.offer`: a sampling draw and a non-blocking
+``put``, nothing else on the request thread). One worker thread scores what is queued in
+batches with the shadow's numpy head (:mod:`classifier.scoring`) and the shadow's own
+cutoffs (:func:`~classifier.tiers.assign_tier`), and hands each
+:class:`ShadowAnswer` to ``on_answer`` (the traffic log). It enforces nothing: the caller
+never sees a shadow answer, and a shadow that raises is counted, never surfaced.
+
+The shadow must use the champion's encoder (the vector is shared; a shadow with another
+encoder is refused by :meth:`ShadowScorer.set_model`, which the watcher counts).
+
+Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
+
+- ``scored``: an answer was made and handed on;
+- ``busy``: the backlog was full (the server is busier than the worker keeps up with),
+  so the query was skipped;
+- ``sampled_out``: left out by the configured ``fraction``;
+- ``error``: scoring or ``on_answer`` raised (logged once per episode).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from classifier.model import IntentModel
+from classifier.tiers import Thresholds, assign_tier
+
+__all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
+
+log = logging.getLogger("flywheel.shadow")
+
+SHADOW_OUTCOMES = ("scored", "busy", "sampled_out", "error")
+LOAD_OUTCOMES = ("ok", "refused")
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class ShadowAnswer:
+    """The shadow version's layer-2 answer for one logged decision (``label`` ``None`` =
+    out of scope; ``sure``: it would have decided without the teacher)."""
+
+    decision_id: str
+    version: str
+    label: str | None
+    confidence: float
+    tier: str
+    sure: bool
+
+
+@dataclass(frozen=True)
+class _Bundle:
+    model: IntentModel
+    thresholds: Thresholds
+    labels: tuple[str, ...]
+
+    @classmethod
+    def build(cls, model: IntentModel) -> "_Bundle":
+        return cls(model, Thresholds.for_model(model), tuple(model.manifest.labels))
+
+
+class ShadowScorer:
+    """Scores a shadow version on the champion's layer-2 vectors, on its own thread.
+
+    Parameters
+    ----------
+    on_answer : callable
+        Receives each :class:`ShadowAnswer` on the worker thread (e.g. the log sink's
+        ``add_shadow_answer``); must not block for long.
+    fraction : float
+        Share of layer-2 queries scored (0 < fraction <= 1).
+    max_pending : int
+        Queries waiting at most; beyond it an offer is skipped and counted ``busy``.
+    batch : int
+        At most this many queued queries scored in one pass.
+    check_encoder : callable, optional
+        Raises :class:`~classifier.errors.ModelError` for a model whose encoder is not the
+        champion's (:meth:`classifier.pipeline.Classifier.check_encoder`): the shadow
+        scores the champion's vectors.
+    """
+
+    def __init__(self, on_answer: Callable[[ShadowAnswer], None], *, fraction: float = 1.0,
+                 max_pending: int = 1024, batch: int = 64,
+                 check_encoder: Callable[[IntentModel], None] | None = None,
+                 rng: random.Random | None = None) -> None:
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"shadow fraction must be in (0, 1], got {fraction!r}")
+        if max_pending < 1 or batch < 1:
+            raise ValueError("max_pending and batch must be >= 1")
+        self.on_answer = on_answer
+        self.check_encoder = check_encoder
+        self.fraction = float(fraction)
+        self.batch = int(batch)
+        self.counts: dict[str, int] = dict.fromkeys(SHADOW_OUTCOMES, 0)
+        self.loads: dict[str, int] = dict.fromkeys(LOAD_OUTCOMES, 0)
+        self._bundle: _Bundle | None = None
+        self._rng = rng or random.Random()
+        self._queue: queue.Queue = queue.Queue(maxsize=int(max_pending))
+        self._lock = threading.Lock()
+        self._failing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="flywheel-shadow", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the version
+    @property
+    def version(self) -> str | None:
+        """The shadow version scored now (``None``: none)."""
+        b = self._bundle
+        return b.model.version if b is not None else None
+
+    def set_model(self, model: IntentModel | None) -> None:
+        """Score ``model`` from now on (``None``: stop scoring). Raises
+        :class:`~classifier.errors.ModelError` for a model with another encoder; it is
+        warmed (one scoring pass) before it replaces the old one."""
+        if model is None:
+            self._bundle = None
+            log.info("shadow cleared")
+            return
+        if self.check_encoder is not None:
+            self.check_encoder(model)
+        bundle = _Bundle.build(model)
+        bundle.model.head.scores(np.zeros((1, int(model.manifest.encoder["dim"])), dtype=np.float32))
+        self._bundle = bundle
+        log.info("shadow version %s loaded", model.version)
+
+    def count_load(self, version: str, error: str | None) -> None:
+        """A :class:`~classifier.registry.ModelWatcher` listener: count a load or a refusal."""
+        self._count_load("ok" if error is None else "refused")
+
+    def _count_load(self, outcome: str) -> None:
+        with self._lock:
+            self.loads[outcome] = self.loads.get(outcome, 0) + 1
+
+    # ------------------------------------------------------------ the request path
+    def offer(self, decision_id: str, vector: np.ndarray, champion_version: str | None = None) -> None:
+        """Queue one layer-2 query for scoring, or count why not. Never blocks, never raises."""
+        b = self._bundle
+        if b is None or self._closed or b.model.version == champion_version:
+            return
+        if self.fraction < 1.0 and self._rng.random() >= self.fraction:
+            self._count("sampled_out")
+            return
+        try:
+            self._queue.put_nowait((b, decision_id, vector))
+        except queue.Full:
+            self._count("busy")
+
+    @property
+    def pending(self) -> int:
+        """Queries waiting to be scored."""
+        return self._queue.qsize()
+
+    # ------------------------------------------------------------ the worker
+    def _count(self, outcome: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[outcome] = self.counts.get(outcome, 0) + n
+
+    def _take(self) -> tuple[list, bool]:
+        """Block for one item, then take what else is queued (up to ``batch``)."""
+        items, stop = [], False
+        first = self._queue.get()
+        if first is _STOP:
+            return items, True
+        items.append(first)
+        while len(items) < self.batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stop = True
+                break
+            items.append(item)
+        return items, stop
+
+    def _run(self) -> None:
+        while True:
+            items, stop = self._take()
+            if items:
+                self._score(items)
+            if stop:
+                return
+
+    def _score(self, items: list) -> None:
+        by_bundle: dict[int, list] = {}
+        for it in items:
+            by_bundle.setdefault(id(it[0]), []).append(it)
+        for group in by_bundle.values():
+            try:
+                answers = _answers(group)
+                for a in answers:
+                    self.on_answer(a)
+            except Exception:  # noqa: BLE001 - a shadow must never affect serving
+                self._count("error", len(group))
+                if not self._failing:
+                    log.exception("shadow version %s failed; counting errors until it recovers",
+                                  group[0][0].model.version)
+                self._failing = True
+                continue
+            self._failing = False
+            self._count("scored", len(answers))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop taking offers, score what is queued (within ``timeout_s``), end the worker."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            log.warning("shadow worker backlog still full after %.1fs; dropping it", timeout_s)
+            return
+        self._thread.join(timeout_s)
+
+
+def _answers(group: list) -> list[ShadowAnswer]:
+    """Score one batch of ``(bundle, decision_id, vector)`` that share a bundle."""
+    b: _Bundle = group[0][0]
+    s = b.model.head.scores(np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for _, _, v in group]))
+    out = []
+    for j, (_, decision_id, _) in enumerate(group):
+        r = assign_tier(s.probs[j], b.labels, float(s.oos_class[j]), float(s.p_oos[j]), b.thresholds)
+        out.append(ShadowAnswer(decision_id, b.model.version, r.label, float(r.confidence), r.tier.value,
+                                bool(r.sure)))
+    return out
