@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ContextManager, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -175,6 +175,13 @@ class Registry(Protocol):
       does not verify. Returns the new token.
     - ``rollback(expected=token)`` serves the previously promoted version again, with the
       same compare-and-swap (``expected=None``: whatever is served); returns the new token.
+    - ``shadow()`` is the shadow version (``None``: none): replicas score it beside the
+      served one and enforce nothing. ``set_shadow(name, expected=...)`` sets it (``name``
+      must be servable, else ``ModelError``) or clears it (``None``); with ``expected`` (a
+      version name, ``None`` = no shadow) only if it still is that, else
+      :class:`~classifier.registry.PromotionConflict`.
+    - ``record_retrain(status)`` records a finished retrain run (a JSON-ready dict with
+      ``finished_at`` in unix seconds); ``last_retrain()`` reads it back (``None``: never).
     - ``lock()`` is the retrain lock, taken without waiting: a context manager yielding
       ``True`` while held, ``False`` when another run holds it. Jobs that write versions
       (retrain, prune) hold it; promotions do not need it (they compare and swap).
@@ -193,5 +200,13 @@ class Registry(Protocol):
     def promote(self, name: str, *, expected: str | None) -> str: ...
 
     def rollback(self, *, expected: str | None = None) -> str: ...
+
+    def shadow(self) -> str | None: ...
+
+    def set_shadow(self, name: str | None, *, expected: Any = ...) -> None: ...
+
+    def record_retrain(self, status: dict[str, Any]) -> None: ...
+
+    def last_retrain(self) -> dict[str, Any] | None: ...
 
     def lock(self, *, create: bool = True) -> ContextManager[bool]: ...

@@ -166,25 +166,31 @@ class ModelRegistry:
         """Same as :meth:`shadow_name` (:class:`classifier.protocols.Registry`)."""
         return self.shadow_name()
 
-    def set_shadow(self, name: str | None, *, verify: bool = True) -> None:
+    def set_shadow(self, name: str | None, *, expected: str | None | Unchecked = UNCHECKED,
+                   verify: bool = True) -> None:
         """Make ``name`` the shadow version (checked first, by default), or clear it
-        (``None``). Replicas score the shadow beside the served version and enforce nothing."""
-        if name is None:
-            with self._pointer_lock():
+        (``None``). Replicas score the shadow beside the served version and enforce nothing.
+        With ``expected`` (a version name, ``None`` = no shadow), only if ``SHADOW`` still
+        says so (else :class:`PromotionConflict`)."""
+        if name is not None:
+            d = self.version_dir(name)
+            if not d.is_dir():
+                raise ModelError(f"{self.home}: no version {name!r}")
+            if verify:
+                IntentModel.load(d)
+        self.home.mkdir(parents=True, exist_ok=True)
+        with self._pointer_lock():
+            found = self.shadow_name()
+            if expected is not UNCHECKED and found != expected:
+                raise PromotionConflict(expected, found, f"{self.home / SHADOW}")  # type: ignore[arg-type]
+            if name is not None:
+                _atomic_write(self.home / SHADOW, name + "\n")
+            else:
                 try:
                     os.unlink(self.home / SHADOW)
                 except FileNotFoundError:
                     pass
-            log.info("shadow cleared in %s", self.home)
-            return
-        d = self.version_dir(name)
-        if not d.is_dir():
-            raise ModelError(f"{self.home}: no version {name!r}")
-        if verify:
-            IntentModel.load(d)
-        with self._pointer_lock():
-            _atomic_write(self.home / SHADOW, name + "\n")
-        log.info("shadow set to %s in %s", name, self.home)
+        log.info("shadow %s in %s", f"set to {name}" if name else "cleared", self.home)
 
     def last_retrain(self) -> dict[str, Any] | None:
         """What :meth:`record_retrain` wrote last (``None``: never, or unreadable)."""

@@ -103,6 +103,14 @@ class ObjectStore:
             return False
         return True
 
+    def put(self, key: str, data: bytes) -> str:
+        """Write ``key`` whatever is there (create or replace); return the new etag."""
+        try:
+            result = obstore.put(self._store, _checked(key), data, mode="overwrite")
+        except Exception as exc:  # every client error is mapped
+            raise self._error("put", key, exc) from None
+        return str(result.get("e_tag") or "")
+
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
         """Write ``key`` only if its current etag is ``etag`` (``None``: only if it does not
         exist); return the new etag. Raises :class:`PreconditionFailed` when that does not hold."""

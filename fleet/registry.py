@@ -6,6 +6,8 @@ Layout, under the store's prefix::
     models/<version>/report.json, report.md              the retrain's report (optional, not hashed)
     models/<version>/manifest.json                       uploaded LAST: a version is complete once it exists
     models/CURRENT                                       {"version", "history", "updated_at", "by", "generation"}
+    models/SHADOW                                        {"version", "updated_at", "by"}: scored beside CURRENT
+    models/LAST_RETRAIN                                  the last retrain run: {"finished_at", "outcome", ...}
 
 :class:`BucketRegistry` implements :class:`classifier.protocols.Registry` on that layout.
 Its token is the etag of ``models/CURRENT``, which changes only by compare-and-swap
@@ -44,16 +46,19 @@ from typing import Any
 
 from classifier.errors import FlywheelError, ModelError
 from classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
-from classifier.registry import ModelRegistry, PromotionConflict
+from classifier.registry import LAST_RETRAIN, SHADOW, UNCHECKED, ModelRegistry, PromotionConflict, Unchecked
 from fleet.errors import PreconditionFailed
 from fleet.objects import NOT_MODIFIED, ObjectStore
 
-__all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "MODELS", "REPORT_FILES", "BucketRegistry", "BucketVersion", "Pointer"]
+__all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "LAST_RETRAIN_KEY", "MODELS", "REPORT_FILES", "SHADOW_KEY",
+           "BucketRegistry", "BucketVersion", "Pointer", "parse_status"]
 
 log = logging.getLogger("flywheel.fleet.registry")
 
 MODELS = "models"
 CURRENT_KEY = f"{MODELS}/CURRENT"
+SHADOW_KEY = f"{MODELS}/{SHADOW}"
+LAST_RETRAIN_KEY = f"{MODELS}/{LAST_RETRAIN}"
 HISTORY_LIMIT = 50                                  # promoted names kept in CURRENT, for rollback
 REPORT_FILES = ("report.json", "report.md")          # uploaded with a version when present; not hashed
 REQUIRED_FILES = (HEAD_FILE, SERVING_HEAD_FILE, INTENTS_FILE)   # a fleet version's manifest hashes each
@@ -166,6 +171,47 @@ class BucketRegistry:
         """``(served version, etag of models/CURRENT)``; ``(None, None)`` before any promotion."""
         p = self.pointer()
         return p.version, p.etag
+
+    def shadow_pointer(self) -> Pointer:
+        """``models/SHADOW`` now (an empty :class:`Pointer` when absent)."""
+        got = self.objects.get(SHADOW_KEY)
+        if got is None or got is NOT_MODIFIED:
+            return Pointer()
+        return Pointer.parse(got[0], got[1], self.objects.cfg.location(SHADOW_KEY))
+
+    def shadow(self) -> str | None:
+        """The fleet's shadow version (``None``: none)."""
+        return self.shadow_pointer().version
+
+    def set_shadow(self, name: str | None, *, expected: str | None | Unchecked = UNCHECKED) -> None:
+        """Make ``name`` the fleet's shadow (it must be promotable: complete, with a serving
+        head), or clear it (``None``). With ``expected`` (a version name, ``None`` = no
+        shadow), only if the shadow still is that (compare-and-swap on ``models/SHADOW``;
+        else :class:`PromotionConflict`)."""
+        if name is not None:
+            self._check_promotable(name)
+        now = self.shadow_pointer()
+        if expected is not UNCHECKED and now.version != expected:
+            raise PromotionConflict(expected, now.version, self.objects.cfg.location(SHADOW_KEY))  # type: ignore[arg-type]
+        doc = {"version": name, "updated_at": _utcnow(), "by": self.by, "generation": now.generation + 1}
+        data = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+        try:
+            self.objects.put_if_match(SHADOW_KEY, data, now.etag)
+        except PreconditionFailed:
+            raise PromotionConflict(now.version, self.shadow(), self.objects.cfg.location(SHADOW_KEY)) from None
+        log.info("shadow %s in %s", f"set to {name}" if name else "cleared", self.objects.cfg.location(SHADOW_KEY))
+
+    def last_retrain(self) -> dict[str, Any] | None:
+        """What :meth:`record_retrain` wrote last (``None``: never, or unreadable)."""
+        got = self.objects.get(LAST_RETRAIN_KEY)
+        if got is None or got is NOT_MODIFIED:
+            return None
+        return parse_status(got[0])
+
+    def record_retrain(self, status: dict[str, Any]) -> None:
+        """Record a finished retrain run (``models/LAST_RETRAIN``; replicas copy it into their
+        home and export its time as ``flywheel_last_retrain_timestamp_seconds``)."""
+        self.objects.put(LAST_RETRAIN_KEY, (json.dumps(status, sort_keys=True) + "\n").encode("utf-8"))
 
     def history(self) -> list[str]:
         """The promoted versions, oldest first (at most :data:`HISTORY_LIMIT`)."""
@@ -335,7 +381,7 @@ class BucketRegistry:
         return f"{MODELS}/{name}/{fname}" if fname else f"{MODELS}/{name}"
 
     def _check_name(self, name: str) -> str:
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or name == "CURRENT":
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in ("CURRENT", SHADOW, LAST_RETRAIN):
             raise ModelError(f"invalid version name {name!r} (letters, digits, '.', '_', '+', '-'; "
                              f"starting with a letter or digit)")
         self.local.version_dir(name)   # the local home's own rules
@@ -415,6 +461,15 @@ class BucketRegistry:
                     shutil.rmtree(p, ignore_errors=True)
             except OSError:
                 pass
+
+
+def parse_status(data: bytes) -> dict[str, Any] | None:
+    """A ``LAST_RETRAIN`` document, or ``None`` when it is not a JSON object."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _same_bytes(path: Path, data: bytes) -> bool:

@@ -1,4 +1,5 @@
-"""A replica's thread that follows the fleet's ``models/CURRENT`` (see :mod:`fleet.registry`).
+"""A replica's thread that follows the fleet's ``models/CURRENT`` (see :mod:`fleet.registry`),
+and with it ``models/SHADOW`` and ``models/LAST_RETRAIN``.
 
 `RegistrySync` is what a replica runs: it polls ``models/CURRENT`` (a conditional
 GET, every few seconds), downloads and verifies a newly promoted version, installs it in
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from classifier.errors import FlywheelError, ModelError
 from classifier.registry import ModelRegistry, PromotionConflict
 from fleet.objects import NOT_MODIFIED, ObjectStore
-from fleet.registry import CURRENT_KEY, BucketRegistry, Pointer
+from fleet.registry import CURRENT_KEY, LAST_RETRAIN_KEY, SHADOW_KEY, BucketRegistry, Pointer, parse_status
 
 __all__ = ["SYNC_OUTCOMES", "RegistrySync"]
 
@@ -44,6 +45,12 @@ class RegistrySync:
     - ``error``: the store is unreachable or failed (``last_error``), or the pointer is
       corrupt; nothing changed, the next poll tries again.
 
+    Each poll also reads ``models/SHADOW`` and ``models/LAST_RETRAIN`` (conditional GETs): a
+    new shadow version is downloaded, verified and set as the local home's ``SHADOW`` (the
+    runtime's shadow watcher loads it), a cleared one is cleared, one that does not verify
+    is refused as above (outcome ``refused``); the last retrain's record is copied into the
+    home (``flywheel_last_retrain_timestamp_seconds``).
+
     The fleet's pointer wins: a version promoted by hand in the local home is replaced by
     the fleet's at the next poll. ``serving`` is the version this sync last found or made
     current locally (``fleet_version``: what ``CURRENT`` named at the last read). :meth:`start`
@@ -63,10 +70,12 @@ class RegistrySync:
         self.last_error: str | None = None
         self.serving: str | None = None
         self.fleet_version: str | None = None     # what models/CURRENT named at the last read
+        self.fleet_shadow: str | None = None      # what models/SHADOW named at the last read
         # called (no arguments) after a version was promoted locally: the runtime hands it the
         # classifier's watcher, so the swap follows at once instead of at its next check
         self.on_new: Callable[[], object] | None = None
         self._etag: str | None = None
+        self._side_etags: dict[str, str | None] = {SHADOW_KEY: None, LAST_RETRAIN_KEY: None}
         self._failing = False
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
@@ -81,6 +90,9 @@ class RegistrySync:
         with self._poll_lock:
             try:
                 outcome = self._poll()
+                side = self._poll_side()
+                if side is not None and outcome in ("not_modified", "unchanged"):
+                    outcome = side
             except Exception as exc:  # noqa: BLE001 - a replica keeps serving whatever happens here
                 outcome = self._error(exc)
             self.polls[outcome] = self.polls.get(outcome, 0) + 1
@@ -108,6 +120,49 @@ class RegistrySync:
             self.serving = name
             return quiet
         return self._follow(name, local)
+
+    def _read_side(self, key: str) -> tuple[bytes, str] | None | bool:
+        """``models/SHADOW`` or ``models/LAST_RETRAIN`` if it changed since the last read
+        (``None``: gone), ``False`` when it did not."""
+        got = self.objects.get(key, if_none_match=self._side_etags[key])
+        if got is NOT_MODIFIED:
+            return False
+        self._side_etags[key] = None if got is None else got[1]
+        return got
+
+    def _poll_side(self) -> str | None:
+        """Follow the fleet's shadow and copy its last retrain record; ``refused`` when the
+        shadow does not verify, else ``None``."""
+        got = self._read_side(SHADOW_KEY)
+        if got is not False:
+            p = Pointer() if got is None else Pointer.parse(got[0], got[1], self.objects.cfg.location(SHADOW_KEY))
+            self.fleet_shadow = p.version
+        outcome = self._follow_shadow(self.fleet_shadow)
+        got = self._read_side(LAST_RETRAIN_KEY)
+        if got:
+            status = parse_status(got[0])
+            if status is not None:
+                self.local.record_retrain(status)
+        return outcome
+
+    def _follow_shadow(self, name: str | None) -> str | None:
+        local = self.local.shadow_name()
+        if name == local or (name is not None and name in self.refused):
+            return None
+        if name is None:
+            self.local.set_shadow(None)
+            log.info("model sync: the fleet's shadow was cleared (was %s)", local)
+            return None
+        try:
+            self.bucket.download(name)
+            self.local.set_shadow(name, verify=False)   # download() has just verified it
+        except ModelError as exc:
+            self.refused[name] = str(exc)
+            self.last_error = str(exc)
+            log.error("refusing shadow version %s from the fleet: %s", name, exc)
+            return "refused"
+        log.info("model sync: installed shadow version %s (was %s)", name, local)
+        return None
 
     def _follow(self, name: str, local: str | None) -> str:
         t0 = time.monotonic()

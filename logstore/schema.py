@@ -164,12 +164,33 @@ CREATE TABLE ingested_objects (
 ALTER TABLE labels ADD COLUMN label_uid VARCHAR;
 ALTER TABLE labels ADD COLUMN logged_at TIMESTAMP;
 """),
+    # labels is rebuilt: its CHECK on ``source`` gains 'shadow' (DuckDB cannot alter a CHECK)
     (4, """
 ALTER TABLE decisions ADD COLUMN degraded VARCHAR;
-ALTER TABLE labels ADD COLUMN confidence DOUBLE;
-ALTER TABLE labels ADD COLUMN tier VARCHAR;
-ALTER TABLE labels ADD COLUMN sure BOOLEAN;
-"""),
+DROP VIEW decision_labels;
+CREATE TABLE labels_v4 (
+    label_id    BIGINT NOT NULL DEFAULT nextval('labels_seq'),
+    decision_id VARCHAR NOT NULL,
+    source      VARCHAR NOT NULL CHECK (source IN ('human', 'teacher', 'shadow')),
+    label       VARCHAR,
+    model       VARCHAR,
+    valid       BOOLEAN NOT NULL,
+    latency_ms  DOUBLE,
+    author      VARCHAR,
+    created_at  TIMESTAMP NOT NULL,
+    label_uid   VARCHAR,
+    logged_at   TIMESTAMP,
+    confidence  DOUBLE,
+    tier        VARCHAR,
+    sure        BOOLEAN
+);
+INSERT INTO labels_v4 (label_id, decision_id, source, label, model, valid, latency_ms, author, created_at,
+                       label_uid, logged_at)
+    SELECT label_id, decision_id, source, label, model, valid, latency_ms, author, created_at, label_uid, logged_at
+    FROM labels;
+DROP TABLE labels;
+ALTER TABLE labels_v4 RENAME TO labels;
+""" + _DECISION_LABELS_VIEW),
 ]
 
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]

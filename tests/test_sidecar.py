@@ -441,18 +441,25 @@ def test_teacher_runs_off_the_encoder_within_the_deadline(models):
         assert "llm skipped" in d.reason and "deadline" in d.reason
         assert d.label in ("RETRIEVAL", "PLATFORM")
         assert outcome("timeout") == 1
+
+        def degraded(reason: str) -> float:
+            return metric(server, "flywheel_degraded_decisions_total", {"reason": reason})
+
+        assert degraded("timeout") == 1 and degraded("skipped_deadline") == 0   # the SLO sees the skipped answer
         wait_until(lambda: len(teacher.threads) == 1, 2.0, "the teacher call to start")
         assert teacher.threads[0].startswith("flywheel-teacher")            # never the batcher's thread
 
         d = fw.classify("explain addparam", timeout_s=0.2)                # too little left to ask at all
         assert d.layer is Layer.EMBEDDING and "llm skipped" in d.reason
         assert outcome("skipped_deadline") == 1 and len(teacher.threads) == 1
+        assert degraded("skipped_deadline") == 1
 
         teacher.delay_s = 0.0
         d = fw.classify("explain addparam")
         assert (d.label, d.layer, d.tier) == ("RETRIEVAL", Layer.LLM, Tier.CONFIDENT)
         assert d.metadata == METADATA["RETRIEVAL"] and "llm" in d.latency_ms
         assert outcome("ok") == 1
+        assert degraded("timeout") + degraded("skipped_deadline") == 2                 # a teacher answer is not degraded
 
         teacher.error = TeacherError("unavailable", "ollama is down")
         d = fw.classify("explain addparam")

@@ -1,8 +1,14 @@
-"""``flywheel models``: list, push, promote, roll back and prune model versions.
+"""``flywheel models``: list, push, promote, roll back, shadow and prune model versions.
 
-With a store configured (fleet mode) ``list``, ``push``, ``promote`` and ``rollback`` act on
-the fleet's registry in the bucket (``promote``/``rollback`` switch ``models/CURRENT`` by
-compare-and-swap, and every replica follows); ``prune`` always cleans the local models home."""
+With a store configured (fleet mode) ``list``, ``push``, ``promote``, ``rollback`` and
+``shadow`` act on the fleet's registry in the bucket (``promote``/``rollback`` switch
+``models/CURRENT`` by compare-and-swap, and every replica follows); ``prune`` always cleans
+the local models home.
+
+``shadow VERSION`` makes every replica score VERSION beside the served one on live layer-2
+traffic, enforcing nothing (``--clear`` stops it); ``flywheel stats`` reports how it
+compares, and ``promote --from-shadow`` promotes it once it has answered at least
+``--min-shadow`` logged decisions (``--force`` skips that check)."""
 
 from __future__ import annotations
 
@@ -16,7 +22,10 @@ from classifier.errors import FlywheelError, InvalidInputError
 from classifier.output import echo_json
 from classifier.registry import RETRAIN_LOCK, ModelRegistry
 
-__all__ = ["models_app"]
+__all__ = ["DEFAULT_MIN_SHADOW", "models_app"]
+
+#: Shadow answers a shadow version needs in the log before ``promote --from-shadow``.
+DEFAULT_MIN_SHADOW = 500
 
 
 models_app = typer.Typer(help="Model versions: list, promote, rollback, prune.", no_args_is_help=True)
@@ -58,14 +67,70 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models"),
 
 
 @models_app.command("promote")
-def models_promote(version: str = typer.Argument(...),
+def models_promote(version: Optional[str] = typer.Argument(None),
+                   from_shadow: bool = typer.Option(False, "--from-shadow",
+                                                    help="Promote the current shadow version (then clear it)."),
+                   min_shadow: int = typer.Option(DEFAULT_MIN_SHADOW, "--min-shadow", min=0,
+                                                  help="With --from-shadow: logged shadow answers it needs."),
+                   force: bool = typer.Option(False, "--force", help="With --from-shadow: skip --min-shadow."),
                    models: Optional[Path] = typer.Option(None, "--models"),
                    home: Optional[Path] = typer.Option(None, "--home")) -> None:
-    """Serve VERSION (checked before the switch; fleet-wide with a store)."""
+    """Serve VERSION, or the shadow version with --from-shadow (checked before the switch;
+    fleet-wide with a store)."""
+    if from_shadow == (version is not None):
+        raise InvalidInputError("give a VERSION or --from-shadow, not both and not neither")
     reg = _fleet_or_local(models, home)
+    if from_shadow:
+        version = _ready_shadow(reg, min_shadow, force, home)
     _, token = reg.current()
     reg.promote(version, expected=token)   # refused if another promotion lands meanwhile
     typer.echo(f"promoted {version} in {_where(reg)}")
+    if from_shadow:
+        try:
+            reg.set_shadow(None, expected=version)   # a shadow set meanwhile stays
+            typer.echo("shadow cleared (it is the served version now)")
+        except FlywheelError as exc:
+            typer.echo(f"flywheel: warning: the shadow was not cleared: {exc}", err=True)
+
+
+def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) -> str:
+    """The shadow version, if it answered at least ``min_shadow`` logged decisions (or ``force``)."""
+    from training.fleetlog import open_log
+    from training.shadow_stats import count_shadow
+
+    name = reg.shadow()
+    if name is None:
+        raise FlywheelError(f"no shadow version in {_where(reg)} (set one with flywheel models shadow VERSION)")
+    if force:
+        return name
+    n = count_shadow(open_log(load_config(home=home)), name)
+    if n < min_shadow:
+        raise FlywheelError(f"shadow {name} has answered {n} logged decisions, fewer than --min-shadow "
+                            f"{min_shadow}; wait for more traffic or pass --force")
+    typer.echo(f"shadow {name}: {n:,} logged answers (>= {min_shadow:,})")
+    return name
+
+
+@models_app.command("shadow")
+def models_shadow(version: Optional[str] = typer.Argument(None),
+                  clear: bool = typer.Option(False, "--clear", help="Stop scoring a shadow version."),
+                  models: Optional[Path] = typer.Option(None, "--models"),
+                  home: Optional[Path] = typer.Option(None, "--home")) -> None:
+    """Score VERSION beside the served one on live traffic, enforcing nothing (fleet-wide
+    with a store); --clear stops it. Without arguments, print the shadow version."""
+    if clear and version is not None:
+        raise InvalidInputError("give a VERSION or --clear, not both")
+    reg = _fleet_or_local(models, home)
+    if clear:
+        reg.set_shadow(None)
+        typer.echo(f"shadow cleared in {_where(reg)}")
+    elif version is None:
+        typer.echo(reg.shadow() or "no shadow version")
+    else:
+        if version == reg.current()[0]:
+            raise InvalidInputError(f"{version} is the served version; shadow another one")
+        reg.set_shadow(version)
+        typer.echo(f"shadow set to {version} in {_where(reg)}")
 
 
 @models_app.command("push")

@@ -48,12 +48,16 @@ def retrain_command(
                                            help="Intent file (default: the champion's bundled intent set)."),
     home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
+    shadow: bool = typer.Option(False, "--shadow", help="Publish a winning challenger as the shadow version "
+                                                        "(scored on live traffic, enforcing nothing) instead "
+                                                        "of promoting it."),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
         options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
-                                 self_training=self_training, self_training_max=self_training_max)
+                                 self_training=self_training, self_training_max=self_training_max,
+                                 shadow=shadow)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home)
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)

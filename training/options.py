@@ -49,6 +49,10 @@ class RetrainOptions:
         cutoffs (see :mod:`training.trainset`). 0 (the default) leaves them out.
     self_training_max : int
         At most this many of them, the newest.
+    shadow : bool
+        A challenger that passes the gate is published as the shadow version (replicas
+        score it on live traffic, enforcing nothing; ``flywheel models promote
+        --from-shadow`` promotes it) instead of being promoted. Outcome ``shadowed``.
     """
 
     min_new_labels: int = 0
@@ -60,6 +64,7 @@ class RetrainOptions:
     now: Any = None
     self_training: float = 0.0
     self_training_max: int = SELF_TRAINING_MAX
+    shadow: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

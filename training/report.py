@@ -13,7 +13,8 @@ __all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdo
 
 @dataclass
 class RetrainResult:
-    """What one run did. ``outcome`` is ``promoted``, ``kept`` or ``skipped`` (with
+    """What one run did. ``outcome`` is ``promoted``, ``shadowed`` (passed the gate and
+    published as the shadow version, see ``RetrainOptions.shadow``), ``kept`` or ``skipped`` (with
     ``dry_run`` it is what would have happened, and ``version`` is ``None``)."""
 
     outcome: str
@@ -57,6 +58,9 @@ class RetrainResult:
                     f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries; LLM share "
                     f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))})")
         champ = cp.get("version") if cp else "?"
+        if self.outcome == "shadowed":
+            return (f"shadowed {name} (passed the gate: accuracy {fmt_value(cp.get('accuracy') if cp else None)} -> "
+                    f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries); still serving {champ}")
         return f"kept {champ}, challenger {name} not promoted: {self.reason}"
 
 

@@ -36,7 +36,10 @@ function here):
 9. ``_save``: every challenger is saved in the registry's staging directory (its
    manifest's metrics name the split and the log it saw) with ``report.json`` and
    ``report.md`` and published; if it won, it is promoted against the champion's token
-   (compare-and-swap). ``dry_run`` saves and promotes nothing.
+   (compare-and-swap), or with ``shadow`` set as the shadow version (outcome
+   ``shadowed``). ``dry_run`` saves and promotes nothing.
+10. ``_record``: every run that got this far (skips included; not a dry run) is recorded
+    in the registry (``record_retrain``), so an alert can tell when retrains stop.
 
 The champion may move during the run (another retrain, a promotion or rollback by hand).
 The job never overwrites a version it did not gate against: before publishing and on a
@@ -65,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from classifier.errors import ModelError
+from classifier.errors import FlywheelError, ModelError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet
 from classifier.model import IntentModel, intents_to_doc, new_version_name
@@ -185,7 +188,22 @@ def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedd
     with registry.lock(create=not opts.dry_run) as taken:   # a dry run creates no models home
         if not taken:
             return _skip("another retrain is running", opts.dry_run)
-        return _run(_Job(store, registry, intents, embedder, opts))
+        job = _Job(store, registry, intents, embedder, opts)
+        result = _run(job)
+        if not opts.dry_run:
+            _record(job, result)
+        return result
+
+
+def _record(job: _Job, result: RetrainResult) -> None:
+    """Record the finished run in the registry (the sidecars export its time as
+    ``flywheel_last_retrain_timestamp_seconds``); a failure to record is only a warning."""
+    status = {"finished_at": time.time(), "outcome": result.outcome, "version": result.version,
+              "reason": result.reason[:300]}
+    try:
+        job.registry.record_retrain(status)
+    except FlywheelError as exc:
+        job.say(f"warning: the run was not recorded in the registry: {exc}")
 
 
 def _run(job: _Job) -> RetrainResult:
@@ -408,8 +426,14 @@ def _save(job: _Job, trial: _Trial, champion: _Champion, model: IntentModel,
     model.save(path)
     if result.outcome == "promoted":
         champion, result = _follow(job, trial, champion, result)
+    if result.outcome == "promoted" and job.opts.shadow:
+        result = _as_shadow(job, result)
     _write_reports(path, result)
     name = job.registry.publish(path)
+    if result.outcome == "shadowed":
+        job.registry.set_shadow(name)
+        job.say(f"published {name} as the shadow version")
+        return result
     if result.outcome != "promoted":
         return result
     for _ in range(PROMOTE_TRIES):
@@ -429,6 +453,13 @@ def _save(job: _Job, trial: _Trial, champion: _Champion, model: IntentModel,
     result = _overrule(job, result, f"champion moved during the run ({_moved(*moved)}); not overwritten")
     _write_reports(path, result)
     return result
+
+
+def _as_shadow(job: _Job, result: RetrainResult) -> RetrainResult:
+    """``result`` (a winner) turned into ``shadowed``: published as the shadow, not promoted."""
+    return _result(job, {**result.report, "outcome": "shadowed", "promoted": False,
+                         "reason": f"{result.reason}; published as the shadow version (scored on live traffic, "
+                                   f"enforcing nothing; flywheel models promote --from-shadow promotes it)"})
 
 
 def _follow(job: _Job, trial: _Trial, champion: _Champion,
