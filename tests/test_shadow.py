@@ -7,7 +7,6 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from classifier.config import load_config

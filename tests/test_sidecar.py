@@ -459,7 +459,7 @@ def test_teacher_runs_off_the_encoder_within_the_deadline(models):
         assert (d.label, d.layer, d.tier) == ("RETRIEVAL", Layer.LLM, Tier.CONFIDENT)
         assert d.metadata == METADATA["RETRIEVAL"] and "llm" in d.latency_ms
         assert outcome("ok") == 1
-        assert degraded("timeout") + degraded("skipped_deadline") == 2                 # a teacher answer is not degraded
+        assert degraded("timeout") + degraded("skipped_deadline") == 2     # a teacher answer is not degraded
 
         teacher.error = TeacherError("unavailable", "ollama is down")
         d = fw.classify("explain addparam")
