@@ -88,14 +88,17 @@ class RegistrySync:
     def poll(self) -> str:
         """One check of the fleet's pointer (see the class docstring); never raises."""
         with self._poll_lock:
+            side = None
             try:
                 outcome = self._poll()
                 side = self._poll_side()
                 if side is not None and outcome in ("not_modified", "unchanged"):
-                    outcome = side
+                    outcome, side = side, None
             except Exception as exc:  # noqa: BLE001 - a replica keeps serving whatever happens here
                 outcome = self._error(exc)
             self.polls[outcome] = self.polls.get(outcome, 0) + 1
+            if side is not None:       # a refused shadow in the same poll as a new CURRENT counts too
+                self.polls[side] = self.polls.get(side, 0) + 1
             if outcome != "error" and self._failing:
                 self._failing = False
                 log.info("model sync: the store answers again")

@@ -195,6 +195,28 @@ def test_first_run_promotes_and_reuses_logged_embeddings(world):
     assert report["thresholds"]["tuning"]["method"].startswith("target_precision")
 
 
+def test_shadow_run_publishes_the_winner_as_the_shadow_and_records_every_run(world):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    assert first.outcome == "promoted" and world.registry.last_retrain()["outcome"] == "promoted"
+    world.seed_traffic(n_teacher=200, n_human=10, seed=1)
+    res = world.run(shadow=True)
+    assert res.outcome == "shadowed", res.reason
+    assert world.registry.current_name() == first.version           # still serving the champion
+    assert world.registry.shadow() == res.version != first.version
+    report = json.loads((world.registry.home / res.version / "report.json").read_text())
+    assert report["outcome"] == "shadowed" and report["promoted"] is False
+    assert "published as the shadow version" in res.reason
+    assert res.summary_line().startswith(f"shadowed {res.version} (passed the gate")
+    status = world.registry.last_retrain()
+    assert status["outcome"] == "shadowed" and status["version"] == res.version
+    assert time.time() - status["finished_at"] < 600
+    skipped = world.run(min_new_labels=10_000)
+    assert skipped.outcome == "skipped" and world.registry.last_retrain()["outcome"] == "skipped"
+    world.run(dry_run=True)
+    assert world.registry.last_retrain()["outcome"] == "skipped"     # a dry run records nothing
+
+
 def test_second_run_without_new_labels_skips(world):
     recs, _ = world.seed_traffic(n_teacher=200, n_human=10)
     first = world.run()

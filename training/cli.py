@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from classifier.config import HOME_HELP, load_config
+from classifier.config import HOME_HELP, Config, load_config
 from classifier.errors import FlywheelError, InvalidInputError
 from classifier.labels import label_name
 from classifier.output import echo_json
@@ -175,23 +175,31 @@ def stats_command(
     last: Optional[str] = typer.Option(None, "--last", metavar="N",
                                        help="Show only the last N windows."),
     top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),
+    shadow: Optional[str] = typer.Option(None, "--shadow", metavar="VERSION",
+                                         help="Report this shadow version against the served one "
+                                              "(default: the registry's SHADOW, if any)."),
 ) -> None:
-    """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions."""
-    from training.stats import format_table, int_option, stats_for_path
+    """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions, shadow."""
+    from training.stats import check_options, format_table, int_option, stats_for_path
 
     # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
     # exit code 2), which flywheel.cli.main prints as one "flywheel: error: ..." line.
     # (--last/--top are parsed here, not by typer, for the same one-line errors)
     last_n = None if last is None else int_option("--last", last)
     top_n = int_option("--top", top)
+    window_v = check_options(window, last_n, top_n)
+    if shadow is not None and not shadow.strip():
+        raise InvalidInputError("--shadow needs a version name")
     cfg = load_config(home=home, log_db=log_db)
+    shadow_version = shadow.strip() if shadow is not None else _registry_shadow(cfg)
     open_store = None
     if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
         from training.fleetlog import open_log
 
         def open_store():
             return open_log(cfg, progress=not as_json)
-    result = stats_for_path(cfg.log_path, window=window, last=last_n, top=top_n, open_store=open_store)
+    result = stats_for_path(cfg.log_path, window=window_v, last=last_n, top=top_n, open_store=open_store,
+                            shadow_version=shadow_version)
     if result.get("missing"):
         typer.echo(f"flywheel: no traffic log at {result['log_path']} yet; nothing to report",
                    err=True)
@@ -199,6 +207,24 @@ def stats_command(
         echo_json(result)
     else:
         typer.echo(format_table(result))
+
+
+def _registry_shadow(cfg: Config) -> str | None:
+    """The shadow version the registry names (``SHADOW``: the local models home, or in fleet
+    mode the bucket's), or ``None``. Stats must work while the store is down: a registry
+    that cannot be read leaves the section out, with a warning on stderr."""
+    try:
+        if not cfg.store:
+            from classifier.registry import ModelRegistry
+
+            return ModelRegistry(cfg.models_dir).shadow_name()
+        from training.fleetlog import open_registry
+
+        return open_registry(cfg).shadow()
+    except (FlywheelError, OSError) as exc:
+        typer.echo(f"flywheel: warning: cannot read the shadow version ({exc}); no shadow section",
+                   err=True)
+        return None
 
 
 def prune_log_command(

@@ -39,6 +39,10 @@ Definitions (every count is over the ``decisions`` table, windows included):
   migration 4 are never counted as degraded.
 - ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
   :mod:`training.anchoring_stats` (its own statement; definition in :mod:`classifier.anchoring`).
+- ``shadow``: a shadow model version against the champion over the whole log (agreement,
+  permissive / abstaining / flipped answers, accuracy on the disagreements, the LLM share it
+  would have had), by :mod:`training.shadow_stats` (its own statement); ``None`` without a
+  shadow version (``shadow_version``).
 
 Windows: ``window="day"`` (also ``"hour"``, ``"week"``) groups by UTC calendar
 period; ``start``/``end`` are the period bounds (``end`` exclusive) and periods
@@ -56,7 +60,7 @@ CLI (errors follow the project's convention: bad option values and log problems
 raise :class:`~classifier.errors.FlywheelError` subclasses with exit code 2, which
 ``flywheel.cli.main`` prints as one ``flywheel: error: ...`` line):
 ``flywheel stats [--window day|hour|week|N] [--last K] [--top K] [--json]
-[--log-db PATH] [--home DIR]``; the log path is ``load_config(home=..., log_db=...).log_path``.
+[--shadow VERSION] [--log-db PATH] [--home DIR]``; the log path is ``load_config(home=..., log_db=...).log_path``.
 A missing log file is not an error: ``flywheel stats`` prints
 ``no traffic log at PATH yet`` on stderr, reports ``total`` 0 (with ``"missing":
 true`` in ``--json``) and exits 0, so cron jobs and dashboards need no special case.
@@ -73,11 +77,12 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from classifier.errors import InvalidInputError
 from classifier.labels import label_name
 from training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
+from training.shadow_stats import empty_shadow, format_shadow, shadow_section
 
 if TYPE_CHECKING:  # pragma: no cover
     from logstore import LogStore
 
-__all__ = ["LAYERS", "TIERS", "convergence", "empty_stats", "format_table", "parse_window",
+__all__ = ["LAYERS", "TIERS", "check_options", "convergence", "empty_stats", "format_table", "parse_window",
            "int_option", "stats_for_path"]
 
 LAYERS = ("declared", "rules", "embedding", "llm")
@@ -209,6 +214,14 @@ def _check_limits(last: int | None, top: int) -> None:
         raise InvalidInputError(f"--top must be >= 0, got {top}")
 
 
+def check_options(window: str | int, last: int | None, top: int) -> str | int:
+    """Check :func:`convergence`'s options (:class:`InvalidInputError` when bad) before
+    anything slow runs; returns the parsed window."""
+    window = parse_window(window)
+    _check_limits(last, top)
+    return window
+
+
 def _iso(ts: datetime | None) -> str | None:
     if ts is None:
         return None
@@ -247,17 +260,18 @@ def _summary(n: int, layers: dict, tiers: dict, counts: dict[str, int],
     }
 
 
-def empty_stats(window: str | int = "day") -> dict[str, Any]:
+def empty_stats(window: str | int = "day", shadow_version: str | None = None) -> dict[str, Any]:
     """The result of :func:`convergence` on an empty log."""
     window = parse_window(window)
     out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
-            "anchoring": empty_anchoring(), "windows": []}
+            "anchoring": empty_anchoring(),
+            "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
 
 def convergence(store: "LogStore", *, window: str | int = "day", last: int | None = None,
-                top: int = 5) -> dict[str, Any]:
+                top: int = 5, shadow_version: str | None = None) -> dict[str, Any]:
     """Convergence statistics of the traffic log, overall and per window.
 
     Parameters
@@ -270,13 +284,16 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
         Keep only the last ``last`` windows in ``windows`` (totals cover the whole log).
     top : int
         How many confused pairs to list, overall and per window.
+    shadow_version : str, optional
+        The shadow model version to report in ``shadow`` (``None``: no such section).
 
     Returns
     -------
     dict
         ``total``, ``window``, ``first``/``last``, the summary fields described in the
         module docstring (``layer_share``, ``tier_share``, ``llm_share``, audit, pending,
-        confusion fields) for the whole log, and ``windows``: one dict per window,
+        confusion fields) for the whole log, ``anchoring``, ``shadow`` (``None`` without
+        ``shadow_version``), and ``windows``: one dict per window,
         oldest first, with ``index``, ``start``, ``end``, ``first``, ``last`` and the
         same summary fields, where ``n`` is the window's decision count.
     """
@@ -315,7 +332,7 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
             s["hs"][(r["k1"], r["k2"])] = int(r["n"])
 
     if not total_slot["n"]:
-        return {**empty_stats(window), "n_windows": 0}
+        return {**empty_stats(window), "n_windows": 0, "shadow": shadow_section(store, shadow_version)}
     keys = sorted(per)
     n_windows = total_slot["n_windows"]
     windows = []
@@ -334,7 +351,8 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     summary.pop("n")
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
-            "n_windows": n_windows, "anchoring": anchoring_section(store), "windows": windows}
+            "n_windows": n_windows, "anchoring": anchoring_section(store),
+            "shadow": shadow_section(store, shadow_version), "windows": windows}
 
 
 def _slot() -> dict[str, Any]:
@@ -406,6 +424,8 @@ def format_table(stats: dict[str, Any]) -> str:
                  + (f" ({reasons})" if reasons else ""))
     if stats.get("anchoring"):
         lines.append("  " + format_anchoring(stats["anchoring"]))
+    if stats.get("shadow"):
+        lines.extend("  " + ln for ln in format_shadow(stats["shadow"]).splitlines())
     windows = stats.get("windows") or []
     if windows:
         w = stats.get("window")
@@ -457,27 +477,28 @@ def _n_windows(stats: dict[str, Any]) -> int:
 # --------------------------------------------------------------------------- command line
 
 def stats_for_path(path: str | Path, *, window: str | int = "day", last: int | None = None,
-                   top: int = 5, open_store: Callable[[], Any] | None = None) -> dict[str, Any]:
+                   top: int = 5, open_store: Callable[[], Any] | None = None,
+                   shadow_version: str | None = None) -> dict[str, Any]:
     """:func:`convergence` of the log at ``path``; a missing log gives ``total`` 0 and
     ``"missing": true`` (the file is not created). ``open_store`` opens the log instead (in
-    fleet mode: mirrored from the bucket first); it runs only once the options are valid."""
+    fleet mode: mirrored from the bucket first); it runs only once the options are valid.
+    ``shadow_version``: the shadow version to report (``shadow``), as in :func:`convergence`."""
     p = Path(path).expanduser()
-    window = parse_window(window)
-    _check_limits(last, top)
+    window = check_options(window, last, top)
     if open_store is not None:
         store = open_store()
-        full = convergence(store, window=window, last=last, top=top)
+        full = convergence(store, window=window, last=last, top=top, shadow_version=shadow_version)
         full.update(log_path=store.path, missing=False)
         return full
     spool = Path(str(p) + ".spool")
     if not p.exists() and not (spool.is_dir() and any(spool.glob("*.arrow"))):
-        out = empty_stats(window)
+        out = empty_stats(window, shadow_version)
         out.update(log_path=str(p), missing=True)
         return out
     from logstore import LogStore
 
     store = LogStore(p)
-    full = convergence(store, window=window, last=last, top=top)
+    full = convergence(store, window=window, last=last, top=top, shadow_version=shadow_version)
     full["log_path"] = store.path
     full["missing"] = False
     return full

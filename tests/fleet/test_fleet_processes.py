@@ -524,6 +524,34 @@ def test_store_down_under_load_fails_no_request_and_everything_arrives_after(fle
     assert sorted(fleet.in_bucket(tag)) == sorted(r[0] for r in rows)
 
 
+def test_a_shadow_set_in_the_bucket_is_scored_by_the_replicas_reported_and_promoted(fleet):
+    a = fleet.replicas["A"]
+    name, tag = f"shadow-{uuid.uuid4().hex[:8]}", _tag("shadow")
+    cli = fleet.home("shadow-cli")
+    fleet.run("models", "push", str(_copy_version(fleet, name)), home=cli)
+    assert f"shadow set to {name}" in fleet.run("models", "shadow", name, home=cli).stdout
+    info = f'flywheel_shadow_info{{version="{name}"}}'
+    assert _wait_for(lambda: a.metrics().get(info) == 1, 30.0, 0.1), a.output()
+    served = a.version()
+    scored = 'flywheel_shadow_decisions_total{outcome="scored"}'
+    before_scored, shipped = a.metrics()[scored], a.metric("flywheel_log_shipped_rows_total")
+    calls = Load(a.target, threads=2, max_calls=10, max_s=60.0, prefix=tag).start().join()
+    assert [c.code for c in calls] == ["OK"] * 20
+    assert {c.model_version for c in calls} == {served}                      # the shadow enforces nothing
+    assert _wait_for(lambda: a.metrics()[scored] - before_scored >= 1, 30.0, 0.1)
+    n_scored = a.metrics()[scored] - before_scored
+    _wait_shipped(a, shipped, 20 + int(n_scored))                           # decisions and shadow answers
+
+    stats = json.loads(fleet.run("stats", "--json", home=cli).stdout.strip().splitlines()[-1])
+    assert stats["shadow"]["version"] == name and stats["shadow"]["n"] >= n_scored, stats["shadow"]
+    refused = fleet.run("models", "promote", "--from-shadow", "--min-shadow", "100000", home=cli, check=False)
+    assert refused.returncode == 1 and "fewer than --min-shadow" in refused.stderr
+    out = fleet.run("models", "promote", "--from-shadow", "--min-shadow", str(int(n_scored)), home=cli).stdout
+    assert f"promoted {name}" in out and "shadow cleared" in out
+    assert fleet.bucket_registry().current()[0] == name and fleet.bucket_registry().shadow() is None
+    assert _wait_for(lambda: a.version() == name and info not in a.metrics(), 30.0, 0.1), a.output()
+
+
 def _copy_version(fleet: Fleet, name: str) -> Path:
     """The module's trained version under another name (only the manifest's name changes)."""
     d = fleet.base / "race" / name

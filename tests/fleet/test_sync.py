@@ -189,3 +189,38 @@ def test_a_served_classifier_swaps_as_soon_as_the_sync_installs(objects, fleet, 
     assert clf.model_version == "v2"          # without waiting for the watcher's own check
     assert sync.poll() == "not_modified" and calls == [True]
     clf.close()
+
+
+# ------------------------------------------------------------------ shadow and last retrain
+def test_replicas_follow_the_fleets_shadow_and_last_retrain(objects, fleet, replica, trained):
+    publish(fleet, trained, "v1", "v2", "v3")
+    fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica, interval_s=0.1)
+    sync.poll()
+    assert replica.current_name() == "v1" and replica.shadow_name() is None
+    fleet.set_shadow("v2")
+    assert fleet.shadow() == "v2"
+    assert sync.poll() in ("not_modified", "unchanged")
+    assert replica.shadow_name() == "v2" and (replica.home / "v2" / "manifest.json").is_file()
+    assert replica.current_name() == "v1"                      # the shadow serves nothing
+    fleet.record_retrain({"finished_at": 1_800_000_000.0, "outcome": "shadowed", "version": "v2"})
+    sync.poll()
+    assert replica.last_retrain() == fleet.last_retrain() == {"finished_at": 1_800_000_000.0,
+                                                              "outcome": "shadowed", "version": "v2"}
+    with pytest.raises(Exception, match="shadow"):
+        fleet.set_shadow(None, expected="v3")                  # compare-and-swap: the shadow is v2
+    fleet.set_shadow(None, expected="v2")
+    sync.poll()
+    assert replica.shadow_name() is None
+
+
+def test_a_shadow_that_does_not_verify_is_refused(objects, fleet, replica, trained):
+    publish(fleet, trained, "v1", "v2")
+    fleet.promote("v1", expected=None)
+    fleet.set_shadow("v2")
+    tamper(objects, "models/v2/head.npz")
+    sync = RegistrySync(objects, replica, interval_s=0.1)
+    assert sync.poll() == "new" and "v2" in sync.refused       # v1 installed, the shadow refused
+    assert replica.shadow_name() is None and replica.current_name() == "v1"
+    assert sync.poll() in ("not_modified", "unchanged")      # refused once, not retried
+    assert sync.polls["refused"] == 1
