@@ -48,3 +48,14 @@ def test_sidecar_replicas_use_the_store_and_name_themselves():
     env = {e["name"]: e for e in fw["env"]}
     assert env[ENV["replica"]]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert not any(e["name"].startswith("AWS_") for e in fw["env"]), "credentials only from the Secret"
+
+
+def test_every_yaml_file_is_a_manifest():
+    """``kubectl apply -f deploy/kubernetes/`` must work: promtool's unit tests live elsewhere."""
+    kinds = {}
+    for path in sorted(KUBE.glob("*.yaml")):
+        for doc in _docs(path.name):
+            assert doc["apiVersion"] and doc["metadata"]["name"], path.name
+            kinds.setdefault(doc["kind"], []).append(doc["metadata"]["name"])
+    assert kinds["PrometheusRule"] == ["flywheel-alerts"]
+    assert {"Deployment", "CronJob", "PersistentVolumeClaim", "Secret"} <= set(kinds)
