@@ -16,9 +16,11 @@ from typing import Any, Callable
 
 log = logging.getLogger("flywheel.audit")
 
-__all__ = ["AuditQueue", "DEFAULT_MAX_PENDING"]
+__all__ = ["AUDIT_OUTCOMES", "AuditQueue", "DEFAULT_MAX_PENDING"]
 
 DEFAULT_MAX_PENDING = 1000
+#: What a teacher audit of a confident layer-2 decision found (``Classifier.audit_outcomes``).
+AUDIT_OUTCOMES = ("agree", "disagree", "failed")
 
 
 class AuditQueue:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from classifier.anchoring import AnchoringMonitor
-from classifier.audit import DEFAULT_MAX_PENDING, AuditQueue
+from classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
 from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from classifier.errors import FlywheelError, InvalidInputError, TeacherError
 from classifier.history import SessionHistory, coerce_history
@@ -31,9 +31,6 @@ from classifier.text import CleanText, clean_text
 from classifier.tiers import Layer2Result, Thresholds, assign_tier
 
 log = logging.getLogger("flywheel.classifier")
-
-#: What a teacher audit of a confident layer-2 decision found (``Classifier.audit_outcomes``).
-AUDIT_OUTCOMES = ("agree", "disagree", "failed")
 
 # Teacher failures that mean "ask again later" (the query is marked pending).
 RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open"})

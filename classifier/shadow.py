@@ -109,8 +109,7 @@ class ShadowScorer:
         self._lock = threading.Lock()
         self._failing = False
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="flywheel-shadow", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None   # started with the first shadow version
 
     # ------------------------------------------------------------ the version
     @property
@@ -131,6 +130,10 @@ class ShadowScorer:
             self.check_encoder(model)
         bundle = _Bundle.build(model)
         bundle.model.head.scores(np.zeros((1, int(model.manifest.encoder["dim"])), dtype=np.float32))
+        with self._lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="flywheel-shadow", daemon=True)
+                self._thread.start()
         self._bundle = bundle
         log.info("shadow version %s loaded", model.version)
 
@@ -215,13 +218,17 @@ class ShadowScorer:
         """Stop taking offers, score what is queued (within ``timeout_s``), end the worker."""
         if self._closed:
             return
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is None:
+            return
         try:
             self._queue.put(_STOP, timeout=timeout_s)
         except queue.Full:
             log.warning("shadow worker backlog still full after %.1fs; dropping it", timeout_s)
             return
-        self._thread.join(timeout_s)
+        thread.join(timeout_s)
 
 
 def _answers(group: list) -> list[ShadowAnswer]:

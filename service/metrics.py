@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from classifier.decision import DEGRADED_REASONS, Decision
 from classifier.labels import OUT_OF_SCOPE, label_name
-from classifier.pipeline import AUDIT_OUTCOMES
+from classifier.audit import AUDIT_OUTCOMES
 from classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 
 __all__ = [
