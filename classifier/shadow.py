@@ -4,10 +4,11 @@
 cleared by a :class:`~classifier.registry.ModelWatcher` on the ``SHADOW`` pointer). The
 pipeline offers it every query that reached layer 2, with the vector the champion's
 encoder already made (:meth:`ShadowScorer.offer`: a sampling draw and a non-blocking
-``put``, nothing else on the request thread). One worker thread scores what is queued in
-batches with the shadow's numpy head (:mod:`classifier.scoring`) and the shadow's own
-cutoffs (:func:`~classifier.tiers.assign_tier`), and hands each
-:class:`ShadowAnswer` to ``on_answer`` (the traffic log). It enforces nothing: the caller
+append to a deque, nothing else on the request thread). One worker thread wakes every
+``interval_s`` (50 ms) and scores what is queued in batches with the shadow's numpy head
+(:mod:`classifier.scoring`) and the shadow's own cutoffs
+(:func:`~classifier.tiers.assign_tier`), and hands each :class:`ShadowAnswer` to
+``on_answer`` (the traffic log). It enforces nothing: the caller
 never sees a shadow answer, and a shadow that raises is counted, never surfaced.
 
 The shadow must use the champion's encoder (the vector is shared; a shadow with another
@@ -25,9 +26,9 @@ Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,7 +43,6 @@ log = logging.getLogger("flywheel.shadow")
 
 SHADOW_OUTCOMES = ("scored", "busy", "sampled_out", "error")
 LOAD_OUTCOMES = ("ok", "refused")
-_STOP = object()
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class ShadowScorer:
         Queries waiting at most; beyond it an offer is skipped and counted ``busy``.
     batch : int
         At most this many queued queries scored in one pass.
+    interval_s : float
+        How often the worker wakes to score what was queued (it is never woken per query).
     check_encoder : callable, optional
         Raises :class:`~classifier.errors.ModelError` for a model whose encoder is not the
         champion's (:meth:`classifier.pipeline.Classifier.check_encoder`): the shadow
@@ -90,13 +92,13 @@ class ShadowScorer:
     """
 
     def __init__(self, on_answer: Callable[[ShadowAnswer], None], *, fraction: float = 1.0,
-                 max_pending: int = 1024, batch: int = 64,
+                 max_pending: int = 1024, batch: int = 256, interval_s: float = 0.05,
                  check_encoder: Callable[[IntentModel], None] | None = None,
                  rng: random.Random | None = None) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"shadow fraction must be in (0, 1], got {fraction!r}")
-        if max_pending < 1 or batch < 1:
-            raise ValueError("max_pending and batch must be >= 1")
+        if max_pending < 1 or batch < 1 or not interval_s > 0:
+            raise ValueError("max_pending and batch must be >= 1, interval_s > 0")
         self.on_answer = on_answer
         self.check_encoder = check_encoder
         self.fraction = float(fraction)
@@ -105,7 +107,10 @@ class ShadowScorer:
         self.loads: dict[str, int] = dict.fromkeys(LOAD_OUTCOMES, 0)
         self._bundle: _Bundle | None = None
         self._rng = rng or random.Random()
-        self._queue: queue.Queue = queue.Queue(maxsize=int(max_pending))
+        self.max_pending = int(max_pending)
+        self.interval_s = float(interval_s)
+        self._pending: deque = deque()
+        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._failing = False
         self._closed = False
@@ -147,52 +152,49 @@ class ShadowScorer:
 
     # ------------------------------------------------------------ the request path
     def offer(self, decision_id: str, vector: np.ndarray, champion_version: str | None = None) -> None:
-        """Queue one layer-2 query for scoring, or count why not. Never blocks, never raises."""
+        """Queue one layer-2 query for scoring, or count why not. Never blocks, never raises:
+        an append to a deque (no lock, no thread wake-up; the worker drains it on a timer)."""
         b = self._bundle
         if b is None or self._closed or b.model.version == champion_version:
             return
         if self.fraction < 1.0 and self._rng.random() >= self.fraction:
             self._count("sampled_out")
             return
-        try:
-            self._queue.put_nowait((b, decision_id, vector))
-        except queue.Full:
+        if len(self._pending) >= self.max_pending:
             self._count("busy")
+            return
+        self._pending.append((b, decision_id, vector))
 
     @property
     def pending(self) -> int:
         """Queries waiting to be scored."""
-        return self._queue.qsize()
+        return len(self._pending)
 
     # ------------------------------------------------------------ the worker
     def _count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
             self.counts[outcome] = self.counts.get(outcome, 0) + n
 
-    def _take(self) -> tuple[list, bool]:
-        """Block for one item, then take what else is queued (up to ``batch``)."""
-        items, stop = [], False
-        first = self._queue.get()
-        if first is _STOP:
-            return items, True
-        items.append(first)
+    def _take(self) -> list:
+        """Up to ``batch`` queued items, oldest first."""
+        items = []
+        pop = self._pending.popleft
         while len(items) < self.batch:
             try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
+                items.append(pop())
+            except IndexError:
                 break
-            if item is _STOP:
-                stop = True
-                break
-            items.append(item)
-        return items, stop
+        return items
 
     def _run(self) -> None:
         while True:
-            items, stop = self._take()
-            if items:
+            stopping = self._stop.wait(self.interval_s)
+            while True:                     # bounded: offers stop once closed
+                items = self._take()
+                if not items:
+                    break
                 self._score(items)
-            if stop:
+            if stopping:
                 return
 
     def _score(self, items: list) -> None:
@@ -223,12 +225,11 @@ class ShadowScorer:
             thread = self._thread
         if thread is None:
             return
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            log.warning("shadow worker backlog still full after %.1fs; dropping it", timeout_s)
-            return
+        self._stop.set()
         thread.join(timeout_s)
+        if thread.is_alive():
+            log.warning("shadow worker still busy after %.1fs; %d queued answers dropped", timeout_s,
+                        len(self._pending))
 
 
 def _answers(group: list) -> list[ShadowAnswer]:
