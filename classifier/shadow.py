@@ -25,12 +25,13 @@ Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -198,6 +199,10 @@ class ShadowScorer:
                 return
 
     def _score(self, items: list) -> None:
+        with _one_blas_thread():
+            self._score_groups(items)
+
+    def _score_groups(self, items: list) -> None:
         by_bundle: dict[int, list] = {}
         for it in items:
             by_bundle.setdefault(id(it[0]), []).append(it)
@@ -230,6 +235,25 @@ class ShadowScorer:
         if thread.is_alive():
             log.warning("shadow worker still busy after %.1fs; %d queued answers dropped", timeout_s,
                         len(self._pending))
+
+
+_BLAS: list = []
+
+
+def _one_blas_thread() -> Any:
+    """A context in which BLAS runs on one thread (``threadpoolctl``), for the shadow's
+    matrix products. With a threaded BLAS (numpy's OpenBLAS), a second caller's products
+    wake the BLAS thread pool beside the encoder's and the two oversubscribe the cores:
+    measured, that cost the sidecar 15% of its throughput (BENCHMARKS.md section 11.2)."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS.append(ThreadpoolController())
+        except Exception:  # noqa: BLE001 - without it the shadow still works, only slower
+            _BLAS.append(None)
+    ctl = _BLAS[0]
+    return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
 
 
 def _answers(group: list) -> list[ShadowAnswer]:
