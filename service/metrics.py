@@ -35,9 +35,9 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from classifier.audit import AUDIT_OUTCOMES
 from classifier.decision import DEGRADED_REASONS, Decision
 from classifier.labels import OUT_OF_SCOPE, label_name
-from classifier.audit import AUDIT_OUTCOMES
 from classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 
 __all__ = [

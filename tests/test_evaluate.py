@@ -60,15 +60,15 @@ TOPICS = {
 OOS_WORDS = ["zebra", "volcano", "pyramid", "galaxy", "origami", "chess"]
 
 
-def _examples(words: list[str], n: int = 12) -> list[str]:
+def topic_examples(words: list[str], n: int = 12) -> list[str]:
     return [f"{words[i % len(words)]} {words[(i + 1) % len(words)]} {words[(i + 3) % len(words)]}"
             for i in range(n)]
 
 
 @pytest.fixture(scope="module")
 def intent_set() -> IntentSet:
-    intents = tuple(Intent(name, name, tuple(_examples(words))) for name, words in TOPICS.items())
-    return IntentSet(name="toy", intents=intents, oos_examples=tuple(_examples(OOS_WORDS)))
+    intents = tuple(Intent(name, name, tuple(topic_examples(words))) for name, words in TOPICS.items())
+    return IntentSet(name="toy", intents=intents, oos_examples=tuple(topic_examples(OOS_WORDS)))
 
 
 @pytest.fixture(scope="module")

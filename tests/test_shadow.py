@@ -285,6 +285,13 @@ def test_cli_shadow_and_promote_from_shadow(tmp_path, capsys, monkeypatch):
     assert "no shadow version" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_shadow_with_another_encoder(tmp_path, capsys):
+    reg = home_with(tmp_path)
+    fitted("v9", SURE, emb=HashEmbedder(dim=64, id="fake:hash-64")).save(reg.version_dir("v9"))
+    assert main(["models", "shadow", "v9", "--home", str(tmp_path)]) == 2
+    assert "must use the same encoder" in capsys.readouterr().err and reg.shadow() is None
+
+
 def test_cli_promote_from_shadow_force_and_clear(tmp_path, capsys):
     reg = home_with(tmp_path)
     home = ["--home", str(tmp_path)]

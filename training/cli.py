@@ -191,13 +191,15 @@ def stats_command(
     if shadow is not None and not shadow.strip():
         raise InvalidInputError("--shadow needs a version name")
     cfg = load_config(home=home, log_db=log_db)
-    shadow_version = shadow.strip() if shadow is not None else _registry_shadow(cfg)
     open_store = None
     if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
         from training.fleetlog import open_log
 
+        mirrored = open_log(cfg, progress=not as_json)   # a store that is down fails here, in one line
+
         def open_store():
-            return open_log(cfg, progress=not as_json)
+            return mirrored
+    shadow_version = shadow.strip() if shadow is not None else _registry_shadow(cfg)
     result = stats_for_path(cfg.log_path, window=window_v, last=last_n, top=top_n, open_store=open_store,
                             shadow_version=shadow_version)
     if result.get("missing"):

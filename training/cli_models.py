@@ -111,6 +111,17 @@ def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) 
     return name
 
 
+def _check_same_encoder(reg: Any, version: str, current: Optional[str]) -> None:
+    """A shadow scores the champion's vectors: refuse one trained with another encoder."""
+    if current is None:
+        return
+    mine, theirs = reg.load(version).manifest.encoder, reg.load(current).manifest.encoder
+    if (mine.get("id"), mine.get("dim")) != (theirs.get("id"), theirs.get("dim")):
+        raise InvalidInputError(f"{version} was trained with encoder {mine.get('id')!r} ({mine.get('dim')}-d), "
+                                f"the served {current} with {theirs.get('id')!r} ({theirs.get('dim')}-d): a shadow "
+                                f"scores the served version's vectors, so it must use the same encoder")
+
+
 @models_app.command("shadow")
 def models_shadow(version: Optional[str] = typer.Argument(None),
                   clear: bool = typer.Option(False, "--clear", help="Stop scoring a shadow version."),
@@ -127,8 +138,10 @@ def models_shadow(version: Optional[str] = typer.Argument(None),
     elif version is None:
         typer.echo(reg.shadow() or "no shadow version")
     else:
-        if version == reg.current()[0]:
+        current = reg.current()[0]
+        if version == current:
             raise InvalidInputError(f"{version} is the served version; shadow another one")
+        _check_same_encoder(reg, version, current)
         reg.set_shadow(version)
         typer.echo(f"shadow set to {version} in {_where(reg)}")
 

@@ -184,12 +184,12 @@ def _read_text(p: Path) -> str:
         raise DatasetError(p, f"cannot read file: {exc.strerror or exc}") from None
 
 
-def _check_text(p: Path, where: str, text: Any) -> str:
+def _check_text(p: Path, where: str, text: Any, what: str = "text") -> str:
     if not isinstance(text, str):
-        raise DatasetError(p, f"text must be a string, got {_describe(text)}", where)
+        raise DatasetError(p, f"{what} must be a string, got {_describe(text)}", where)
     t = text.strip()
     if not t:
-        raise DatasetError(p, "empty text", where)
+        raise DatasetError(p, f"empty {what}", where)
     return t
 
 
@@ -203,12 +203,7 @@ def _check_label(p: Path, where: str, label: Any) -> str:
 
 
 def _check_lang(p: Path, where: str, lang: Any) -> str:
-    if not isinstance(lang, str):
-        raise DatasetError(p, f"lang must be a string, got {_describe(lang)}", where)
-    code = lang.strip()
-    if not code:
-        raise DatasetError(p, "empty lang", where)
-    return code
+    return _check_text(p, where, lang, "lang")
 
 
 def _describe(value: Any) -> str:
