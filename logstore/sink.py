@@ -304,10 +304,10 @@ class _Drainer:
                 log.warning("traffic log: drain of %s failed (%s); segments stay in the spool, retrying",
                             self.spool, exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
             self.usage.rescan()
-        self.drained += n
+            raise
+        self.drained += n      # before the rescan: an empty spool never shows rows not counted as drained
+        self.usage.rescan()
         if self.last_error is not None:
             log.info("traffic log: drain of %s works again", self.spool)
             self.last_error = None
