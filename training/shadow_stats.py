@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["COUNT_SHADOW_SQL", "SHADOW_SQL", "count_shadow", "empty_shadow", "format_shadow", "shadow_section"]
 
 COUNT_SHADOW_SQL = """
-SELECT count(*) FROM labels l
+SELECT count(DISTINCT l.decision_id) FROM labels l
 WHERE l.source = 'shadow' AND l.model = ?
   AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id)
 """
@@ -98,9 +98,8 @@ def _iso(ts: datetime | None) -> str | None:
 
 
 def count_shadow(store: "LogStore", version: str) -> int:
-    """How many answers of shadow ``version`` the log holds for decisions that are in it
-    (answers, not decisions: a decision answered twice counts twice here, once in
-    :func:`shadow_section`)."""
+    """How many decisions in the log shadow ``version`` answered (a decision answered twice
+    counts once, as ``n`` in :func:`shadow_section`): what ``promote --from-shadow`` checks."""
     return int(store.query(COUNT_SHADOW_SQL, [version])[0][0])
 
 
