@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_sidecar import Server, load, queries  # noqa: E402
+from bench_sidecar import Server, load, queries, write_json  # noqa: E402
 
 from classifier.config import load_config, starter_intents_path  # noqa: E402
 from classifier.decision import Decision, Layer, Tier  # noqa: E402
@@ -230,9 +230,7 @@ def main() -> int:
             print(json.dumps(result["propagation"]), flush=True)
     finally:
         weed.stop()
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=1))
+    write_json(result, args.json_out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

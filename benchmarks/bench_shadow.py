@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_sidecar import Server, load, queries  # noqa: E402
+from bench_sidecar import Server, load, queries, write_json  # noqa: E402
 
 from classifier.config import load_config, starter_intents_path  # noqa: E402
 from classifier.default import cached_model_dir  # noqa: E402
@@ -105,9 +105,7 @@ def main() -> int:
               "ratio_on_over_off": round(med["on"] / med["off"], 3),
               "shadow": shadow_coverage(work / "on")}
     print(json.dumps(result), flush=True)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=1))
+    write_json(result, args.json_out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

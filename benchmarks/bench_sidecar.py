@@ -53,6 +53,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def write_json(result: dict, path: str | None) -> None:
+    """Write a benchmark's result to ``--json-out`` (nothing without one)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1))
+
+
 def queries(path: str) -> list[str]:
     data = json.loads(Path(path).read_text())
     seen, out = set(), []
@@ -317,9 +324,7 @@ def main() -> int:
         "no failed calls in the swap run": result["swap"]["failed"] == 0,
     }
     print(json.dumps({"ratios": ratios, "targets": result["targets"]}, indent=1), flush=True)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=1))
+    write_json(result, args.json_out)
     shutil.rmtree(home, ignore_errors=True)
     return 0
 

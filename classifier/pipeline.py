@@ -368,7 +368,7 @@ class Classifier:
         self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2)
         shadow = self.shadow
         if shadow is not None and p.vector is not None and l2 is not None:
-            shadow.offer(d.id, p.vector, p.rt.model.version)   # a non-blocking put; scored off this thread
+            shadow.offer(d.id, p.vector, p.rt.model.version)   # a deque append; scored off this thread
         return d
 
     # ------------------------------------------------------------- internals

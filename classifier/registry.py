@@ -119,12 +119,16 @@ class ModelRegistry:
         self.home = Path(home)
 
     # -------------------------------------------------------------- reading
-    def current_name(self) -> str | None:
+    def _pointer(self, fname: str) -> str | None:
+        """The version a pointer file (``CURRENT``, ``SHADOW``) names, or ``None``."""
         try:
-            name = (self.home / CURRENT).read_text(encoding="utf-8").strip()
+            name = (self.home / fname).read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return None
         return name or None
+
+    def current_name(self) -> str | None:
+        return self._pointer(CURRENT)
 
     def current_path(self) -> Path:
         name = self.current_name()
@@ -156,11 +160,7 @@ class ModelRegistry:
 
     def shadow_name(self) -> str | None:
         """The shadow version (``SHADOW``), or ``None``."""
-        try:
-            name = (self.home / SHADOW).read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            return None
-        return name or None
+        return self._pointer(SHADOW)
 
     def shadow(self) -> str | None:
         """Same as :meth:`shadow_name` (:class:`classifier.protocols.Registry`)."""

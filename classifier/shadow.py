@@ -26,6 +26,7 @@ Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
@@ -237,7 +238,14 @@ class ShadowScorer:
                         len(self._pending))
 
 
-_BLAS: list = []
+@functools.cache
+def _blas_controller() -> Any:
+    """threadpoolctl's view of the loaded BLAS libraries, taken once (``None`` without it)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:   # without it the shadow still works, only slower
+        return None
+    return ThreadpoolController()
 
 
 def _one_blas_thread() -> Any:
@@ -245,14 +253,7 @@ def _one_blas_thread() -> Any:
     matrix products. With a threaded BLAS (numpy's OpenBLAS), a second caller's products
     wake the BLAS thread pool beside the encoder's and the two oversubscribe the cores:
     measured, that cost the sidecar 15% of its throughput (BENCHMARKS.md section 11.2)."""
-    if not _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS.append(ThreadpoolController())
-        except Exception:  # noqa: BLE001 - without it the shadow still works, only slower
-            _BLAS.append(None)
-    ctl = _BLAS[0]
+    ctl = _blas_controller()
     return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
 
 

@@ -84,7 +84,6 @@ class LabelRecord:
         return cls(decision_id, "teacher", label, model=model, valid=bool(valid),
                    latency_ms=None if latency_ms is None else float(latency_ms))
 
-
     @classmethod
     def shadow(cls, decision_id: str, version: str, label: str | None, confidence: float, tier: str,
                sure: bool) -> "LabelRecord":
