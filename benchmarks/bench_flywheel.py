@@ -43,13 +43,14 @@ from classifier.intents import load_intents  # noqa: E402
 from classifier.pipeline import Classifier  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
-from classifier.tiers import Thresholds, assign_tier  # noqa: E402
+from classifier.tiers import Thresholds, assign_tiers  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
 from logstore import LogStore  # noqa: E402
 from tests.simulated_ollama import SimulatedOllama  # noqa: E402
 
 
-def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int) -> dict:
+def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int,
+                    deferral: str = "tiers") -> dict:
     by_label: dict[str, list[str]] = defaultdict(list)
     for text, label in train:
         by_label[label].append(text)
@@ -59,18 +60,16 @@ def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_cand
         intents.append({"name": label, "description": label.replace("_", " "),
                         "examples": rng.sample(by_label[label], per_intent)})
     return {"version": 1, "name": "clinc150-seed", "intents": intents,
-            "teacher": {"model": "simulated", "max_candidates": max_candidates, "timeout_s": 5.0}}
+            "teacher": {"model": "simulated", "max_candidates": max_candidates, "timeout_s": 5.0},
+            "thresholds": {"deferral": deferral}}
 
 
 def layer2_accuracy(model, X: np.ndarray, truth: list[str | None]) -> dict[str, float]:
     s = model.head.scores(X)
     th = Thresholds.for_model(model)
     labels = tuple(model.manifest.labels)
-    pred, sure = [], []
-    for j in range(len(X)):
-        r = assign_tier(s.probs[j], labels, float(s.oos_class[j]), float(s.p_oos[j]), th)
-        pred.append(r.label)
-        sure.append(r.sure)
+    t = assign_tiers(s, labels, th)
+    pred, sure = t.labels(labels), t.sure
     pred_a = np.array(pred, dtype=object)
     truth_a = np.array(truth, dtype=object)
     ins = truth_a != None  # noqa: E711
@@ -96,6 +95,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--retrain-args", default="", help="extra arguments for flywheel retrain")
     ap.add_argument("--limit", type=int, default=None, help="stream only this many queries (smoke runs)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deferral", choices=("tiers", "risk"), default="tiers",
+                    help="when layer 2 asks the teacher (thresholds.deferral)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json-out", default=None)
 
@@ -107,7 +108,7 @@ def setup(args: argparse.Namespace, prefix: str) -> tuple[dict, Path, Any]:
     work.mkdir(parents=True, exist_ok=True)
     intents_file = work / "seed_intents.yaml"
     intents_file.write_text(yaml.safe_dump(starter_intents(data["train"], args.per_intent, args.seed,
-                                                           args.max_candidates)))
+                                                           args.max_candidates, args.deferral)))
     return data, work, load_intents(intents_file)
 
 

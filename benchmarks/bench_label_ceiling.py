@@ -15,6 +15,11 @@ oracle is not much better, label noise is not what keeps layer 2 below the teach
 the number of labelled queries (and the out-of-scope gate) is.
 
     python benchmarks/bench_label_ceiling.py --workdir .bench/fw-v2 --llm-budget 0.05
+
+``--synthetic N`` and ``--quantize true|false`` refit the same logged rows with another
+count of synthetic negatives or another MiniLM precision (texts re-encoded), to tell
+which encoder setting moves layer 2 (BENCHMARKS.md, section 12); ``--no-oracle`` skips
+the oracle fit.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ def main() -> int:
     ap.add_argument("--workdir", required=True, help="a finished bench_flywheel.py work directory")
     ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
     ap.add_argument("--llm-budget", type=float, default=None)
+    ap.add_argument("--synthetic", type=int, default=None, help="override out_of_scope.synthetic")
+    ap.add_argument("--quantize", choices=("true", "false"), default=None, help="override embedder.quantize")
+    ap.add_argument("--no-oracle", action="store_true", help="fit only the logged labels")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -59,6 +67,10 @@ def main() -> int:
     truth = {t: (None if lab == "oos" else lab) for sp in ("train", "oos_train", "test", "oos_test")
              for t, lab in data[sp]}
     intents = load_intents(work / "seed_intents.yaml")
+    if args.synthetic is not None:
+        intents = replace(intents, synthetic_negatives=args.synthetic)
+    if args.quantize is not None:
+        intents = replace(intents, embedder=replace(intents.embedder, quantize=args.quantize == "true"))
     embedder = make_embedder(intents.embedder)
     test = data["test"] + data["oos_test"]
     X_test = embedder.encode([t for t, _ in test])
@@ -88,13 +100,15 @@ def main() -> int:
     results = {}
     oracle_recent = ts.recent.select(range(len(ts.recent)))
     oracle_recent.labels = [truth[t] for t in oracle_recent.texts]
-    for name, labels, recent in (("as logged", list(extra.labels), ts.recent),
-                                 ("oracle labels", [truth[t] for t in extra.texts], oracle_recent)):
+    fits = [("as logged", list(extra.labels), ts.recent),
+            ("oracle labels", [truth[t] for t in extra.texts], oracle_recent)]
+    for name, labels, recent in fits[:1] if args.no_oracle else fits:
         t0 = time.perf_counter()
         n_ex = len(ts) - len(extra)             # the intent examples come first, then the logged rows
         model = fit_from_vectors(ts.fit_intents, ts.vectors, list(ts.labels[:n_ex]) + labels,
-                                 encoder_id=embedder.id, version=name.replace(" ", "-"),
-                                 head=IntentHead(target_precision=intents.thresholds.target_precision))
+                                 encoder_id=embedder.id, version=name.replace(" ", "-"), negatives=ts.negatives,
+                                 head=IntentHead(target_precision=intents.thresholds.target_precision,
+                                                 coverage=intents.thresholds.coverage))
         model = replace(model, intents=intents)
         _, tuned = retune(model, recent, intents.thresholds.target_precision, args.llm_budget, sample)
         model = with_thresholds(model, tuned)

@@ -22,6 +22,7 @@ ENV = {
     "log_db": "FLYWHEEL_LOG_DB",
     "teacher": "FLYWHEEL_TEACHER",
     "ollama_host": "OLLAMA_HOST",
+    "teacher_host": "FLYWHEEL_TEACHER_HOST",
     "teacher_model": "FLYWHEEL_TEACHER_MODEL",
     "teacher_timeout_s": "FLYWHEEL_TEACHER_TIMEOUT",
     "audit_rate": "FLYWHEEL_AUDIT_RATE",
@@ -69,6 +70,7 @@ class Config:
     log_db: str | None = None         # None: <home>/log/flywheel.duckdb
     teacher: str = "ollama"           # "ollama" or "off"
     ollama_host: str | None = None
+    teacher_host: str | None = None   # the openai teacher's base URL (over the intent file's teacher.host)
     teacher_model: str | None = None
     teacher_timeout_s: float | None = None
     audit_rate: float = 0.02

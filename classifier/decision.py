@@ -28,10 +28,11 @@ class Layer(str, Enum):
 
 
 #: Why a decision is degraded: the teacher's failure kinds
-#: (:class:`~classifier.errors.TeacherError`), the sidecar's reasons for not asking or not
+#: (:class:`~classifier.errors.TeacherError`; ``budget``: the LLM call budget of
+#: :mod:`classifier.budget` was spent), the sidecar's reasons for not asking or not
 #: waiting (``skipped_deadline``, ``pool_full``, ``timeout``), ``no_teacher`` (none
 #: configured) and ``error`` (a teacher that raised something unexpected).
-DEGRADED_REASONS = ("unavailable", "timeout", "circuit_open", "skipped_deadline", "pool_full",
+DEGRADED_REASONS = ("unavailable", "timeout", "circuit_open", "budget", "skipped_deadline", "pool_full",
                     "malformed", "unknown_label", "error", "no_teacher")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from classifier.config import Config, load_config, starter_intents_path
+from classifier.errors import ConfigError
 from classifier.intents import IntentSet, load_intents
 from classifier.model import MANIFEST
 from classifier.registry import CURRENT
@@ -83,16 +84,36 @@ def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
 
 def build_teacher(cfg: Config, intents: IntentSet) -> Any:
     """The teacher ``cfg`` and the intent set's ``teacher`` section describe (``None`` when
-    ``teacher = off``); flags, environment and config file win over the intent file, then
-    :func:`classifier.teacher.resolve_host` picks the host. No connection is made."""
+    ``teacher = off``); flags, environment and config file win over the intent file. The
+    intent file's ``teacher.backend`` picks the class: ``ollama`` (host: ``ollama_host``,
+    else ``teacher.host``, else :func:`classifier.teacher.resolve_host`'s ``OLLAMA_HOST``
+    and default) or ``openai`` (host: ``teacher_host``, else ``teacher.host``; there is no
+    default, a missing one is a :class:`~classifier.errors.ConfigError`), behind the
+    intent file's call budget when it sets one (:func:`classifier.budget.apply_budget`). No
+    connection is made."""
     if cfg.teacher == "off":
         return None
     from classifier.teacher import CircuitBreaker, OllamaTeacher
 
-    t = intents.teacher   # its backend is "ollama": the intent-file parser refuses any other
-    return OllamaTeacher(model=cfg.teacher_model or t.model, host=cfg.ollama_host or t.host,
-                         timeout_s=cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s,
-                         breaker=CircuitBreaker(t.breaker_failures, t.breaker_reset_s))
+    t = intents.teacher
+    model = cfg.teacher_model or t.model
+    timeout_s = cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s
+    breaker = CircuitBreaker(t.breaker_failures, t.breaker_reset_s)
+    if t.backend == "openai":
+        from classifier.openai_teacher import OpenAITeacher
+
+        host = cfg.teacher_host or t.host
+        if not host or not str(host).strip():
+            raise ConfigError(f"{intents.source}: the openai teacher needs the server's base URL: set "
+                              "teacher.host (e.g. http://127.0.0.1:8000/v1) or FLYWHEEL_TEACHER_HOST")
+        teacher: Any = OpenAITeacher(model=model, host=str(host), timeout_s=timeout_s, breaker=breaker,
+                                     response_format=t.response_format, system_prompt=t.system_prompt)
+    else:
+        teacher = OllamaTeacher(model=model, host=cfg.ollama_host or t.host, timeout_s=timeout_s,
+                                breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
+    from classifier.budget import apply_budget
+
+    return apply_budget(teacher, t)   # max_calls_per_minute / daily_budget, per process
 
 
 def build_classifier(cfg: Config | None = None, *, progress: bool = True,

@@ -72,9 +72,15 @@ class TeacherError(FlywheelError):
     """The LLM teacher failed: unreachable, slow, or answered something unusable.
 
     ``kind`` is a short machine-readable cause: ``unavailable``, ``timeout``,
-    ``malformed``, ``unknown_label``, ``circuit_open`` or ``error``.
+    ``malformed``, ``unknown_label``, ``circuit_open``, ``budget`` (the call budget of
+    :mod:`classifier.budget` is spent) or ``error``.
     """
 
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(f"{kind}: {message}")
+
+
+#: :class:`TeacherError` kinds raised before any call reached the LLM (its circuit breaker
+#: was open, the call budget was spent): there is no call to record, and no budget to spend.
+NOT_CALLED_KINDS = frozenset({"circuit_open", "budget"})

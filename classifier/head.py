@@ -19,15 +19,18 @@ from classifier.calibration import expected_calibration_error, fit_temperature
 from classifier.errors import NotFittedError
 from classifier.scoring import (
     HeadScores,
+    RiskModel,
     ServingHead,
     binary_logits,
     gate_features,
     p_oos_from_similarity,
+    risk_features,
     softmax,
 )
 from classifier.scoring import normalise_rows as _normalise
 
 OOS = "__oos__"
+OOS_CUTOFF = 0.5   # the out-of-scope cutoff on the (class-balanced) gate's probability
 
 
 class IntentHead(ClassifierMixin, BaseEstimator):
@@ -51,6 +54,9 @@ class IntentHead(ClassifierMixin, BaseEstimator):
     cv_max_samples : int or None
         Out-of-fold predictions (for the temperature, the gate and the cutoffs) use at
         most this many examples, a stratified sample; the final model uses all of them.
+    coverage : float
+        Nominal coverage of the conformal prediction set (split-conformal on the
+        out-of-fold probabilities of the true intent).
     random_state : int
     max_iter : int
 
@@ -64,7 +70,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
     temperature_ : float
     gate_ : LogisticRegression or None
     thresholds_ : dict
-        ``confident``, ``ambiguous_ratio``, ``oos``, ``oos_confident``.
+        ``confident``, ``ambiguous_ratio``, ``oos``, ``oos_confident``; ``defer`` (the
+        default P(wrong) cutoff of the ``risk`` deferral rule, 1 - ``target_precision``),
+        ``set`` (an intent's probability needed for the prediction set) and ``coverage``.
+    risk_ : RiskModel
+        Calibrated P(layer 2 is wrong) from the top probability, the margin and the gate,
+        fitted on out-of-fold answers.
     metrics_ : dict
         Out-of-fold metrics (accuracy, ECE before/after scaling, ...).
 
@@ -84,13 +95,15 @@ class IntentHead(ClassifierMixin, BaseEstimator):
 
     def __init__(self, C: float = 20.0, cv: int | str = "auto", target_precision: float = 0.95,
                  max_ref_per_class: int = 200, novelty_quantile: float = 0.01,
-                 cv_max_samples: int | None = 20000, random_state: int = 0, max_iter: int = 2000) -> None:
+                 cv_max_samples: int | None = 20000, coverage: float = 0.95, random_state: int = 0,
+                 max_iter: int = 2000) -> None:
         self.C = C
         self.cv = cv
         self.target_precision = target_precision
         self.max_ref_per_class = max_ref_per_class
         self.novelty_quantile = novelty_quantile
         self.cv_max_samples = cv_max_samples
+        self.coverage = coverage
         self.random_state = random_state
         self.max_iter = max_iter
 
@@ -187,6 +200,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         pin = probs[:, : len(classes)]
         top = pin.argmax(axis=1)
         correct = (top == yi) & in_mask
+        oos_class = probs[:, len(classes)] if self.has_oos_ else np.zeros(len(probs))
+        answered_oos = (p_oos >= self.thresholds_["oos"]) | (oos_class >= pin.max(axis=1))
+        wrong = np.where(answered_oos, in_mask, ~correct)
+        self.risk_ = fit_risk(pin, p_oos, wrong)
+        self.thresholds_.update(conformal_cutoff(pin[in_mask], yi[in_mask], self.coverage),
+                                defer=float(1.0 - self.target_precision))
         self.metrics_ = {
             "cv_folds": k,
             "oof_top1_accuracy": float(correct[in_mask].mean()),
@@ -199,6 +218,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             self.metrics_["oof_oos_recall"] = float(rejected[is_oos].mean())
         self.metrics_["oof_in_scope_accuracy"] = float((correct & ~rejected)[in_mask].mean())
 
+        self.metrics_["oof_risk_ece"] = risk_ece_cross_fitted(pin, p_oos, wrong, self.random_state)
+        self.metrics_["oof_set_coverage"], self.metrics_["oof_mean_set_size"] = set_coverage(
+            pin[in_mask], yi[in_mask], self.thresholds_["set"])
+        self.metrics_["cutoff_precision"] = cutoff_precision(
+            self.classes_, top, correct, pin.max(axis=1), ~answered_oos,
+            self.thresholds_["confident"])
         self.metrics_["cv_samples"] = int(len(X))
         self.metrics_["fit_only_rows"] = int(fo_all.sum())
         self.lr_ = self._lr().fit(X_all, yi_all, sample_weight=w_all)
@@ -238,10 +263,11 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         in_mask = ~is_oos
         correct = (top == yi) & in_mask
         if self.gate_ is not None:
-            # The cutoff that maximises in-scope accuracy + out-of-scope recall (CLINC150's two measures).
-            grid = np.unique(np.quantile(p_oos, np.linspace(0.0, 1.0, 401)))
-            scores = [((correct & (p_oos < t))[in_mask].mean() + (p_oos >= t)[is_oos].mean(), -t) for t in grid]
-            oos_t = float(grid[int(np.argmax([s[0] for s in scores]))])
+            # The class-balanced gate's own decision point: it weighs out-of-scope recall and
+            # in-scope acceptance equally (CLINC150's two measures), like an argmax over a grid
+            # of cutoffs, but is a smooth fit instead of an argmax over a few dozen noisy
+            # out-of-scope labels, which swung from 0.28 to 0.58 between retrains (BENCHMARKS.md 12).
+            oos_t = OOS_CUTOFF
             oos_conf = precision_cutoff(p_oos[p_oos >= oos_t], is_oos[p_oos >= oos_t], self.target_precision)
         else:
             oos_t = 1.0 - self.novelty_quantile
@@ -277,7 +303,8 @@ class IntentHead(ClassifierMixin, BaseEstimator):
                            temperature=self.temperature_, ref=self.ref_, has_oos=self.has_oos_,
                            gate_coef=None if self.gate_ is None else self.gate_.coef_[0],
                            gate_intercept=None if self.gate_ is None else float(self.gate_.intercept_[0]),
-                           sim_quantiles=self.sim_quantiles_, thresholds=self.thresholds_, metrics=self.metrics_)
+                           sim_quantiles=self.sim_quantiles_, thresholds=self.thresholds_, metrics=self.metrics_,
+                           risk=getattr(self, "risk_", None))
 
     def _serving(self) -> ServingHead:
         # built once per fitted head (nothing changes a fitted estimator), never pickled
@@ -330,3 +357,74 @@ def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, to
     if good.size == 0:
         return unreachable
     return float(c[good[-1]])
+
+
+def fit_risk(probs: np.ndarray, p_oos: np.ndarray, wrong: np.ndarray) -> RiskModel:
+    """P(wrong) from :func:`~classifier.scoring.risk_features`: a logistic score, then an
+    isotonic map of it to the observed error rate (so the output is a calibrated
+    probability; the isotonic step is what makes it one). All right or all wrong: the
+    constant rate."""
+    from sklearn.isotonic import IsotonicRegression
+
+    feats = risk_features(probs, p_oos)
+    wrong = np.asarray(wrong, dtype=bool)
+    rate = float(wrong.mean()) if wrong.size else 0.0
+    if wrong.all() or not wrong.any():
+        return RiskModel(coef=np.zeros(feats.shape[1]), intercept=0.0, x=np.array([0.0, 1.0]),
+                         y=np.array([rate, rate]))
+    lr = LogisticRegression(C=1.0, max_iter=1000).fit(feats, wrong)
+    score = lr.predict_proba(feats)[:, 1]
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(score, wrong.astype(float))
+    return RiskModel(coef=lr.coef_[0].astype(np.float64), intercept=float(lr.intercept_[0]),
+                     x=np.asarray(iso.X_thresholds_, np.float64), y=np.asarray(iso.y_thresholds_, np.float64))
+
+
+def risk_ece_cross_fitted(probs: np.ndarray, p_oos: np.ndarray, wrong: np.ndarray, seed: int = 0) -> float:
+    """ECE of :func:`fit_risk` on rows it was not fitted on (two halves, each scored by the
+    model fitted on the other): an isotonic fit is calibrated on its own rows by design."""
+    n = len(wrong)
+    if n < 4:
+        return 0.0
+    half = np.random.default_rng(seed).permutation(n) < n // 2
+    risk = np.empty(n)
+    for a in (half, ~half):
+        risk[~a] = fit_risk(probs[a], p_oos[a], wrong[a])(probs[~a], p_oos[~a])
+    return expected_calibration_error(1.0 - risk, ~np.asarray(wrong, bool))
+
+
+def conformal_cutoff(probs: np.ndarray, yi: np.ndarray, coverage: float) -> dict[str, float]:
+    """Split-conformal prediction sets: the probability an intent needs to be in the set so
+    that the set holds the true intent with probability ``coverage``, from held-out
+    (out-of-fold) probabilities of in-scope rows (nonconformity: 1 - p(true intent);
+    the finite-sample quantile ceil((n + 1) coverage) / n)."""
+    if not 0.0 < coverage < 1.0:
+        raise ValueError(f"coverage must be between 0 and 1, got {coverage}")
+    n = len(yi)
+    if n == 0:
+        return {"set": 0.0, "coverage": float(coverage)}
+    scores = 1.0 - probs[np.arange(n), yi]
+    level = min(1.0, np.ceil((n + 1) * coverage) / n)
+    qhat = float(np.quantile(scores, level, method="inverted_cdf"))   # the k-th smallest, k = ceil((n + 1) coverage)
+    return {"set": float(max(0.0, 1.0 - qhat)), "coverage": float(coverage)}
+
+
+def set_coverage(probs: np.ndarray, yi: np.ndarray, cutoff: float) -> tuple[float, float]:
+    """Empirical coverage and mean size of the prediction sets ``{p >= cutoff}``."""
+    if len(yi) == 0:
+        return 0.0, 0.0
+    in_set = probs >= cutoff
+    return float(in_set[np.arange(len(yi)), yi].mean()), float(in_set.sum(axis=1).mean())
+
+
+def cutoff_precision(classes: np.ndarray, top: np.ndarray, correct: np.ndarray, conf: np.ndarray,
+                     answered: np.ndarray, cutoff: float) -> dict[str, Any]:
+    """What the ``confident`` cutoff buys on held-out rows: the precision (and count) of
+    the in-scope answers at or above it, overall and by answered intent."""
+    sel = answered & (conf >= cutoff)
+    per: dict[str, dict[str, float]] = {}
+    for i, name in enumerate(classes):
+        m = sel & (top == i)
+        if m.any():
+            per[str(name)] = {"precision": round(float(correct[m].mean()), 4), "n": int(m.sum())}
+    return {"cutoff": float(cutoff), "n": int(sel.sum()),
+            "precision": round(float(correct[sel].mean()), 4) if sel.any() else None, "per_intent": per}

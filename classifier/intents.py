@@ -21,6 +21,15 @@ from classifier.errors import IntentFileError
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")
 EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
+TEACHER_BACKENDS = ("ollama", "openai")
+#: ``teacher.response_format`` (openai backend): ``auto`` is ``json_schema``, falling back
+#: once to ``json_object`` when the server refuses it (classifier.openai_teacher)
+TEACHER_RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
+#: ``teacher.system_prompt``: ``user`` folds the instructions into the user turn, for chat
+#: templates that drop the system role
+SYSTEM_PROMPT_MODES = ("system", "user")
+#: ``teacher.keep_alive``: a Go duration as Ollama reads it ("30m", "1h30m", "-1s" = forever)
+_DURATION = re.compile(r"^-?(?:0|(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+)$")
 #: What ``embedder.backend: auto`` (the default) becomes: MiniLM for English-only intent
 #: sets (``languages: [en]``, the default), the multilingual USE encoder when the file
 #: declares any other language. Measured in BENCHMARKS.md, section 9.
@@ -36,10 +45,13 @@ _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_
                   "num_threads", "layers", "runtime"}
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
-                 "confidence"}
+                 "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
+                 "response_format"}
 log = logging.getLogger("flywheel.intents")
 
-_THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent"}
+_THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent",
+                   "coverage", "deferral"}
+DEFERRAL_RULES = ("tiers", "risk")
 _OLD_RATIO_KEY = "ambiguous_margin"   # the old name of ambiguous_ratio, still read (with a warning)
 _PER_INTENT_KEYS = {"confident"}
 _OOS_KEYS = {"examples", "description", "synthetic"}
@@ -99,6 +111,12 @@ class TeacherSettings:
     breaker_failures: int = 3
     breaker_reset_s: float = 30.0
     confidence: float = 0.9  # reported for LLM decisions: the teacher's assumed accuracy
+    keep_alive: str = "30m"        # ollama: how long the model stays loaded after a call
+    system_prompt: str = "system"  # "user": the instructions go in the user turn (SYSTEM_PROMPT_MODES)
+    response_format: str = "auto"  # openai: how the answer is constrained (TEACHER_RESPONSE_FORMATS)
+    # the call budget of this process (classifier.budget); None: unlimited
+    max_calls_per_minute: int | None = None  # in any sliding 60 s window
+    daily_budget: int | None = None          # per UTC day
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,11 @@ class ThresholdSettings:
     oos: float | None = None
     target_precision: float = 0.95
     per_intent: dict[str, float] = field(default_factory=dict)
+    # nominal coverage of the conformal prediction set (the alternatives of an unsure answer)
+    coverage: float = 0.95
+    # when layer 2 asks the teacher: "tiers" (the confident / ambiguous_ratio / oos_confident
+    # cutoffs) or "risk" (its calibrated probability of being wrong above a cutoff)
+    deferral: str = "tiers"
 
 
 @dataclass(frozen=True)
@@ -310,11 +333,13 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         runtime=runtime,
     )
 
+    if isinstance(doc.get("teacher"), dict) and "api_key" in doc["teacher"]:  # never echo its value
+        raise c.fail("teacher.api_key is not read from an intent file (it would be a secret in a "
+                     "versioned file): set the OPENAI_API_KEY environment variable instead")
     t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)
     td = TeacherSettings   # the one owner of every default below
-    if t.get("backend", "ollama") != "ollama":
-        raise c.fail(f"teacher.backend must be 'ollama', got {t.get('backend')!r}")
     teacher = TeacherSettings(
+        backend=_choice(c, t.get("backend", td.backend), "teacher.backend", TEACHER_BACKENDS),
         model=str(t.get("model", td.model)),
         host=t.get("host"),
         timeout_s=c.number(t.get("timeout_s", td.timeout_s), "teacher.timeout_s", 0.001, 600),
@@ -325,6 +350,13 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         breaker_failures=c.integer(t.get("breaker_failures", td.breaker_failures), "teacher.breaker_failures", 1),
         breaker_reset_s=c.number(t.get("breaker_reset_s", td.breaker_reset_s), "teacher.breaker_reset_s", 0.0, 86400),
         confidence=c.number(t.get("confidence", td.confidence), "teacher.confidence", 0.0, 1.0),
+        max_calls_per_minute=_optional_count(c, t, "max_calls_per_minute"),
+        daily_budget=_optional_count(c, t, "daily_budget"),
+        keep_alive=_keep_alive(c, t.get("keep_alive", td.keep_alive)),
+        system_prompt=_choice(c, t.get("system_prompt", td.system_prompt), "teacher.system_prompt",
+                              SYSTEM_PROMPT_MODES),
+        response_format=_choice(c, t.get("response_format", td.response_format), "teacher.response_format",
+                                TEACHER_RESPONSE_FORMATS),
     )
 
     th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)
@@ -346,11 +378,35 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         target_precision=c.number(th.get("target_precision", ThresholdSettings.target_precision),
                                   "thresholds.target_precision", 0.0, 1.0),
         per_intent=per_intent,
+        coverage=c.number(th.get("coverage", ThresholdSettings.coverage), "thresholds.coverage", 0.5, 0.999),
+        deferral=_choice(c, th.get("deferral", ThresholdSettings.deferral), "thresholds.deferral", DEFERRAL_RULES),
     )
     name = doc.get("name") or Path(source).stem
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
                      languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher,
                      thresholds=thresholds, source=source)
+
+
+def _optional_count(c: _Checker, t: dict[str, Any], key: str) -> int | None:
+    """``teacher.<key>``: a positive integer, or ``None`` (absent or null: no limit)."""
+    value = t.get(key)
+    return None if value is None else c.integer(value, f"teacher.{key}", 1)
+
+
+def _choice(c: _Checker, value: Any, where: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise c.fail(f"{where} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _keep_alive(c: _Checker, value: Any) -> str:
+    """``teacher.keep_alive``: a duration string, or a number of seconds (negative: forever)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{int(value)}s" if float(value).is_integer() else f"{round(value * 1000)}ms"
+    if not isinstance(value, str) or not _DURATION.match(value.strip()):
+        raise c.fail(f"teacher.keep_alive must be a duration such as 30m, 1h or -1s (forever), "
+                     f"or a number of seconds, got {value!r}")
+    return value.strip()
 
 
 def _quantize(c: _Checker, value: Any) -> bool | None:

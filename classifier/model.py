@@ -22,7 +22,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,22 @@ def new_version_name() -> str:
     return time.strftime("v%Y%m%d-%H%M%S", time.gmtime(t)) + f"-{int((t % 1) * 1e6):06d}"
 
 
+_TEACHER_KEYS_V1 = frozenset({"backend", "model", "host", "timeout_s", "max_candidates", "examples_per_intent",
+                              "history_size", "breaker_failures", "breaker_reset_s", "confidence"})
+_THRESHOLD_KEYS_V1 = frozenset({"confident", "ambiguous_ratio", "oos", "target_precision", "per_intent"})
+
+
+def _set_only(settings: Any, always: frozenset[str]) -> dict[str, Any]:
+    """``settings`` as a dict: the keys in ``always``, and any other only where it differs
+    from its default."""
+    out = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name in always or value != f.default:
+            out[f.name] = value
+    return out
+
+
 def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
     """The inverse of :func:`classifier.intents.parse_intents` (for saving a copy)."""
     rules = []
@@ -78,10 +94,10 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
         "name": intents.name,
         "languages": list(intents.languages),
         "embedder": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(intents.embedder).items()},
-        "teacher": {k: v for k, v in asdict(intents.teacher).items()},
-        "thresholds": {"confident": th.confident, "ambiguous_ratio": th.ambiguous_ratio,
-                       "oos": th.oos, "target_precision": th.target_precision,
-                       "per_intent": dict(th.per_intent)},
+        # settings added later are written only when set: a replica of the previous release
+        # can still read a version a newer retrain job saved (rolling upgrades of a fleet)
+        "teacher": _set_only(intents.teacher, _TEACHER_KEYS_V1),
+        "thresholds": {**_set_only(th, _THRESHOLD_KEYS_V1), "per_intent": dict(th.per_intent)},
         "rules": rules,
         "intents": [{"name": i.name, "description": i.description, "examples": list(i.examples),
                      **({"metadata": dict(i.metadata)} if i.metadata else {})}

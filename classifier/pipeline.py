@@ -20,7 +20,7 @@ import numpy as np
 from classifier.anchoring import AnchoringMonitor
 from classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
 from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.errors import FlywheelError, InvalidInputError, TeacherError
+from classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
 from classifier.history import SessionHistory, coerce_history
 from classifier.intents import IntentSet
 from classifier.labels import label_name, parse_label
@@ -28,12 +28,13 @@ from classifier.model import IntentModel
 from classifier.protocols import DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink, Teacher, TeacherRequest
 from classifier.rules import RuleEngine
 from classifier.text import CleanText, clean_text
-from classifier.tiers import Layer2Result, Thresholds, assign_tier
+from classifier.tiers import Layer2Result, Thresholds, tier_rows
 
 log = logging.getLogger("flywheel.classifier")
 
-# Teacher failures that mean "ask again later" (the query is marked pending).
-RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open"})
+# Teacher failures that mean "ask again later" (the query is marked pending); ``budget``:
+# the LLM call budget (classifier.budget) was spent, ``flywheel label`` asks later.
+RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open", "budget"})
 
 
 @dataclass(frozen=True)
@@ -333,9 +334,8 @@ class Classifier:
         for group in by_rt.values():
             rt = group[0].rt
             s = rt.model.head.scores(np.stack([p.vector for p in group]))
-            for j, p in enumerate(group):
-                p.layer2 = assign_tier(s.probs[j], rt.labels, float(s.oos_class[j]), float(s.p_oos[j]),
-                                       rt.thresholds)
+            for p, res in zip(group, tier_rows(s, rt.labels, rt.thresholds)):
+                p.layer2 = res
 
     def ask_teacher(self, p: "Pending") -> Decision:
         """Layer 3 for a scored query layer 2 is unsure of: the teacher's answer, or layer
@@ -407,7 +407,7 @@ class Classifier:
         except TeacherError as exc:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
-                               error=str(exc)) if exc.kind != "circuit_open" else None
+                               error=str(exc)) if exc.kind not in NOT_CALLED_KINDS else None  # no call made
             d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=exc.kind)
             d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
             return d

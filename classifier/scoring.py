@@ -20,8 +20,8 @@ import numpy as np
 
 from classifier.errors import ModelError
 
-__all__ = ["HeadScores", "ServingHead", "score", "softmax", "normalise_rows", "gate_features", "p_oos_from_similarity",
-           "binary_logits"]
+__all__ = ["HeadScores", "RiskModel", "ServingHead", "score", "softmax", "normalise_rows", "gate_features",
+           "p_oos_from_similarity", "binary_logits", "risk_features"]
 
 
 def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -47,12 +47,15 @@ class HeadScores:
     oos_class : (n,) calibrated probability of the out-of-scope class (0 without one).
     p_oos : (n,) the gate's probability that the query is out of scope.
     similarity : (n,) cosine similarity to the nearest in-scope training example.
+    risk : (n,) calibrated probability that layer 2's answer is wrong (:class:`RiskModel`),
+        or ``None`` for a head fitted before there was one.
     """
 
     probs: np.ndarray
     oos_class: np.ndarray
     p_oos: np.ndarray
     similarity: np.ndarray
+    risk: np.ndarray | None = None
 
     def rejected(self, oos_cutoff: float) -> np.ndarray:
         """Rows layer 2 answers as out of scope at this ``oos`` cutoff: the gate says so,
@@ -74,6 +77,38 @@ def gate_features(probs: np.ndarray, sim: np.ndarray, n_in: int) -> np.ndarray:
     return np.column_stack([np.log(np.clip(pmax, 1e-9, None)), np.log(np.clip(poos, 1e-9, None)), sim])
 
 
+def risk_features(probs: np.ndarray, p_oos: np.ndarray) -> np.ndarray:
+    """The deferral model's inputs: the top in-scope probability, the margin between the
+    top two, and the gate's out-of-scope probability (Ramírez et al. 2024 find the margin
+    the best single deferral signal)."""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.shape[1] > 1:
+        top2 = -np.partition(-p, 1, axis=1)[:, :2]
+        top, margin = top2[:, 0], top2[:, 0] - top2[:, 1]
+    else:
+        top = margin = p[:, 0]
+    return np.column_stack([top, margin, np.asarray(p_oos, dtype=np.float64)])
+
+
+@dataclass(frozen=True)
+class RiskModel:
+    """P(layer 2 is wrong): a logistic score of :func:`risk_features`, mapped to a
+    probability by an isotonic fit (breakpoints ``x`` -> ``y``, increasing) on
+    out-of-fold predictions. Fitted by :class:`~classifier.head.IntentHead`."""
+
+    coef: np.ndarray
+    intercept: float
+    x: np.ndarray
+    y: np.ndarray
+
+    def logit(self, features: np.ndarray) -> np.ndarray:
+        return features @ self.coef + self.intercept
+
+    def __call__(self, probs: np.ndarray, p_oos: np.ndarray) -> np.ndarray:
+        s = 1.0 / (1.0 + np.exp(-self.logit(risk_features(probs, p_oos))))
+        return np.interp(s, self.x, self.y)
+
+
 def p_oos_from_similarity(sim: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
     """Share of in-scope training queries at least as far from their nearest example."""
     q = np.asarray(quantiles)
@@ -82,7 +117,7 @@ def p_oos_from_similarity(sim: np.ndarray, quantiles: np.ndarray) -> np.ndarray:
 
 def score(X: np.ndarray, *, coef: np.ndarray, intercept: np.ndarray, temperature: float, ref: np.ndarray,
           n_in: int, has_oos: bool, gate_coef: np.ndarray | None, gate_intercept: float | None,
-          sim_quantiles: np.ndarray | None) -> HeadScores:
+          sim_quantiles: np.ndarray | None, risk: RiskModel | None = None) -> HeadScores:
     """Scores of unit-norm rows ``X`` (see :class:`HeadScores`)."""
     z = X @ coef.T + intercept
     if z.shape[1] == 1:  # a binary logistic regression: one logit
@@ -95,10 +130,12 @@ def score(X: np.ndarray, *, coef: np.ndarray, intercept: np.ndarray, temperature
     else:
         p_oos = p_oos_from_similarity(sim, sim_quantiles)
     oos_class = probs[:, n_in] if has_oos else np.zeros(len(X))
-    return HeadScores(probs=probs[:, :n_in], oos_class=oos_class, p_oos=p_oos, similarity=sim)
+    pin = probs[:, :n_in]
+    return HeadScores(probs=pin, oos_class=oos_class, p_oos=p_oos, similarity=sim,
+                      risk=None if risk is None else risk(pin, p_oos))
 
 
-_ARRAYS = ("coef", "intercept", "ref", "classes", "gate_coef", "sim_quantiles")
+_ARRAYS = ("coef", "intercept", "ref", "classes", "gate_coef", "sim_quantiles", "risk_coef", "risk_x", "risk_y")
 
 
 class ServingHead:
@@ -111,7 +148,7 @@ class ServingHead:
     def __init__(self, *, classes: Any, coef: Any, intercept: Any, temperature: float, ref: Any,
                  has_oos: bool, gate_coef: Any = None, gate_intercept: float | None = None,
                  sim_quantiles: Any = None, thresholds: dict[str, Any] | None = None,
-                 metrics: dict[str, Any] | None = None) -> None:
+                 metrics: dict[str, Any] | None = None, risk: RiskModel | None = None) -> None:
         self.classes_ = np.asarray(classes, dtype=object)
         self._coef = np.ascontiguousarray(coef, dtype=np.float64)
         self._intercept = np.asarray(intercept, dtype=np.float64)
@@ -126,6 +163,7 @@ class ServingHead:
         self.thresholds_ = dict(thresholds or {})
         self.metrics_ = dict(metrics or {})
         self.n_features_in_ = int(self._coef.shape[1])
+        self.risk_ = risk
 
     def scores(self, X: Any) -> HeadScores:
         """Calibrated in-scope probabilities, out-of-scope probabilities and similarity."""
@@ -134,7 +172,7 @@ class ServingHead:
             raise ModelError(f"head expects {self.n_features_in_}-d embeddings, got {X.shape[1]}-d")
         return score(X, coef=self._coef, intercept=self._intercept, temperature=self.temperature_, ref=self._ref,
                      n_in=len(self.classes_), has_oos=self.has_oos_, gate_coef=self._gate_coef,
-                     gate_intercept=self._gate_intercept, sim_quantiles=self._sim_quantiles)
+                     gate_intercept=self._gate_intercept, sim_quantiles=self._sim_quantiles, risk=self.risk_)
 
     def predict_proba(self, X: Any) -> np.ndarray:
         return self.scores(X).probs
@@ -155,6 +193,9 @@ class ServingHead:
             arrays["gate_coef"] = self._gate_coef
         if self._sim_quantiles is not None:
             arrays["sim_quantiles"] = self._sim_quantiles
+        if self.risk_ is not None:
+            arrays.update(risk_coef=self.risk_.coef, risk_x=self.risk_.x, risk_y=self.risk_.y)
+            meta["risk_intercept"] = self.risk_.intercept
         with open(path, "wb") as f:
             np.savez(f, meta=np.asarray(json.dumps(meta, default=float)), **arrays)
 
@@ -170,8 +211,12 @@ class ServingHead:
         missing = [k for k in ("coef", "intercept", "ref", "classes") if k not in arrays]
         if missing:
             raise ModelError(f"{path}: the serving head is missing {', '.join(missing)}")
+        risk = None
+        if "risk_coef" in arrays:  # heads saved before the deferral model have none
+            risk = RiskModel(coef=arrays["risk_coef"], intercept=float(meta["risk_intercept"]),
+                             x=arrays["risk_x"], y=arrays["risk_y"])
         return cls(classes=arrays["classes"].tolist(), coef=arrays["coef"], intercept=arrays["intercept"],
                    temperature=meta["temperature"], ref=arrays["ref"], has_oos=meta["has_oos"],
                    gate_coef=arrays.get("gate_coef"), gate_intercept=meta.get("gate_intercept"),
                    sim_quantiles=arrays.get("sim_quantiles"), thresholds=meta.get("thresholds"),
-                   metrics=meta.get("metrics"))
+                   metrics=meta.get("metrics"), risk=risk)

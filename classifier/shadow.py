@@ -7,7 +7,7 @@ encoder already made (:meth:`ShadowScorer.offer`: a sampling draw and a non-bloc
 append to a deque, nothing else on the request thread). One worker thread wakes every
 ``interval_s`` (50 ms) and scores what is queued in batches with the shadow's numpy head
 (:mod:`classifier.scoring`) and the shadow's own cutoffs
-(:func:`~classifier.tiers.assign_tier`), and hands each :class:`ShadowAnswer` to
+(:func:`~classifier.tiers.assign_tiers`), and hands each :class:`ShadowAnswer` to
 ``on_answer`` (the traffic log). It enforces nothing: the caller
 never sees a shadow answer, and a shadow that raises is counted, never surfaced.
 
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from classifier.model import IntentModel
-from classifier.tiers import Thresholds, assign_tier
+from classifier.tiers import Thresholds, assign_tiers
 
 __all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
 
@@ -261,9 +261,6 @@ def _answers(group: list) -> list[ShadowAnswer]:
     """Score one batch of ``(bundle, decision_id, vector)`` that share a bundle."""
     b: _Bundle = group[0][0]
     s = b.model.head.scores(np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for _, _, v in group]))
-    out = []
-    for j, (_, decision_id, _) in enumerate(group):
-        r = assign_tier(s.probs[j], b.labels, float(s.oos_class[j]), float(s.p_oos[j]), b.thresholds)
-        out.append(ShadowAnswer(decision_id, b.model.version, r.label, float(r.confidence), r.tier.value,
-                                bool(r.sure)))
-    return out
+    t = assign_tiers(s, b.labels, b.thresholds)
+    return [ShadowAnswer(decision_id, b.model.version, label, float(t.confidence[j]), t.tier[j].value, bool(t.sure[j]))
+            for j, ((_, decision_id, _), label) in enumerate(zip(group, t.labels(b.labels)))]

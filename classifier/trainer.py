@@ -106,7 +106,8 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         fit_only = np.r_[np.zeros(n_real, bool) if fit_only is None else np.asarray(fit_only, bool),
                          np.ones(n_neg, bool)]
     if head is None:
-        head = IntentHead(target_precision=intents.thresholds.target_precision)
+        th = intents.thresholds
+        head = IntentHead(target_precision=th.target_precision, coverage=th.coverage)
     t0 = time.perf_counter()
     try:
         head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only)

@@ -196,8 +196,8 @@ class SidecarCore:
             outcome = "ok"
         elif d.teacher is not None and d.teacher.error:
             outcome = d.teacher.error.split(":", 1)[0]
-        else:
-            outcome = "circuit_open"   # the breaker refused without calling (no TeacherCall)
+        else:  # refused without calling (no TeacherCall): the breaker, or the call budget
+            outcome = d.degraded if d.degraded is not None else "circuit_open"
         self.metrics.teacher_call(outcome)
 
     def _finish(self, p: Pending, d: Decision) -> Decision:

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from classifier.audit import AUDIT_OUTCOMES
+from classifier.budget import BudgetedTeacher
 from classifier.decision import DEGRADED_REASONS, Decision
 from classifier.labels import OUT_OF_SCOPE, label_name
 from classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
@@ -60,7 +61,7 @@ OTHER_LABEL = "other"  # any label outside the set given to ``set_labels``
 
 # pre-created at 0 so rate() works from the first scrape; other outcomes are still accepted
 TEACHER_OUTCOMES = ("ok", "timeout", "unavailable", "malformed", "unknown_label", "circuit_open",
-                    "skipped_deadline", "pool_full", "error")
+                    "budget", "skipped_deadline", "pool_full", "error")
 RELOAD_OUTCOMES = ("ok", "refused")
 # what a replica's poll of the fleet's CURRENT pointer found (fleet.sync.RegistrySync)
 SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
@@ -117,6 +118,9 @@ class ServerMetrics:
             "flywheel_teacher_calls_total", "LLM teacher calls by outcome.", ["outcome"], registry=r)
         self.teacher_breaker_open = Gauge(
             "flywheel_teacher_breaker_open", "1 while the teacher's circuit breaker is open, else 0.", registry=r)
+        self.teacher_ready = Gauge(
+            "flywheel_teacher_ready", "1 when the teacher's startup check found its server and model (or a teacher "
+            "call has succeeded since), else 0 (no teacher, check failed or not run yet).", registry=r)
 
         # --- model and log ---
         self.model_info = Gauge(
@@ -215,6 +219,12 @@ class ServerMetrics:
 
     def teacher_call(self, outcome: str) -> None:
         self._teacher_child(outcome).inc()
+        if outcome == "ok":  # the teacher answered: ready, whatever an earlier check said
+            self.teacher_ready.set(1.0)
+
+    def set_teacher_ready(self, ready: bool) -> None:
+        """Record the teacher's readiness check (``TeacherStatus.ok``)."""
+        self.teacher_ready.set(1.0 if ready is True else 0.0)
 
     def bind_breaker_open(self, fn: Callable[[], bool]) -> None:
         """Compute the breaker gauge at scrape time: 1 when ``fn()`` is truthy."""
@@ -247,8 +257,11 @@ class ServerMetrics:
         """Expose, read at scrape time: the classifier's audit outcomes
         (``flywheel_audit_answers_total{outcome}``), the shadow scorer's outcomes and loads
         (``flywheel_shadow_decisions_total{outcome}``, ``flywheel_shadow_loads_total{outcome}``,
-        ``flywheel_shadow_info{version}``) and the models home's last retrain
-        (``flywheel_last_retrain_timestamp_seconds``, absent until one has run)."""
+        ``flywheel_shadow_info{version}``), the models home's last retrain
+        (``flywheel_last_retrain_timestamp_seconds``, absent until one has run) and, when the
+        classifier's teacher is a :class:`~classifier.budget.BudgetedTeacher`, the calls its
+        budget has left (``flywheel_teacher_budget_remaining{window}``, ``minute`` and ``day``,
+        each only when that limit is set)."""
         self.registry.register(_ServingCollector(classifier, shadow, registry))
 
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:
@@ -409,7 +422,8 @@ class _FleetCollector:
 
 
 class _ServingCollector:
-    """Audit outcomes, the shadow scorer and the last retrain, read when Prometheus scrapes."""
+    """Audit outcomes, the shadow scorer, the last retrain and the teacher's call budget,
+    read when Prometheus scrapes."""
 
     def __init__(self, classifier: Any, shadow: Any, registry: Any) -> None:
         self.classifier, self.shadow, self.models = classifier, shadow, registry
@@ -435,6 +449,17 @@ class _ServingCollector:
         if isinstance(when, (int, float)) and not isinstance(when, bool):
             yield _gauge("flywheel_last_retrain_timestamp_seconds", "Unix time the last retrain run finished "
                          "(promoted, shadowed or kept), as recorded in the models registry.", when)
+        teacher = getattr(self.classifier, "teacher", None)   # read now: the teacher may be replaced
+        if isinstance(teacher, BudgetedTeacher):
+            left = {w: n for w, n in teacher.budget.remaining().items() if n is not None}
+            if left:
+                fam = GaugeMetricFamily("flywheel_teacher_budget_remaining", "LLM teacher calls this process may "
+                                        "still make: in the sliding minute (teacher.max_calls_per_minute) and "
+                                        "the UTC day (teacher.daily_budget); a window without a limit is absent.",
+                                        labels=["window"])
+                for window in sorted(left):
+                    fam.add_metric([window], float(left[window]))
+                yield fam
 
 
 def _labelled_counter(name: str, doc: str, label: str, counts: dict[str, int],

@@ -6,7 +6,10 @@ Lifecycle:
 1. :func:`create_server` opens the runtime (model, traffic log, teacher, watcher on its
    own thread) and binds; health reports ``NOT_SERVING`` for ``""`` and
    ``flywheel.v1.IntentClassifier``.
-2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``.
+2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``, and
+   checks the teacher's server and model once on a thread of its own (bounded by the
+   teacher's timeout): a failed check is one WARNING and ``flywheel_teacher_ready`` 0, never
+   ``NOT_SERVING``; layer 2 keeps serving and what needed the teacher is logged pending.
 3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING`` and new calls get
    ``UNAVAILABLE`` while the port stays open for calls in flight (and at least
    ``drain_s``), all within the grace period; then the port closes, the batcher and the
@@ -59,6 +62,7 @@ class SidecarServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._metrics_http: tuple[Any, Any] | None = None
+        self.teacher_check: threading.Thread | None = None   # the startup check, while it runs
         try:
             self.server = self._grpc_server()
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -86,6 +90,7 @@ class SidecarServer:
         self.core.warm_up()
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("flywheel sidecar serving model %s on %s", self.runtime.classifier.model_version, self.target)
+        self._start_teacher_check()
         return self
 
     def stop(self, grace_s: float | None = None) -> None:
@@ -174,6 +179,29 @@ class SidecarServer:
             m.bind_breaker_open(lambda: breaker.state == "open")
         if clf.watcher is not None:
             clf.watcher.listeners.append(self._on_reload)
+
+    def _start_teacher_check(self) -> None:
+        """Run the teacher's ``check()`` (when it has one) on a daemon thread: serving never
+        waits for it, and the teacher's own timeout bounds it."""
+        check = getattr(self.runtime.classifier.teacher, "check", None)
+        if check is None:
+            return
+        self.teacher_check = threading.Thread(target=self._check_teacher, args=(check,),
+                                              name="flywheel-teacher-check", daemon=True)
+        self.teacher_check.start()
+
+    def _check_teacher(self, check: Any) -> None:
+        try:
+            status = check()
+            ok, detail = status.ok is True, str(status.detail)
+        except Exception as exc:  # noqa: BLE001 - a teacher's check must report, not raise
+            ok, detail = False, f"the teacher's check failed with {type(exc).__name__}"
+        self.metrics.set_teacher_ready(ok)
+        if ok:
+            log.info("teacher ready: %s", detail)
+        else:
+            log.warning("teacher not ready: %s. Layer 2 keeps serving; queries it is unsure of get its best "
+                        "guess and are logged pending (flywheel label asks the teacher later)", detail)
 
     def _on_reload(self, version: str, error: str | None) -> None:
         self.metrics.model_reload("ok" if error is None else "refused")

@@ -27,7 +27,7 @@ def test_fit_sets_fitted_attributes_and_predicts():
     assert head.fit(X, y) is head
     assert list(head.classes_) == ["L0", "L1", "L2", "L3"]
     assert head.has_oos_
-    assert set(head.thresholds_) == {"confident", "ambiguous_ratio", "oos", "oos_confident"}
+    assert set(head.thresholds_) == {"confident", "ambiguous_ratio", "oos", "oos_confident", "defer", "set", "coverage"}
     pred = head.predict(centres)
     assert list(pred) == ["L0", "L1", "L2", "L3"]
 

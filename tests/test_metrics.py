@@ -26,7 +26,8 @@ COUNTERS = [
     "flywheel_embedding_cache_misses_total", "flywheel_teacher_calls_total", "flywheel_model_reloads_total",
 ]
 HISTOGRAMS = ["grpc_server_handling_seconds", "flywheel_layer_seconds", "flywheel_batch_size"]
-GAUGES = ["flywheel_queue_depth", "flywheel_teacher_breaker_open", "flywheel_model_info", "flywheel_log_buffered_rows"]
+GAUGES = ["flywheel_queue_depth", "flywheel_teacher_breaker_open", "flywheel_teacher_ready", "flywheel_model_info",
+          "flywheel_log_buffered_rows"]
 
 
 def _labels(grpc_type, service, method, code=None):
@@ -166,6 +167,19 @@ def test_model_swap_leaves_one_series_and_simple_setters():
     depth[0], buffered[0] = 9, 11
     assert (get("flywheel_queue_depth"), get("flywheel_log_buffered_rows"), get("flywheel_teacher_breaker_open")) \
         == (9, 11, 0)
+
+
+def test_teacher_ready_follows_the_check_and_a_successful_call():
+    m = ServerMetrics()
+    get = m.registry.get_sample_value
+    assert get("flywheel_teacher_ready") == 0
+    m.set_teacher_ready(True)
+    assert get("flywheel_teacher_ready") == 1
+    m.set_teacher_ready(False)
+    m.teacher_call("unavailable")
+    assert get("flywheel_teacher_ready") == 0
+    m.teacher_call("ok")   # the model was pulled after the startup check
+    assert get("flywheel_teacher_ready") == 1
 
 
 def test_registries_are_separate():

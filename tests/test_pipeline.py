@@ -78,7 +78,7 @@ def test_unsure_goes_to_teacher_with_history():
     assert (d.label, d.tier, d.layer) == (None, Tier.NO_MATCH, Layer.LLM)
 
 
-@pytest.mark.parametrize("kind", ["unavailable", "timeout", "malformed", "unknown_label", "circuit_open"])
+@pytest.mark.parametrize("kind", ["unavailable", "timeout", "malformed", "unknown_label", "circuit_open", "budget"])
 def test_teacher_failure_degrades_to_layer2(kind):
     sink = ListSink()
     clf = make(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError(kind, "boom")), log_sink=sink)
@@ -86,8 +86,9 @@ def test_teacher_failure_degrades_to_layer2(kind):
     assert d.layer is Layer.EMBEDDING and d.tier is Tier.WEAK  # ambiguous is downgraded: the teacher failed
     assert f"llm unavailable: {kind}: boom" in d.reason
     rec = sink.records[-1]
-    assert rec.pending == (kind in ("unavailable", "timeout", "circuit_open"))
-    if kind != "circuit_open":
+    assert rec.pending == (kind in ("unavailable", "timeout", "circuit_open", "budget"))
+    assert rec.decision.degraded == kind
+    if kind not in ("circuit_open", "budget"):  # refused before calling: no call to record
         assert d.teacher is not None and not d.teacher.valid
 
 

@@ -472,6 +472,44 @@ def test_teacher_runs_off_the_encoder_within_the_deadline(models):
         assert metric(server, "flywheel_decisions_total", {"layer": "embedding", "tier": "weak"}) == 3
 
 
+class CheckedTeacher(ScriptedTeacher):
+    """A ScriptedTeacher with a readiness ``check()`` that returns ``status``."""
+
+    def __init__(self, status, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.status = status
+
+    def check(self):
+        return self.status
+
+
+def test_a_missing_teacher_model_warns_once_and_layer_2_keeps_serving(models, caplog):
+    from classifier.teacher import TeacherStatus
+
+    teacher = CheckedTeacher(TeacherStatus(False, "model 'm:1' not found; pull it first"),
+                             error=TeacherError("unavailable", "model 'm:1' not found"))
+    with caplog.at_level("WARNING", logger="flywheel.sidecar"):
+        with serving(models["unsure"], teacher=teacher) as server, client(server) as fw:
+            server.teacher_check.join(5.0)
+            assert health_of(server, "") == HEALTH.SERVING and health_of(server, SERVICE) == HEALTH.SERVING
+            assert metric(server, "flywheel_teacher_ready") == 0
+            d = fw.classify("explain addparam")
+            assert (d.tier, d.layer) == (Tier.WEAK, Layer.EMBEDDING) and "llm unavailable" in d.reason
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "teacher not ready" in r.getMessage()]
+    assert len(warnings) == 1 and "pull it first" in warnings[0].getMessage()
+
+
+def test_a_ready_teacher_sets_the_gauge(models):
+    from classifier.teacher import TeacherStatus
+
+    teacher = CheckedTeacher(TeacherStatus(True, "served"), answer=lambda req: "RETRIEVAL")
+    with serving(models["unsure"], teacher=teacher) as server:
+        server.teacher_check.join(5.0)
+        assert metric(server, "flywheel_teacher_ready") == 1
+    with serving(models["sure"]) as server:   # no teacher: nothing to check, not ready
+        assert server.teacher_check is None and metric(server, "flywheel_teacher_ready") == 0
+
+
 # ----------------------------------------------------------------------------- 8. admin token
 def test_feedback_needs_the_admin_token(models):
     opts = ServerOptions(address=LOCAL, admin_token="s3cret")
@@ -628,7 +666,7 @@ METRIC_NAMES = (
     "flywheel_decisions_total", "flywheel_decision_labels_total", "flywheel_layer_seconds",
     "flywheel_batch_size", "flywheel_queue_depth", "flywheel_embedding_cache_hits_total",
     "flywheel_embedding_cache_misses_total", "flywheel_teacher_calls_total", "flywheel_teacher_breaker_open",
-    "flywheel_model_info", "flywheel_model_reloads_total", "flywheel_log_buffered_rows",
+    "flywheel_teacher_ready", "flywheel_model_info", "flywheel_model_reloads_total", "flywheel_log_buffered_rows",
 )
 
 

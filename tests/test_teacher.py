@@ -10,7 +10,7 @@ import time
 import pytest
 from werkzeug import Request, Response
 
-from classifier.errors import TeacherError
+from classifier.errors import ConfigError, TeacherError
 from classifier.protocols import HistoryEntry, LabelOption, Teacher, TeacherRequest
 from classifier.teacher import (
     DEFAULT_HOST,
@@ -18,7 +18,9 @@ from classifier.teacher import (
     OUT_OF_SCOPE,
     CircuitBreaker,
     OllamaTeacher,
+    TeacherStatus,
     build_messages,
+    option_order,
     resolve_host,
     response_schema,
 )
@@ -107,9 +109,12 @@ def test_request_body(httpserver):
     body = json.loads(httpserver.log[0][0].get_data())
     assert body["model"] == MODEL
     assert body["stream"] is False
-    assert body["format"] == response_schema(["RETRIEVAL", "CODE"], True)
-    assert body["format"]["properties"]["label"]["enum"] == ["RETRIEVAL", "CODE", OUT_OF_SCOPE]
+    order = [o.name for o in option_order(req)]
+    assert sorted(order) == ["CODE", "RETRIEVAL"]
+    assert body["format"] == response_schema(order, True)
+    assert body["format"]["properties"]["label"]["enum"] == [*order, OUT_OF_SCOPE]
     assert body["options"]["temperature"] == 0.0
+    assert body["keep_alive"] == "30m"
     roles = [m["role"] for m in body["messages"]]
     assert roles == ["system", "user"]
     text = "\n".join(m["content"] for m in body["messages"])
@@ -121,6 +126,58 @@ def test_request_body(httpserver):
         for ex in opt.examples:
             assert ex in text
     assert OUT_OF_SCOPE in text and '"label"' in text
+
+
+def test_keep_alive_is_sent(httpserver):
+    answer(httpserver, '{"label": "CODE"}')
+    make_teacher(httpserver, keep_alive="-1s").label(REQUEST)
+    assert json.loads(httpserver.log[0][0].get_data())["keep_alive"] == "-1s"
+
+
+def test_system_prompt_user_folds_the_instructions_into_the_user_turn(httpserver):
+    answer(httpserver, '{"label": "CODE"}')
+    make_teacher(httpserver, system_prompt="user").label(REQUEST)
+    messages = json.loads(httpserver.log[0][0].get_data())["messages"]
+    assert [m["role"] for m in messages] == ["user"]
+    assert messages[0]["content"].startswith("You are an intent classifier.")
+    assert messages[0]["content"].endswith('Query: "explain this function"')
+    with pytest.raises(ConfigError, match="system_prompt"):
+        build_messages(REQUEST, "assistant")
+
+
+# --- option order -----------------------------------------------------------------------
+
+MANY = tuple(LabelOption(f"L{i}", f"label number {i}") for i in range(6))
+
+
+def _order(text: str, options=MANY) -> list[str]:
+    return [o.name for o in option_order(TeacherRequest(text=text, options=options))]
+
+
+def test_option_order_is_reproducible_per_text_and_differs_across_texts():
+    assert _order("where is the design doc") == _order("where is the design doc")
+    assert sorted(_order("where is the design doc")) == [o.name for o in MANY]
+    orders = {tuple(_order(f"query number {i}")) for i in range(50)}
+    assert len(orders) > 20
+
+
+def test_option_order_spreads_the_first_position_over_the_labels():
+    firsts = [_order(f"how do I do thing {i}?")[0] for i in range(200)]
+    counts = {name: firsts.count(name) for name in (o.name for o in MANY)}
+    assert all(n >= 15 for n in counts.values()), counts   # expected 33 each
+
+
+def test_prompt_and_schema_follow_the_option_order_with_out_of_scope_last():
+    req = TeacherRequest(text="the text decides the order", options=MANY)
+    order = [o.name for o in option_order(req)]
+    assert order != [o.name for o in MANY]   # this text does reorder them
+    system = build_messages(req)[0]["content"]
+    positions = [system.index(f"- {n}: ") for n in order]
+    assert positions == sorted(positions)
+    assert system.index(f"- {OUT_OF_SCOPE}: ") > positions[-1]
+    assert "exactly one of: " + ", ".join([*order, OUT_OF_SCOPE]) + "." in system
+    _, schema = OllamaTeacher(MODEL).prompt(req)
+    assert schema["properties"]["label"]["enum"] == [*order, OUT_OF_SCOPE]
 
 
 def test_build_messages_without_history_or_oos():
@@ -195,15 +252,66 @@ def test_unknown_label(httpserver):
     assert t.breaker.state == "closed"
 
 
-def test_http_404_is_error_and_keeps_breaker_closed(httpserver):
+def test_model_not_found_is_unavailable_and_counts(httpserver):
     httpserver.expect_request("/api/chat").respond_with_json(
-        {"error": f"model '{MODEL}' not found"}, status=404)
+        {"error": f'model "{MODEL}" not found, try pulling it first'}, status=404)
+    t = make_teacher(httpserver, breaker=CircuitBreaker(failures=2))
+    with pytest.raises(TeacherError) as ei:
+        t.label(REQUEST)
+    assert ei.value.kind == "unavailable"
+    assert f"model '{MODEL}' not found" in str(ei.value)
+    assert f"ollama pull {MODEL}" in str(ei.value)
+    assert t.breaker.state == "closed"
+    with pytest.raises(TeacherError):
+        t.label(REQUEST)
+    assert t.breaker.state == "open"
+
+
+def test_http_400_is_error_and_keeps_breaker_closed(httpserver):
+    httpserver.expect_request("/api/chat").respond_with_json({"error": "invalid format"}, status=400)
     t = make_teacher(httpserver, breaker=CircuitBreaker(failures=1))
     with pytest.raises(TeacherError) as ei:
         t.label(REQUEST)
-    assert ei.value.kind == "error"
-    assert str(ei.value) == f"error: HTTP 404 model '{MODEL}' not found"
+    assert str(ei.value) == "error: HTTP 400 invalid format"
     assert t.breaker.state == "closed"
+
+
+# --- check() ----------------------------------------------------------------------------
+
+def test_check_ok(httpserver):
+    httpserver.expect_request("/api/show", method="POST", json={"model": MODEL}).respond_with_json(
+        {"modelfile": "", "parameters": "", "template": "", "details": {}, "model_info": {}})
+    status = make_teacher(httpserver).check()
+    assert status == TeacherStatus(True, status.detail) and MODEL in status.detail
+
+
+def test_check_model_not_pulled(httpserver):
+    httpserver.expect_request("/api/show", method="POST").respond_with_json(
+        {"error": f"model '{MODEL}' not found"}, status=404)
+    t = make_teacher(httpserver, breaker=CircuitBreaker(failures=1))
+    status = t.check()
+    assert status.ok is False
+    assert f"ollama pull {MODEL}" in status.detail
+    assert t.breaker.state == "closed"   # a check is no labelling call
+
+
+def test_check_server_down_never_raises():
+    status = OllamaTeacher(MODEL, host=f"http://127.0.0.1:{free_port()}", timeout_s=1.0).check()
+    assert status.ok is False
+    assert "connection refused" in status.detail
+
+
+def test_check_is_bounded_by_the_timeout(httpserver):
+    release = threading.Event()
+    httpserver.expect_request("/api/show").respond_with_handler(lambda _r: (release.wait(3.0), Response("{}"))[1])
+    start = time.monotonic()
+    try:
+        status = make_teacher(httpserver, timeout_s=0.3).check()
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    assert status.ok is False and "0.3 s" in status.detail
+    assert elapsed < 1.5
 
 
 def test_http_500_is_unavailable_and_counts(httpserver):
@@ -381,5 +489,29 @@ def test_build_teacher_reads_the_intent_file_and_the_config_wins():
     assert (t.breaker.failures, t.breaker.reset_s) == (4, 12.0)
     assert t._client is None
     assert build_teacher(load_config(teacher="off"), parse_intents(doc)) is None
-    with pytest.raises(IntentFileError, match="teacher.backend must be 'ollama'"):
-        parse_intents({**doc, "teacher": {"backend": "openai"}})
+    assert t.keep_alive == "30m" and t.system_prompt == "system"
+    t = build_teacher(load_config(), parse_intents({**doc, "teacher": {"keep_alive": "1h", "system_prompt": "user"}}))
+    assert (t.keep_alive, t.system_prompt) == ("1h", "user")
+    with pytest.raises(IntentFileError, match="teacher.backend must be one of ollama, openai, got 'vllm'"):
+        parse_intents({**doc, "teacher": {"backend": "vllm"}})
+
+
+@pytest.mark.parametrize("value, parsed", [("30m", "30m"), ("1h30m", "1h30m"), (-1, "-1s"), (300, "300s"),
+                                           (2.5, "2500ms"), ("0", "0")])
+def test_keep_alive_setting(value, parsed):
+    from classifier.intents import parse_intents
+
+    doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
+           "teacher": {"keep_alive": value}}
+    assert parse_intents(doc).teacher.keep_alive == parsed
+
+
+@pytest.mark.parametrize("value", ["forever", "30", "", True, None])
+def test_bad_keep_alive_names_the_key(value):
+    from classifier.errors import IntentFileError
+    from classifier.intents import parse_intents
+
+    doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
+           "teacher": {"keep_alive": value}}
+    with pytest.raises(IntentFileError, match="teacher.keep_alive must be a duration"):
+        parse_intents(doc)

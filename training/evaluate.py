@@ -17,6 +17,13 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
 - ``ece``, ``top3_accuracy``, ``reliability``: from layer 2 alone (the head's
   calibrated in-scope probabilities, without the out-of-scope gate), over in-scope
   queries;
+- ``set_coverage`` and ``mean_set_size``: over in-scope queries, the share whose true
+  intent is in layer 2's conformal prediction set, and the set's mean size
+  (``nominal_coverage`` is what the set was calibrated for);
+- ``cutoff_precision``: per answered intent (``OUT_OF_SCOPE`` for rejections), the cutoff
+  that makes layer 2 sure of it and the precision of its sure answers on these queries
+  (``sure_precision`` over all of them; ``deferral`` names the rule);
+- ``risk_ece``: calibration of the deferral model's P(wrong) against layer 2's answers;
 - ``by_language`` (only when some queries carry a language): ``n``, ``n_in_scope``,
   ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
   ``oos_precision`` and ``macro_f1`` per language, queries without one under
@@ -43,6 +50,7 @@ from classifier.errors import InvalidInputError
 from classifier.labels import OUT_OF_SCOPE, label_name
 from classifier.protocols import DelegatingEmbedder
 from classifier.text import clean_text
+from classifier.tiers import Thresholds, assign_tiers
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
@@ -198,6 +206,55 @@ def _share(values: list[str], names: list[str]) -> dict[str, float]:
     return {k: _r(c / n) if n else 0.0 for k, c in out.items()}
 
 
+class _CutoffTally:
+    """What the served cutoffs give on the evaluated queries, layer 2 alone, chunk by chunk:
+    the prediction sets' coverage and size (in-scope queries), the precision of layer 2's
+    sure answers per answered intent (the ``confident`` cutoff, or the per-intent one, or
+    the risk rule's ``defer``), and the risk model's calibration."""
+
+    def __init__(self, th: Thresholds, classes: list[str]) -> None:
+        self.th, self.classes = th, classes
+        self.index = {c: i for i, c in enumerate(classes)}
+        self.covered: list[bool] = []
+        self.sizes: list[int] = []
+        self.sure: dict[str | None, list[bool]] = {}
+        self.risk: list[float] = []
+        self.right: list[bool] = []
+
+    def add(self, scores: Any, truth: list[str | None]) -> None:
+        t = assign_tiers(scores, self.classes, self.th)
+        answers = t.labels(self.classes)
+        for j, (y, a) in enumerate(zip(truth, answers)):
+            if t.sure[j]:
+                self.sure.setdefault(a, []).append(a == y)
+            if t.in_set is not None and y is not None and y in self.index:
+                self.covered.append(bool(t.in_set[j, self.index[y]]))
+                self.sizes.append(int(t.in_set[j].sum()))
+        if scores.risk is not None:
+            self.risk.extend(np.asarray(scores.risk, float).tolist())
+            self.right.extend(a == y for a, y in zip(answers, truth))
+
+    def report(self) -> dict[str, Any]:
+        th = self.th
+        per = {("OUT_OF_SCOPE" if k is None else k): {
+                   "cutoff": th.defer if th.defer is not None else th.oos_confident if k is None
+                   else th.confident_for(k),
+                   "precision": _r(float(np.mean(v))), "n": len(v)}
+               for k, v in sorted(self.sure.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))}
+        n_sure = sum(len(v) for v in self.sure.values())
+        out: dict[str, Any] = {
+            "set_coverage": _r(float(np.mean(self.covered))) if self.covered else None,
+            "mean_set_size": _r(float(np.mean(self.sizes))) if self.sizes else None,
+            "nominal_coverage": th.coverage,
+            "deferral": "risk" if th.defer is not None else "tiers",
+            "sure_precision": _r(sum(sum(v) for v in self.sure.values()) / n_sure) if n_sure else None,
+            "cutoff_precision": per,
+        }
+        if self.risk:
+            out["risk_ece"] = expected_calibration_error(1.0 - np.array(self.risk), np.array(self.right, bool))
+        return out
+
+
 def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
              latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE,
              langs: Sequence[str | None] | None = None) -> dict[str, Any]:
@@ -270,6 +327,7 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     conf_l2: list[float] = []          # head's top in-scope probability, per in-scope query
     correct_l2: list[bool] = []
     top3_l2: list[bool] = []
+    cuts = _CutoffTally(Thresholds.for_model(model), classes)
     batch_s = 0.0
     with tqdm(total=n, desc="evaluating", unit="query", disable=not progress) as bar:
         for start in range(0, n, chunk_size):
@@ -280,12 +338,15 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
             decisions.extend(twin.classify_many(texts[start:stop]))
             batch_s += time.perf_counter() - t0
             emb.recording = False
-            idx = [i for i in range(start, stop) if labels[i] is not None]
+            rows = list(range(start, stop))
+            missing = list(dict.fromkeys(cleaned[i] for i in rows if cleaned[i] not in emb.seen))
+            if missing:  # decided by a rule: layer 2 never saw them
+                emb.seen.update(zip(missing, emb.inner.encode(missing)))
+            scores = head.scores(np.stack([emb.seen[cleaned[i]] for i in rows]))
+            cuts.add(scores, [labels[i] for i in rows])
+            idx = [i for i in rows if labels[i] is not None]
             if idx:
-                missing = list(dict.fromkeys(cleaned[i] for i in idx if cleaned[i] not in emb.seen))
-                if missing:  # decided by a rule: layer 2 never saw them
-                    emb.seen.update(zip(missing, emb.inner.encode(missing)))
-                probs = head.scores(np.stack([emb.seen[cleaned[i]] for i in idx])).probs
+                probs = scores.probs[[i - start for i in idx]]
                 k = min(3, probs.shape[1])
                 top = np.argsort(-probs, axis=1)[:, :k]
                 for row, i in enumerate(idx):
@@ -312,6 +373,7 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     report["ece"] = expected_calibration_error(conf, ok, RELIABILITY_BINS) if conf.size else None
     report["reliability"] = [{"confidence": _r(c), "accuracy": _r(a), "count": k}
                              for c, a, k in (reliability_bins(conf, ok, RELIABILITY_BINS) if conf.size else [])]
+    report.update(cuts.report())
     report["tier_share"] = _share([d.tier.value for d in decisions], [t.value for t in Tier])
     report["layer_share"] = _share([d.layer.value for d in decisions], [x.value for x in Layer])
     report["throughput_qps"] = round(n / batch_s, 2) if batch_s > 0 else None
@@ -375,6 +437,12 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
             ("layer-2 top-1 accuracy (no gate)", _pct(report.get("top1_accuracy_layer2"))),
             ("layer-2 top-3 accuracy", _pct(report.get("top3_accuracy"))),
             ("layer-2 ECE", "n/a" if ece is None else f"{ece:.4f}")]
+    if report.get("set_coverage") is not None:
+        rows += [(f"prediction-set coverage (nominal {report['nominal_coverage']:.0%})", _pct(report["set_coverage"])),
+                 ("mean prediction-set size", f"{report['mean_set_size']:.2f}")]
+    if report.get("sure_precision") is not None:
+        rows.append((f"precision of layer 2's sure answers ({report.get('deferral')} rule)",
+                     _pct(report["sure_precision"])))
     width = max(len(r[0]) for r in rows)
     lines += [f"  {name:<{width}}  {value:>8}" for name, value in rows]
     lines += _language_table(report.get("by_language") or {})
@@ -398,6 +466,7 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
         lines += ["", "Most confused (true -> predicted):"]
         cw = max(len(str(p[2])) for p in pairs)
         lines += [f"  {p[2]:>{cw}}  {p[0]} -> {p[1]}" for p in pairs]
+    lines += _cutoff_table(report.get("cutoff_precision") or {}, worst)
     per = report.get("per_intent") or {}
     if per and worst > 0:
         items = sorted(per.items(), key=lambda kv: (kv[1]["f1"], -kv[1]["support"], kv[0]))[:worst]
@@ -407,6 +476,20 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
         lines += [f"  {k:<{lw}}  {v['precision']:>6.3f}  {v['recall']:>6.3f}  {v['f1']:>6.3f}  {v['support']:>7}"
                   for k, v in items]
     return "\n".join(lines)
+
+
+def _cutoff_table(per: dict[str, dict[str, Any]], worst: int) -> list[str]:
+    """The least precise intents at their cutoff (layer 2's sure answers)."""
+    if not per or worst <= 0:
+        return []
+    items = sorted(per.items(), key=lambda kv: (kv[1]["precision"], -kv[1]["n"], kv[0]))[:worst]
+    lw = max(5, *(len(k) for k, _ in items))
+    lines = ["", f"What each cutoff buys: precision of layer 2's sure answers, least precise "
+                 f"{len(items)} of {len(per)}:", f"  {'label':<{lw}}  {'cutoff':>6}  {'prec':>6}  {'n':>6}"]
+    for k, v in items:
+        cut = "" if v["cutoff"] is None else f"{v['cutoff']:.3f}"
+        lines.append(f"  {k:<{lw}}  {cut:>6}  {v['precision']:>6.3f}  {v['n']:>6}")
+    return lines
 
 
 def _language_table(slices: dict[str, dict[str, Any]]) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from classifier.labels import label_name
-from classifier.scoring import normalise_rows
-from classifier.tiers import Thresholds, assign_tier
+from classifier.scoring import HeadScores, normalise_rows
+from classifier.tiers import Thresholds, assign_tiers
 from training.rows import LabelledSet
 
 __all__ = ["GUARD_K", "Layer2Batch", "layer2_predict", "knn_labels", "noisy_teacher_guard"]
@@ -31,6 +31,7 @@ class Layer2Batch:
     oos_class: np.ndarray
     p_oos: np.ndarray
     classes: list[str]
+    risk: np.ndarray | None = None  # calibrated P(wrong); None for heads without a risk model
 
 
 def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
@@ -45,15 +46,10 @@ def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = No
     probs = np.vstack([p.probs for p in parts])
     oos_class = np.concatenate([p.oos_class for p in parts])
     p_oos = np.concatenate([p.p_oos for p in parts])
-    labels: list[str | None] = []
-    tiers: list[str] = []
-    sure = np.zeros(n, dtype=bool)
-    for j in range(n):
-        res = assign_tier(probs[j], classes, float(oos_class[j]), float(p_oos[j]), th)
-        labels.append(res.label)
-        tiers.append(res.tier.value)
-        sure[j] = res.sure
-    return Layer2Batch(labels, sure, tiers, probs, oos_class, p_oos, classes)
+    risk = None if parts[0].risk is None else np.concatenate([p.risk for p in parts])
+    t = assign_tiers(HeadScores(probs, oos_class, p_oos, np.zeros(n), risk), classes, th)
+    return Layer2Batch(t.labels(classes), t.sure, [x.value for x in t.tier], probs, oos_class, p_oos, classes,
+                       risk)
 
 
 def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None], k: int = GUARD_K) -> list[str | None]:

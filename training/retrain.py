@@ -291,7 +291,8 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
                                  sample_weight=np.where(layer2, job.opts.self_training, 1.0) if weighted else None,
                                  fit_only=layer2 if weighted else None, version=new_version_name(),
                                  parent=champion.version if champion else None,
-                                 head=IntentHead(target_precision=job.target_precision),
+                                 head=IntentHead(target_precision=job.target_precision,
+                                                 coverage=job.intents.thresholds.coverage),
                                  negatives=ts.negatives)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
@@ -304,8 +305,15 @@ def _tune(job: _Job, model: IntentModel, ts: TrainingSet) -> tuple[dict[str, Any
     budget = job.opts.llm_budget
     sample = traffic_sample(job.store, job.embedder.id, ts) if budget is not None else None
     tuning, thresholds = retune(model, ts.recent, job.target_precision, budget, sample)
-    job.say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
-            f"({tuning['method']})")
+    if tuning.get("method") == "risk":
+        job.say(f"deferral cutoff: P(wrong) > {tuning['defer']:.3f} goes to the LLM "
+                f"(expected LLM share {tuning.get('llm_share_expected', 'n/a')})")
+    else:
+        job.say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
+                f"({tuning['method']})")
+    if "risk_ece_recent" in tuning:
+        job.say(f"deferral model calibration: ECE {tuning['risk_ece_recent']:.3f} on {tuning['n']:,} recent "
+                f"labelled rows (out of fold: {model.head.metrics_.get('oof_risk_ece', float('nan')):.3f})")
     return tuning, thresholds
 
 

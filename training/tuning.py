@@ -45,7 +45,7 @@ from classifier.tiers import Thresholds
 from training.rows import LabelledSet, TrainingSet
 
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
-           "with_thresholds", "layer2_state"]
+           "with_thresholds", "layer2_state", "risk_ece"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
 MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
@@ -276,6 +276,11 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     state = layer2_state(model, th, classes, recent.vectors)
+    if state[0].risk is not None:
+        info["risk_ece_recent"] = risk_ece(state, recent.labels)
+    if th.defer is not None:  # the risk rule: one cutoff on P(wrong)
+        learned["defer"] = _risk_cutoff(model, th, classes, state, traffic, llm_budget, info)
+        return info, learned
     found = _precision_cutoff(state, recent.labels, th, target_precision)
     t_prec = info["precision_cutoff"] = 1.0 if found is None else float(found)
     chosen = t_prec
@@ -291,6 +296,51 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
         info["method"] = "llm_budget" if t_budget < t_prec else "target_precision (within the LLM budget)"
     learned["confident"] = info["confident"] = float(chosen)
     return info, learned
+
+
+def risk_ece(state: tuple, labels: list[str | None]) -> float:
+    """ECE of the risk model on labelled rows: 1 - P(wrong) against layer 2's answer
+    (its top intent, or out of scope when rejected) being right."""
+    from classifier.calibration import expected_calibration_error
+
+    s, conf, second, rejected, close, top = state
+    answer = np.where(rejected, None, top)
+    right = np.array([a == y for a, y in zip(answer, labels)], dtype=bool)
+    return expected_calibration_error(1.0 - np.asarray(s.risk), right)
+
+
+def _risk_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, state: tuple,
+                 traffic: TrafficSample | None, llm_budget: float | None, info: dict[str, Any]) -> float:
+    """The ``risk`` rule's cutoff: layer 2 defers a query when its P(wrong) is above it.
+
+    Deferring a query trades its risk for the teacher's error rate (1 - the teacher's
+    assumed ``confidence``), so expected errors are lowest when every query riskier
+    than the teacher is deferred; with ``llm_budget``, the cutoff rises until at most
+    that share of the traffic (the weighted sample, else ``recent``) is deferred. The
+    cutoff is the larger of the two."""
+    teacher_error = 1.0 - float(model.intents.teacher.confidence)
+    info["method"] = "risk"
+    info["teacher_error"] = teacher_error
+    cutoff = teacher_error
+    if llm_budget is not None:
+        if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
+            risk, w = np.asarray(model.head.scores(traffic.vectors).risk), np.asarray(traffic.weights, float)
+            info["budget_on"] = traffic.describe()
+        else:
+            risk, w = np.asarray(state[0].risk), np.ones(len(state[1]))
+            info["budget_on"] = "recent teacher-labelled slice"
+        order = np.argsort(-risk, kind="stable")           # deferred first
+        r, cw = risk[order], np.cumsum(w[order]) / max(float(w.sum()), 1e-12)
+        k = int(np.searchsorted(cw, llm_budget + 1e-9, side="right"))   # the riskiest k fit the budget
+        budget_cut = float(r[k]) if k < len(r) else 0.0
+        info["budget_cutoff"] = budget_cut
+        cutoff = max(cutoff, budget_cut)
+        deferred = risk > cutoff
+        info["llm_share_expected"] = round(float(w[deferred].sum() / max(w.sum(), 1e-12)), 4)
+        info["expected_error_rate"] = round(float((np.where(deferred, teacher_error, risk) * w).sum()
+                                                  / max(w.sum(), 1e-12)), 4)
+    info["defer"] = float(cutoff)
+    return float(cutoff)
 
 
 def _precision_cutoff(state: tuple, labels: list[str | None], th: Thresholds, target: float) -> float | None:
