@@ -114,13 +114,15 @@ def setup(args: argparse.Namespace, prefix: str) -> tuple[dict, Path, Any]:
 
 def report(rows: list[dict], summary: dict, args: argparse.Namespace) -> None:
     """Print the windows as a markdown table and the summary; write both to ``--json-out``."""
-    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | in-scope | OOS recall | retrain |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| window | queries | LLM share | e2e acc | layer-2 test acc | stream-weighted | in-scope | OOS recall "
+          "| retrain |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         l2 = r["layer2_test"]
         took = "" if r.get("retrain_s") is None else f" ({r['retrain_s']}s)"
         print(f"| {r['window']} | {r['queries']} | {_pct(r['llm_share'])} | {_pct(r['e2e_accuracy'])} | "
-              f"{_pct(l2['accuracy'])} | {_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
+              f"{_pct(l2['accuracy'])} | {_pct(l2.get('accuracy_stream_weighted'))} | "
+              f"{_pct(l2['in_scope_accuracy'])} | {_pct(l2['oos_recall'])} | "
               f"{r['retrain'] or ''}{took} |")
     print("\n" + json.dumps(summary, indent=2))
     if args.json_out:
@@ -211,11 +213,25 @@ def main() -> int:
         sim_counts = dict(sim.counts)
 
     total_q = sum(len(stream[i:i + args.retrain_every]) for i in range(0, len(stream), args.retrain_every))
+    oos_share = sum(lab == "oos" for _, lab in stream) / max(len(stream), 1)
+    for r in rows:   # layer-2 test accuracy as the stream would weigh it (CLINC150's test split is 18% out of scope)
+        t = r["layer2_test"]
+        t["accuracy_stream_weighted"] = (1 - oos_share) * t["in_scope_accuracy"] + oos_share * t["oos_recall"]
+    sizes = [min(args.retrain_every, total_q - (r["window"] - 1) * args.retrain_every) for r in rows[1:]]
+    tail, n_tail = 0.0, 0
+    for r, n in zip(reversed(rows[1:]), reversed(sizes)):   # the last 3,000 queries
+        take = min(n, 3000 - n_tail)
+        tail, n_tail = tail + r["llm_share"] * take, n_tail + take
+        if n_tail >= 3000:
+            break
     summary = {
         "queries": total_q,
         "teacher_accuracy_setting": args.accuracy,
         "llm_share_last_window": rows[-1]["llm_share"],
+        "llm_share_last_3000": tail / max(n_tail, 1),
+        "stream_oos_share": oos_share,
         "layer2_test_accuracy_final": rows[-1]["layer2_test"]["accuracy"],
+        "layer2_test_accuracy_final_stream_weighted": rows[-1]["layer2_test"]["accuracy_stream_weighted"],
         "e2e_accuracy_overall": float(np.average([r["e2e_accuracy"] for r in rows[1:]],
                                                  weights=[min(args.retrain_every, total_q - (r["window"] - 1)
                                                               * args.retrain_every) for r in rows[1:]])),

@@ -73,3 +73,19 @@ def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
     d = json.loads(out)
     assert d["layer"] == "embedding" and d["tier"] == "weak" and d["label"] == "RETRIEVAL"
     assert "llm unavailable: unavailable: connection refused" in d["reason"]
+
+
+def test_train_and_eval_say_what_the_cutoffs_buy(capsys, home, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    rc, out, err = run(capsys, "train", "--intents", "data/starter_intents.yaml", "--out", str(tmp_path / "m"))
+    assert rc == 0, err
+    assert "prediction sets:" in out and "(nominal 95%)" in out and "deferral model ECE" in out
+    assert "held-out answers at or above it; by intent" in out
+    rc, out, err = run(capsys, "eval", "--model", str(tmp_path / "m"), "--test", "tests/data/heldout_queries.jsonl",
+                       "--json", "--quiet", "--latency-sample", "0")
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert 0.0 <= rep["set_coverage"] <= 1.0 and rep["mean_set_size"] > 0 and rep["nominal_coverage"] == 0.95
+    assert rep["deferral"] == "tiers" and set(rep["cutoff_precision"]) <= {"RETRIEVAL", "CODE_GENERATION",
+                                                                         "CONVERSATIONAL", "PLATFORM", "OUT_OF_SCOPE"}
+    assert all(0.0 <= v["precision"] <= 1.0 and v["n"] > 0 for v in rep["cutoff_precision"].values())

@@ -49,6 +49,23 @@ def train_command(
                f"{met['oof_in_scope_accuracy']:.3f}, ECE {met['oof_ece_raw']:.3f} -> {met['oof_ece']:.3f} "
                f"after temperature {met['temperature']:.2f}"
                + (f", out-of-scope recall {met['oof_oos_recall']:.3f}" if "oof_oos_recall" in met else ""))
+    _explain_cutoffs(m.thresholds, met)
+
+
+def _explain_cutoffs(th: dict, met: dict) -> None:
+    """What the learned cutoffs buy on held-out (out-of-fold) rows."""
+    if "oof_set_coverage" in met:
+        typer.echo(f"  prediction sets: {met['oof_set_coverage']:.1%} coverage (nominal {th['coverage']:.0%}), "
+                   f"mean size {met['oof_mean_set_size']:.2f}; deferral model ECE {met['oof_risk_ece']:.3f}")
+    cp = met.get("cutoff_precision") or {}
+    if cp.get("precision") is not None:
+        typer.echo(f"  confident cutoff {cp['cutoff']:.3f}: precision {cp['precision']:.1%} on {cp['n']:,} "
+                   "held-out answers at or above it; by intent (least precise first):")
+        per = sorted(cp["per_intent"].items(), key=lambda kv: (kv[1]["precision"], kv[0]))
+        for name, v in per[:10]:
+            typer.echo(f"    {name}: {v['precision']:.1%} of {v['n']}")
+        if len(per) > 10:
+            typer.echo(f"    ... {len(per) - 10} more in the manifest's metrics.cutoff_precision")
 
 
 def eval_command(
