@@ -60,7 +60,7 @@ class HeadScores:
     def rejected(self, oos_cutoff: float) -> np.ndarray:
         """Rows layer 2 answers as out of scope at this ``oos`` cutoff: the gate says so,
         or the out-of-scope class is at least as likely as the top intent (the rule
-        :func:`classifier.tiers.assign_tier` applies row by row)."""
+        :func:`classifier.tiers.assign_tiers` builds on)."""
         return (self.p_oos >= oos_cutoff) | (self.oos_class >= self.probs.max(axis=1))
 
 
@@ -90,6 +90,9 @@ def risk_features(probs: np.ndarray, p_oos: np.ndarray) -> np.ndarray:
     return np.column_stack([top, margin, np.asarray(p_oos, dtype=np.float64)])
 
 
+TIE_BREAK = 1e-6
+
+
 @dataclass(frozen=True)
 class RiskModel:
     """P(layer 2 is wrong): a logistic score of :func:`risk_features`, mapped to a
@@ -106,7 +109,10 @@ class RiskModel:
 
     def __call__(self, probs: np.ndarray, p_oos: np.ndarray) -> np.ndarray:
         s = 1.0 / (1.0 + np.exp(-self.logit(risk_features(probs, p_oos))))
-        return np.interp(s, self.x, self.y)
+        # the isotonic map is flat on each of its steps; a tie-break of 1e-6 times the score
+        # keeps the order within a step, so a cutoff can split a step (an LLM budget that
+        # ends inside one would otherwise defer all of it or none of it)
+        return np.clip(np.interp(s, self.x, self.y) + TIE_BREAK * s, 0.0, 1.0)
 
 
 def p_oos_from_similarity(sim: np.ndarray, quantiles: np.ndarray) -> np.ndarray:

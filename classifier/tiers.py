@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from classifier.decision import Candidate, Tier
+from classifier.scoring import HeadScores
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,15 @@ class TierBatch:
     decides alone (else the teacher is asked). tier : a :class:`Tier` per row.
     confidence : the top probability, or the out-of-scope score for rejections.
     in_set : (n, k) membership of the conformal prediction set (``None`` without one).
+    p1, p2 : the top and the runner-up in-scope probabilities.
     """
 
     def __init__(self, top: np.ndarray, rejected: np.ndarray, close: np.ndarray, sure: np.ndarray,
-                 tier: np.ndarray, confidence: np.ndarray, in_set: np.ndarray | None) -> None:
+                 tier: np.ndarray, confidence: np.ndarray, in_set: np.ndarray | None,
+                 p1: np.ndarray, p2: np.ndarray) -> None:
         self.top, self.rejected, self.close, self.sure = top, rejected, close, sure
         self.tier, self.confidence, self.in_set = tier, confidence, in_set
+        self.p1, self.p2 = p1, p2
 
     def __len__(self) -> int:
         return len(self.top)
@@ -129,7 +133,7 @@ class TierBatch:
         return [None if r else str(n) for n, r in zip(names, self.rejected)]
 
 
-def assign_tiers(scores: Any, labels: Sequence[str], th: Thresholds) -> TierBatch:
+def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> TierBatch:
     """The one tier rule, vectorised over a batch of :class:`~classifier.scoring.HeadScores`
     (``labels`` aligned with its columns).
 
@@ -151,7 +155,7 @@ def assign_tiers(scores: Any, labels: Sequence[str], th: Thresholds) -> TierBatc
     p1 = probs[rows, top]
     p2 = probs[rows, order[:, 1]] if k > 1 else np.zeros(n)
     oos_class, p_oos = np.asarray(scores.oos_class, float), np.asarray(scores.p_oos, float)
-    rejected = (p_oos >= th.oos) | (oos_class >= p1)
+    rejected = scores.rejected(th.oos)       # the out-of-scope rule, kept with the scores
     close = (p1 > 0) & (p2 / np.clip(p1, 1e-12, None) >= th.ambiguous_ratio)
     names = np.asarray(labels, dtype=object)
     cut = np.array([th.per_intent.get(str(x), th.confident) for x in names], float)[top] if k else np.zeros(n)
@@ -166,10 +170,10 @@ def assign_tiers(scores: Any, labels: Sequence[str], th: Thresholds) -> TierBatc
     codes = np.where(rejected, 3, np.where(sure, 0, np.where(plural, 1, 2)))
     tier = np.array(_TIERS, dtype=object)[codes]
     confidence = np.where(rejected, np.maximum(p_oos, oos_class), p1)
-    return TierBatch(top, rejected, close, sure.astype(bool), tier, confidence, in_set)
+    return TierBatch(top, rejected, close, sure.astype(bool), tier, confidence, in_set, p1, p2)
 
 
-def tier_rows(scores: Any, labels: Sequence[str], th: Thresholds) -> list[Layer2Result]:
+def tier_rows(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> list[Layer2Result]:
     """:func:`assign_tiers` as one :class:`Layer2Result` per row (what the pipeline serves)."""
     batch = assign_tiers(scores, labels, th)
     risk = getattr(scores, "risk", None)
@@ -195,15 +199,10 @@ def assign_tier(probs: np.ndarray, labels: Sequence[str], oos_class: float, p_oo
     >>> assign_tier(np.array([0.9, 0.05]), ["A", "B"], 0.0, 0.9, th).tier.value
     'no_match'
     """
-    row = _Row(np.asarray(probs, dtype=np.float64)[None, :], np.array([oos_class], float), np.array([p_oos], float),
-               None if risk is None else np.array([risk], float))
+    row = HeadScores(np.asarray(probs, dtype=np.float64)[None, :], np.array([oos_class], float),
+                     np.array([p_oos], float), np.zeros(1), None if risk is None else np.array([risk], float))
     batch = assign_tiers(row, labels, th)
     return _result(batch, 0, row.probs[0], labels, oos_class, p_oos, risk, th)
-
-
-class _Row:
-    def __init__(self, probs: np.ndarray, oos_class: np.ndarray, p_oos: np.ndarray, risk: np.ndarray | None) -> None:
-        self.probs, self.oos_class, self.p_oos, self.risk = probs, oos_class, p_oos, risk
 
 
 def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], oos_class: float, p_oos: float,

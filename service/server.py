@@ -8,8 +8,9 @@ Lifecycle:
    ``flywheel.v1.IntentClassifier``.
 2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``, and
    checks the teacher's server and model once on a thread of its own (bounded by the
-   teacher's timeout): a failed check is one WARNING and ``flywheel_teacher_ready`` 0, never
-   ``NOT_SERVING``; layer 2 keeps serving and what needed the teacher is logged pending.
+   teacher's timeout): a failed check is one WARNING, ``flywheel_teacher_ready`` 0 and the
+   health service's ``flywheel.teacher`` entry ``NOT_SERVING``; the classifier's own entries
+   stay ``SERVING``: layer 2 keeps serving and what needed the teacher is logged pending.
 3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING`` and new calls get
    ``UNAVAILABLE`` while the port stays open for calls in flight (and at least
    ``drain_s``), all within the grace period; then the port closes, the batcher and the
@@ -47,6 +48,7 @@ log = logging.getLogger("flywheel.sidecar")
 __all__ = ["ServerOptions", "SidecarServer", "create_server", "serve", "DEFAULT_ADDRESS"]
 
 FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
+TEACHER_HEALTH = "flywheel.teacher"   # the health service's entry for the teacher's startup check
 
 
 class SidecarServer:
@@ -197,6 +199,10 @@ class SidecarServer:
         except Exception as exc:  # noqa: BLE001 - a teacher's check must report, not raise
             ok, detail = False, f"the teacher's check failed with {type(exc).__name__}"
         self.metrics.set_teacher_ready(ok)
+        # its own entry in the standard health service (grpc_health_probe -service=flywheel.teacher):
+        # the classifier's entries stay SERVING, since layer 2 serves without the teacher
+        self.health.set(TEACHER_HEALTH, health_pb2.HealthCheckResponse.SERVING if ok
+                        else health_pb2.HealthCheckResponse.NOT_SERVING)
         if ok:
             log.info("teacher ready: %s", detail)
         else:

@@ -44,12 +44,19 @@ def test_the_risk_model_is_calibrated_and_falls_with_confidence():
     assert head.metrics_["oof_risk_ece"] < 0.1
 
 
+def test_the_gate_cuts_at_its_balanced_decision_point():
+    head, _, _ = _fitted()
+    assert head.thresholds_["oos"] == 0.5
+    X, y, _ = blobs(n_per=80, k=5, noise=0.9, seed=0, with_oos=False)
+    assert IntentHead(cv=3, novelty_quantile=0.02).fit(X, y).thresholds_["oos"] == pytest.approx(0.98)
+
+
 def test_fit_risk_with_one_outcome_is_the_constant_rate():
     probs = np.array([[0.9, 0.1], [0.6, 0.4]])
     r = fit_risk(probs, np.zeros(2), np.zeros(2, bool))
-    assert np.allclose(r(probs, np.zeros(2)), 0.0)
+    assert np.allclose(r(probs, np.zeros(2)), 0.0, atol=1e-5)
     r = fit_risk(probs, np.zeros(2), np.ones(2, bool))
-    assert np.allclose(r(probs, np.zeros(2)), 1.0)
+    assert np.allclose(r(probs, np.zeros(2)), 1.0, atol=1e-5)
 
 
 def test_conformal_cutoff_uses_the_finite_sample_quantile():

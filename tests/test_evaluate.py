@@ -410,3 +410,20 @@ def test_intent_set_from_data_with_base():
     assert s.intent("music").confident == 0.7
     with pytest.raises(DatasetError, match="no in-scope examples"):
         intent_set_from_data(LabelledData(["a"], [None]), name="n")
+
+
+def test_prediction_sets_calibrated_on_held_out_data(model, fake):
+    from classifier.tiers import Thresholds
+    from training.evaluate import calibrate_sets
+    from training.loaders import DatasetError, LabelledData
+
+    texts, labels = _test_queries()
+    data = LabelledData(texts=texts * 5, labels=labels * 5, source="cal.jsonl")
+    cal = calibrate_sets(model, data, embedder=fake)
+    assert cal is not model and model.manifest.thresholds.get("set") == model.head.thresholds_["set"]
+    th = Thresholds.for_model(cal)
+    assert th.coverage == 0.95 and th.set_cutoff == cal.manifest.thresholds["set"]
+    rep = evaluate(Classifier(cal, embedder=fake, teacher=None), texts, labels, progress=False, latency_sample=0)
+    assert rep["set_coverage"] >= 0.95      # calibrated on these very queries: covered by construction
+    with pytest.raises(DatasetError, match="cal.jsonl: no in-scope rows"):
+        calibrate_sets(model, LabelledData(texts=["zebra"], labels=[None], source="cal.jsonl"), embedder=fake)

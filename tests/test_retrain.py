@@ -193,6 +193,9 @@ def test_first_run_promotes_and_reuses_logged_embeddings(world):
     assert report["challenger"]["recent"]["n"] >= 50
     assert report["timing"]["fit_seconds"] > 0 and "per_intent" in report["challenger"]["eval"]
     assert report["thresholds"]["tuning"]["method"].startswith("target_precision")
+    # every retrain reports the deferral model's calibration on the recent labelled slice
+    assert 0.0 <= report["thresholds"]["tuning"]["risk_ece_recent"] <= 1.0
+    assert 0.0 <= model.manifest.metrics["oof_risk_ece"] <= 1.0
 
 
 def test_shadow_run_publishes_the_winner_as_the_shadow_and_records_every_run(world):
@@ -464,7 +467,7 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
     m = with_thresholds(model, th)
     assert info["budget_reachable"] is False and info["confident"] == 0.0
     # ... so the surest of those are decided at layer 2 too
-    assert evaluate_layer2(m, recent)["llm_share"] <= min(0.02, before)
+    assert evaluate_layer2(m, recent)["llm_share"] <= min(0.05, before / 4)
     # the budget is a share of all traffic: measured on the latest logged decisions when given
     traffic_items = sample(200, 11)
     traffic = HashEmbedder().encode([t for t, _ in traffic_items])
@@ -783,7 +786,7 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
     from training.tuning import layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
-    items = sample(1500, 3)
+    items = sample(3000, 3)
     X = HashEmbedder().encode([t for t, _ in items])
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
@@ -830,7 +833,7 @@ def test_relaxed_budget_holds_with_weights(world):
     from training.tuning import TrafficSample, layer2_state, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
-    items = sample(1500, 3)
+    items = sample(3000, 3)
     X = HashEmbedder().encode([t for t, _ in items])
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)

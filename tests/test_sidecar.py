@@ -37,7 +37,7 @@ from logstore import LogStore
 from service.batcher import MicroBatcher
 from service.client import FlywheelClient
 from service.core import BatchOptions
-from service.server import ServerOptions, SidecarServer, create_server
+from service.server import TEACHER_HEALTH, ServerOptions, SidecarServer, create_server
 from tests.fakes import HashEmbedder, ScriptedTeacher
 from tests.test_model import DOC
 
@@ -492,6 +492,7 @@ def test_a_missing_teacher_model_warns_once_and_layer_2_keeps_serving(models, ca
         with serving(models["unsure"], teacher=teacher) as server, client(server) as fw:
             server.teacher_check.join(5.0)
             assert health_of(server, "") == HEALTH.SERVING and health_of(server, SERVICE) == HEALTH.SERVING
+            assert health_of(server, TEACHER_HEALTH) == HEALTH.NOT_SERVING
             assert metric(server, "flywheel_teacher_ready") == 0
             d = fw.classify("explain addparam")
             assert (d.tier, d.layer) == (Tier.WEAK, Layer.EMBEDDING) and "llm unavailable" in d.reason
@@ -506,6 +507,7 @@ def test_a_ready_teacher_sets_the_gauge(models):
     with serving(models["unsure"], teacher=teacher) as server:
         server.teacher_check.join(5.0)
         assert metric(server, "flywheel_teacher_ready") == 1
+        assert health_of(server, TEACHER_HEALTH) == HEALTH.SERVING
     with serving(models["sure"]) as server:   # no teacher: nothing to check, not ready
         assert server.teacher_check is None and metric(server, "flywheel_teacher_ready") == 0
 

@@ -81,6 +81,9 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability and confusion PNGs here."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
+    calibration: Optional[Path] = typer.Option(
+        None, "--calibration", help="Held-out labelled data that calibrates the prediction sets (split-conformal; "
+                                    "CLINC150: its val split) instead of the out-of-fold training rows."),
     latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
@@ -110,6 +113,10 @@ def eval_command(
         m = fit_model(intent_set, progress=not quiet)
         if save is not None:
             m.save(save)
+    if calibration is not None:
+        from training.evaluate import calibrate_sets
+
+        m = calibrate_sets(m, load_labelled(calibration, split="val", **opts))
     clf = Classifier(m, teacher=None)
     report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
                       langs=test_data.langs)

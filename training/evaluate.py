@@ -206,6 +206,28 @@ def _share(values: list[str], names: list[str]) -> dict[str, float]:
     return {k: _r(c / n) if n else 0.0 for k, c in out.items()}
 
 
+def calibrate_sets(model: Any, data: Any, embedder: Any = None) -> Any:
+    """``model`` with its prediction sets calibrated on held-out ``data`` (a
+    :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
+    textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
+    Rows whose intent the model does not know are left out; a new model is returned."""
+    from classifier.embedders import make_embedder
+    from classifier.head import conformal_cutoff
+    from training.loaders import DatasetError
+    from training.tuning import learned_thresholds, with_thresholds
+
+    index = {str(c): i for i, c in enumerate(model.manifest.labels)}
+    rows = [(t, index[y]) for t, y in zip(data.texts, data.labels) if y is not None and y in index]
+    if not rows:
+        raise DatasetError(data.source, "no in-scope rows with an intent the model knows to calibrate the "
+                                        "prediction sets on")
+    emb = embedder if embedder is not None else make_embedder(model.intents.embedder)
+    probs = model.head.scores(emb.encode([t for t, _ in rows])).probs
+    coverage = float(model.head.thresholds_.get("coverage", model.intents.thresholds.coverage))
+    cut = conformal_cutoff(probs, np.array([i for _, i in rows]), coverage)
+    return with_thresholds(model, {**learned_thresholds(model), **cut})
+
+
 class _CutoffTally:
     """What the served cutoffs give on the evaluated queries, layer 2 alone, chunk by chunk:
     the prediction sets' coverage and size (in-scope queries), the precision of layer 2's

@@ -41,7 +41,7 @@ import numpy as np
 from classifier.head import precision_cutoff
 from classifier.model import IntentModel
 from classifier.text import normalise_key
-from classifier.tiers import Thresholds
+from classifier.tiers import Thresholds, assign_tiers
 from training.rows import LabelledSet, TrainingSet
 
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
@@ -119,13 +119,8 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
 def layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray) -> tuple:
     """Scores, top/second probabilities, out-of-scope and near-tie flags, top labels."""
     s = model.head.scores(X)
-    probs = s.probs
-    order = np.argsort(-probs, axis=1)
-    conf = probs[np.arange(len(probs)), order[:, 0]]
-    second = probs[np.arange(len(probs)), order[:, 1]] if probs.shape[1] > 1 else np.zeros(len(probs))
-    rejected = s.rejected(th.oos)
-    close = (conf > 0) & (second / np.clip(conf, 1e-12, None) >= th.ambiguous_ratio)
-    return s, conf, second, rejected, close, classes[order[:, 0]]
+    t = assign_tiers(s, classes, th)      # the one tier rule
+    return s, t.p1, t.p2, t.rejected, t.close, classes[t.top]
 
 
 def _fits(weights: np.ndarray, budget: float) -> int:
@@ -269,18 +264,22 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
     if model.intents.thresholds.confident is not None:
         info["note"] = ("the intent file fixes thresholds.confident; the tuned value is recorded "
                         "but serving uses the fixed one")
+    th = Thresholds.for_model(model)
+    if th.defer is not None and (len(recent) >= MIN_TUNE_ROWS or traffic is not None):  # the risk rule
+        classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
+        state = layer2_state(model, th, classes, recent.vectors) if len(recent) else None
+        if state is not None and state[0].risk is not None:
+            info["risk_ece_recent"] = risk_ece(state, recent.labels)
+        learned["defer"] = _risk_cutoff(model, state, traffic, llm_budget, info)
+        return info, learned
     if len(recent) < MIN_TUNE_ROWS:
         info["method"] = "cross-validation"
         info["why"] = f"recent-traffic slice has {len(recent)} rows (< {MIN_TUNE_ROWS}); kept the CV cutoff"
         return info, learned
-    th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     state = layer2_state(model, th, classes, recent.vectors)
     if state[0].risk is not None:
         info["risk_ece_recent"] = risk_ece(state, recent.labels)
-    if th.defer is not None:  # the risk rule: one cutoff on P(wrong)
-        learned["defer"] = _risk_cutoff(model, th, classes, state, traffic, llm_budget, info)
-        return info, learned
     found = _precision_cutoff(state, recent.labels, th, target_precision)
     t_prec = info["precision_cutoff"] = 1.0 if found is None else float(found)
     chosen = t_prec
@@ -309,8 +308,8 @@ def risk_ece(state: tuple, labels: list[str | None]) -> float:
     return expected_calibration_error(1.0 - np.asarray(s.risk), right)
 
 
-def _risk_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, state: tuple,
-                 traffic: TrafficSample | None, llm_budget: float | None, info: dict[str, Any]) -> float:
+def _risk_cutoff(model: IntentModel, state: tuple | None, traffic: TrafficSample | None,
+                 llm_budget: float | None, info: dict[str, Any]) -> float:
     """The ``risk`` rule's cutoff: layer 2 defers a query when its P(wrong) is above it.
 
     Deferring a query trades its risk for the teacher's error rate (1 - the teacher's
@@ -326,9 +325,12 @@ def _risk_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, state:
         if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
             risk, w = np.asarray(model.head.scores(traffic.vectors).risk), np.asarray(traffic.weights, float)
             info["budget_on"] = traffic.describe()
-        else:
+        elif state is not None:
             risk, w = np.asarray(state[0].risk), np.ones(len(state[1]))
             info["budget_on"] = "recent teacher-labelled slice"
+        else:
+            info["defer"] = cutoff
+            return cutoff
         order = np.argsort(-risk, kind="stable")           # deferred first
         r, cw = risk[order], np.cumsum(w[order]) / max(float(w.sum()), 1e-12)
         k = int(np.searchsorted(cw, llm_budget + 1e-9, side="right"))   # the riskiest k fit the budget
