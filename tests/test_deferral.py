@@ -187,6 +187,15 @@ def test_retune_with_a_budget_picks_the_cheapest_cutoff_that_fits():
         assert learned["defer"] >= info["teacher_error"] - 1e-12
         assert info["llm_share_expected"] == pytest.approx(share, abs=1e-4)
         assert 0.0 <= info["risk_ece_recent"] <= 1.0
+    # a budget never buys a cheaper wrong answer: P(wrong) above 0.5 is deferred, over budget
+    noisy, Xn, yn = _fitted(noise=NOISY)
+    over = LabelledSet(texts=[f"t{i}" for i in range(len(Xn))], labels=list(yn), vectors=Xn.astype(np.float32),
+                       sources=["teacher"] * len(Xn), decision_ids=[None] * len(Xn))
+    info, learned = retune(_with_deferral(_model_of(noisy), "risk"), over, 0.95, 0.05)
+    over_half = float((noisy.scores(Xn).risk > 0.5).mean())
+    assert over_half > 0.05
+    assert learned["defer"] == 0.5 and info["budget_reachable"] is False
+    assert info["llm_share_expected"] == pytest.approx(over_half, abs=1e-4)
     # a generous budget stops at the teacher's own error rate: deferring below it adds errors
     info, learned = retune(model, recent, 0.95, 0.99)
     assert learned["defer"] == pytest.approx(1.0 - model.intents.teacher.confidence)

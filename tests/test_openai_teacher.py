@@ -111,6 +111,14 @@ def test_system_prompt_user_folds_the_system_turn(httpserver):
     assert messages[0]["content"] == f"{system['content']}\n\n{user['content']}"
 
 
+def test_max_tokens_is_sent_only_when_set(httpserver):
+    answer(httpserver)
+    make_teacher(httpserver).label(REQUEST)
+    make_teacher(httpserver, max_tokens=48).label(REQUEST)
+    assert "max_tokens" not in body_of(httpserver, 0)
+    assert body_of(httpserver, 1)["max_tokens"] == 48
+
+
 @pytest.mark.parametrize("fmt, expected", [("json_object", {"type": "json_object"}), ("none", None)])
 def test_other_response_formats(httpserver, fmt, expected):
     answer(httpserver)

@@ -315,8 +315,9 @@ def _risk_cutoff(model: IntentModel, state: tuple | None, traffic: TrafficSample
     Deferring a query trades its risk for the teacher's error rate (1 - the teacher's
     assumed ``confidence``), so expected errors are lowest when every query riskier
     than the teacher is deferred; with ``llm_budget``, the cutoff rises until at most
-    that share of the traffic (the weighted sample, else ``recent``) is deferred. The
-    cutoff is the larger of the two."""
+    that share of the traffic (the weighted sample, else ``recent``) is deferred, but
+    never above 0.5: a query layer 2 more likely gets wrong than right is deferred even
+    over budget (``budget_reachable`` False), the tiers rule's guard too."""
     teacher_error = 1.0 - float(model.intents.teacher.confidence)
     info["method"] = "risk"
     info["teacher_error"] = teacher_error
@@ -336,7 +337,10 @@ def _risk_cutoff(model: IntentModel, state: tuple | None, traffic: TrafficSample
         k = int(np.searchsorted(cw, llm_budget + 1e-9, side="right"))   # the riskiest k fit the budget
         budget_cut = float(r[k]) if k < len(r) else 0.0
         info["budget_cutoff"] = budget_cut
-        cutoff = max(cutoff, budget_cut)
+        # as with the tiers rule, a budget never buys a cheaper wrong answer: a query layer 2
+        # is more likely wrong than right still goes to the LLM, over budget if need be
+        info["budget_reachable"] = budget_cut <= 1.0 - RELAX_MIN_ACCURACY
+        cutoff = max(cutoff, min(budget_cut, 1.0 - RELAX_MIN_ACCURACY))
         deferred = risk > cutoff
         info["llm_share_expected"] = round(float(w[deferred].sum() / max(w.sum(), 1e-12)), 4)
         info["expected_error_rate"] = round(float((np.where(deferred, teacher_error, risk) * w).sum()
