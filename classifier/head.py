@@ -195,13 +195,16 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             self.gate_ = None
             self.sim_quantiles_ = np.quantile(oof_sim, np.linspace(0, 1, 201))
             p_oos = p_oos_from_similarity(oof_sim, self.sim_quantiles_)
-        self.thresholds_ = self._learn_thresholds(probs, yi, p_oos, is_oos)
-
         pin = probs[:, : len(classes)]
+        # the out-of-fold scores as serving sees them: every rejection below is HeadScores.rejected,
+        # the rule classifier.tiers.assign_tiers builds on
+        oof = HeadScores(probs=pin, oos_class=probs[:, len(classes)] if self.has_oos_ else np.zeros(len(probs)),
+                         p_oos=p_oos, similarity=oof_sim)
+        self.thresholds_ = self._learn_thresholds(oof, yi, is_oos)
+
         top = pin.argmax(axis=1)
         correct = (top == yi) & in_mask
-        oos_class = probs[:, len(classes)] if self.has_oos_ else np.zeros(len(probs))
-        answered_oos = (p_oos >= self.thresholds_["oos"]) | (oos_class >= pin.max(axis=1))
+        answered_oos = oof.rejected(self.thresholds_["oos"])
         wrong = np.where(answered_oos, in_mask, ~correct)
         self.risk_ = fit_risk(pin, p_oos, wrong)
         self.thresholds_.update(conformal_cutoff(pin[in_mask], yi[in_mask], self.coverage),
@@ -213,10 +216,9 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             "oof_ece": expected_calibration_error(pin.max(1)[in_mask], correct[in_mask]),
             "temperature": self.temperature_,
         }
-        rejected = p_oos >= self.thresholds_["oos"]
         if self.gate_ is not None:
-            self.metrics_["oof_oos_recall"] = float(rejected[is_oos].mean())
-        self.metrics_["oof_in_scope_accuracy"] = float((correct & ~rejected)[in_mask].mean())
+            self.metrics_["oof_oos_recall"] = float(answered_oos[is_oos].mean())
+        self.metrics_["oof_in_scope_accuracy"] = float((correct & ~answered_oos)[in_mask].mean())
 
         self.metrics_["oof_risk_ece"] = risk_ece_cross_fitted(pin, p_oos, wrong, self.random_state)
         self.metrics_["oof_set_coverage"], self.metrics_["oof_mean_set_size"] = set_coverage(
@@ -255,10 +257,8 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         sel = np.sort(np.concatenate(keep))
         return X[sel].astype(np.float16), yi[sel].astype(np.int32)
 
-    def _learn_thresholds(self, probs: np.ndarray, yi: np.ndarray, p_oos: np.ndarray,
-                          is_oos: np.ndarray) -> dict[str, float]:
-        n_in = len(self.classes_)
-        pin = probs[:, :n_in]
+    def _learn_thresholds(self, oof: HeadScores, yi: np.ndarray, is_oos: np.ndarray) -> dict[str, float]:
+        pin, p_oos = oof.probs, oof.p_oos
         top, conf = pin.argmax(axis=1), pin.max(axis=1)
         in_mask = ~is_oos
         correct = (top == yi) & in_mask
@@ -268,11 +268,13 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             # of cutoffs, but is a smooth fit instead of an argmax over a few dozen noisy
             # out-of-scope labels, which swung from 0.28 to 0.58 between retrains (BENCHMARKS.md 12).
             oos_t = OOS_CUTOFF
-            oos_conf = precision_cutoff(p_oos[p_oos >= oos_t], is_oos[p_oos >= oos_t], self.target_precision)
+            # a rejection is sure when its confidence, max(p_oos, oos class), reaches the cutoff
+            rej = oof.rejected(oos_t)
+            oos_conf = precision_cutoff(np.maximum(p_oos, oof.oos_class)[rej], is_oos[rej], self.target_precision)
         else:
             oos_t = 1.0 - self.novelty_quantile
             oos_conf = 1.1  # never sure without out-of-scope training data
-        accepted = p_oos < oos_t
+        accepted = ~oof.rejected(oos_t)
         confident = precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
         order = np.argsort(-pin, axis=1)
         second_true = in_mask & (order[:, 1] == yi)
