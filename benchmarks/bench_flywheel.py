@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from classifier.decision import Layer  # noqa: E402
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.pipeline import Classifier  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402

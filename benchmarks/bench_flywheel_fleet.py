@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_flywheel import add_arguments, layer2_accuracy, report, setup  # noqa: E402
 
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
 from fleet.config import StoreConfig  # noqa: E402

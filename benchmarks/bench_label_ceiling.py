@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_flywheel import layer2_accuracy  # noqa: E402
 
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.head import IntentHead  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402

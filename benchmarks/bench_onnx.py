@@ -49,8 +49,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier.embedders import BGEM3Embedder, MiniLMEmbedder, USEMultilingualEmbedder  # noqa: E402
-from classifier.runners import minilm_model_dir  # noqa: E402
+from classifier.encoders import BGEM3Embedder, MiniLMEmbedder, USEMultilingualEmbedder, minilm_model_dir  # noqa: E402
 
 STARTER = ROOT / "data" / "starter_intents.yaml"
 

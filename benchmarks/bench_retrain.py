@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from classifier.decision import Decision, Layer, TeacherCall, Tier  # noqa: E402
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402

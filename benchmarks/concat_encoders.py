@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.head import IntentHead, set_coverage  # noqa: E402
 from classifier.intents import EmbedderSettings, load_intents  # noqa: E402
 from classifier.scoring import normalise_rows  # noqa: E402

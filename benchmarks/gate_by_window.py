@@ -21,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from classifier.tiers import Thresholds, assign_tiers  # noqa: E402
 

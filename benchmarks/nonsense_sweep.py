@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.embedders import make_embedder  # noqa: E402
+from classifier.encoders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.negatives import synthetic_negatives  # noqa: E402
 from classifier.trainer import fit_from_vectors  # noqa: E402

@@ -3,6 +3,37 @@
 >>> from classifier import Classifier, classify            # doctest: +SKIP
 >>> classify("What is addVar in AVAP?").label              # doctest: +SKIP
 'RETRIEVAL'
+
+Modules, by layer:
+
+- :mod:`~classifier.pipeline`: the :class:`Classifier`: declared type / rules -> embeddings -> teacher
+- :mod:`~classifier.decision`: what a classification returns (:class:`Decision`, tiers, layers)
+- :mod:`~classifier.protocols`: the pluggable parts (embedder, teacher, log sink) as protocols
+- :mod:`~classifier.text`: input checks and normalisation shared by every layer
+- :mod:`~classifier.rules`: layer 1, deterministic rules in priority order
+- :mod:`~classifier.encoders`: layer 2's encoders, the only importer of a model library
+- :mod:`~classifier.head`: layer 2's head, fitted with scikit-learn (cutoffs by cross-validation)
+- :mod:`~classifier.scoring`: layer 2's scoring in numpy alone, what serving runs
+- :mod:`~classifier.calibration`: softmax, temperature scaling, expected calibration error
+- :mod:`~classifier.tiers`: layer-2 scores to confident / ambiguous / weak / no_match
+- :mod:`~classifier.negatives`: synthetic nonsense that trains the out-of-scope class
+- :mod:`~classifier.teacher`: layer 3 on Ollama, behind a circuit breaker
+- :mod:`~classifier.openai_teacher`: layer 3 on an OpenAI-compatible server
+- :mod:`~classifier.budget`: the teacher's call budget (a minute, a UTC day)
+- :mod:`~classifier.audit`: background teacher audits with a bounded backlog
+- :mod:`~classifier.anchoring`: whether the teacher echoes the history instead of the query
+- :mod:`~classifier.history`: the compact per-session intent history
+- :mod:`~classifier.intents`: intent files (intents, rules, thresholds, embedder, teacher)
+- :mod:`~classifier.model`: a model version on disk, checked whole on load
+- :mod:`~classifier.trainer`: fit layer 2 from an intent set into a model version
+- :mod:`~classifier.registry`: model versions, ``CURRENT``, hot reload
+- :mod:`~classifier.shadow`: a shadow version scored beside the champion
+- :mod:`~classifier.default`: the default classifier behind :func:`classify`
+- :mod:`~classifier.config`: settings, flag > environment > config file > default
+- :mod:`~classifier.masking`: masking of personal data before logging
+- :mod:`~classifier.labels`: one meaning for "out of scope"
+- :mod:`~classifier.errors`: the named exceptions
+- :mod:`~classifier.output`: the command line's JSON lines
 """
 
 from __future__ import annotations

@@ -52,7 +52,10 @@ def default_home() -> Path:
 def cache_dir(kind: str) -> Path:
     """``<home>/cache/<kind>``, the home as the environment gives it (``$FLYWHEEL_HOME``,
     else the user data dir): where encoders keep what they build once (ONNX exports,
-    the parsed USE tokenizer)."""
+    the parsed USE tokenizer) when they are built without a resolved configuration. A
+    ``--home`` flag never reaches this function: code that resolved a :class:`Config`
+    passes its :attr:`Config.cache_root` to
+    :func:`~classifier.encoders.factory.make_embedder` instead."""
     home = os.environ.get(ENV["home"])
     return (Path(home).expanduser() if home else default_home()) / "cache" / kind
 
@@ -89,6 +92,12 @@ class Config:
     @property
     def models_dir(self) -> Path:
         return self.home / "models"
+
+    @property
+    def cache_root(self) -> Path:
+        """``<home>/cache``: the default model trained on first use, and what the encoders
+        build once (``onnx/`` exports, the parsed ``use/`` tokenizer)."""
+        return self.home / "cache"
 
     @property
     def replica_name(self) -> str:

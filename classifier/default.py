@@ -3,7 +3,8 @@
 Model resolution: the configured ``model`` (a version directory, or a models home
 with a ``CURRENT`` pointer), else the configured ``intents`` file, else the starter
 intents that ship as package data (``classifier/data/starter_intents.yaml``), trained on
-first use and cached under ``<home>/cache/``.
+first use and cached under ``<home>/cache/``. The encoders keep their own caches (ONNX
+exports, the USE tokenizer) under the same resolved home (:attr:`Config.cache_root`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
     except PackageNotFoundError:
         lib = "dev"
     digest = hashlib.sha256(intents_path.read_bytes() + lib.encode()).hexdigest()[:12]
-    return cfg.home / "cache" / f"{intents_path.stem}-{digest}"
+    return cfg.cache_root / f"{intents_path.stem}-{digest}"
 
 
-def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -> Path:
-    """Train the intent set into ``target`` unless a valid version is already there."""
+def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True,
+                   cache_root: Path | None = None) -> Path:
+    """Train the intent set into ``target`` unless a valid version is already there;
+    ``cache_root`` is where its encoder keeps its caches (see
+    :func:`~classifier.encoders.factory.make_embedder`)."""
     if (target / MANIFEST).is_file():
         return target
     from filelock import FileLock
@@ -50,9 +54,11 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True) -
         intents = load_intents(intents_path)
         if progress:
             print(f"flywheel: training the default model from {intents_path} (first use) ...", file=sys.stderr)
+        from classifier.encoders import make_embedder
         from classifier.trainer import fit_model
 
-        model = fit_model(intents, version=target.name, progress=progress)
+        embedder = make_embedder(intents.embedder, cache_root=cache_root)
+        model = fit_model(intents, embedder=embedder, version=target.name, progress=progress)
         model.save(target)
     return target
 
@@ -79,7 +85,8 @@ def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
     if (cfg.models_dir / CURRENT).is_file():
         return cfg.models_dir
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
-    return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress)
+    return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress,
+                          cache_root=cfg.cache_root)
 
 
 def build_teacher(cfg: Config, intents: IntentSet) -> Any:
@@ -121,13 +128,15 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True,
     """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
     :class:`~classifier.pipeline.Classifier`. Served from a models home, it follows
     promotions (:meth:`Classifier.from_registry`): on a watcher thread with
-    ``background_reload``, else checked on the calling thread."""
+    ``background_reload``, else checked on the calling thread. The encoder keeps its
+    caches under ``cfg``'s home."""
     from classifier.pipeline import Classifier
 
     cfg = cfg or load_config()
     path = default_model_dir(cfg, progress=progress)
     own_teacher = "teacher" not in kwargs
     kwargs.setdefault("teacher", None)
+    kwargs.setdefault("cache_root", cfg.cache_root)
     if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
         clf = Classifier.from_registry(path, background=background_reload, **kwargs)
     else:

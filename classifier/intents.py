@@ -89,12 +89,12 @@ class EmbedderSettings:
     device: str | None = None
     use_fp16: bool = False
     # int8: None ("auto", the default) is int8 where it was measured to cost <= 0.3 points of
-    # CLINC150 in-scope accuracy: MiniLM on ONNX Runtime (classifier.embedders.default_quantize)
+    # CLINC150 in-scope accuracy: MiniLM on ONNX Runtime (classifier.encoders.default_quantize)
     quantize: bool | None = None
     num_threads: int | None = None   # torch intra-op threads (process-wide); 1 is best for serving
     layers: tuple[int, ...] | None = None  # minilm: mean-pool and concatenate these hidden layers
     # "auto": onnx on CPU for the transformer backends, torch on a GPU device (see
-    # classifier.embedders.resolve_runtime); "onnx": exported once, verified, cached, served
+    # classifier.encoders.resolve_runtime); "onnx": exported once, verified, cached, served
     # by onnxruntime; "torch": the transformers forward pass. use-multilingual is numpy: auto only.
     runtime: str = "auto"
 

@@ -109,6 +109,10 @@ class Classifier:
     max_pending_audits : int
         Audits waiting at most; when that many wait, a new one is dropped and
         counted in :attr:`audits_dropped` (the decision is logged as not audited).
+    cache_root : path, optional
+        Where the encoder built from the model's settings keeps what it builds once (a
+        resolved home's ``cache``: :attr:`classifier.config.Config.cache_root`); default
+        the environment's home. Unused with ``embedder``.
 
     Examples
     --------
@@ -124,16 +128,17 @@ class Classifier:
                  audit_callback: Callable[[DecisionRecord, TeacherCall], None] | None = None,
                  max_pending_audits: int = DEFAULT_MAX_PENDING,
                  rng: random.Random | None = None,
-                 redact: Callable[[str], str] | None = None) -> None:
+                 redact: Callable[[str], str] | None = None,
+                 cache_root: str | Path | None = None) -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
             raise ValueError(f"audit_rate must be between 0 and 1, got {audit_rate!r}")
         self._rt = _Runtime.build(model)
         if embedder is None:
-            from classifier.embedders import make_embedder
+            from classifier.encoders import make_embedder
 
-            embedder = make_embedder(model.encoder_settings)
+            embedder = make_embedder(model.encoder_settings, cache_root=cache_root)
         self.embedder = embedder
         self.teacher = teacher
         self.log_sink = log_sink

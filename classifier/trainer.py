@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from classifier.embedders import make_embedder
+from classifier.encoders import make_embedder
 from classifier.errors import TrainingError
 from classifier.head import IntentHead
 from classifier.intents import IntentSet

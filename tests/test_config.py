@@ -1,9 +1,11 @@
-"""Configuration: flag > environment > config file > default, for the fleet-mode keys."""
+"""Configuration: flag > environment > config file > default, for the fleet-mode keys and the
+home the encoders cache under."""
 
 import pytest
 
 from classifier.config import load_config
 from classifier.errors import ConfigError
+from classifier.intents import parse_intents
 
 
 def test_fleet_keys_default_to_one_machine(monkeypatch):
@@ -41,3 +43,43 @@ def test_bad_fleet_settings_name_the_key(monkeypatch, var, value, words):
     monkeypatch.setenv(var, value)
     with pytest.raises(ConfigError, match=words):
         load_config()
+
+
+def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
+    """A ``--home`` flag reaches the encoders' caches (ONNX exports, the USE tokenizer), for
+    the served model and for the default model trained on first use; FLYWHEEL_ONNX_CACHE
+    still names one shared export cache. Nothing is loaded."""
+    import classifier.trainer
+    from classifier.default import build_classifier, default_model_dir
+    from classifier.trainer import fit_model
+    from tests.fakes import HashEmbedder
+    from tests.test_model import DOC
+
+    env_home, flag_home = tmp_path / "env-home", tmp_path / "flag-home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(env_home))
+    monkeypatch.delenv("FLYWHEEL_ONNX_CACHE", raising=False)
+    cfg = load_config(home=flag_home, teacher="off")
+    assert cfg.cache_root == flag_home / "cache"
+
+    # a served English model: MiniLM on ONNX Runtime, exports under the flag's home
+    model_dir = fit_model(parse_intents(DOC), embedder=HashEmbedder(384, "minilm:all-MiniLM-L6-v2:int8"),
+                          version="en-v1").save(tmp_path / "en-v1")
+    served = build_classifier(load_config(home=flag_home, model=str(model_dir), teacher="off"))
+    assert served.embedder.inner.onnx_cache_dir == flag_home / "cache" / "onnx"
+    assert not served.embedder.inner.is_loaded
+    monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(tmp_path / "shared"))
+    shared = build_classifier(load_config(home=flag_home, model=str(model_dir), teacher="off"))
+    assert shared.embedder.inner.onnx_cache_dir == tmp_path / "shared"
+
+    # the starter set (multilingual) trained on first use: its encoder caches under the flag's home
+    seen = {}
+
+    def stop(intents, *, embedder, **kwargs):
+        seen["embedder"] = embedder
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(classifier.trainer, "fit_model", stop)
+    with pytest.raises(RuntimeError, match="stop before training"):
+        default_model_dir(cfg, progress=False)
+    assert seen["embedder"].inner.cache_dir == flag_home / "cache" / "use"
+    assert not env_home.exists()

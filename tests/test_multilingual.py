@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifier import use_runner
 from classifier.config import load_config
 from classifier.default import build_classifier
-from classifier.embedders import USE_ID, USEMultilingualEmbedder, clear_loaded_models, make_embedder
+from classifier.encoders import USE_ID, USEMultilingualEmbedder, clear_loaded_models, make_embedder, use_runner
 from classifier.errors import EmbedderError, IntentFileError
 from classifier.intents import EmbedderSettings, load_intents, parse_intents
 
@@ -212,3 +211,23 @@ def test_the_tokenizer_cache_gives_the_same_tokens_and_survives_a_bad_file(tmp_p
 def test_the_tokenizer_cache_lives_under_the_home(_isolated_home):
     USEMultilingualEmbedder().encode(["hola"])
     assert list((_isolated_home / "cache" / "use").glob("tokenizer-*.marshal"))
+
+
+def test_the_home_flag_decides_where_the_tokenizer_is_cached(tmp_path, monkeypatch, capsys):
+    """``flywheel classify --home X`` keeps the USE tokenizer under X/cache/use, whatever
+    $FLYWHEEL_HOME says (it once went to $FLYWHEEL_HOME's cache)."""
+    from classifier.trainer import fit_model
+    from flywheel.cli import main
+    from tests.fakes import HashEmbedder
+    from tests.test_model import DOC
+
+    env_home, flag_home = tmp_path / "env-home", tmp_path / "flag-home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(env_home))
+    intents = parse_intents({**DOC, "languages": ["en", "es"]})
+    model_dir = fit_model(intents, embedder=HashEmbedder(512, USE_ID), version="use-v1").save(tmp_path / "use-v1")
+    rc = main(["classify", "--home", str(flag_home), "--model", str(model_dir), "--teacher", "off", "--no-log",
+               "hola"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["model_version"] == "use-v1"
+    assert list((flag_home / "cache" / "use").glob("tokenizer-*.marshal"))
+    assert not env_home.exists()

@@ -22,17 +22,19 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier import embedders, onnx_runner  # noqa: E402
-from classifier.embedders import (  # noqa: E402
+from classifier.encoders import (  # noqa: E402
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     clear_loaded_models,
+    embedders,
     make_embedder,
+    onnx_runner,
+    resolve_runtime,
 )
+from classifier.encoders.onnx_runner import OnnxRunner, cache_key  # noqa: E402
+from classifier.encoders.torch_runner import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
 from classifier.errors import EmbedderError, IntentFileError  # noqa: E402
 from classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
-from classifier.onnx_runner import OnnxRunner, cache_key  # noqa: E402
-from classifier.runners import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,7 +260,7 @@ def test_cached_export_serves_without_importing_torch(tiny_minilm: Path, tmp_pat
     want = _onnx(cache).encode(["hola"])
     code = (
         "import sys, json, numpy as np\n"
-        "from classifier.onnx_runner import load_onnx_runner, OnnxRunner\n"
+        "from classifier.encoders.onnx_runner import load_onnx_runner, OnnxRunner\n"
         "def no(): raise AssertionError('torch needed')\n"
         f"r = load_onnx_runner({str(tiny_minilm)!r}, reference=no, fallback=no, max_length=128, "
         f"cache_dir={str(cache)!r}, num_threads=1)\n"
@@ -324,7 +326,7 @@ def test_runtime_setting_validates_in_intent_files_and_make_embedder(tmp_path: P
     ("auto", "cuda:1", "torch"), ("torch", None, "torch"), ("onnx", "cpu", "onnx"), (None, None, "onnx"),
 ])
 def test_auto_runtime_is_onnx_on_cpu_and_torch_on_a_gpu(runtime, device, expected) -> None:
-    assert embedders.resolve_runtime(runtime, device) == expected
+    assert resolve_runtime(runtime, device) == expected
     assert MiniLMEmbedder(runtime=runtime or "auto", device=device).runtime == expected
 
 
@@ -333,7 +335,7 @@ def test_auto_runtime_is_torch_without_onnxruntime(monkeypatch: pytest.MonkeyPat
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
-    assert embedders.resolve_runtime("auto", None) == "torch"
+    assert resolve_runtime("auto", None) == "torch"
     assert make_embedder(EmbedderSettings(), cache=False).runtime == "torch"
 
 

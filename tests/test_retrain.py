@@ -656,7 +656,7 @@ def _cli_app() -> typer.Typer:
 
 
 def test_cli_retrain(world, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings: HashEmbedder())
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
     world.seed_traffic(n_teacher=200, n_human=10)
     intents_file = tmp_path / "intents.yaml"
     intents_file.write_text(yaml.safe_dump(INTENT_DOC))

@@ -217,7 +217,7 @@ def world_st(tmp_path):
 
 
 def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings: HashEmbedder())
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
     intents_file = tmp_path / "intents.yaml"
     intents_file.write_text(yaml.safe_dump(INTENT_DOC))
     common = ["--home", str(tmp_path / "home"), "--log-db", world_st.store.path, "--quiet",

@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from classifier import Layer, Tier
 from classifier.config import load_config
-from classifier.embedders import CachedEmbedder
+from classifier.encoders import CachedEmbedder
 from classifier.errors import TeacherError
 from classifier.intents import parse_intents
 from classifier.protocols import DelegatingEmbedder

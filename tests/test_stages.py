@@ -8,12 +8,12 @@ import time
 import pytest
 
 from classifier import Classifier, Layer, Tier
-from classifier.embedders import CachedEmbedder, _LazyEmbedder
+from classifier.encoders import CachedEmbedder, Runner, clear_loaded_models
+from classifier.encoders.embedders import _LazyEmbedder
 from classifier.errors import IntentFileError, UnknownLabelError
 from classifier.intents import parse_intents
 from classifier.model import IntentModel
 from classifier.pipeline import Query
-from classifier.runners import Runner, clear_loaded_models
 from classifier.trainer import fit_model
 from tests.fakes import HashEmbedder, ScriptedTeacher
 from tests.test_model import DOC

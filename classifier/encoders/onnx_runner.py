@@ -18,7 +18,7 @@ transformers.
   tokenizer transformers used, so serving needs no transformers) and ``manifest.json``
   (key, source, versions, verified cosine, a probe vector). The whole directory is
   built under a temporary name and renamed into place, so a reader never sees half an
-  export. ``cache_dir`` defaults to ``<FLYWHEEL_HOME>/cache/onnx``. See :func:`cache_key`.
+  export. ``cache_dir`` defaults to :func:`default_cache_dir`. See :func:`cache_key`.
 - **Cache hits** re-encode the probe text and compare it to the manifest's vector (one
   forward pass), which catches a corrupt or foreign file without torch.
 - **int8** (``quantize: true``): ``onnxruntime.quantization.quantize_dynamic`` of the
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from classifier.runners import Runner
+from classifier.encoders.base import Runner
 
 __all__ = ["OnnxRunner", "load_onnx_runner", "cache_key", "default_cache_dir", "PROBE", "MIN_COSINE", "STATS"]
 
@@ -90,13 +90,17 @@ def _count(name: str) -> None:
         STATS[name] += 1
 
 
-def default_cache_dir() -> Path:
+def default_cache_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     """``FLYWHEEL_ONNX_CACHE`` when set (one cache shared by several homes, e.g. a test
-    session), else ``<FLYWHEEL_HOME>/cache/onnx`` (:func:`classifier.config.cache_dir`)."""
+    session), else ``<cache_root>/onnx`` (``cache_root`` is a resolved home's ``cache``
+    directory, :attr:`classifier.config.Config.cache_root`), else
+    ``<FLYWHEEL_HOME>/cache/onnx`` (:func:`classifier.config.cache_dir`)."""
     from classifier.config import cache_dir
 
     shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
-    return Path(shared).expanduser() if shared else cache_dir("onnx")
+    if shared:
+        return Path(shared).expanduser()
+    return Path(cache_root).expanduser() / "onnx" if cache_root is not None else cache_dir("onnx")
 
 
 def _version(package: str) -> str:

@@ -1,15 +1,16 @@
-"""Model runners for the embedders: loading, device and precision set-up, forward passes.
+"""The torch runners: loading, device and precision set-up, forward passes.
 
-The low-level half of :mod:`classifier.embedders`. A *runner* is one loaded model whose
-``encode_batch`` maps a batch of texts to unit-norm float32 rows:
+The ``embedder.runtime: torch`` half of :mod:`classifier.encoders.embedders` (and the
+reference every ONNX export is checked against). A runner is one loaded model whose
+``encode_batch`` maps a batch of texts to unit-norm float32 rows
+(:class:`~classifier.encoders.base.Runner`):
 
 - :class:`MeanPoolRunner`: tokenizer + ``AutoModel`` + masked mean pooling (MiniLM);
 - :class:`SentenceTransformerRunner`: any sentence-transformers model directory;
 - :class:`BGEM3Runner`: bge-m3 through FlagEmbedding, dense vectors only.
 
-Runners are shared process-wide through :func:`shared_runner` (one lock per model key; see
-:func:`loaded_models` and :func:`clear_loaded_models`). :func:`_prepare` sets eval mode,
-precision, optional int8 quantization and oneDNN weight packing (:func:`_pack_linears`).
+:func:`_prepare` sets eval mode, precision, optional int8 quantization and oneDNN weight
+packing (:func:`_pack_linears`).
 
 torch, transformers, sentence-transformers and FlagEmbedding are imported inside the
 functions that need them, never at module import time; Hugging Face libraries are put
@@ -21,59 +22,21 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from classifier.encoders.base import Runner
 from classifier.errors import EmbedderError
 
 __all__ = [
-    "Runner",
     "MeanPoolRunner",
     "SentenceTransformerRunner",
     "BGEM3Runner",
-    "shared_runner",
     "hub_offline",
     "minilm_model_dir",
-    "loaded_models",
-    "clear_loaded_models",
 ]
-
-
-# Process-wide registry of loaded models: key -> runner. One lock per key, so loading
-# bge-m3 does not block a MiniLM embedder that is already loaded.
-_MODELS: dict[Hashable, Runner] = {}
-_KEY_LOCKS: dict[Hashable, threading.Lock] = {}
-_REGISTRY_LOCK = threading.Lock()
-
-
-def loaded_models() -> dict[Hashable, Any]:
-    """Return a snapshot of the process-wide model registry (key -> loaded runner)."""
-    with _REGISTRY_LOCK:
-        return dict(_MODELS)
-
-
-def clear_loaded_models() -> None:
-    """Forget every loaded model (tests, benchmarks); embedders already holding one keep it."""
-    with _REGISTRY_LOCK:
-        _MODELS.clear()
-
-
-def shared_runner(key: Hashable, loader: Callable[[], Runner]) -> Runner:
-    runner = _MODELS.get(key)
-    if runner is not None:
-        return runner
-    with _REGISTRY_LOCK:
-        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with lock:
-        runner = _MODELS.get(key)
-        if runner is None:
-            runner = loader()
-            with _REGISTRY_LOCK:
-                _MODELS[key] = runner
-    return runner
 
 
 def hub_offline() -> None:
@@ -206,17 +169,6 @@ def _pack_linears(module: Any) -> int:
                 setattr(parent, name, cls(child))
                 count += 1
     return count
-
-
-class Runner:
-    """A loaded model: ``encode_batch`` maps one batch of texts to unit-norm float32 rows."""
-
-    dim: int
-    model: Any  # the underlying torch module (or SentenceTransformer, or onnxruntime session)
-    uses_torch: bool = True  # False: _LazyEmbedder leaves torch's thread count alone (onnx runner)
-
-    def encode_batch(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - interface
-        raise NotImplementedError
 
 
 class MeanPoolRunner(Runner):

@@ -1,0 +1,46 @@
+"""The encoders of layer 2: text in, unit-norm float32 vectors out. The only part of
+:mod:`classifier` that touches a model library (torch, transformers, sentence-transformers,
+FlagEmbedding, onnxruntime and the ONNX exporter, the USE package), and always inside a
+function, on first use: importing any module here loads none of them.
+
+>>> from classifier.encoders import make_embedder          # doctest: +SKIP
+>>> from classifier.intents import EmbedderSettings       # doctest: +SKIP
+>>> make_embedder(EmbedderSettings()).encode(["hi"]).shape  # doctest: +SKIP
+(1, 384)
+
+Modules: :mod:`~classifier.encoders.base` (the encoder ids, runtime and int8 defaults, the
+:class:`Runner` interface and the process-wide registry of loaded models),
+:mod:`~classifier.encoders.factory` (:func:`make_embedder`: settings to embedder),
+:mod:`~classifier.encoders.embedders` (the lazy embedders, one per backend),
+:mod:`~classifier.encoders.cache` (:class:`CachedEmbedder`, the LRU cache in front),
+:mod:`~classifier.encoders.torch_runner` (the torch runners: loading, device, precision,
+weight packing), :mod:`~classifier.encoders.onnx_runner` (ONNX export, verification,
+cache and serving) and :mod:`~classifier.encoders.use_runner` (USE multilingual in numpy:
+the audited package, the tokenizer cache).
+"""
+
+from __future__ import annotations
+
+from classifier.encoders.base import (
+    BGE_M3_HUB_ID,
+    MINILM_ID,
+    USE_ID,
+    Runner,
+    clear_loaded_models,
+    default_quantize,
+    loaded_models,
+    resolve_runtime,
+)
+from classifier.encoders.cache import CachedEmbedder
+from classifier.encoders.embedders import (
+    BGEM3Embedder,
+    MiniLMEmbedder,
+    SentenceTransformerEmbedder,
+    USEMultilingualEmbedder,
+)
+from classifier.encoders.factory import make_embedder
+from classifier.encoders.torch_runner import minilm_model_dir
+
+__all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "MINILM_ID", "MiniLMEmbedder", "Runner",
+           "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "clear_loaded_models",
+           "default_quantize", "loaded_models", "make_embedder", "minilm_model_dir", "resolve_runtime"]

@@ -1,0 +1,129 @@
+"""What every encoder module shares: the encoder ids, which runtime and precision an
+encoder runs with, the :class:`Runner` interface and the process-wide registry of loaded
+models.
+
+A *runner* is one loaded model whose ``encode_batch`` maps a batch of texts to unit-norm
+float32 rows (:mod:`~classifier.encoders.torch_runner`,
+:mod:`~classifier.encoders.onnx_runner`, :mod:`~classifier.encoders.use_runner`). Runners
+are shared process-wide through :func:`shared_runner` (one lock per model key; see
+:func:`loaded_models` and :func:`clear_loaded_models`).
+
+Imports nothing heavy, not even inside a function: :func:`resolve_runtime` only looks
+``onnxruntime`` up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from classifier.errors import EmbedderError, InvalidInputError
+from classifier.intents import EMBEDDER_RUNTIMES
+
+__all__ = [
+    "MINILM_ID",
+    "USE_ID",
+    "BGE_M3_HUB_ID",
+    "resolve_runtime",
+    "default_quantize",
+    "check_texts",
+    "Runner",
+    "shared_runner",
+    "loaded_models",
+    "clear_loaded_models",
+]
+
+MINILM_ID = "minilm:all-MiniLM-L6-v2"
+USE_ID = "use-multilingual:v3"
+BGE_M3_HUB_ID = "BAAI/bge-m3"
+
+
+def resolve_runtime(runtime: str | None, device: str | None) -> str:
+    """The runtime an embedder runs with: ``"onnx"`` or ``"torch"``.
+
+    ``"auto"`` (the default) is ONNX Runtime when the model runs on the CPU (``device``
+    unset, ``"auto"`` or ``"cpu"``) and ``onnxruntime`` is installed, else torch; a GPU
+    device (``"cuda"``...) means torch. ONNX is the faster CPU path (BENCHMARKS.md, section 8).
+    """
+    runtime = str(runtime or "auto").strip().lower()
+    if runtime not in EMBEDDER_RUNTIMES:
+        raise EmbedderError(f"runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
+    on_cpu = device in (None, "auto") or str(device).startswith("cpu")
+    if runtime == "onnx" and not on_cpu:
+        raise EmbedderError(f"runtime 'onnx' runs on CPU only (the onnxruntime CPU build), not device {device!r}")
+    if runtime == "auto":
+        import importlib.util
+
+        return "onnx" if on_cpu and importlib.util.find_spec("onnxruntime") is not None else "torch"
+    return runtime
+
+
+def default_quantize(backend: str, runtime: str, layers: Sequence[int] | None = None) -> bool:
+    """What ``embedder.quantize: auto`` means: int8 only where CLINC150 measured it within
+    0.3 points of fp32 in-scope accuracy, which is MiniLM (last layer) on ONNX Runtime
+    (BENCHMARKS.md, section 9: 93.78% int8 against 93.76% fp32; on an AVX2 CPU without VNNI,
+    section 12, 92.93% against 93.58%, the int8 vectors being CPU-dependent; kept there, as
+    out-of-scope recall moves the other way, 84.8% against 83.2%). Everything else stays fp32
+    until measured: torch's int8 MiniLM is further from fp32, and bge-m3 and
+    sentence-transformers directories were not measured on CLINC150."""
+    return backend == "minilm" and runtime == "onnx" and not layers
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list, after checking it is a sequence of strings (not one string)."""
+    if isinstance(texts, (str, bytes)):
+        raise InvalidInputError("encode() takes a sequence of strings, not a single string")
+    out = list(texts)
+    for t in out:
+        if not isinstance(t, str):
+            raise InvalidInputError(f"encode() got a {type(t).__name__}, expected str")
+    return out
+
+
+class Runner:
+    """A loaded model: ``encode_batch`` maps one batch of texts to unit-norm float32 rows."""
+
+    dim: int
+    model: Any  # the underlying torch module (or SentenceTransformer, or onnxruntime session)
+    uses_torch: bool = True  # False: _LazyEmbedder leaves torch's thread count alone (onnx runner)
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+# Process-wide registry of loaded models: key -> runner. One lock per key, so loading
+# bge-m3 does not block a MiniLM embedder that is already loaded.
+_MODELS: dict[Hashable, Runner] = {}
+_KEY_LOCKS: dict[Hashable, threading.Lock] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def loaded_models() -> dict[Hashable, Any]:
+    """Return a snapshot of the process-wide model registry (key -> loaded runner)."""
+    with _REGISTRY_LOCK:
+        return dict(_MODELS)
+
+
+def clear_loaded_models() -> None:
+    """Forget every loaded model (tests, benchmarks); embedders already holding one keep it."""
+    with _REGISTRY_LOCK:
+        _MODELS.clear()
+
+
+def shared_runner(key: Hashable, loader: Callable[[], Runner]) -> Runner:
+    """The runner loaded under ``key``, loading it with ``loader`` at most once per process."""
+    runner = _MODELS.get(key)
+    if runner is not None:
+        return runner
+    with _REGISTRY_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        runner = _MODELS.get(key)
+        if runner is None:
+            runner = loader()
+            with _REGISTRY_LOCK:
+                _MODELS[key] = runner
+    return runner

