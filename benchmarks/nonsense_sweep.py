@@ -28,7 +28,7 @@ from classifier.embedders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.negatives import synthetic_negatives  # noqa: E402
 from classifier.trainer import fit_from_vectors  # noqa: E402
-from tests.test_nonsense import nonsense  # noqa: E402
+from tests.support.docs import nonsense  # noqa: E402
 from training.layer2 import layer2_predict  # noqa: E402
 
 SHORT = ["hi", "hola", "jajaja", "yes", "no", "ok", "thanks", "Thank you!", "gracias", "sigue", "and this?",

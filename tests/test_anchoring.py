@@ -37,9 +37,8 @@ from classifier.errors import TeacherError
 from classifier.protocols import DecisionRecord, HistoryEntry
 from logstore import LogStore
 from service.metrics import ServerMetrics
-from tests.fakes import ScriptedTeacher
-from tests.test_model import DOC
-from tests.test_pipeline import ALWAYS_SURE, ALWAYS_UNSURE, make
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import ScriptedTeacher, make_classifier
 from training.anchoring_stats import anchoring_section, empty_anchoring
 from training.stats import convergence, format_table, stats_for_path
 
@@ -173,7 +172,7 @@ def _history(i: int, true: str) -> list[tuple[str, str]]:
 
 
 def _run_explicit(teacher: ScriptedTeacher):
-    clf = make(ALWAYS_UNSURE, teacher=teacher)
+    clf = make_classifier(ALWAYS_UNSURE, teacher=teacher)
     for i in range(60):
         q = QUERIES[i % len(QUERIES)]
         d = clf.classify(q, history=_history(i, TRUTH[q]))
@@ -206,7 +205,7 @@ SESSION = ["show my invoices", "what plan am i on", "upgrade my plan",          
 def test_session_histories_feed_the_monitor(teacher, anchored):
     """20 sessions of 3 PLATFORM then 3 RETRIEVAL turns: the echoing teacher keeps
     answering PLATFORM (its own answers fill the history), so turns 4-6 are anchored."""
-    clf = make(ALWAYS_UNSURE, teacher=teacher())
+    clf = make_classifier(ALWAYS_UNSURE, teacher=teacher())
     for s in range(20):
         for q in SESSION:
             clf.classify(q, session_id=f"s{s}")
@@ -216,15 +215,15 @@ def test_session_histories_feed_the_monitor(teacher, anchored):
 
 
 def test_only_teacher_answers_are_observed():
-    clf = make(ALWAYS_SURE, teacher=query_teacher())         # layer 2 decides
+    clf = make_classifier(ALWAYS_SURE, teacher=query_teacher())         # layer 2 decides
     clf.classify("show my invoices", history=[("RETRIEVAL", "x")])
     clf.classify("how much quota do I have")                 # a rule decides
     assert clf.anchoring.report().n_with + clf.anchoring.report().n_without == 0
-    failing = make(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "down")))
+    failing = make_classifier(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "down")))
     d = failing.classify("show my invoices", history=[("RETRIEVAL", "x")])
     assert d.layer is Layer.EMBEDDING
     assert failing.anchoring.report().n_with == 0
-    off = make(ALWAYS_UNSURE, teacher=query_teacher())
+    off = make_classifier(ALWAYS_UNSURE, teacher=query_teacher())
     off.anchoring = None                                     # not measured: nothing breaks
     assert off.classify("show my invoices").layer is Layer.LLM
 
@@ -258,7 +257,7 @@ def test_metric_exposition():
 
 
 def test_metric_follows_the_classifier():
-    clf = make(ALWAYS_UNSURE, teacher=last_history_teacher())
+    clf = make_classifier(ALWAYS_UNSURE, teacher=last_history_teacher())
     metrics = ServerMetrics()
     metrics.bind_anchoring(clf.anchoring)
     clf.classify("what is addvar", history=[("PLATFORM", "my invoices")])
@@ -274,8 +273,8 @@ def test_the_sidecar_exposes_its_classifier_monitor(tmp_path):
 
     from classifier.intents import parse_intents
     from classifier.trainer import fit_model
-    from tests.fakes import HashEmbedder
-    from tests.test_sidecar import client, serving
+    from tests.support.fakes import HashEmbedder
+    from tests.support.sidecar import client, serving
 
     doc = copy.deepcopy(DOC) | {"thresholds": ALWAYS_UNSURE}
     model_dir = fit_model(parse_intents(doc), embedder=HashEmbedder(), version="v1").save(tmp_path / "v1")

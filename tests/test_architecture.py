@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 PACKAGES = ("classifier", "logstore", "fleet", "service", "training", "flywheel")
 # what each package may import from the project (itself included)
 ALLOWED = {

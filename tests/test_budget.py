@@ -26,12 +26,10 @@ from logstore import LogStore
 from service.client import FlywheelClient
 from service.metrics import ServerMetrics
 from service.server import ServerOptions, create_server
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 from training.labeling import backfill_pending
 
-UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
-SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 REQ = TeacherRequest("what is addvar", (LabelOption("RETRIEVAL", "docs"), LabelOption("PLATFORM", "account")))
 
 
@@ -52,17 +50,6 @@ def utc(*args: int) -> float:
 def budget(per_minute=None, per_day=None, t=1000.0, wall=None):
     mono, wall_clock = Clock(t), Clock(utc(2024, 3, 9, 12) if wall is None else wall)
     return CallBudget(per_minute, per_day, clock=mono, wall_clock=wall_clock), mono, wall_clock
-
-
-class ListSink:
-    def __init__(self):
-        self.records = []
-
-    def write(self, record):
-        self.records.append(record)
-
-    def close(self):
-        pass
 
 
 def clf(thresholds, teacher_section=None, **kw):
@@ -221,7 +208,7 @@ def test_apply_budget_wraps_only_when_a_limit_is_set():
 def test_an_exhausted_budget_degrades_to_a_pending_weak_answer():
     assert "budget" in RETRYABLE_TEACHER_ERRORS and "budget" in DEGRADED_REASONS
     sink = ListSink()
-    c = clf(UNSURE, {"max_calls_per_minute": 1}, log_sink=sink)
+    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 1}, log_sink=sink)
     inner = ScriptedTeacher(answer=lambda req: "RETRIEVAL")
     budgeted(c, inner)
     first = c.classify("explain addparam")
@@ -236,7 +223,7 @@ def test_an_exhausted_budget_degrades_to_a_pending_weak_answer():
 
 def test_a_budget_refusal_is_a_failed_audit_not_an_error(caplog):
     calls = []
-    c = clf(SURE, {"daily_budget": 1}, audit_rate=1.0, audit_callback=lambda rec, call: calls.append(call))
+    c = clf(ALWAYS_SURE, {"daily_budget": 1}, audit_rate=1.0, audit_callback=lambda rec, call: calls.append(call))
     inner = ScriptedTeacher(answer=lambda req: "PLATFORM")
     t = budgeted(c, inner)
     t.budget.take()                                   # the day's one call is spent
@@ -252,7 +239,7 @@ def test_a_budget_refusal_is_a_failed_audit_not_an_error(caplog):
 
 def test_pending_budget_decisions_are_back_filled_by_label(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
-    c = clf(UNSURE, {"daily_budget": 1}, log_sink=store.open_sink())
+    c = clf(ALWAYS_UNSURE, {"daily_budget": 1}, log_sink=store.open_sink())
     t = budgeted(c, ScriptedTeacher(answer=lambda req: "RETRIEVAL"))
     t.budget.take()
     for text in ("explain addparam", "what is addvar", "how do loops work"):
@@ -260,7 +247,7 @@ def test_pending_budget_decisions_are_back_filled_by_label(tmp_path):
     c.log_sink.flush()
     assert len(store.pending()) == 3
     # `flywheel label` in a process with a budget of its own: it stops when that is spent
-    later = clf(UNSURE, {"daily_budget": 2})
+    later = clf(ALWAYS_UNSURE, {"daily_budget": 2})
     budgeted(later, ScriptedTeacher(answer=lambda req: "RETRIEVAL"))
     counts = backfill_pending(store, later, progress=False)
     assert (counts["labelled"], counts["remaining"]) == (2, 1)
@@ -273,7 +260,7 @@ def test_pending_budget_decisions_are_back_filled_by_label(tmp_path):
 def test_the_remaining_budget_and_budget_degradations_are_exposed():
     m = ServerMetrics()
     get = m.registry.get_sample_value
-    c = clf(UNSURE, {"max_calls_per_minute": 2})
+    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 2})
     m.bind_serving(classifier=c)
     assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) is None   # no teacher yet
     assert get("flywheel_degraded_decisions_total", {"reason": "budget"}) == 0      # pre-created
@@ -293,7 +280,7 @@ def test_the_remaining_budget_and_budget_degradations_are_exposed():
 def test_both_windows_are_exposed_and_none_without_a_budget():
     m = ServerMetrics()
     get = m.registry.get_sample_value
-    c = clf(UNSURE, {"max_calls_per_minute": 5, "daily_budget": 100})
+    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 5, "daily_budget": 100})
     m.bind_serving(classifier=c)
     budgeted(c, ScriptedTeacher())
     c.classify("explain addparam")
@@ -306,7 +293,7 @@ def test_both_windows_are_exposed_and_none_without_a_budget():
 
 def test_the_sidecar_counts_budget_refusals_and_serves_the_gauges(tmp_path):
     d = copy.deepcopy(DOC)
-    d["thresholds"] = UNSURE
+    d["thresholds"] = ALWAYS_UNSURE
     model_dir = fit_model(parse_intents(d), embedder=HashEmbedder(), version="unsure-v1").save(tmp_path / "v1")
     inner = ScriptedTeacher(answer=lambda req: "RETRIEVAL")
     inner.breaker = CircuitBreaker()

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from flywheel.cli import main
+from tests.support.paths import DATA, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +78,12 @@ def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
 
 def test_train_and_eval_say_what_the_cutoffs_buy(capsys, home, monkeypatch, tmp_path):
     monkeypatch.setenv("FLYWHEEL_HOME", str(home))
-    rc, out, err = run(capsys, "train", "--intents", "data/starter_intents.yaml", "--out", str(tmp_path / "m"))
+    rc, out, err = run(capsys, "train", "--intents", str(ROOT / "data" / "starter_intents.yaml"),
+                       "--out", str(tmp_path / "m"))
     assert rc == 0, err
     assert "prediction sets:" in out and "(nominal 95%)" in out and "deferral model ECE" in out
     assert "held-out answers at or above it; by intent" in out
-    rc, out, err = run(capsys, "eval", "--model", str(tmp_path / "m"), "--test", "tests/data/heldout_queries.jsonl",
+    rc, out, err = run(capsys, "eval", "--model", str(tmp_path / "m"), "--test", str(DATA / "heldout_queries.jsonl"),
                        "--json", "--quiet", "--latency-sample", "0")
     assert rc == 0, err
     rep = json.loads(out)

@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+
 HEAVY = {"torch", "transformers", "sklearn", "scipy", "sentence_transformers", "FlagEmbedding"}
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,10 +25,9 @@ from service.convert import (
 )
 from service.protos.flywheel.v1 import classifier_pb2 as pb
 from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
+from tests.support.paths import ROOT
 
 
 def _decision(**kw) -> Decision:

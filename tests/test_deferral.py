@@ -14,8 +14,8 @@ from classifier.intents import ThresholdSettings, parse_intents
 from classifier.model import intents_to_doc
 from classifier.scoring import HeadScores, ServingHead
 from classifier.tiers import Thresholds, assign_tier, assign_tiers, tier_rows
-from tests.test_head import blobs
-from tests.test_model import DOC
+from tests.support.docs import DOC
+from tests.support.worlds import blobs
 from training.rows import LabelledSet
 from training.tuning import retune
 

@@ -11,12 +11,9 @@ from classifier.pipeline import Classifier, Query
 from classifier.trainer import fit_model
 from logstore import LogStore
 from service.metrics import ServerMetrics
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ScriptedTeacher
 from training.stats import convergence, format_table
-
-UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
-SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 
 
 def clf(thresholds, **kw):
@@ -33,18 +30,18 @@ class Raising:
 
 
 def test_each_way_of_missing_the_teacher_has_its_reason():
-    assert clf(SURE, teacher=ScriptedTeacher()).classify("show my invoices").degraded is None
-    ok = clf(UNSURE, teacher=ScriptedTeacher()).classify("show my invoices")
+    assert clf(ALWAYS_SURE, teacher=ScriptedTeacher()).classify("show my invoices").degraded is None
+    ok = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher()).classify("show my invoices")
     assert ok.layer is Layer.LLM and ok.degraded is None
-    down = clf(UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "refused"))).classify("x y")
+    down = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "refused"))).classify("x y")
     assert (down.degraded, down.tier, down.pending) == ("unavailable", Tier.WEAK, True)
-    bad = clf(UNSURE, teacher=ScriptedTeacher(error=TeacherError("malformed", "not JSON"))).classify("x y")
+    bad = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("malformed", "not JSON"))).classify("x y")
     assert bad.degraded == "malformed"
-    assert clf(UNSURE, teacher=Raising()).classify("x y").degraded == "error"
-    none = clf(UNSURE).classify("show my invoices")
+    assert clf(ALWAYS_UNSURE, teacher=Raising()).classify("x y").degraded == "error"
+    none = clf(ALWAYS_UNSURE).classify("show my invoices")
     assert none.degraded == "no_teacher" and none.tier is not Tier.CONFIDENT
     assert "degraded" not in none.to_dict()                       # log and metrics only
-    c = clf(UNSURE, teacher=ScriptedTeacher())
+    c = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher())
     p = c.begin(Query("show my invoices"))
     c.score([p])
     assert c.without_teacher(p, "all teacher workers are busy", reason="pool_full").degraded == "pool_full"
@@ -55,10 +52,10 @@ def test_the_metric_counts_by_reason_from_zero():
     m = ServerMetrics()
     get = m.registry.get_sample_value
     assert all(get("flywheel_degraded_decisions_total", {"reason": r}) == 0 for r in DEGRADED_REASONS)
-    c = clf(UNSURE, teacher=ScriptedTeacher(error=TeacherError("timeout", "slow")))
+    c = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("timeout", "slow")))
     for text in ("x y", "a b", "show my invoices"):
         m.observe_decision(c.classify(text))
-    m.observe_decision(clf(SURE).classify("show my invoices"))
+    m.observe_decision(clf(ALWAYS_SURE).classify("show my invoices"))
     assert get("flywheel_degraded_decisions_total", {"reason": "timeout"}) == 3
     assert sum(get("flywheel_degraded_decisions_total", {"reason": r}) for r in DEGRADED_REASONS) == 3
 
@@ -66,8 +63,8 @@ def test_the_metric_counts_by_reason_from_zero():
 def test_stats_show_the_degraded_share_per_window(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
     sink = store.open_sink()
-    healthy = clf(UNSURE, teacher=ScriptedTeacher(), log_sink=sink)
-    broken = clf(UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "down")), log_sink=sink)
+    healthy = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(), log_sink=sink)
+    broken = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "down")), log_sink=sink)
     for i in range(6):
         healthy.classify(f"show my invoices {i}")
     for i in range(3):

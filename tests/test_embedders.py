@@ -35,8 +35,7 @@ from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
 from classifier.intents import EmbedderSettings  # noqa: E402
 from classifier.protocols import Embedder  # noqa: E402
 from classifier.runners import Runner  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 SENTENCES = [
     "how do I reset my password",

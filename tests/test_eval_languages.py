@@ -13,12 +13,13 @@ import pytest
 from classifier.intents import Intent, IntentSet, Rule, ThresholdSettings
 from classifier.pipeline import Classifier
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-from tests.test_evaluate import OOS_WORDS, TOPICS, topic_examples
+from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
+from tests.support.fakes import HashEmbedder
+from tests.support.paths import DATA
 from training.evaluate import evaluate, format_report, language_slices
 from training.loaders import DatasetError, load_labelled
 
-DATA = Path(__file__).parent / "data"
+
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from typing import Sequence
 
 import numpy as np
 import pytest
@@ -18,51 +15,17 @@ from classifier.labels import OUT_OF_SCOPE as OOS_NAME
 from classifier.pipeline import Classifier
 from classifier.protocols import Embedder
 from classifier.trainer import fit_model
+from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
+from tests.support.fakes import HashEmbedder
 from training.evaluate import classification_metrics, evaluate, format_report, write_plots
 from training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-class HashEmbedder:
-    """Deterministic bag-of-words embedder: each word hashed into one of ``dim`` buckets."""
-
-    def __init__(self, dim: int = 64) -> None:
-        self._dim = dim
-        self.calls = 0
-        self.texts_seen = 0
-
-    @property
-    def id(self) -> str:
-        return f"test:hash-{self._dim}"
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, progress: bool = False) -> np.ndarray:
-        self.calls += 1
-        self.texts_seen += len(texts)
-        X = np.zeros((len(texts), self._dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"\w+", t.lower()):
-                X[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self._dim] += 1.0
-            if not X[i].any():
-                X[i, 0] = 1.0
-        return X / np.linalg.norm(X, axis=1, keepdims=True)
-
-
-TOPICS = {
-    "weather": ["weather", "rain", "forecast", "sunny", "temperature", "umbrella"],
-    "music": ["song", "play", "album", "playlist", "guitar", "singer"],
-    "banking": ["balance", "account", "transfer", "bank", "deposit", "money"],
-}
-OOS_WORDS = ["zebra", "volcano", "pyramid", "galaxy", "origami", "chess"]
-
-
-def topic_examples(words: list[str], n: int = 12) -> list[str]:
-    return [f"{words[i % len(words)]} {words[(i + 1) % len(words)]} {words[(i + 3) % len(words)]}"
-            for i in range(n)]
+def toy_embedder() -> HashEmbedder:
+    """The plain bag-of-words HashEmbedder (64 buckets) these toy topics are separated by."""
+    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +36,7 @@ def intent_set() -> IntentSet:
 
 @pytest.fixture(scope="module")
 def fake() -> HashEmbedder:
-    return HashEmbedder()
+    return toy_embedder()
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +157,7 @@ def test_evaluate_chunks_and_rules(model, fake, intent_set):
 
 
 def test_evaluate_bypasses_the_embedding_cache(model):
-    inner = HashEmbedder()
+    inner = toy_embedder()
     cached = CachedEmbedder(inner)
     clf = Classifier(model, embedder=cached)
     texts, labels = _test_queries()

@@ -14,14 +14,11 @@ from classifier.teacher import CircuitBreaker, OllamaTeacher
 from classifier.trainer import fit_model
 from flywheel.cli import main
 from logstore import LogStore
-from tests.fakes import HashEmbedder
-from tests.simulated_ollama import SimulatedOllama
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder
+from tests.support.simulated_ollama import SimulatedOllama
 from training.labeling import backfill_pending
 from training.stats import convergence
-
-UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
-SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 
 
 def classifier(thresholds, **kw):
@@ -33,7 +30,7 @@ def classifier(thresholds, **kw):
 
 def test_concurrent_classify_logs_every_decision_exactly_once(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
-    clf = classifier(SURE, log_sink=store.open_sink(flush_interval_s=0.05))
+    clf = classifier(ALWAYS_SURE, log_sink=store.open_sink(flush_interval_s=0.05))
     ids: list[str] = []
     lock = threading.Lock()
 
@@ -60,18 +57,18 @@ def test_teacher_down_marks_pending_then_label_backfills(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
     with SimulatedOllama(truth, accuracy=1.0, latency_scale=0.0) as sim:
         teacher = OllamaTeacher("sim", host=sim.url, timeout_s=2.0, breaker=CircuitBreaker(2, 60.0))
-        clf = classifier(UNSURE, teacher=teacher, log_sink=store.open_sink())
+        clf = classifier(ALWAYS_UNSURE, teacher=teacher, log_sink=store.open_sink())
         sim.mode = "down"
         down = [clf.classify(t) for t in truth]
         assert all(d.layer is Layer.EMBEDDING and "llm unavailable" in d.reason for d in down)
         clf.log_sink.flush()
         assert {p[1] for p in store.pending()} == set(truth)
         # still down: `label` stops early and everything stays pending
-        counts = backfill_pending(store, classifier(UNSURE, teacher=OllamaTeacher("sim", host=sim.url,
+        counts = backfill_pending(store, classifier(ALWAYS_UNSURE, teacher=OllamaTeacher("sim", host=sim.url,
                                                                                    timeout_s=2.0)), progress=False)
         assert counts["labelled"] == 0 and counts["remaining"] == 2 and "stopped_because" in counts
         sim.mode = None
-        counts = backfill_pending(store, classifier(UNSURE, teacher=OllamaTeacher("sim", host=sim.url,
+        counts = backfill_pending(store, classifier(ALWAYS_UNSURE, teacher=OllamaTeacher("sim", host=sim.url,
                                                                                    timeout_s=2.0)), progress=False)
         assert counts == {"pending": 2, "labelled": 2, "invalid": 0, "remaining": 0}
         assert store.pending() == []
@@ -83,7 +80,7 @@ def test_teacher_down_marks_pending_then_label_backfills(tmp_path):
 def test_garbage_from_the_teacher_is_never_a_training_label(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
     with SimulatedOllama({"explain addparam": "RETRIEVAL"}, latency_scale=0.0) as sim:
-        clf = classifier(UNSURE, teacher=OllamaTeacher("sim", host=sim.url, timeout_s=2.0),
+        clf = classifier(ALWAYS_UNSURE, teacher=OllamaTeacher("sim", host=sim.url, timeout_s=2.0),
                          log_sink=store.open_sink())
         sim.mode = "garbage"
         d = clf.classify("explain addparam")
@@ -101,7 +98,7 @@ def test_audit_answers_are_stored_and_show_in_stats(tmp_path):
         cfg = load_config(home=tmp_path, ollama_host=sim.url, audit_rate=1.0)
         emb = HashEmbedder()
         d = copy.deepcopy(DOC)
-        d["thresholds"] = SURE
+        d["thresholds"] = ALWAYS_SURE
         model = fit_model(parse_intents(d), embedder=emb)
         model.save(tmp_path / "m")
         cfg.model = str(tmp_path / "m")
@@ -149,7 +146,7 @@ def test_stats_rejects_bad_windows(window, capsys, tmp_path):
 
 def test_feedback_checks_labels_without_training_a_model(tmp_path, capsys):
     store = LogStore(tmp_path / "log" / "flywheel.duckdb")
-    clf = classifier(SURE, log_sink=store.open_sink())
+    clf = classifier(ALWAYS_SURE, log_sink=store.open_sink())
     d = clf.classify("show my invoices")
     clf.close()
     rc = main(["feedback", "--home", str(tmp_path), d.id, "NOT_A_LABEL"])

@@ -6,18 +6,7 @@ from classifier.decision import Candidate, Tier
 from classifier.errors import ModelError, NotFittedError
 from classifier.head import IntentHead
 from classifier.tiers import Thresholds, assign_tier, cut_at_drop
-
-
-def blobs(n_per=40, k=4, dim=32, noise=0.35, seed=0, with_oos=True):
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((k, dim))
-    X = np.vstack([c + noise * rng.standard_normal((n_per, dim)) for c in centres])
-    y = [f"L{i}" for i in range(k) for _ in range(n_per)]
-    if with_oos:
-        oos = rng.standard_normal((n_per, dim)) * 1.5
-        X = np.vstack([X, oos])
-        y += [None] * n_per
-    return X, y, centres
+from tests.support.worlds import blobs
 
 
 def test_fit_sets_fitted_attributes_and_predicts():

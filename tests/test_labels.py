@@ -8,7 +8,7 @@ import pytest
 from classifier.errors import InvalidInputError, TeacherError, UnknownLabelError
 from classifier.labels import OUT_OF_SCOPE, label_name, parse_label
 from classifier.teacher import OllamaTeacher
-from tests.test_pipeline import make
+from tests.support.fakes import make_classifier
 
 LABELS = ("RETRIEVAL", "PLATFORM")
 
@@ -30,7 +30,7 @@ def test_labels_and_errors():
 
 
 def test_declared_type_uses_the_parser():
-    clf = make()
+    clf = make_classifier()
     assert clf.classify("what is addvar", declared_type="oos").label is None
     assert clf.classify("what is addvar", declared_type=" PLATFORM").label == "PLATFORM"
 

@@ -10,8 +10,8 @@ import pytest
 from classifier.decision import Layer, Tier
 from classifier.errors import TeacherError
 from logstore import LogStore
-from tests.fakes import ScriptedTeacher
-from tests.test_pipeline import ALWAYS_SURE, ALWAYS_UNSURE, make
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE
+from tests.support.fakes import ListSink, ScriptedTeacher, make_classifier
 from training.stats import convergence
 
 QUERIES = ["what is addvar", "write a function that sums", "hello there", "how do loops work"]
@@ -45,7 +45,7 @@ def layer2_of(clf, text):
 def test_llm_decisions_log_layer2_answer(store):
     # the teacher always picks the LAST offered option, so it disagrees with layer 2
     teacher = ScriptedTeacher(answer=lambda req: req.options[-1].name)
-    clf = make(ALWAYS_UNSURE, teacher=teacher, log_sink=store.open_sink(fsync=False))
+    clf = make_classifier(ALWAYS_UNSURE, teacher=teacher, log_sink=store.open_sink(fsync=False))
     expected = {t: layer2_of(clf, t) for t in QUERIES}
     decisions, rows = run(clf, store)
     assert all(d.layer is Layer.LLM for d in decisions)
@@ -65,7 +65,7 @@ def test_llm_decisions_log_layer2_answer(store):
 
 def test_degraded_and_layer2_decisions_log_layer2_answer(store):
     down = ScriptedTeacher(error=TeacherError("unavailable", "connection refused"))
-    clf = make(ALWAYS_UNSURE, teacher=down, log_sink=store.open_sink(fsync=False))
+    clf = make_classifier(ALWAYS_UNSURE, teacher=down, log_sink=store.open_sink(fsync=False))
     expected = {t: layer2_of(clf, t) for t in QUERIES}
     decisions, rows = run(clf, store)
     for text, d in zip(QUERIES, decisions):
@@ -76,7 +76,7 @@ def test_degraded_and_layer2_decisions_log_layer2_answer(store):
 
 
 def test_rules_and_declared_log_no_layer2(store):
-    clf = make(ALWAYS_SURE, log_sink=store.open_sink(fsync=False))
+    clf = make_classifier(ALWAYS_SURE, log_sink=store.open_sink(fsync=False))
     a = clf.classify("how much quota do I have")
     b = clf.classify("anything", declared_type="PLATFORM")
     c = clf.classify("what is addvar")
@@ -95,21 +95,13 @@ def test_audit_backlog_is_bounded_and_drops_are_counted():
         return req.options[0].name
 
     got = []
-    clf = make(ALWAYS_SURE, teacher=ScriptedTeacher(answer=slow), audit_rate=1.0, max_pending_audits=2,
+    clf = make_classifier(ALWAYS_SURE, teacher=ScriptedTeacher(answer=slow), audit_rate=1.0, max_pending_audits=2,
                audit_callback=lambda rec, call: got.append(rec.decision.id))
-    sink_records = []
-
-    class Sink:
-        def write(self, r):
-            sink_records.append(r)
-
-        def close(self):
-            pass
-
-    clf.log_sink = Sink()
+    sink = ListSink()
+    clf.log_sink = sink
     decisions = clf.classify_many(["what is addvar"] * 6)
     assert clf.audits_dropped == 4                       # 2 admitted, the rest dropped at once
-    audited = [r.decision.id for r in sink_records if r.audit]
+    audited = [r.decision.id for r in sink.records if r.audit]
     assert len(audited) == 2                             # dropped ones are logged as not audited
     gate.set()
     clf.close()                                          # finishes the admitted audits

@@ -11,41 +11,20 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.protocols import DecisionRecord, HistoryEntry, LogSink
+from classifier.decision import Layer, Layer2Answer, TeacherCall, Tier
+from classifier.protocols import HistoryEntry, LogSink
 from logstore import LogStore, LogStoreBusyError, LogStoreError
 from logstore.connection import connect
 from logstore.connection import stats as logstore_stats
 from logstore.schema import MIGRATIONS, SCHEMA_VERSION, apply_migrations
 from logstore.segments import records_to_table, write_segment
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def make_record(did: str | None = None, *, text: str = "where is my invoice",
-                layer: Layer = Layer.EMBEDDING, label: str | None = "billing",
-                confidence: float = 0.8, teacher: TeacherCall | None = None,
-                embedding: np.ndarray | None = None, encoder_id: str | None = "enc-test",
-                pending: bool = False, audit: bool = False,
-                created_at: float | None = None) -> DecisionRecord:
-    d = Decision(label=label, confidence=confidence, tier=Tier.CONFIDENT, layer=layer,
-                 reason="test", alternatives=[Candidate("shipping", 0.1), Candidate(None, 0.05)],
-                 model_version="v7", latency_ms={"rules": 0.01, "embedding": 2.5},
-                 teacher=teacher)
-    if did is not None:
-        d.id = did
-    return DecisionRecord(decision=d, text=text,
-                          created_at=time.time() if created_at is None else created_at,
-                          session_id="sess-1", declared_type=None,
-                          history=(HistoryEntry.of("greeting", "hello there"),
-                                   HistoryEntry.of(None, "x" * 100)),
-                          encoder_id=encoder_id, embedding=embedding, audit=audit, pending=pending)
+from tests.support.paths import ROOT
+from tests.support.records import make_record
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from classifier.intents import parse_intents
 from classifier.masking import iban_ok, luhn_ok, mask_pii
 from classifier.protocols import HistoryEntry
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, DOC
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -42,23 +42,12 @@ def test_checksums():
     assert iban_ok("DE89 3704 0044 0532 0130 00") and not iban_ok("DE89 3704 0044 0532 0130 01")
 
 
-class _Sink:
-    def __init__(self):
-        self.records = []
-
-    def write(self, record):
-        self.records.append(record)
-
-    def close(self):
-        pass
-
-
 def test_the_log_gets_masked_text_and_the_teacher_the_raw_one():
     doc = copy.deepcopy(DOC)
-    doc["thresholds"] = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}   # always sure: audits
+    doc["thresholds"] = ALWAYS_SURE   # layer 2 always decides: audits
     emb = HashEmbedder()
     teacher = ScriptedTeacher(answer=lambda req: "PLATFORM")
-    sink, audits = _Sink(), []
+    sink, audits = ListSink(), []
     clf = Classifier(fit_model(parse_intents(doc), embedder=emb), embedder=emb, teacher=teacher,
                      log_sink=sink, redact=mask_pii, audit_rate=1.0,
                      audit_callback=lambda rec, call: audits.append(call))

@@ -6,24 +6,8 @@ from classifier.errors import ModelError
 from classifier.intents import parse_intents
 from classifier.model import IntentModel
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-
-DOC = {
-    "name": "tiny",
-    "rules": [{"id": "quota-rule", "intent": "PLATFORM", "contains": "quota"}],
-    "intents": [
-        {"name": "RETRIEVAL", "description": "docs", "examples": [
-            "what is addvar", "explain addparam", "what does addresult return", "how do loops work",
-            "what types exist", "documentation for requests"]},
-        {"name": "PLATFORM", "description": "account", "examples": [
-            "show my invoices", "what plan am i on", "cancel subscription", "my billing history",
-            "upgrade my plan", "payment method"]},
-    ],
-    # synthetic: 0 -- the tests' hash encoder puts nonsense and unseen words alike; synthetic
-    # negatives are tested with the real encoders (tests/test_nonsense.py)
-    "out_of_scope": {"examples": ["weather tomorrow", "cook pasta", "football score", "capital of france"],
-                     "synthetic": 0},
-}
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
 
 
 @pytest.fixture()

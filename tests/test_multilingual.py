@@ -18,10 +18,10 @@ from classifier.default import build_classifier
 from classifier.embedders import USE_ID, USEMultilingualEmbedder, clear_loaded_models, make_embedder
 from classifier.errors import EmbedderError, IntentFileError
 from classifier.intents import EmbedderSettings, load_intents, parse_intents
+from tests.support.paths import DATA, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-HELDOUT_ES = ROOT / "tests" / "data" / "heldout_queries_es.jsonl"
-HELDOUT_EN = ROOT / "tests" / "data" / "heldout_queries.jsonl"
+HELDOUT_ES = DATA / "heldout_queries_es.jsonl"
+HELDOUT_EN = DATA / "heldout_queries.jsonl"
 INTENTS = [{"name": "A", "examples": ["one", "two"]}, {"name": "B", "examples": ["three", "four"]}]
 
 

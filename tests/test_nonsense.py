@@ -6,10 +6,6 @@ with the multilingual default or with MiniLM (ONNX). The synthetic negatives
 
 from __future__ import annotations
 
-import codecs
-import random
-from pathlib import Path
-
 import pytest
 
 from classifier.config import load_config
@@ -18,23 +14,9 @@ from classifier.intents import parse_intents
 from classifier.negatives import FAMILIES, synthetic_negatives
 from classifier.pipeline import Classifier
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-
-ROOT = Path(__file__).resolve().parents[1]
-LIST = ROOT / "tests" / "data" / "nonsense.txt"
-
-
-def nonsense() -> list[str]:
-    lines = [ln for ln in LIST.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
-    texts = [codecs.decode(ln, "unicode_escape") if "\\u" in ln else ln for ln in lines]
-    rng = random.Random(2026)
-    texts += [
-        "a" * 2_000_000,
-        bytes(rng.randrange(256) for _ in range(400)).decode("latin-1"),
-        "".join(chr(rng.randrange(0x20, 0xD7FF)) for _ in range(300)),
-        " ".join(str(rng.randrange(10 ** 6)) for _ in range(20)),
-    ]
-    return texts
+from tests.support.docs import nonsense
+from tests.support.fakes import HashEmbedder
+from tests.support.paths import ROOT
 
 
 def _check(clf: Classifier) -> None:

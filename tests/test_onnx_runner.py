@@ -33,8 +33,7 @@ from classifier.errors import EmbedderError, IntentFileError  # noqa: E402
 from classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
 from classifier.onnx_runner import OnnxRunner, cache_key  # noqa: E402
 from classifier.runners import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 TEXTS = [
     "how do I reset my password",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -15,6 +14,7 @@ from classifier.errors import ConfigError, TeacherError
 from classifier.openai_teacher import API_KEY_ENV, OpenAITeacher
 from classifier.protocols import LabelOption, Teacher, TeacherRequest
 from classifier.teacher import OUT_OF_SCOPE, CircuitBreaker, TeacherStatus, build_messages, option_order
+from tests.support.servers import free_port
 
 MODEL = "gemma-3-270m-it"
 KEY = "sk-test-0123456789abcdef-SECRET"
@@ -47,12 +47,6 @@ def make_teacher(httpserver, **kw) -> OpenAITeacher:
 
 def body_of(httpserver, i: int = 0) -> dict:
     return json.loads(httpserver.log[i][0].get_data())
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

@@ -1,45 +1,18 @@
-import copy
 import threading
 
 import pytest
 
-from classifier import Classifier, Layer, Tier
+from classifier import Layer, Tier
 from classifier.errors import InvalidInputError, ModelError, TeacherError, UnknownLabelError
 from classifier.intents import parse_intents
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
-
-
-def make(thresholds=None, teacher=None, embedder=None, doc=DOC, **kw):
-    d = copy.deepcopy(doc)
-    if thresholds:
-        d["thresholds"] = thresholds
-    emb = embedder or HashEmbedder()
-    model = fit_model(parse_intents(d), embedder=emb)
-    return Classifier(model, embedder=emb, teacher=teacher, **kw)
-
-
-ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
-ALWAYS_SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
-
-
-class ListSink:
-    def __init__(self):
-        self.records = []
-        self.lock = threading.Lock()
-
-    def write(self, record):
-        with self.lock:
-            self.records.append(record)
-
-    def close(self):
-        pass
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher, make_classifier
 
 
 def test_declared_type_bypasses_everything():
     t = ScriptedTeacher()
-    clf = make(teacher=t)
+    clf = make_classifier(teacher=t)
     d = clf.classify("what is addvar", declared_type="PLATFORM")
     assert (d.label, d.layer, d.tier, d.confidence) == ("PLATFORM", Layer.DECLARED, Tier.CONFIDENT, 1.0)
     assert "declared" in d.latency_ms and "embedding" not in d.latency_ms
@@ -50,14 +23,14 @@ def test_declared_type_bypasses_everything():
 
 
 def test_rules_decide_with_rule_id():
-    clf = make(teacher=ScriptedTeacher())
+    clf = make_classifier(teacher=ScriptedTeacher())
     d = clf.classify("how much quota do I have")
     assert (d.label, d.layer, d.confidence, d.reason) == ("PLATFORM", Layer.RULES, 1.0, "rule quota-rule")
 
 
 def test_confident_layer2_does_not_call_teacher():
     t = ScriptedTeacher()
-    clf = make(ALWAYS_SURE, teacher=t)
+    clf = make_classifier(ALWAYS_SURE, teacher=t)
     d = clf.classify("show my invoices")
     assert (d.label, d.layer, d.tier, d.alternatives) == ("PLATFORM", Layer.EMBEDDING, Tier.CONFIDENT, [])
     assert 0.0 <= d.confidence <= 1.0 and d.model_version == clf.model_version
@@ -66,7 +39,7 @@ def test_confident_layer2_does_not_call_teacher():
 
 def test_unsure_goes_to_teacher_with_history():
     t = ScriptedTeacher(answer=lambda req: "RETRIEVAL")
-    clf = make(ALWAYS_UNSURE, teacher=t)
+    clf = make_classifier(ALWAYS_UNSURE, teacher=t)
     d = clf.classify("and that function?", history=[("CODE_GENERATION", "write a loop " * 10)])
     assert (d.label, d.layer, d.tier) == ("RETRIEVAL", Layer.LLM, Tier.CONFIDENT)
     assert d.teacher.valid and d.teacher.label == "RETRIEVAL"
@@ -81,7 +54,7 @@ def test_unsure_goes_to_teacher_with_history():
 @pytest.mark.parametrize("kind", ["unavailable", "timeout", "malformed", "unknown_label", "circuit_open", "budget"])
 def test_teacher_failure_degrades_to_layer2(kind):
     sink = ListSink()
-    clf = make(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError(kind, "boom")), log_sink=sink)
+    clf = make_classifier(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError(kind, "boom")), log_sink=sink)
     d = clf.classify("explain addparam")
     assert d.layer is Layer.EMBEDDING and d.tier is Tier.WEAK  # ambiguous is downgraded: the teacher failed
     assert f"llm unavailable: {kind}: boom" in d.reason
@@ -97,19 +70,19 @@ def test_teacher_raising_anything_never_breaks_serving():
         def label(self, request):
             raise RuntimeError("bug in a plugin")
 
-    d = make(ALWAYS_UNSURE, teacher=Broken()).classify("explain addparam")
+    d = make_classifier(ALWAYS_UNSURE, teacher=Broken()).classify("explain addparam")
     assert d.layer is Layer.EMBEDDING and "llm failed: RuntimeError" in d.reason
 
 
 def test_no_teacher_keeps_layer2_tier_with_alternatives():
-    d = make(ALWAYS_UNSURE).classify("explain addparam")
+    d = make_classifier(ALWAYS_UNSURE).classify("explain addparam")
     assert d.tier is Tier.AMBIGUOUS and "no LLM teacher configured" in d.reason  # ratio 0.0: all close
     assert len(d.alternatives) >= 2 and d.alternatives[0].label == d.label
 
 
 def test_session_history_is_bounded_and_used():
     t = ScriptedTeacher(answer=lambda req: "PLATFORM")
-    clf = make(ALWAYS_UNSURE, teacher=t)
+    clf = make_classifier(ALWAYS_UNSURE, teacher=t)
     for i in range(9):
         clf.classify(f"turn {i} about my invoices", session_id="s1")
     hist = clf.sessions.get("s1")
@@ -122,7 +95,7 @@ def test_large_label_set_offers_only_top_candidates():
     doc = {"intents": [{"name": f"I{i}", "examples": [f"topic{i} alpha", f"topic{i} beta"]} for i in range(20)],
            "teacher": {"max_candidates": 4}}
     t = ScriptedTeacher(answer=lambda req: req.options[-1].name)
-    clf = make(ALWAYS_UNSURE, teacher=t, doc=doc)
+    clf = make_classifier(ALWAYS_UNSURE, teacher=t, doc=doc)
     d = clf.classify("topic7 alpha")
     assert len(t.requests[0].options) == 4 and t.requests[0].options[0].name == "I7"
     assert d.label == t.requests[0].options[-1].name
@@ -131,23 +104,23 @@ def test_large_label_set_offers_only_top_candidates():
 @pytest.mark.parametrize("bad", ["", "   \n\t ", None, 42])
 def test_bad_input_is_a_clear_error(bad):
     with pytest.raises(InvalidInputError):
-        make().classify(bad)
+        make_classifier().classify(bad)
 
 
 def test_odd_but_valid_input():
-    clf = make(ALWAYS_SURE)
+    clf = make_classifier(ALWAYS_SURE)
     assert clf.classify("show\x00 my\x07 invoices").label == "PLATFORM"
     assert clf.classify("bad surrogate \ud800 here").tier is not None
     assert clf.classify("¿Cuál es mi plan de facturación? 請問").tier is not None
     long = clf.classify("invoices " * 1000)
     assert "truncated from 8999 to 4000" in long.reason
     with pytest.raises(InvalidInputError, match="over the limit of 4000"):
-        make(on_long="reject").classify("x" * 4001)
+        make_classifier(on_long="reject").classify("x" * 4001)
 
 
 def test_classify_many_encodes_in_one_batch_and_names_bad_items():
     emb = HashEmbedder()
-    clf = make(ALWAYS_SURE, embedder=emb)
+    clf = make_classifier(ALWAYS_SURE, embedder=emb)
     calls = emb.calls
     ds = clf.classify_many(["show my invoices", "what is addvar", "how much quota"])
     assert [d.label for d in ds] == ["PLATFORM", "RETRIEVAL", "PLATFORM"]
@@ -167,7 +140,7 @@ def test_too_few_examples_is_a_training_error():
 
 
 def test_swap_model_refuses_other_encoder_and_serves_new_version():
-    clf = make(ALWAYS_SURE)
+    clf = make_classifier(ALWAYS_SURE)
     old = clf.model_version
     other = fit_model(parse_intents(DOC), embedder=HashEmbedder(dim=128, id="fake:hash-128"))
     with pytest.raises(ModelError, match="trained with encoder"):
@@ -180,7 +153,7 @@ def test_swap_model_refuses_other_encoder_and_serves_new_version():
 
 def test_concurrent_classify_during_swaps_never_fails():
     sink = ListSink()
-    clf = make(ALWAYS_SURE, log_sink=sink)
+    clf = make_classifier(ALWAYS_SURE, log_sink=sink)
     models = [fit_model(parse_intents(DOC), embedder=HashEmbedder(), version=f"v{i}") for i in range(3)]
     errors = []
 
@@ -206,7 +179,8 @@ def test_concurrent_classify_during_swaps_never_fails():
 def test_audit_sample_sends_confident_decisions_to_teacher():
     got = []
     t = ScriptedTeacher(answer=lambda req: "PLATFORM")
-    clf = make(ALWAYS_SURE, teacher=t, audit_rate=1.0, audit_callback=lambda rec, call: got.append((rec, call)))
+    clf = make_classifier(ALWAYS_SURE, teacher=t, audit_rate=1.0,
+                          audit_callback=lambda rec, call: got.append((rec, call)))
     d = clf.classify("show my invoices")
     clf.close()
     assert d.layer is Layer.EMBEDDING

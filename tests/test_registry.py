@@ -7,8 +7,8 @@ from classifier.errors import InvalidInputError, ModelError
 from classifier.intents import parse_intents
 from classifier.registry import ModelRegistry
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
 
 
 def save(reg, name):

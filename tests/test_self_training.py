@@ -17,9 +17,9 @@ from classifier.head import IntentHead
 from classifier.model import IntentModel
 from classifier.protocols import DecisionRecord
 from classifier.text import normalise_key
-from tests.fakes import HashEmbedder
-from tests.test_head import blobs
-from tests.test_retrain import ENC, INTENT_DOC, _cli_app, record, sample, write
+from flywheel.cli import build_app
+from tests.support.fakes import HashEmbedder
+from tests.support.worlds import ENC, INTENT_DOC, World, blobs, record, sample, write
 from training import cli_retrain
 from training import retrain as retrain_mod
 from training.trainset import build_training_set
@@ -207,8 +207,6 @@ def test_retrain_self_training_weight_and_report(world_st, monkeypatch):
 
 @pytest.fixture()
 def world_st(tmp_path):
-    from tests.test_retrain import World
-
     w = World(tmp_path)
     w.seed_traffic(n_teacher=300, n_human=10, seed=3)
     conf = [(t, y) for t, y in sample(400, 11) if y is not None][:150]
@@ -223,13 +221,13 @@ def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
     common = ["--home", str(tmp_path / "home"), "--log-db", world_st.store.path, "--quiet",
               "--intents", str(intents_file)]
     runner = CliRunner()
-    r = runner.invoke(_cli_app(), ["retrain", *common, "--json", "--self-training", "0.3",
+    r = runner.invoke(build_app(), ["retrain", *common, "--json", "--self-training", "0.3",
                                    "--self-training-max", "50"])
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     report = json.loads((tmp_path / "home" / "models" / obj["version"] / "report.json").read_text())
     assert 0 < report["dataset"]["self_training"]["rows"] <= 50
-    r = runner.invoke(_cli_app(), ["retrain", *common, "--self-training", "2"])
+    r = runner.invoke(build_app(), ["retrain", *common, "--self-training", "2"])
     assert r.exit_code == 2 and "--self-training" in r.output and "Traceback" not in r.output
 
 

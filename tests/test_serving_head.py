@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +16,10 @@ from classifier.intents import parse_intents
 from classifier.model import SERVING_HEAD_FILE, IntentModel
 from classifier.scoring import ServingHead
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ["what is addvar", "write a function that sums", "hello there", "weather tomorrow", "zzzz"]
 
 

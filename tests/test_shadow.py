@@ -21,11 +21,9 @@ from flywheel.cli import main
 from logstore import LogStore
 from service.metrics import ServerMetrics
 from service.runtime import open_runtime
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder
 
-UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}
-SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
 QUERIES = ["show my invoices", "what is addvar", "upgrade my plan please", "explain addparam now",
            "my billing history", "how do loops work in avap"]
 
@@ -36,7 +34,7 @@ def fitted(name: str, thresholds: dict, emb=None):
     return fit_model(parse_intents(d), embedder=emb or HashEmbedder(), version=name)
 
 
-def home_with(tmp_path, champion=UNSURE, shadow=SURE):
+def home_with(tmp_path, champion=ALWAYS_UNSURE, shadow=ALWAYS_SURE):
     """A models home serving v1 with v2 published beside it."""
     reg = ModelRegistry(tmp_path / "models")
     for name, th in (("v1", champion), ("v2", shadow)):
@@ -56,7 +54,7 @@ def wait_for(cond, timeout_s=10.0):
 
 # ------------------------------------------------------------------ the scorer
 def test_scorer_answers_as_the_shadow_model_would():
-    emb, model = HashEmbedder(), fitted("v2", SURE)
+    emb, model = HashEmbedder(), fitted("v2", ALWAYS_SURE)
     got: list[ShadowAnswer] = []
     scorer = ShadowScorer(got.append)
     scorer.set_model(model)
@@ -79,7 +77,7 @@ def test_scorer_skips_the_champion_itself_and_nothing_without_a_model():
     scorer = ShadowScorer(got.append)
     v = HashEmbedder().encode(["x"])[0]
     scorer.offer("d0", v)                              # no shadow loaded: nothing happens
-    scorer.set_model(fitted("v1", SURE))
+    scorer.set_model(fitted("v1", ALWAYS_SURE))
     scorer.offer("d1", v, champion_version="v1")       # the shadow is the champion
     scorer.close()
     assert got == [] and sum(scorer.counts.values()) == 0
@@ -88,7 +86,7 @@ def test_scorer_skips_the_champion_itself_and_nothing_without_a_model():
 def test_scorer_samples_a_fraction():
     got = []
     scorer = ShadowScorer(got.append, fraction=0.25, rng=random.Random(7))
-    scorer.set_model(fitted("v2", SURE))
+    scorer.set_model(fitted("v2", ALWAYS_SURE))
     v = HashEmbedder().encode(["x"])[0]
     for i in range(400):
         scorer.offer(f"d{i}", v)
@@ -104,7 +102,7 @@ def test_a_busy_worker_skips_and_counts_instead_of_blocking():
         release.wait(10)
 
     scorer = ShadowScorer(slow, max_pending=2, batch=1)
-    scorer.set_model(fitted("v2", SURE))
+    scorer.set_model(fitted("v2", ALWAYS_SURE))
     v = HashEmbedder().encode(["x"])[0]
     t0 = time.perf_counter()
     for i in range(50):
@@ -122,7 +120,7 @@ def test_a_failing_shadow_is_counted_never_raised():
         raise RuntimeError("boom")
 
     scorer = ShadowScorer(broken)
-    scorer.set_model(fitted("v2", SURE))
+    scorer.set_model(fitted("v2", ALWAYS_SURE))
     for i, v in enumerate(HashEmbedder().encode(QUERIES)):
         scorer.offer(f"d{i}", v)
     scorer.close()
@@ -130,8 +128,8 @@ def test_a_failing_shadow_is_counted_never_raised():
 
 
 def test_a_shadow_with_another_encoder_is_refused():
-    other = fitted("v9", SURE, emb=HashEmbedder(dim=64, id="fake:hash-64"))
-    champion = fitted("v1", SURE)
+    other = fitted("v9", ALWAYS_SURE, emb=HashEmbedder(dim=64, id="fake:hash-64"))
+    champion = fitted("v1", ALWAYS_SURE)
 
     def check(model):
         model.check_encoder("fake:hash-256", 256)
@@ -164,7 +162,7 @@ def test_shadow_pointer_set_clear_and_compare(tmp_path):
 
 def test_prune_keeps_the_shadow(tmp_path):
     reg = home_with(tmp_path)
-    fitted("v3", SURE).save(reg.version_dir("v3"))
+    fitted("v3", ALWAYS_SURE).save(reg.version_dir("v3"))
     reg.set_shadow("v2")
     removed = reg.prune(keep_promoted=0, keep_recent=0)
     assert removed == ["v3"] and {v.name for v in reg.versions()} == {"v1", "v2"}
@@ -178,7 +176,7 @@ def test_the_shadow_watcher_loads_refuses_and_clears(tmp_path):
     assert w.poll(force=True) is False and seen == []          # no shadow yet
     reg.set_shadow("v2")
     assert w.poll(force=True) is True and seen[-1].version == "v2"
-    fitted("v3", SURE).save(reg.version_dir("v3"))
+    fitted("v3", ALWAYS_SURE).save(reg.version_dir("v3"))
     reg.set_shadow("v3")
     (reg.home / "v3" / "head.npz").write_bytes(b"corrupt")
     assert w.poll(force=True) is False and "v3" in w.refused   # refused, counted, v2 keeps being scored
@@ -202,7 +200,7 @@ def test_the_runtime_logs_shadow_answers_beside_the_champions(tmp_path):
         "SELECT l.decision_id, l.model, l.label, l.tier, l.sure, d.l2_label, d.layer FROM labels l "
         "JOIN decisions d USING (decision_id) WHERE l.source = 'shadow' ORDER BY d.created_at")
     assert [r[0] for r in rows] == [d.id for d in decisions if d.layer is Layer.EMBEDDING]
-    assert {r[1] for r in rows} == {"v2"} and all(r[4] for r in rows)   # the SURE shadow is always sure
+    assert {r[1] for r in rows} == {"v2"} and all(r[4] for r in rows)   # the ALWAYS_SURE shadow is always sure
     assert LogStore(cfg.log_path).count_new_labels(None) == 0            # never a training label
 
 
@@ -236,7 +234,7 @@ def test_serving_metrics_expose_shadow_audits_and_last_retrain(tmp_path):
         audit_outcomes = {"agree": 3, "disagree": 1, "failed": 0}
 
     scorer = ShadowScorer(lambda a: None)
-    scorer.set_model(fitted("v2", SURE))
+    scorer.set_model(fitted("v2", ALWAYS_SURE))
     scorer.counts.update(scored=5, busy=2)
     scorer.count_load("v2", None)
     m.bind_serving(classifier=Clf(), shadow=scorer, registry=reg)
@@ -287,7 +285,7 @@ def test_cli_shadow_and_promote_from_shadow(tmp_path, capsys, monkeypatch):
 
 def test_cli_refuses_a_shadow_with_another_encoder(tmp_path, capsys):
     reg = home_with(tmp_path)
-    fitted("v9", SURE, emb=HashEmbedder(dim=64, id="fake:hash-64")).save(reg.version_dir("v9"))
+    fitted("v9", ALWAYS_SURE, emb=HashEmbedder(dim=64, id="fake:hash-64")).save(reg.version_dir("v9"))
     assert main(["models", "shadow", "v9", "--home", str(tmp_path)]) == 2
     assert "must use the same encoder" in capsys.readouterr().err and reg.shadow() is None
 

@@ -15,9 +15,8 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 import pytest
@@ -38,15 +37,13 @@ from service.batcher import MicroBatcher
 from service.client import FlywheelClient
 from service.core import BatchOptions
 from service.server import TEACHER_HEALTH, ServerOptions, SidecarServer, create_server
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ScriptedTeacher
+from tests.support.sidecar import LOCAL, client, serving
 
 SERVICE = "flywheel.v1.IntentClassifier"
 HEALTH = health_pb2.HealthCheckResponse
-ALWAYS_UNSURE = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}   # layer 2 always asks the teacher
-ALWAYS_SURE = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}     # layer 2 always decides
 METADATA = {"RETRIEVAL": {"rag": "true"}, "PLATFORM": {"route": "billing", "team": "payments"}}
-LOCAL = "127.0.0.1:0"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -104,27 +101,6 @@ class ThreadRecordingTeacher(ScriptedTeacher):
     def label(self, request):
         self.threads.append(threading.current_thread().name)
         return super().label(request)
-
-
-@contextmanager
-def serving(model_dir: Path, options: ServerOptions | None = None, *, start: bool = True,
-            log_decisions: bool = True, **classifier_kwargs: Any) -> Iterator[SidecarServer]:
-    """A sidecar on ``model_dir`` (a version dir or a models home), stopped on exit."""
-    classifier_kwargs.setdefault("embedder", HashEmbedder())
-    cfg = load_config(teacher="off", model=str(model_dir))
-    server = create_server(cfg, options or ServerOptions(address=LOCAL), log_decisions=log_decisions,
-                           **classifier_kwargs)
-    try:
-        if start:
-            server.start()
-        yield server
-    finally:
-        server.stop(grace_s=1.0)
-
-
-def client(server: SidecarServer, **kw: Any) -> FlywheelClient:
-    kw.setdefault("timeout_s", 5.0)
-    return FlywheelClient(server.target, **kw)
 
 
 def rpc_code(fn: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:

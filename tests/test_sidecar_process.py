@@ -15,10 +15,8 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -29,11 +27,12 @@ from classifier.registry import ModelRegistry
 from logstore import LogStore
 from service.client import FlywheelClient
 from service.servicer import SERVICE_NAME
-from tests.conftest import free_port
+from tests.support.paths import ROOT
+from tests.support.servers import flywheel_cmd, free_port, wait_for
+from tests.support.sidecar import Call, Load
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 90.0
 GRACE_S = 5.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -48,15 +47,11 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _flywheel(*args: str) -> list[str]:
-    return [sys.executable, "-m", "flywheel", *args]
-
-
 @pytest.fixture(scope="module")
 def trained_home(tmp_path_factory) -> Path:
     """A home whose cache holds the default model, trained once for the module."""
     home = tmp_path_factory.mktemp("sidecar-base-home")
-    proc = subprocess.run(_flywheel("classify", "--no-log", "--teacher", "off", "--home", str(home), "warm"),
+    proc = subprocess.run(flywheel_cmd("classify", "--no-log", "--teacher", "off", "--home", str(home), "warm"),
                           cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p for p in (home / "cache").iterdir() if (p / "manifest.json").is_file()], "no cached model"
@@ -88,7 +83,7 @@ class Sidecar:
         home.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            _flywheel("serve", "--address", self.target, "--teacher", "off", "--home", str(home),
+            flywheel_cmd("serve", "--address", self.target, "--teacher", "off", "--home", str(home),
                       "--grace", str(grace_s), *extra),
             cwd=ROOT, env=_env(home), stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -141,79 +136,6 @@ def sidecars():
         s.close()
 
 
-@dataclass
-class Call:
-    text: str
-    started: float
-    ended: float
-    code: str                     # "OK" or a grpc.StatusCode name
-    decision_id: str | None = None
-    model_version: str | None = None
-    details: str = ""
-
-
-@dataclass
-class Load:
-    """``threads`` clients calling Classify with distinct texts until ``stop`` is set,
-    ``max_calls`` each, or ``max_s`` have passed: bounded whatever happens."""
-
-    target: str
-    threads: int
-    max_calls: int
-    max_s: float
-    prefix: str = "q"
-    calls: list[Call] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self._lock = threading.Lock()
-        self._workers = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(self.threads)]
-
-    def start(self) -> "Load":
-        self._t0 = time.monotonic()
-        for w in self._workers:
-            w.start()
-        return self
-
-    def join(self) -> list[Call]:
-        for w in self._workers:
-            w.join(timeout=self.max_s + 15)
-        assert not any(w.is_alive() for w in self._workers), "a load thread did not stop"
-        return self.calls
-
-    def ok(self) -> list[Call]:
-        with self._lock:
-            return [c for c in self.calls if c.code == "OK"]
-
-    def _run(self, n: int) -> None:
-        texts = ["how do I call addVar in AVAP", "write an AVAP function that adds two numbers",
-                 "how much of my quota is left", "hello there, how are you"]
-        with FlywheelClient(self.target, timeout_s=10.0) as fw:
-            for i in range(self.max_calls):
-                if self.stop.is_set() or time.monotonic() - self._t0 > self.max_s:
-                    return
-                text = f"{texts[(n + i) % len(texts)]} ({self.prefix} {n}-{i})"
-                t = time.monotonic()
-                try:
-                    d = fw.classify(text)
-                    call = Call(text, t, time.monotonic(), "OK", d.id, d.model_version)
-                except grpc.RpcError as exc:
-                    call = Call(text, t, time.monotonic(), exc.code().name, details=exc.details() or "")
-                with self._lock:
-                    self.calls.append(call)
-                if call.code != "OK":
-                    time.sleep(0.01)  # a refused call returns at once: do not spin
-
-
-def _wait_for(pred, timeout_s: float, step_s: float = 0.05) -> bool:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if pred():
-            return True
-        time.sleep(step_s)
-    return pred()
-
-
 def _logged_ids(home: Path) -> list[str]:
     store = LogStore(home / "log" / "flywheel.duckdb")  # ingests the spooled segments on open
     return [r[0] for r in store.query("SELECT decision_id FROM decisions")]
@@ -224,7 +146,7 @@ def test_sigterm_under_load_exits_0_and_every_answered_call_is_logged(home, side
     server.wait_serving()
     load = Load(server.target, threads=8, max_calls=200, max_s=30.0, prefix="sigterm").start()
     # SIGTERM once the load is really flowing (bounded wait)
-    assert _wait_for(lambda: len(load.ok()) >= 64, 30.0), f"no load got through:\n{server.output()}"
+    assert wait_for(lambda: len(load.ok()) >= 64, 30.0), f"no load got through:\n{server.output()}"
 
     health_seen: list[str] = []
     health_stop = threading.Event()
@@ -245,7 +167,7 @@ def test_sigterm_under_load_exits_0_and_every_answered_call_is_logged(home, side
 
     watcher = threading.Thread(target=watch_health, daemon=True)
     watcher.start()
-    assert _wait_for(lambda: health_seen[:1] == ["SERVING"], 10.0), health_seen
+    assert wait_for(lambda: health_seen[:1] == ["SERVING"], 10.0), health_seen
     t_term = time.monotonic()
     rc = server.terminate()
     exit_s = time.monotonic() - t_term
@@ -311,7 +233,7 @@ def test_promotion_under_load_swaps_the_model_without_failed_calls(home, sidecar
     server.wait_serving()
     load = Load(server.target, threads=4, max_calls=400, max_s=40.0, prefix="promote").start()
     try:
-        assert _wait_for(lambda: len(load.ok()) >= 8, 20.0), f"no load got through:\n{server.output()}"
+        assert wait_for(lambda: len(load.ok()) >= 8, 20.0), f"no load got through:\n{server.output()}"
         assert {c.model_version for c in load.ok()} == {"v-a"}
         t_promote = time.monotonic()
         ModelRegistry(models).promote("v-b")
@@ -320,12 +242,12 @@ def test_promotion_under_load_swaps_the_model_without_failed_calls(home, sidecar
             return next((c for c in load.ok() if c.model_version == "v-b"), None)
 
         # the sidecar's watcher checks CURRENT every 2 s, then loads the version
-        assert _wait_for(lambda: first_b() is not None, 15.0, 0.1), \
+        assert wait_for(lambda: first_b() is not None, 15.0, 0.1), \
             f"no v-b decision 15s after the promotion:\n{server.output()}"
         swap_s = first_b().ended - t_promote
         switched = first_b().ended
         # keep the load on a little after the swap
-        _wait_for(lambda: sum(1 for c in load.ok() if c.started > switched) >= 8, 5.0)
+        wait_for(lambda: sum(1 for c in load.ok() if c.started > switched) >= 8, 5.0)
     finally:
         load.stop.set()
         calls = load.join()
@@ -364,7 +286,7 @@ def test_feedback_over_grpc_reaches_the_next_retrain(home, sidecars):
     labels = LogStore(db).query("SELECT label, author FROM labels WHERE decision_id = ? AND source = 'human'",
                                 [d.id])
     assert labels == [(human, "grpc")]
-    proc = subprocess.run(_flywheel("retrain", "--json", "--dry-run", "--quiet", "--home", str(home),
+    proc = subprocess.run(flywheel_cmd("retrain", "--json", "--dry-run", "--quiet", "--home", str(home),
                                     "--log-db", str(db)),
                           cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

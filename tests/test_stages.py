@@ -15,9 +15,8 @@ from classifier.model import IntentModel
 from classifier.pipeline import Query
 from classifier.runners import Runner, clear_loaded_models
 from classifier.trainer import fit_model
-from tests.fakes import HashEmbedder, ScriptedTeacher
-from tests.test_model import DOC
-from tests.test_pipeline import ALWAYS_SURE, ALWAYS_UNSURE, ListSink
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 
 META_DOC = copy.deepcopy(DOC)
 META_DOC["intents"][0]["metadata"] = {"rag": "true", "model_slot": "retrieval"}

