@@ -148,6 +148,7 @@ def test_every_alert_has_a_unit_test_that_fires_and_one_that_does_not():
 
 
 # ----------------------------------------------------------------------------- promtool
+@pytest.mark.slow   # promtool
 def test_promtool_check_rules(promtool, tmp_path):
     rules = write_rules(tmp_path)
     res = run_promtool(promtool, "check", "rules", rules)
@@ -155,6 +156,7 @@ def test_promtool_check_rules(promtool, tmp_path):
     assert f"SUCCESS: {len(alert_rules())} rules found" in res.stdout, res.stdout
 
 
+@pytest.mark.slow   # promtool
 def test_promtool_unit_tests(promtool, tmp_path):
     tests = write_unit_test_files(tmp_path)
     res = run_promtool(promtool, "test", "rules", tests)
@@ -257,6 +259,7 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
         server.stop(grace_s=1.0)
 
 
+@pytest.mark.slow   # the real S3 server (weed mini)
 def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_server, tmp_path, monkeypatch):
     # A real fleet-mode sidecar in process (create_server on a real S3 server, as tests/fleet/
     # does); its registry is what is checked. flywheel_last_retrain_timestamp_seconds is

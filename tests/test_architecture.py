@@ -156,6 +156,7 @@ def test_the_checks_can_fail():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.slow   # a Python process
 def test_the_cli_root_imports_no_model_library():
     """Starting the CLI (stats, feedback, models ...) must not pay for scikit-learn or torch;
     the commands that need them import them when they run."""

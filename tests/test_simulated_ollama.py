@@ -1,4 +1,5 @@
-"""Tests of the simulated Ollama teacher (tests/support/simulated_ollama.py) through the real OllamaTeacher."""
+"""Tests of the simulated Ollama teacher (tests/support/simulated_ollama.py) through the
+real OllamaTeacher."""
 
 from __future__ import annotations
 
@@ -260,6 +261,7 @@ def test_load_clinc_truth(tmp_path):
                      "what is the airspeed of a swallow": None, "sing me a song about cheese": None}
 
 
+@pytest.mark.slow   # a simulated Ollama process
 def test_module_entry_point_serves_clinc(tmp_path):
     p = tmp_path / "data_full.json"
     _write_clinc(p)

@@ -75,6 +75,7 @@ def test_unparsable_yaml_names_the_file(tmp_path):
         load_intents(p)
 
 
+@pytest.mark.slow   # a flywheel process
 def test_cli_exit_code_2_on_bad_file(tmp_path):
     p = tmp_path / "dup.yaml"
     p.write_text("intents:\n  - {name: A, examples: [x]}\n  - {name: A, examples: [y]}\n")

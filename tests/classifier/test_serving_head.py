@@ -105,6 +105,7 @@ def test_an_unreadable_serving_file_names_what_is_wrong(tmp_path):
         ServingHead.load(tmp_path / "bad.npz")
 
 
+@pytest.mark.slow   # a Python process
 def test_serving_a_saved_version_imports_neither_sklearn_nor_scipy(model, tmp_path):
     d = model.save(tmp_path / "v1")
     code = (
