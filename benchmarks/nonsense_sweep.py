@@ -4,7 +4,7 @@ For an intent file, fits layer 2 on its examples once per (count, weight) settin
 reports, from layer 2 alone (no rules, no teacher):
 
 - accuracy on the English and Spanish held-out queries (``tests/data``);
-- how many of the nonsense inputs of ``tests/test_nonsense.py`` come out ``confident``,
+- how many of the nonsense inputs (``nonsense()`` in ``tests/support/docs.py``) come out ``confident``,
   and how many are not ``no_match``;
 - which short real turns ("hi", "y esto?", ...) come out ``no_match``.
 

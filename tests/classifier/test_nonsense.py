@@ -1,7 +1,7 @@
 """Nonsense is out of scope, whatever the encoder: the hand-written list in
-tests/data/nonsense.txt (plus a 2,000,000-character line, random bytes and random
-code points built here) never gets a confident in-scope answer from the starter intents,
-with the multilingual default or with MiniLM (ONNX). The synthetic negatives
+tests/data/nonsense.txt (plus a 2,000,000-character line, random bytes and random code
+points: ``nonsense()`` in tests/support/docs.py) never gets a confident in-scope answer
+from the starter intents, with the multilingual default or with MiniLM (ONNX). The synthetic negatives
 (classifier/negatives.py) that do it are checked too."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fleet.config and fleet.objects against a real S3 server (``weed mini``, see conftest)."""
+"""fleet.config and fleet.objects against a real S3 server (``weed mini``, tests/support/s3.py)."""
 
 from __future__ import annotations
 

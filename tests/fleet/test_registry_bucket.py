@@ -1,4 +1,4 @@
-"""fleet.registry.BucketRegistry against a real S3 server (``weed mini``, see conftest):
+"""fleet.registry.BucketRegistry against a real S3 server (``weed mini``, tests/support/s3.py):
 create-only, manifest-last publishing, compare-and-swap promotion and rollback, verified
 downloads. Versions are tiny models (tests/support/fakes.py HashEmbedder), trained once per module."""
 

@@ -2,8 +2,9 @@
 socket) built on the fake embedder, driven through :class:`service.client.FlywheelClient`,
 raw channels and the reflection service.
 
-Every server is stopped in a ``finally`` (see :func:`serving`); every load loop is bounded
-in count and time; the slow paths use an embedder that sleeps a few hundred milliseconds.
+Every server is stopped in a ``finally`` (see ``serving`` in tests/support/sidecar.py);
+every load loop is bounded in count and time; the slow paths use an embedder that sleeps
+a few hundred milliseconds.
 """
 
 from __future__ import annotations
