@@ -1,5 +1,5 @@
-"""The layout's rules, read from the source: dependencies flow one way and nothing
-imports another module's private names.
+"""The layout's rules, read from the source: dependencies flow one way, nothing
+imports another module's private names, and tests share code only through tests/support.
 
     flywheel (the CLI root) -> service, training -> fleet -> logstore -> classifier
 
@@ -148,6 +148,28 @@ def test_no_private_names_cross_modules():
                 names = [e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
                 bad += [f"{m}: __all__ lists {n}" for n in names if n.startswith("_")]
     assert bad == []
+
+
+def _outside_support(imports: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The modules of ``tests`` other than ``tests.support`` among ``imports``."""
+    bad = []
+    for module, names in imports:
+        if module == "tests":
+            bad += [f"tests.{n}" for n in names if n != "support"]
+        elif module.startswith("tests.") and not (module + ".").startswith("tests.support."):
+            bad.append(module)
+    return bad
+
+
+def test_tests_share_code_only_through_tests_support():
+    """No test module (nor conftest) imports another test module: what tests share lives in
+    tests/support, so a test file can be moved or read on its own."""
+    bad = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "tests").rglob("*.py"))
+           if (found := _outside_support(_imports(p)))}
+    assert bad == {}
+    # the rule sees such imports (so a clean result means something)
+    planted = [("tests.test_model", ("DOC",)), ("tests", ("fleet",)), ("tests.support.docs", ("DOC",))]
+    assert _outside_support(planted) == ["tests.test_model", "tests.fleet"]
 
 
 def test_the_checks_can_fail():

@@ -1,5 +1,5 @@
 """What the tests share besides fixtures. Test modules import from here, never from one
-another; fixtures live in tests/conftest.py.
+another (tests/test_architecture.py checks it); fixtures live in tests/conftest.py.
 
 - ``paths``: ``ROOT``, ``TESTS``, ``DATA`` (tests/data), for a test at any depth.
 - ``docs``: the tiny intent document ``DOC``, the ``ALWAYS_SURE``/``ALWAYS_UNSURE``
