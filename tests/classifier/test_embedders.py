@@ -35,7 +35,8 @@ from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
 from classifier.intents import EmbedderSettings  # noqa: E402
 from classifier.protocols import Embedder  # noqa: E402
 from classifier.runners import Runner  # noqa: E402
-from tests.support.paths import ROOT
+
+ROOT = Path(__file__).resolve().parents[2]   # the repository (= tests.support.paths.ROOT)
 
 SENTENCES = [
     "how do I reset my password",

@@ -33,7 +33,8 @@ from classifier.errors import EmbedderError, IntentFileError  # noqa: E402
 from classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
 from classifier.onnx_runner import OnnxRunner, cache_key  # noqa: E402
 from classifier.runners import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
-from tests.support.paths import ROOT
+
+ROOT = Path(__file__).resolve().parents[2]   # the repository (= tests.support.paths.ROOT)
 
 TEXTS = [
     "how do I reset my password",
