@@ -53,7 +53,7 @@ from fleet.shipper import ObjectShipper  # noqa: E402
 from logstore import LogStore, SpoolSink  # noqa: E402
 from service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
 from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
-from tests.fleet.conftest import WeedServer  # noqa: E402
+from tests.support.s3 import WeedServer  # noqa: E402
 
 
 def store_env(weed: WeedServer, prefix: str, **extra: str) -> dict[str, str]:

@@ -46,7 +46,7 @@ from classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
 from classifier.tiers import Thresholds, assign_tiers  # noqa: E402
 from classifier.trainer import fit_model  # noqa: E402
 from logstore import LogStore  # noqa: E402
-from tests.simulated_ollama import SimulatedOllama  # noqa: E402
+from tests.support.simulated_ollama import SimulatedOllama  # noqa: E402
 
 
 def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int,

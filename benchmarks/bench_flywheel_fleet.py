@@ -40,8 +40,8 @@ from classifier.trainer import fit_model  # noqa: E402
 from fleet.config import StoreConfig  # noqa: E402
 from fleet.objects import ObjectStore  # noqa: E402
 from fleet.registry import BucketRegistry  # noqa: E402
-from tests.fleet.conftest import WeedServer  # noqa: E402
-from tests.simulated_ollama import SimulatedOllama  # noqa: E402
+from tests.support.s3 import WeedServer  # noqa: E402
+from tests.support.simulated_ollama import SimulatedOllama  # noqa: E402
 
 
 class Replica:

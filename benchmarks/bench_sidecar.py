@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,14 +42,9 @@ from classifier.default import build_classifier, cached_model_dir  # noqa: E402
 from classifier.registry import ModelRegistry  # noqa: E402
 from service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
 from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
 
 RULE_TEXT = "you are a direct and concise assistant. summarise this thread #{}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_json(result: dict, path: str | None) -> None:

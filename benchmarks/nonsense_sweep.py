@@ -4,7 +4,7 @@ For an intent file, fits layer 2 on its examples once per (count, weight) settin
 reports, from layer 2 alone (no rules, no teacher):
 
 - accuracy on the English and Spanish held-out queries (``tests/data``);
-- how many of the nonsense inputs of ``tests/test_nonsense.py`` come out ``confident``,
+- how many of the nonsense inputs (``nonsense()`` in ``tests/support/docs.py``) come out ``confident``,
   and how many are not ``no_match``;
 - which short real turns ("hi", "y esto?", ...) come out ``no_match``.
 
@@ -28,7 +28,7 @@ from classifier.encoders import make_embedder  # noqa: E402
 from classifier.intents import load_intents  # noqa: E402
 from classifier.negatives import synthetic_negatives  # noqa: E402
 from classifier.trainer import fit_from_vectors  # noqa: E402
-from tests.test_nonsense import nonsense  # noqa: E402
+from tests.support.docs import nonsense  # noqa: E402
 from training.layer2 import layer2_predict  # noqa: E402
 
 SHORT = ["hi", "hola", "jajaja", "yes", "no", "ok", "thanks", "Thank you!", "gracias", "sigue", "and this?",

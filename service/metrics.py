@@ -3,7 +3,7 @@
 Everything lives on a :class:`ServerMetrics`, which owns its OWN
 :class:`prometheus_client.CollectorRegistry` (never the process-wide default), so
 tests and several servers in one process do not collide. The metric names are a
-public contract (dashboards and alerts read them); ``tests/test_metrics.py`` checks
+public contract (dashboards and alerts read them); ``tests/service/test_metrics.py`` checks
 them.
 
 gRPC metrics follow the go-grpc-prometheus convention and are recorded by

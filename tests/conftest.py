@@ -1,20 +1,22 @@
-"""Shared fixtures: every test runs with a temporary flywheel home and no reachable Ollama."""
+"""Shared fixtures: every test runs with a temporary flywheel home and no reachable Ollama.
+
+The real S3 server's fixtures (``s3_server``, ``store_env``, ``objects``) come from
+tests/support/s3.py, registered here; what tests share besides fixtures (documents, fakes,
+worlds, servers) is imported from ``tests.support``.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+
+from tests.support.servers import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytest_plugins = ["tests.support.s3"]
 
 
 @pytest.fixture(scope="session")

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fleet.conftest import s3_server  # noqa: F401 - the real S3 server fixture, for a fleet-mode sidecar
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"
 ALERTS = KUBE / "alerts.yaml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts-tests.yaml"   # not a manifest: kept out of kubectl's way
@@ -149,6 +148,7 @@ def test_every_alert_has_a_unit_test_that_fires_and_one_that_does_not():
 
 
 # ----------------------------------------------------------------------------- promtool
+@pytest.mark.slow   # promtool
 def test_promtool_check_rules(promtool, tmp_path):
     rules = write_rules(tmp_path)
     res = run_promtool(promtool, "check", "rules", rules)
@@ -156,6 +156,7 @@ def test_promtool_check_rules(promtool, tmp_path):
     assert f"SUCCESS: {len(alert_rules())} rules found" in res.stdout, res.stdout
 
 
+@pytest.mark.slow   # promtool
 def test_promtool_unit_tests(promtool, tmp_path):
     tests = write_unit_test_files(tmp_path)
     res = run_promtool(promtool, "test", "rules", tests)
@@ -222,10 +223,12 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
     from fleet.registry import BucketRegistry
     from service.client import FlywheelClient
     from service.server import ServerOptions, create_server
-    from tests.fakes import HashEmbedder
-    from tests.fleet.test_registry_bucket import publish
-    from tests.test_model import DOC
+    from tests.support.bucket import publish
+    from tests.support.docs import DOC
+    from tests.support.fakes import HashEmbedder
 
+    if not s3.running:   # the session's server: a fleet test may have stopped it
+        s3.start()
     url = f"s3://{s3.bucket}/t/alerts-{uuid.uuid4().hex[:8]}"
     for var in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
@@ -256,7 +259,8 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
         server.stop(grace_s=1.0)
 
 
-def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_server, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.slow   # the real S3 server (weed mini)
+def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_server, tmp_path, monkeypatch):
     # A real fleet-mode sidecar in process (create_server on a real S3 server, as tests/fleet/
     # does); its registry is what is checked. flywheel_last_retrain_timestamp_seconds is
     # absent until a retrain ran, so a retrain run is recorded in the store first, as

@@ -1,5 +1,5 @@
-"""The layout's rules, read from the source: dependencies flow one way and nothing
-imports another module's private names.
+"""The layout's rules, read from the source: dependencies flow one way, nothing
+imports another module's private names, and tests share code only through tests/support.
 
     flywheel (the CLI root) -> service, training -> fleet -> logstore -> classifier
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 PACKAGES = ("classifier", "logstore", "fleet", "service", "training", "flywheel")
 # what each package may import from the project (itself included)
 ALLOWED = {
@@ -224,12 +225,35 @@ def test_no_private_names_cross_modules():
     assert bad == []
 
 
+def _outside_support(imports: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The modules of ``tests`` other than ``tests.support`` among ``imports``."""
+    bad = []
+    for module, names in imports:
+        if module == "tests":
+            bad += [f"tests.{n}" for n in names if n != "support"]
+        elif module.startswith("tests.") and not (module + ".").startswith("tests.support."):
+            bad.append(module)
+    return bad
+
+
+def test_tests_share_code_only_through_tests_support():
+    """No test module (nor conftest) imports another test module: what tests share lives in
+    tests/support, so a test file can be moved or read on its own."""
+    bad = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "tests").rglob("*.py"))
+           if (found := _outside_support(_imports(p)))}
+    assert bad == {}
+    # the rule sees such imports (so a clean result means something)
+    planted = [("tests.test_model", ("DOC",)), ("tests", ("fleet",)), ("tests.support.docs", ("DOC",))]
+    assert _outside_support(planted) == ["tests.test_model", "tests.fleet"]
+
+
 def test_the_checks_can_fail():
     """The cycle finder finds a planted cycle (so a clean result means something)."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.slow   # a Python process
 def test_the_cli_root_imports_no_model_library():
     """Starting the CLI (stats, feedback, models ...) must not pay for scikit-learn or torch;
     the commands that need them import them when they run."""

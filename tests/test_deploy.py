@@ -1,12 +1,12 @@
 """The Kubernetes manifests of fleet mode: replicas and the retrain job share one store."""
 
-from pathlib import Path
 
 import yaml
 
 from classifier.config import ENV
+from tests.support.paths import ROOT
 
-KUBE = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+KUBE = ROOT / "deploy" / "kubernetes"
 STORE_KEYS = {"FLYWHEEL_STORE", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 

@@ -1,4 +1,5 @@
-"""Tests of the simulated Ollama teacher (tests.simulated_ollama) through the real OllamaTeacher."""
+"""Tests of the simulated Ollama teacher (tests/support/simulated_ollama.py) through the
+real OllamaTeacher."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from classifier.errors import TeacherError
 from classifier.labels import OUT_OF_SCOPE
 from classifier.protocols import HistoryEntry, LabelOption, TeacherRequest
 from classifier.teacher import CircuitBreaker, OllamaTeacher
-from tests.simulated_ollama import SimulatedOllama, load_clinc_truth, offered_labels, query_from_messages
+from tests.support.paths import ROOT
+from tests.support.simulated_ollama import SimulatedOllama, load_clinc_truth, offered_labels, query_from_messages
 
-ROOT = Path(__file__).resolve().parents[1]
 LABELS = [f"intent_{i:02d}" for i in range(8)]
 OPTIONS = tuple(LabelOption(n, f"the {n} intent", (f"example of {n}",)) for n in LABELS)
 
@@ -260,10 +261,11 @@ def test_load_clinc_truth(tmp_path):
                      "what is the airspeed of a swallow": None, "sing me a song about cheese": None}
 
 
+@pytest.mark.slow   # a simulated Ollama process
 def test_module_entry_point_serves_clinc(tmp_path):
     p = tmp_path / "data_full.json"
     _write_clinc(p)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.simulated_ollama", "--clinc", str(p),
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.simulated_ollama", "--clinc", str(p),
                              "--accuracy", "1.0", "--port", "0", "--latency-scale", "0",
                              "--duration", "20"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -281,7 +283,7 @@ def test_module_entry_point_serves_clinc(tmp_path):
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert "2 right" in out
-    bad = subprocess.run([sys.executable, "-m", "tests.simulated_ollama", "--clinc",
+    bad = subprocess.run([sys.executable, "-m", "tests.support.simulated_ollama", "--clinc",
                           str(tmp_path / "missing.json")], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "missing.json" in bad.stderr

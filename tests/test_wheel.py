@@ -36,12 +36,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.support.paths import ROOT
+from tests.support.servers import free_port
 
 # the tests that build and install the wheel are slow; the deployment-file checks are not
 slow = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 QUERY = "What is addVar in AVAP?"
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
                                  ".pytest_cache", "models", ".bench", ".whl")

@@ -45,12 +45,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from logstore import LogStore
 from service.client import FlywheelClient
 from service.servicer import SERVICE_NAME
-from tests.conftest import free_port
-from tests.test_sidecar_process import Load, _flywheel, _wait_for
+from tests.support.paths import ROOT
+from tests.support.servers import flywheel_cmd, free_port, wait_for
+from tests.support.sidecar import Load
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0
 SHIP_S = 0.2                 # FLYWHEEL_SHIP_INTERVAL of every replica
 POLL_S = 0.2                 # FLYWHEEL_STORE_POLL of every replica
@@ -115,7 +115,7 @@ class Replica:
         self._log = self.log_path.open("wb")
         self._terminated = False
         self.proc = subprocess.Popen(
-            _flywheel("serve", "--address", self.target, "--teacher", "off", "--home", str(home),
+            flywheel_cmd("serve", "--address", self.target, "--teacher", "off", "--home", str(home),
                       "--metrics-port", str(self.metrics_port), "--grace", "5"),
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -229,7 +229,7 @@ class Fleet:
             timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
         """``flywheel ARGS`` as a process (``FLYWHEEL_HOME``: its own home unless given); output recorded."""
         home = home or self.home("cli")
-        proc = subprocess.run(_flywheel(*args), cwd=ROOT, env=env or self.env(home),
+        proc = subprocess.run(flywheel_cmd(*args), cwd=ROOT, env=env or self.env(home),
                               capture_output=True, text=True, timeout=timeout_s)
         self.outputs.append((f"flywheel {' '.join(args)} (rc {proc.returncode})", proc.stdout + proc.stderr))
         if check:
@@ -311,7 +311,7 @@ def _wait_shipped(replica: Replica, before: float, n: int, timeout_s: float = 30
     def done() -> bool:
         m = replica.metrics()
         return (m["flywheel_log_shipped_rows_total"] >= before + n and m["flywheel_log_spool_segments"] == 0)
-    assert _wait_for(done, timeout_s, 0.1), \
+    assert wait_for(done, timeout_s, 0.1), \
         f"{replica.name} did not ship {n} rows in {timeout_s:g}s: {_log_metrics(replica)}\n{replica.output()}"
 
 
@@ -364,7 +364,7 @@ def test_two_replicas_one_log_and_a_retrain_promotion_reaches_every_replica(flee
             if r.name not in seen and r.version() == new:
                 seen[r.name] = time.monotonic() - t0
         return len(seen) == 2
-    assert _wait_for(everywhere, 30.0, 0.1), f"promotion reached only {seen}:\n{a.output()}\n{b.output()}"
+    assert wait_for(everywhere, 30.0, 0.1), f"promotion reached only {seen}:\n{a.output()}\n{b.output()}"
     print(f"\npromotion of {new} visible on the replicas after {seen} s")
     for r in (a, b):   # /metrics says which version serves, and only that one
         served = [k for k, v in r.metrics().items() if k.startswith("flywheel_model_info{") and v == 1]
@@ -438,8 +438,8 @@ def test_kill_9_mid_ship_loses_only_the_unflushed_tail_and_duplicates_nothing(fl
     load = Load(c.target, threads=2, max_calls=1000, max_s=60.0, prefix=f"{tag} during").start()
     left: list[Path] = []
     try:
-        assert _wait_for(lambda: len(load.ok()) >= 60, 30.0), c.output()
-        assert _wait_for(lambda: c.metric("flywheel_log_shipped_rows_total") > shipped0, 10.0), \
+        assert wait_for(lambda: len(load.ok()) >= 60, 30.0), c.output()
+        assert wait_for(lambda: c.metric("flywheel_log_shipped_rows_total") > shipped0, 10.0), \
             "nothing shipped under load"
         t_end = time.monotonic() + 20.0
         while not left and time.monotonic() < t_end:
@@ -465,9 +465,9 @@ def test_kill_9_mid_ship_loses_only_the_unflushed_tail_and_duplicates_nothing(fl
     # the same home again: what the spool holds ships at the start
     c = _start_replica(fleet, "C", home=c.home)
     c.wait_serving()
-    assert _wait_for(lambda: not segments(), 30.0, 0.1), \
+    assert wait_for(lambda: not segments(), 30.0, 0.1), \
         f"the spool was not shipped after the restart: {segments()}\n{c.output()}"
-    assert _wait_for(lambda: c.metric("flywheel_log_shipped_rows_total") >= rows_left, 10.0)
+    assert wait_for(lambda: c.metric("flywheel_log_shipped_rows_total") >= rows_left, 10.0)
     assert c.metric("flywheel_log_shipped_rows_total") == rows_left   # (no traffic since the restart)
 
     rows = fleet.mirror(fleet.home("mirror") / "log.duckdb", tag)
@@ -507,9 +507,9 @@ def test_store_down_under_load_fails_no_request_and_everything_arrives_after(fle
         assert slowest < 5.0, slowest
         # the spool grows; the failed attempts are counted once they fail (a request to a
         # store that is going down can also hang until the store's timeout)
-        assert _wait_for(lambda: a.metric("flywheel_log_spool_segments") > 0
+        assert wait_for(lambda: a.metric("flywheel_log_spool_segments") > 0
                          and a.metric("flywheel_log_spool_bytes") > 0, 10.0, 0.1), _log_metrics(a)
-        assert _wait_for(lambda: a.metric("flywheel_log_ship_errors_total") > m0["flywheel_log_ship_errors_total"],
+        assert wait_for(lambda: a.metric("flywheel_log_ship_errors_total") > m0["flywheel_log_ship_errors_total"],
                          15.0, 0.1), _log_metrics(a)
         m_down = _log_metrics(a)
     finally:
@@ -531,14 +531,14 @@ def test_a_shadow_set_in_the_bucket_is_scored_by_the_replicas_reported_and_promo
     fleet.run("models", "push", str(_copy_version(fleet, name)), home=cli)
     assert f"shadow set to {name}" in fleet.run("models", "shadow", name, home=cli).stdout
     info = f'flywheel_shadow_info{{version="{name}"}}'
-    assert _wait_for(lambda: a.metrics().get(info) == 1, 30.0, 0.1), a.output()
+    assert wait_for(lambda: a.metrics().get(info) == 1, 30.0, 0.1), a.output()
     served = a.version()
     scored = 'flywheel_shadow_decisions_total{outcome="scored"}'
     before_scored, shipped = a.metrics()[scored], a.metric("flywheel_log_shipped_rows_total")
     calls = Load(a.target, threads=2, max_calls=10, max_s=60.0, prefix=tag).start().join()
     assert [c.code for c in calls] == ["OK"] * 20
     assert {c.model_version for c in calls} == {served}                      # the shadow enforces nothing
-    assert _wait_for(lambda: a.metrics()[scored] - before_scored >= 1, 30.0, 0.1)
+    assert wait_for(lambda: a.metrics()[scored] - before_scored >= 1, 30.0, 0.1)
     n_scored = a.metrics()[scored] - before_scored
     _wait_shipped(a, shipped, 20 + int(n_scored))                           # decisions and shadow answers
 
@@ -549,7 +549,7 @@ def test_a_shadow_set_in_the_bucket_is_scored_by_the_replicas_reported_and_promo
     out = fleet.run("models", "promote", "--from-shadow", "--min-shadow", str(int(n_scored)), home=cli).stdout
     assert f"promoted {name}" in out and "shadow cleared" in out
     assert fleet.bucket_registry().current()[0] == name and fleet.bucket_registry().shadow() is None
-    assert _wait_for(lambda: a.version() == name and info not in a.metrics(), 30.0, 0.1), a.output()
+    assert wait_for(lambda: a.version() == name and info not in a.metrics(), 30.0, 0.1), a.output()
 
 
 def _copy_version(fleet: Fleet, name: str) -> Path:
@@ -568,7 +568,7 @@ def _race(fleet: Fleet, names: list[str]) -> tuple[list[subprocess.Popen], list[
     read CURRENT's etag and before its compare-and-swap; once every one is there, all go on
     together. Returns the processes, their outputs, and whether every one was caught."""
     homes = [fleet.home("promoter") for _ in names]
-    procs = [subprocess.Popen(_flywheel("models", "promote", n), cwd=ROOT, env=fleet.env(h),
+    procs = [subprocess.Popen(flywheel_cmd("models", "promote", n), cwd=ROOT, env=fleet.env(h),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n, h in zip(names, homes)]
     caught = [False] * len(procs)

@@ -14,7 +14,8 @@ from fleet.mirror import MirrorReport, mirror
 from fleet.retention import redact_table
 from logstore import LabelRecord, LabelSink, LogStore, from_parquet, label_records_to_table, to_parquet
 from logstore.segments import records_to_table
-from tests.fleet.test_shipper import log_keys, rec, shipping_sink
+from tests.support.bucket import log_keys, shipping_sink
+from tests.support.records import rec
 
 pytestmark = pytest.mark.slow   # every test here talks to the weed server
 

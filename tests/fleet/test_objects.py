@@ -1,4 +1,4 @@
-"""fleet.config and fleet.objects against a real S3 server (``weed mini``, see conftest)."""
+"""fleet.config and fleet.objects against a real S3 server (``weed mini``, tests/support/s3.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from fleet.config import StoreConfig
 from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
 from fleet.objects import NOT_MODIFIED, ObjectStore
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
 ENV = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE12345",
        "AWS_SECRET_ACCESS_KEY": "wJalr/XUtnFEMI+K7MDENG", "AWS_SESSION_TOKEN": "tok-SECRET-123"}

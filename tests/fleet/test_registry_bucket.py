@@ -1,14 +1,12 @@
-"""fleet.registry.BucketRegistry against a real S3 server (``weed mini``, see conftest):
+"""fleet.registry.BucketRegistry against a real S3 server (``weed mini``, tests/support/s3.py):
 create-only, manifest-last publishing, compare-and-swap promotion and rollback, verified
-downloads. Versions are tiny models (tests/fakes.py HashEmbedder), trained once per module."""
+downloads. Versions are tiny models (tests/support/fakes.py HashEmbedder), trained once per module."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -21,51 +19,19 @@ from classifier.trainer import fit_model
 from fleet.errors import StoreUnavailable
 from fleet.objects import ObjectStore
 from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
-from tests.fakes import HashEmbedder
-from tests.test_model import DOC
+from tests.support.bucket import publish, save_version, tamper, upload_raw, without_serving_head
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
 
 pytestmark = pytest.mark.slow   # every test talks to the real server
 
 
-# ---------------------------------------------------------------- helpers (also used by test_sync.py)
+# ---------------------------------------------------------------- helpers (the shared ones: tests/support/bucket.py)
 
 @pytest.fixture(scope="module")
 def trained() -> IntentModel:
     """One tiny fitted model; versions are copies of it under other names."""
     return fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base")
-
-
-def save_version(reg: ModelRegistry, trained: IntentModel, name: str, **manifest: object) -> Path:
-    """Save ``trained`` as version ``name`` in ``reg`` (manifest fields changed by ``manifest``)."""
-    model = IntentModel(trained.intents, trained.head, dataclasses.replace(trained.manifest, version=name, **manifest))
-    return model.save(reg.version_dir(name))
-
-
-def publish(bucket: BucketRegistry, trained: IntentModel, *names: str) -> None:
-    for name in names:
-        bucket.publish(save_version(bucket.local, trained, name))
-
-
-def tamper(objects: ObjectStore, key: str, data: bytes = b"tampered bytes") -> None:
-    """Overwrite an object in place (as an attacker or a broken disk would), etag-checked."""
-    objects.put_if_match(key, data, objects.head(key))
-
-
-def without_serving_head(src: Path, dst: Path, **manifest: object) -> Path:
-    """A copy of version ``src`` as versions were saved before ``head.npz`` existed (it still
-    verifies locally, by loading ``head.joblib``)."""
-    shutil.copytree(src, dst)
-    (dst / "head.npz").unlink()
-    doc = json.loads((dst / "manifest.json").read_text())
-    doc.update(serving_head_sha256="", version=dst.name, **manifest)
-    (dst / "manifest.json").write_text(json.dumps(doc, indent=2))
-    return dst
-
-
-def upload_raw(objects: ObjectStore, directory: Path) -> None:
-    """Upload a version directory by hand, bypassing every check of publish()."""
-    for f in sorted(directory.iterdir(), key=lambda p: p.name == "manifest.json"):
-        objects.put_if_absent(f"models/{directory.name}/{f.name}", f.read_bytes())
 
 
 class RecordingStore(ObjectStore):

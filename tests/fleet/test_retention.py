@@ -24,8 +24,8 @@ from fleet.retention import PruneReport, prune_log, redact_table
 from logstore import LogStore, SpoolSink, from_parquet, to_parquet
 from logstore.schema import SCHEMA_VERSION
 from logstore.segments import records_to_table
-from tests.fleet.test_shipper import log_keys, rec, shipping_sink
-from tests.test_logstore import make_record
+from tests.support.bucket import log_keys, shipping_sink
+from tests.support.records import make_record, rec
 
 DAY = 86400.0
 

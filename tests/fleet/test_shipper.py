@@ -7,13 +7,11 @@ import os
 import shutil
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from classifier.decision import TeacherCall
 from fleet.config import StoreConfig
 from fleet.errors import FleetError, StoreUnavailable
 from fleet.mirror import mirror
@@ -21,25 +19,11 @@ from fleet.objects import ObjectStore
 from fleet.shipper import ObjectShipper, object_key, segment_date
 from logstore import LogStore, LogStoreError, SpoolDrain, SpoolSink, from_parquet, spool_id
 from logstore.segments import list_segments
-from tests.conftest import free_port
-from tests.test_logstore import make_record
+from tests.support.bucket import log_keys, shipping_sink
+from tests.support.records import rec
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow   # every test here talks to the weed server or builds on it
-
-
-def rec(text: str = "where is my invoice", *, created_at: float | None = None, teacher: TeacherCall | None = None,
-        dim: int = 8):
-    """A decision record with a random embedding."""
-    return make_record(text=text, created_at=created_at, teacher=teacher,
-                       embedding=np.random.default_rng().random(dim, dtype=np.float32))
-
-
-def shipping_sink(spool: Path, objects: ObjectStore, **kw) -> tuple[SpoolSink, ObjectShipper]:
-    """A SpoolSink draining into ``objects`` (no background drain unless asked)."""
-    shipper = ObjectShipper(objects)
-    kw.setdefault("drain_interval_s", 3600.0)
-    kw.setdefault("flush_interval_s", 0.05)
-    return SpoolSink(spool, shipper, **kw), shipper
 
 
 def wait_until(pred, timeout: float = 20.0, step: float = 0.05) -> bool:
@@ -49,10 +33,6 @@ def wait_until(pred, timeout: float = 20.0, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return pred()
-
-
-def log_keys(objects: ObjectStore, part: str = "") -> list[str]:
-    return [o.key for o in objects.list(f"log/{part}".rstrip("/"))]
 
 
 def test_shipper_is_a_spool_drain(objects):

@@ -18,9 +18,9 @@ from classifier.trainer import fit_model
 from fleet.objects import ObjectStore
 from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
 from fleet.sync import SYNC_OUTCOMES, RegistrySync
-from tests.fakes import HashEmbedder
-from tests.fleet.test_registry_bucket import publish, save_version, tamper, upload_raw, without_serving_head
-from tests.test_model import DOC
+from tests.support.bucket import publish, save_version, tamper, upload_raw, without_serving_head
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
 
 pytestmark = pytest.mark.slow   # every test talks to the real server
 

@@ -1,0 +1,81 @@
+"""Degraded decisions: layer 2 was unsure and the teacher did not answer (the coverage SLO)."""
+
+from __future__ import annotations
+
+import copy
+
+from classifier.decision import DEGRADED_REASONS, Layer, Tier
+from classifier.errors import TeacherError
+from classifier.intents import parse_intents
+from classifier.pipeline import Classifier, Query
+from classifier.trainer import fit_model
+from logstore import LogStore
+from service.metrics import ServerMetrics
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ScriptedTeacher
+from training.stats import convergence, format_table
+
+
+def clf(thresholds, **kw):
+    d = copy.deepcopy(DOC)
+    d["thresholds"] = thresholds
+    return Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()), embedder=HashEmbedder(), **kw)
+
+
+class Raising:
+    model = "raising"
+
+    def label(self, request):
+        raise ValueError("a third-party teacher bug")
+
+
+def test_each_way_of_missing_the_teacher_has_its_reason():
+    assert clf(ALWAYS_SURE, teacher=ScriptedTeacher()).classify("show my invoices").degraded is None
+    ok = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher()).classify("show my invoices")
+    assert ok.layer is Layer.LLM and ok.degraded is None
+    down = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "refused"))).classify("x y")
+    assert (down.degraded, down.tier, down.pending) == ("unavailable", Tier.WEAK, True)
+    bad = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("malformed", "not JSON"))).classify("x y")
+    assert bad.degraded == "malformed"
+    assert clf(ALWAYS_UNSURE, teacher=Raising()).classify("x y").degraded == "error"
+    none = clf(ALWAYS_UNSURE).classify("show my invoices")
+    assert none.degraded == "no_teacher" and none.tier is not Tier.CONFIDENT
+    assert "degraded" not in none.to_dict()                       # log and metrics only
+    c = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher())
+    p = c.begin(Query("show my invoices"))
+    c.score([p])
+    assert c.without_teacher(p, "all teacher workers are busy", reason="pool_full").degraded == "pool_full"
+    assert {"unavailable", "malformed", "error", "no_teacher", "pool_full"} <= set(DEGRADED_REASONS)
+
+
+def test_the_metric_counts_by_reason_from_zero():
+    m = ServerMetrics()
+    get = m.registry.get_sample_value
+    assert all(get("flywheel_degraded_decisions_total", {"reason": r}) == 0 for r in DEGRADED_REASONS)
+    c = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("timeout", "slow")))
+    for text in ("x y", "a b", "show my invoices"):
+        m.observe_decision(c.classify(text))
+    m.observe_decision(clf(ALWAYS_SURE).classify("show my invoices"))
+    assert get("flywheel_degraded_decisions_total", {"reason": "timeout"}) == 3
+    assert sum(get("flywheel_degraded_decisions_total", {"reason": r}) for r in DEGRADED_REASONS) == 3
+
+
+def test_stats_show_the_degraded_share_per_window(tmp_path):
+    store = LogStore(tmp_path / "log.duckdb")
+    sink = store.open_sink()
+    healthy = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(), log_sink=sink)
+    broken = clf(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError("unavailable", "down")), log_sink=sink)
+    for i in range(6):
+        healthy.classify(f"show my invoices {i}")
+    for i in range(3):
+        broken.classify(f"show my invoices {i}")
+    broken.teacher = None
+    broken.classify("what is addvar")
+    sink.close()
+    stats = convergence(store, window=5)
+    assert stats["degraded"] == 4 and stats["degraded_share"] == 0.4
+    assert stats["degraded_reasons"] == {"no_teacher": 1, "unavailable": 3}
+    assert [w["degraded_share"] for w in stats["windows"]] == [0.0, 0.8]
+    assert [w["degraded_reasons"] for w in stats["windows"]] == [{}, {"no_teacher": 1, "unavailable": 3}]
+    table = format_table(stats)
+    assert "degraded: 40.0% of decisions did not get the layer they needed (no_teacher 1, unavailable 3)" in table

@@ -1,0 +1,106 @@
+import numpy as np
+import pytest
+
+from classifier.calibration import expected_calibration_error
+from classifier.decision import Candidate, Tier
+from classifier.errors import ModelError, NotFittedError
+from classifier.head import IntentHead
+from classifier.tiers import Thresholds, assign_tier, cut_at_drop
+from tests.support.worlds import blobs
+
+
+def test_fit_sets_fitted_attributes_and_predicts():
+    X, y, centres = blobs()
+    head = IntentHead(cv=3)
+    assert not hasattr(head, "lr_")  # no work in __init__
+    assert head.fit(X, y) is head
+    assert list(head.classes_) == ["L0", "L1", "L2", "L3"]
+    assert head.has_oos_
+    assert set(head.thresholds_) == {"confident", "ambiguous_ratio", "oos", "oos_confident", "defer", "set", "coverage"}
+    pred = head.predict(centres)
+    assert list(pred) == ["L0", "L1", "L2", "L3"]
+
+
+def test_calibration_is_measured_and_temperature_helps():
+    X, y, _ = blobs(noise=0.9, seed=1)
+    head = IntentHead(cv=4).fit(X, y)
+    assert head.metrics_["oof_ece"] <= head.metrics_["oof_ece_raw"] + 1e-9
+    Xt, yt, _ = blobs(noise=0.9, seed=1, n_per=60)  # same centres, new noise
+    s = head.scores(Xt)
+    ins = np.array([v is not None for v in yt])
+    top = head.classes_[s.probs.argmax(1)]
+    correct = top[ins] == np.array(yt, dtype=object)[ins]
+    assert expected_calibration_error(s.probs.max(1)[ins], correct) < 0.1
+
+
+def test_far_query_is_out_of_scope_even_with_peaked_softmax():
+    X, y, centres = blobs(with_oos=False)
+    head = IntentHead(cv=3).fit(X, y)
+    far = centres[0] * 40 + np.random.default_rng(9).standard_normal(centres.shape[1]) * 60
+    s = head.scores(far[None, :])
+    # a linear model extrapolates: softmax is peaked, but the distance signal says no
+    assert s.p_oos[0] >= head.thresholds_["oos"]
+    assert head.predict(far[None, :])[0] is None
+
+
+def test_errors():
+    with pytest.raises(NotFittedError):
+        IntentHead().predict(np.zeros((1, 4)))
+    X, y, _ = blobs()
+    head = IntentHead(cv=3).fit(X, y)
+    with pytest.raises(ModelError, match="32-d"):
+        head.scores(np.zeros((1, 8)))
+    with pytest.raises(ValueError, match="fewer than 2"):
+        IntentHead().fit(X[:3], ["A", "A", "B"])
+
+
+def test_zero_threshold_is_a_threshold():
+    th = Thresholds(confident=0.0, ambiguous_ratio=1.0, oos=1.0)
+    r = assign_tier(np.array([0.2, 0.1, 0.05]), ["A", "B", "C"], 0.0, 0.0, th)
+    assert r.tier is Tier.CONFIDENT  # 0.2 >= 0.0; a truthiness test would have failed
+    th = Thresholds(confident=0.9, ambiguous_ratio=0.5, oos=0.0)
+    assert assign_tier(np.array([0.99, 0.01]), ["A", "B"], 0.0, 0.0, th).tier is Tier.NO_MATCH
+
+
+def test_tiers():
+    th = Thresholds(confident=0.7, ambiguous_ratio=0.5, oos=0.6, oos_confident=0.9, per_intent={"B": 0.95})
+    labels = ["A", "B", "C", "D"]
+    r = assign_tier(np.array([0.8, 0.1, 0.05, 0.05]), labels, 0.0, 0.1, th)
+    assert (r.tier, r.label, r.alternatives, r.sure) == (Tier.CONFIDENT, "A", [], True)
+    r = assign_tier(np.array([0.1, 0.8, 0.05, 0.05]), labels, 0.0, 0.1, th)
+    assert r.tier is Tier.WEAK and r.label == "B"  # per-intent override 0.95
+    r = assign_tier(np.array([0.40, 0.35, 0.20, 0.05]), labels, 0.0, 0.1, th)
+    assert r.tier is Tier.AMBIGUOUS
+    assert [c.label for c in r.alternatives] == ["A", "B", "C"]  # cut where 0.05 < 0.5 * 0.20
+    r = assign_tier(np.array([0.5, 0.1, 0.1, 0.1]), labels, 0.2, 0.7, th)
+    assert r.tier is Tier.NO_MATCH and r.label is None and not r.sure
+    r = assign_tier(np.array([0.05, 0.0, 0.0, 0.0]), labels, 0.95, 0.95, th)
+    assert r.tier is Tier.NO_MATCH and r.sure
+
+
+def test_cut_at_drop_has_no_fixed_k():
+    c = [Candidate(str(i), 0.1) for i in range(5)] + [Candidate("x", 0.01)]
+    assert len(cut_at_drop(c, 0.5)) == 5
+    assert len(cut_at_drop([Candidate("a", 0.9), Candidate("b", 0.05)], 0.5)) == 1
+
+
+def test_precision_target_is_relative_to_noisy_labels():
+    from classifier.head import precision_cutoff
+
+    rng = np.random.default_rng(0)
+    conf = np.sort(rng.uniform(0.3, 1.0, 1000))[::-1]
+    truly_right = conf > 0.5
+    noisy = truly_right & (rng.random(1000) < 0.9)  # a teacher that is right 90% of the time
+    t = precision_cutoff(conf, noisy, 0.95)
+    assert t < 1.0  # an absolute 0.95 is unreachable against 90%-right labels; relative is not
+    assert 0.45 < t < 0.75
+    assert precision_cutoff(conf, truly_right, 0.95) == pytest.approx(t, abs=0.2)
+    assert precision_cutoff(np.array([]), np.array([]), 0.95) == 1.0
+
+
+def test_cross_validation_can_use_a_sample_but_the_final_fit_uses_everything():
+    X, y, centres = blobs(n_per=100)
+    head = IntentHead(cv=3, cv_max_samples=120).fit(X, y)
+    assert 110 <= head.metrics_["cv_samples"] <= 130
+    assert head.lr_.coef_.shape[1] == X.shape[1] and len(head.ref_) == 400  # all in-scope rows (<= 200/class)
+    assert list(head.predict(centres)) == ["L0", "L1", "L2", "L3"]

@@ -1,0 +1,112 @@
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from classifier.config import starter_intents_path
+from classifier.errors import IntentFileError
+from classifier.intents import load_intents, parse_intents
+
+BASE = {
+    "intents": [
+        {"name": "A", "description": "a things", "examples": ["alpha one", "alpha two"]},
+        {"name": "B", "examples": ["beta one", "beta two"]},
+    ],
+}
+
+
+def doc(**over):
+    d = {k: v for k, v in BASE.items()}
+    d.update(over)
+    return d
+
+
+def test_starter_intents_are_valid_and_large_enough():
+    s = load_intents(starter_intents_path())
+    assert set(s.labels) == {"RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM"}
+    assert all(len(i.examples) >= 30 for i in s.intents)
+    assert len(s.oos_examples) >= 30
+    assert {r.id for r in s.rules} >= {"platform-injected-prefix", "usage-figures"}
+
+
+def test_toml_file_is_read(tmp_path):
+    p = tmp_path / "set.toml"
+    p.write_text(textwrap.dedent("""
+        [[intents]]
+        name = "A"
+        examples = ["x one", "x two"]
+        [[intents]]
+        name = "B"
+        examples = ["y one", "y two"]
+        [thresholds]
+        confident = 0.0
+    """))
+    s = load_intents(p)
+    assert s.labels == ("A", "B")
+    assert s.thresholds.confident == 0.0  # 0.0 is a threshold, not "unset"
+
+
+@pytest.mark.parametrize("bad, intent, words", [
+    (doc(intents=[{"name": "A", "examples": ["x"]}, {"name": "A", "examples": ["y"]}]), "A", "duplicate intent"),
+    (doc(intents=[{"name": "A", "examples": []}, {"name": "B", "examples": ["y"]}]), "A", "no examples"),
+    (doc(intents=[{"name": "A", "examples": ["x"], "colour": "red"}]), "A", "unknown key 'colour'"),
+    (doc(rules=[{"id": "r", "intent": "ZZZ", "contains": "x"}]), "ZZZ", "unknown intent"),
+    (doc(rules=[{"id": "r", "intent": "A", "regex": "(unclosed"}]), "A", "invalid regex"),
+    (doc(rules=[{"id": "r", "intent": "A", "contains": "x", "regex": "y"}]), "A", "exactly one of"),
+    (doc(thresholds={"confident": 1.5}), None, "between 0.0 and 1.0"),
+    (doc(thresholds={"per_intent": {"NOPE": 0.5}}), None, "unknown intent 'NOPE'"),
+    (doc(embedder={"backend": "word2vec"}), None, "embedder.backend"),
+    (doc(surprise=1), None, "unknown key 'surprise'"),
+])
+def test_bad_files_name_file_intent_and_problem(bad, intent, words):
+    with pytest.raises(IntentFileError) as ei:
+        parse_intents(bad, source="set.yaml")
+    msg = str(ei.value)
+    assert msg.startswith("set.yaml")
+    assert words in msg
+    assert ei.value.intent == intent
+
+
+def test_unparsable_yaml_names_the_file(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("intents: [\n  - name: A\n")
+    with pytest.raises(IntentFileError, match="broken.yaml"):
+        load_intents(p)
+
+
+@pytest.mark.slow   # a flywheel process
+def test_cli_exit_code_2_on_bad_file(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("intents:\n  - {name: A, examples: [x]}\n  - {name: A, examples: [y]}\n")
+    r = subprocess.run([sys.executable, "-m", "flywheel", "train", "--intents", str(p), "--out",
+                        str(tmp_path / "m")], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "dup.yaml: intent 'A': duplicate intent" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_embedder_layers_and_threads_are_validated():
+    s = parse_intents(doc(embedder={"layers": [3, 4, 5, 6], "num_threads": 1}))
+    assert s.embedder.layers == (3, 4, 5, 6) and s.embedder.num_threads == 1
+    with pytest.raises(IntentFileError, match="embedder.layers"):
+        parse_intents(doc(embedder={"layers": "all"}))
+    with pytest.raises(IntentFileError, match="embedder.num_threads"):
+        parse_intents(doc(embedder={"num_threads": 0}))
+
+
+def _with_thresholds(**th):
+    return {"version": 1, "intents": [{"name": n, "description": n, "examples": [f"{n} a", f"{n} b"]}
+                                      for n in ("ALPHA", "BETA")], "thresholds": th}
+
+
+def test_ambiguous_ratio_and_its_old_name(caplog):
+    assert parse_intents(_with_thresholds(ambiguous_ratio=0.4)).thresholds.ambiguous_ratio == 0.4
+    with caplog.at_level("WARNING", logger="flywheel.intents"):
+        old = parse_intents(_with_thresholds(ambiguous_margin=0.3), source="old.yaml")
+    assert old.thresholds.ambiguous_ratio == 0.3
+    assert "old.yaml: thresholds.ambiguous_margin is deprecated; call it ambiguous_ratio" in caplog.text
+    with pytest.raises(IntentFileError, match="give ambiguous_ratio only"):
+        parse_intents(_with_thresholds(ambiguous_ratio=0.4, ambiguous_margin=0.3))
+    with pytest.raises(IntentFileError, match="ambiguous_ratio"):
+        parse_intents(_with_thresholds(ambiguous_ratio=2))

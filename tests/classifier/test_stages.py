@@ -1,0 +1,150 @@
+"""The pipeline's stages (what the sidecar's micro-batcher drives) and intent metadata."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from classifier import Classifier, Layer, Tier
+from classifier.encoders import CachedEmbedder, Runner, clear_loaded_models
+from classifier.encoders.embedders import _LazyEmbedder
+from classifier.errors import IntentFileError, UnknownLabelError
+from classifier.intents import parse_intents
+from classifier.model import IntentModel
+from classifier.pipeline import Query
+from classifier.trainer import fit_model
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
+
+META_DOC = copy.deepcopy(DOC)
+META_DOC["intents"][0]["metadata"] = {"rag": "true", "model_slot": "retrieval"}
+META_DOC["intents"][1]["metadata"] = {"rag": "false", "model_slot": "platform"}
+
+
+def make(thresholds, doc=META_DOC, **kw):
+    d = copy.deepcopy(doc)
+    d["thresholds"] = thresholds
+    emb = HashEmbedder()
+    return Classifier(fit_model(parse_intents(d), embedder=emb), embedder=emb, **kw)
+
+
+def test_queries_carry_their_own_context():
+    clf = make(ALWAYS_SURE)
+    a, b, c = clf.classify_queries([Query("what is addvar"), Query("anything", declared_type="PLATFORM"),
+                                    Query("how much quota is left")])
+    assert (a.layer, b.layer, c.layer) == (Layer.EMBEDDING, Layer.DECLARED, Layer.RULES)
+    with pytest.raises(UnknownLabelError, match=r"text #2: unknown declared type 'NOPE'"):
+        clf.classify_queries([Query("x"), Query("y", declared_type="NOPE")])
+
+
+def test_stages_one_encoder_pass_and_teacher_separately():
+    emb = HashEmbedder()
+    teacher = ScriptedTeacher()
+    d = copy.deepcopy(META_DOC)
+    d["thresholds"] = ALWAYS_UNSURE
+    sink = ListSink()
+    clf = Classifier(fit_model(parse_intents(d), embedder=emb), embedder=emb, teacher=teacher, log_sink=sink)
+    calls = []
+    inner = emb.encode
+    emb.encode = lambda texts, **kw: calls.append(list(texts)) or inner(texts, **kw)
+    pending = [clf.begin(Query(t)) for t in ("what is addvar", "show my invoices", "what types exist")]
+    clf.score(pending)
+    assert calls == [["what is addvar", "show my invoices", "what types exist"]]   # one pass
+    assert all(p.decision is None and p.layer2 is not None for p in pending)    # all unsure
+    assert teacher.requests == []                                                # not asked yet
+    asked = clf.finish(pending[0], clf.ask_teacher(pending[0]))
+    skipped = clf.finish(pending[1], clf.without_teacher(pending[1], "request deadline too short"))
+    assert asked.layer is Layer.LLM and len(teacher.requests) == 1
+    assert skipped.layer is Layer.EMBEDDING and skipped.tier is Tier.WEAK
+    assert "llm skipped: request deadline too short" in skipped.reason
+    logged = {r.decision.id: r for r in sink.records}
+    assert logged[skipped.id].pending and not logged[asked.id].pending
+    assert logged[skipped.id].layer2.label == pending[1].layer2.label       # layer 2's own answer
+
+
+def test_preset_vector_skips_encoding():
+    clf = make(ALWAYS_SURE)
+    p = clf.begin(Query("what is addvar"))
+    p.vector = clf.embedder.encode(["what is addvar"])[0]
+    clf.embedder.encode = lambda *a, **k: pytest.fail("encoded a query whose vector was given")
+    clf.score([p])
+    assert p.decision is not None and p.decision.layer is Layer.EMBEDDING
+
+
+def test_metadata_comes_with_every_decision_for_the_label(tmp_path):
+    clf = make(ALWAYS_SURE)
+    by_rule = clf.classify("how much quota is left")
+    declared = clf.classify("x", declared_type="RETRIEVAL")
+    oos = clf.classify("x", declared_type="OUT_OF_SCOPE")
+    assert by_rule.metadata == {"rag": "false", "model_slot": "platform"}
+    assert declared.metadata == {"rag": "true", "model_slot": "retrieval"}
+    assert oos.metadata == {} and by_rule.to_dict()["metadata"] == by_rule.metadata
+    saved = IntentModel.load(clf.model.save(tmp_path / "v1"))         # survives save and load
+    assert dict(saved.intents.intent("PLATFORM").metadata) == {"rag": "false", "model_slot": "platform"}
+
+
+@pytest.mark.parametrize("meta, problem", [
+    ({"rag": False}, "metadata.rag must be a string"),
+    ({"": "x"}, "metadata keys must be non-empty strings"),
+    (["rag"], "metadata must be a mapping of strings"),
+])
+def test_bad_metadata_is_refused_naming_the_intent(meta, problem):
+    doc = copy.deepcopy(DOC)
+    doc["intents"][0]["metadata"] = meta
+    with pytest.raises(IntentFileError, match=problem) as err:
+        parse_intents(doc)
+    assert err.value.intent == "RETRIEVAL"
+
+
+def test_starter_intents_carry_the_routes():
+    from classifier.config import starter_intents_path
+    from classifier.intents import load_intents
+
+    meta = {i.name: dict(i.metadata) for i in load_intents(starter_intents_path()).intents}
+    assert meta["PLATFORM"]["rag"] == "false" and meta["CONVERSATIONAL"]["rag"] == "false"
+    assert meta["RETRIEVAL"]["rag"] == "true" and all("model_slot" in m for m in meta.values())
+
+
+class _HashRunner(Runner):
+    """HashEmbedder's vectors behind the runner interface."""
+
+    def __init__(self) -> None:
+        self.inner = HashEmbedder()
+        self.dim = self.inner.dim
+        self.model = object()
+
+    def encode_batch(self, texts):
+        return self.inner.encode(list(texts))
+
+
+class _SlowLoadingHash(_LazyEmbedder):
+    """A lazily loaded encoder whose loading takes 0.3 s."""
+
+    @property
+    def id(self) -> str:
+        return HashEmbedder().id
+
+    def _key(self):
+        return ("slow-loading-hash",)
+
+    def _load(self):
+        time.sleep(0.3)
+        return _HashRunner()
+
+
+def test_loading_is_reported_apart_from_query_latency():
+    clear_loaded_models()
+    emb = CachedEmbedder(_SlowLoadingHash(batch_size=8, device="cpu", max_chars=None))
+    d = copy.deepcopy(META_DOC)
+    d["thresholds"] = ALWAYS_SURE
+    clf = Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()), embedder=emb)
+    first = clf.classify("what is addvar")           # loads the encoder
+    second = clf.classify("show my invoices")        # does not
+    assert first.latency_ms["load"] >= 300.0
+    assert first.latency_ms["embedding"] < 300.0      # the query's own share, without loading
+    assert first.latency_ms["total"] >= first.latency_ms["load"]
+    assert "load" not in second.latency_ms
+    assert "load" not in clf.classify("how much quota is left").latency_ms   # rules: nothing loaded
+    clear_loaded_models()

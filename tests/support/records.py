@@ -1,0 +1,43 @@
+"""Decision records built by hand, for the log's tests (logstore, the spool, the fleet's
+shipper, mirror and retention).
+
+- :func:`make_record`: a layer-2 decision on "where is my invoice" (labels ``billing`` and
+  ``shipping``, model ``v7``, a two-turn history), every field settable.
+- :func:`rec`: the same with a random embedding of ``dim`` floats.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from classifier.protocols import DecisionRecord, HistoryEntry
+
+
+def make_record(did: str | None = None, *, text: str = "where is my invoice",
+                layer: Layer = Layer.EMBEDDING, label: str | None = "billing",
+                confidence: float = 0.8, teacher: TeacherCall | None = None,
+                embedding: np.ndarray | None = None, encoder_id: str | None = "enc-test",
+                pending: bool = False, audit: bool = False,
+                created_at: float | None = None) -> DecisionRecord:
+    d = Decision(label=label, confidence=confidence, tier=Tier.CONFIDENT, layer=layer,
+                 reason="test", alternatives=[Candidate("shipping", 0.1), Candidate(None, 0.05)],
+                 model_version="v7", latency_ms={"rules": 0.01, "embedding": 2.5},
+                 teacher=teacher)
+    if did is not None:
+        d.id = did
+    return DecisionRecord(decision=d, text=text,
+                          created_at=time.time() if created_at is None else created_at,
+                          session_id="sess-1", declared_type=None,
+                          history=(HistoryEntry.of("greeting", "hello there"),
+                                   HistoryEntry.of(None, "x" * 100)),
+                          encoder_id=encoder_id, embedding=embedding, audit=audit, pending=pending)
+
+
+def rec(text: str = "where is my invoice", *, created_at: float | None = None, teacher: TeacherCall | None = None,
+        dim: int = 8) -> DecisionRecord:
+    """A decision record with a random embedding."""
+    return make_record(text=text, created_at=created_at, teacher=teacher,
+                       embedding=np.random.default_rng().random(dim, dtype=np.float32))
