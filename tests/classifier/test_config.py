@@ -52,8 +52,8 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
     import classifier.trainer
     from classifier.default import build_classifier, default_model_dir
     from classifier.trainer import fit_model
-    from tests.fakes import HashEmbedder
-    from tests.test_model import DOC
+    from tests.support.docs import DOC
+    from tests.support.fakes import HashEmbedder
 
     env_home, flag_home = tmp_path / "env-home", tmp_path / "flag-home"
     monkeypatch.setenv("FLYWHEEL_HOME", str(env_home))

@@ -221,13 +221,14 @@ def test_the_tokenizer_cache_lives_under_the_home(_isolated_home):
     assert list((_isolated_home / "cache" / "use").glob("tokenizer-*.marshal"))
 
 
+@pytest.mark.slow
 def test_the_home_flag_decides_where_the_tokenizer_is_cached(tmp_path, monkeypatch, capsys):
     """``flywheel classify --home X`` keeps the USE tokenizer under X/cache/use, whatever
     $FLYWHEEL_HOME says (it once went to $FLYWHEEL_HOME's cache)."""
     from classifier.trainer import fit_model
     from flywheel.cli import main
-    from tests.fakes import HashEmbedder
-    from tests.test_model import DOC
+    from tests.support.docs import DOC
+    from tests.support.fakes import HashEmbedder
 
     env_home, flag_home = tmp_path / "env-home", tmp_path / "flag-home"
     monkeypatch.setenv("FLYWHEEL_HOME", str(env_home))

@@ -148,7 +148,7 @@ class LabelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Thresholds(_message.Message):
-    __slots__ = ("confident", "ambiguous_ratio", "oos", "oos_confident", "per_intent")
+    __slots__ = ("confident", "ambiguous_ratio", "oos", "oos_confident", "per_intent", "defer", "set_cutoff", "coverage")
     class PerIntentEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -161,12 +161,18 @@ class Thresholds(_message.Message):
     OOS_FIELD_NUMBER: _ClassVar[int]
     OOS_CONFIDENT_FIELD_NUMBER: _ClassVar[int]
     PER_INTENT_FIELD_NUMBER: _ClassVar[int]
+    DEFER_FIELD_NUMBER: _ClassVar[int]
+    SET_CUTOFF_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
     confident: float
     ambiguous_ratio: float
     oos: float
     oos_confident: float
     per_intent: _containers.ScalarMap[str, float]
-    def __init__(self, confident: _Optional[float] = ..., ambiguous_ratio: _Optional[float] = ..., oos: _Optional[float] = ..., oos_confident: _Optional[float] = ..., per_intent: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    defer: float
+    set_cutoff: float
+    coverage: float
+    def __init__(self, confident: _Optional[float] = ..., ambiguous_ratio: _Optional[float] = ..., oos: _Optional[float] = ..., oos_confident: _Optional[float] = ..., per_intent: _Optional[_Mapping[str, float]] = ..., defer: _Optional[float] = ..., set_cutoff: _Optional[float] = ..., coverage: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("id", "label", "confidence", "tier", "layer", "alternatives", "reason", "model_version", "latency_ms", "metadata")
