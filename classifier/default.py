@@ -155,7 +155,15 @@ def default_classifier() -> Any:
 
 
 def reset_default() -> None:
-    """Forget the default classifier (tests; after changing configuration)."""
+    """Forget the default classifier (tests; after changing configuration), closing it
+    and the teacher :func:`build_classifier` opened for it."""
     global _default
     with _lock:
-        _default = None
+        old, _default = _default, None
+    if old is not None:
+        try:
+            old.close()
+        finally:
+            close = getattr(old.teacher, "close", None)
+            if close is not None:
+                close()

@@ -56,6 +56,8 @@ log = logging.getLogger("flywheel.onnx")
 FORMAT = 1
 #: Minimum cosine, over the probe set, between a fresh fp32 export and torch.
 MIN_COSINE = 0.9999
+#: the cache entry's record of what was exported (not the model version's manifest)
+MANIFEST = "manifest.json"
 #: The exporter chain whose versions key the cache (read from package metadata: no import).
 _EXPORT_PACKAGES = ("torch", "transformers", "onnx", "onnxscript")
 #: Files up to this size are fingerprinted by content, larger ones (weights) by name, size, mtime.
@@ -175,7 +177,7 @@ class OnnxRunner(Runner):
         from tokenizers import Tokenizer
 
         self.entry = entry
-        self.manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+        self.manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
         m = self.manifest
         self.path = entry / model_file
         self.max_length = int(max_length or m["max_length"])
@@ -318,7 +320,7 @@ def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], 
             "versions": {p: _version(p) for p in (*_EXPORT_PACKAGES, "onnxruntime")},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         })
-        _write_json_atomic(tmp / "manifest.json", manifest)
+        _write_json_atomic(tmp / MANIFEST, manifest)
         runner = OnnxRunner(tmp, "model.onnx", manifest["max_length"], num_threads)
         cosine = _verify(runner, reference)
         if not cosine >= MIN_COSINE:
@@ -327,7 +329,7 @@ def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], 
         manifest["verified_min_cosine"] = round(cosine, 7)
         manifest["probe_text"] = _PROBE_TEXT
         manifest["probe_fp32"] = runner.encode_batch([_PROBE_TEXT])[0].tolist()
-        _write_json_atomic(tmp / "manifest.json", manifest)
+        _write_json_atomic(tmp / MANIFEST, manifest)
         del runner
         for f in tmp.iterdir():  # mkdtemp/mkstemp make owner-only files; the cache may be shared
             f.chmod(0o644)
@@ -335,7 +337,7 @@ def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], 
         try:
             os.rename(tmp, entry)
         except OSError:  # another process installed the same key first: keep theirs
-            if not (entry / "manifest.json").is_file():
+            if not (entry / MANIFEST).is_file():
                 raise
         log.info("exported %s to ONNX in %.1fs (min cosine to torch %.6f): %s",
                  source, manifest["export_seconds"], cosine, entry)
@@ -367,12 +369,12 @@ def _quantize(entry: Path) -> float:
         int8 = OnnxRunner(entry, tmp.name, None, None)
         texts = list(PROBE)
         cosine = min(_min_cosine(int8.encode_batch([t]), fp32.encode_batch([t])) for t in texts)
-        manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
         manifest["int8"] = {"min_cosine_to_fp32": round(cosine, 6),
                             "probe": int8.encode_batch([_PROBE_TEXT])[0].tolist()}
         tmp.chmod(0o644)
         os.replace(tmp, entry / "model.int8.onnx")
-        _write_json_atomic(entry / "manifest.json", manifest)
+        _write_json_atomic(entry / MANIFEST, manifest)
         log.info("quantized %s to int8 (min cosine to fp32 %.4f)", entry, cosine)
         return cosine
     finally:
@@ -390,7 +392,7 @@ class _Int8Error(Exception):
 
 def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int | None) -> OnnxRunner:
     """Open a cached entry and re-check its probe vector (raises on any problem)."""
-    if quantize and ("int8" not in json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+    if quantize and ("int8" not in json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
                      or not (entry / "model.int8.onnx").is_file()):
         try:
             _quantize(entry)
@@ -442,7 +444,7 @@ def load_onnx_runner(source: str | os.PathLike[str], *, reference: Callable[[], 
     except Exception as exc:  # noqa: BLE001 - unreadable model dir, bad home...
         return _fall_back(fallback, f"cannot key the ONNX cache for {source} ({_brief(exc)})")
     entry = root / key
-    if (entry / "manifest.json").is_file():
+    if (entry / MANIFEST).is_file():
         try:
             runner = _open(entry, quantize, max_length, num_threads)
         except _Int8Error as exc:

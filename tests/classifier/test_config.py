@@ -83,3 +83,27 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
         default_model_dir(cfg, progress=False)
     assert seen["embedder"].inner.cache_dir == flag_home / "cache" / "use"
     assert not env_home.exists()
+
+
+def test_reset_default_closes_the_default_classifier_and_its_teacher(monkeypatch):
+    import classifier.default as default
+
+    closed: list[str] = []
+
+    class Teacher:
+        def close(self) -> None:
+            closed.append("teacher")
+
+    class Clf:
+        teacher = Teacher()
+
+        def close(self) -> None:
+            closed.append("classifier")
+
+    default.reset_default()
+    monkeypatch.setattr(default, "build_classifier", lambda: Clf())
+    assert isinstance(default.default_classifier(), Clf)
+    default.reset_default()
+    assert closed == ["classifier", "teacher"]       # whoever opened it closes it, in order
+    default.reset_default()                            # nothing left to close
+    assert closed == ["classifier", "teacher"]
