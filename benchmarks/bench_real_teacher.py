@@ -26,14 +26,15 @@ Nothing is installed or started by this script. Setup (CPU is enough for a 270M 
 then::
 
     python benchmarks/bench_real_teacher.py --base-url http://127.0.0.1:8000/v1 \\
-        --timeout 60 --response-format json_object --json-out .bench/real_teacher.json
+        --timeout 60 --max-tokens 64 --json-out .bench/real_teacher.json
 
-llama-cpp-python's server knows ``response_format`` ``json_object`` only: ``json_schema``
-(what ``auto`` sends first) is answered HTTP 500, which the teacher counts as
-``unavailable`` (it falls back to ``json_object`` on HTTP 400 only), so pass
-``--response-format json_object`` there. That GGUF has no chat template: the server
-falls back to the ``llama-2`` format, and with ``--chat_format gemma`` (the model's own
-turns) it drops system messages, so pair that with ``--system-prompt user``.
+llama-cpp-python's server refuses ``json_schema`` (HTTP 500 naming ``response_format``)
+and takes the label enum as ``{"type": "json_object", "schema": …}``: ``auto`` finds that
+by itself (``json_schema``, then ``json_object_schema``). Plain ``json_object`` leaves the
+label free, and this model then answers labels that were not offered. That GGUF has no
+chat template: the server falls back to the ``llama-2`` format, and with ``--chat_format
+gemma`` (the model's own turns) it drops system messages, so pair that with
+``--system-prompt user``. ``--max-tokens`` caps an answer (flywheel sends none).
 
 ``--model`` defaults to the first id the server's ``GET /models`` lists. Set
 ``OPENAI_API_KEY`` for a server that wants a key. ``--system-prompt user`` folds the
@@ -56,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from classifier.config import starter_intents_path  # noqa: E402
 from classifier.errors import TeacherError  # noqa: E402
-from classifier.intents import IntentSet, load_intents  # noqa: E402
+from classifier.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
 from classifier.labels import label_name  # noqa: E402
 from classifier.openai_teacher import OpenAITeacher  # noqa: E402
 from classifier.protocols import HistoryEntry, LabelOption, TeacherRequest  # noqa: E402
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-url", required=True, help="the server's OpenAI API base URL, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--model", default=None, help="model id (default: the first one GET /models lists)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per call (default 60)")
-    ap.add_argument("--response-format", default="auto", choices=("auto", "json_schema", "json_object", "none"))
+    ap.add_argument("--response-format", default="auto", choices=TEACHER_RESPONSE_FORMATS)
     ap.add_argument("--system-prompt", default="system", choices=("system", "user"))
     ap.add_argument("--intents", type=Path, default=None, help="intent file (default: the starter set)")
     ap.add_argument("--data", type=Path, action="append", default=None,

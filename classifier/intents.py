@@ -24,7 +24,7 @@ EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
 TEACHER_BACKENDS = ("ollama", "openai")
 #: ``teacher.response_format`` (openai backend): ``auto`` is ``json_schema``, falling back
 #: once to ``json_object`` when the server refuses it (classifier.openai_teacher)
-TEACHER_RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
+TEACHER_RESPONSE_FORMATS = ("auto", "json_schema", "json_object_schema", "json_object", "none")
 #: ``teacher.system_prompt``: ``user`` folds the instructions into the user turn, for chat
 #: templates that drop the system role
 SYSTEM_PROMPT_MODES = ("system", "user")

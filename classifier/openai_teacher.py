@@ -8,9 +8,12 @@ It posts ``{host}/chat/completions`` with ``httpx``; ``host`` is the API's base 
 (``http://127.0.0.1:8000/v1``).
 
 The answer is constrained by ``response_format``: ``json_schema`` (the label enum, strict),
-``json_object`` (any JSON), or ``none``; ``auto`` (the default) is ``json_schema``, and when
-the server answers HTTP 400 naming ``response_format`` the call is retried once with
-``json_object``, which the instance then keeps using.
+``json_object_schema`` (``{"type": "json_object", "schema": …}``, the label enum as
+llama-cpp-python's server takes it), ``json_object`` (any JSON), or ``none``. ``auto`` (the
+default) starts with ``json_schema``; when the server refuses a format (HTTP 400, 422 or
+500 naming ``response_format``: llama-cpp-python answers 500) the call is retried with
+the next one, ``json_object_schema`` then ``json_object``, which the instance then keeps
+using. Without the enum a small model often answers a label that was not offered.
 
 The API key comes from the ``OPENAI_API_KEY`` environment variable only (never from an
 intent file) and is sent as ``Authorization: Bearer``. It never appears in a repr, an
@@ -45,6 +48,12 @@ API_KEY_ENV = "OPENAI_API_KEY"
 _REDACTED = "<redacted>"
 
 log = logging.getLogger("flywheel.teacher")
+
+#: ``auto``: the format tried after the server refuses one
+AUTO_FALLBACK = {"json_schema": "json_object_schema", "json_object_schema": "json_object"}
+#: statuses with which servers refuse a ``response_format`` (400; 422 from FastAPI
+#: validation; 500 from llama-cpp-python), when the body names it
+REFUSED_STATUS = (400, 422, 500)
 
 
 class _Secret:
@@ -212,6 +221,8 @@ class OpenAITeacher(ChatTeacher):
         if fmt == "json_schema":  # strict mode wants every object closed
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "intent", "schema": {**schema, "additionalProperties": False}, "strict": True}}
+        elif fmt == "json_object_schema":
+            body["response_format"] = {"type": "json_object", "schema": schema}
         elif fmt == "json_object":
             body["response_format"] = {"type": "json_object"}
         if self.max_tokens is not None:
@@ -222,12 +233,13 @@ class OpenAITeacher(ChatTeacher):
         messages, schema = self.prompt(request)
         fmt = self._format
         resp = self._send("POST", "/chat/completions", self._body(messages, schema, fmt))
-        if (resp.status_code == 400 and self.response_format == "auto" and fmt == "json_schema"
-                and "response_format" in resp.text.lower()):
-            self._format = "json_object"
-            log.warning("the teacher server at %s refused response_format json_schema (HTTP 400); "
-                        "using json_object from now on", self.where)
-            resp = self._send("POST", "/chat/completions", self._body(messages, schema, "json_object"))
+        while (self.response_format == "auto" and fmt in AUTO_FALLBACK and resp.status_code in REFUSED_STATUS
+               and "response_format" in resp.text.lower()):
+            refused, fmt = fmt, AUTO_FALLBACK[fmt]
+            self._format = fmt
+            log.warning("the teacher server at %s refused response_format %s (HTTP %d); using %s from now on",
+                        self.where, refused, resp.status_code, fmt)
+            resp = self._send("POST", "/chat/completions", self._body(messages, schema, fmt))
         if not 200 <= resp.status_code < 300:
             raise self._status_error(resp)
         try:

@@ -120,7 +120,14 @@ def test_other_response_formats(httpserver, fmt, expected):
     assert body_of(httpserver).get("response_format") == expected
 
 
-def test_json_schema_refused_falls_back_once_to_json_object_and_remembers(httpserver, caplog):
+def test_json_object_schema_sends_the_label_enum_inside_json_object(httpserver):
+    answer(httpserver)
+    make_teacher(httpserver, response_format="json_object_schema").label(REQUEST)
+    rf = body_of(httpserver)["response_format"]
+    assert rf["type"] == "json_object" and "CODE" in rf["schema"]["properties"]["label"]["enum"]
+
+
+def test_json_schema_refused_falls_back_to_the_schema_in_json_object_and_remembers(httpserver, caplog):
     httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_json(
         {"error": {"message": "response_format type json_schema is not supported", "type": "invalid_request_error"}},
         status=400)
@@ -128,12 +135,40 @@ def test_json_schema_refused_falls_back_once_to_json_object_and_remembers(httpse
     t = make_teacher(httpserver)
     with caplog.at_level(logging.WARNING, logger="flywheel.teacher"):
         assert t.label(REQUEST).label == "CODE"
-    assert [body_of(httpserver, i)["response_format"]["type"] for i in range(2)] == ["json_schema", "json_object"]
-    assert t.sent_format == "json_object"
-    assert "json_object" in caplog.text
+    sent = [body_of(httpserver, i)["response_format"] for i in range(2)]
+    assert [f["type"] for f in sent] == ["json_schema", "json_object"]
+    assert sent[1]["schema"]["properties"]["label"]["enum"] == sent[0]["json_schema"]["schema"]["properties"][
+        "label"]["enum"]                                   # the label enum still constrains the answer
+    assert t.sent_format == "json_object_schema"
+    assert "json_object_schema" in caplog.text
     assert t.label(REQUEST).label == "CODE"
-    assert body_of(httpserver, 2)["response_format"] == {"type": "json_object"}
+    assert body_of(httpserver, 2)["response_format"] == sent[1]
     assert len(httpserver.log) == 3
+
+
+def test_auto_walks_down_to_plain_json_object_on_a_server_that_refuses_both_schemas(httpserver):
+    # llama-cpp-python's server answers 500 naming response_format for json_schema; some
+    # servers validate the schema key too (422)
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_json(
+        {"error": {"message": "body.response_format.type: Input should be 'text' or 'json_object'"}}, status=500)
+    httpserver.expect_oneshot_request("/v1/chat/completions").respond_with_json(
+        {"detail": "response_format: extra fields not permitted (schema)"}, status=422)
+    answer(httpserver, '{"label": "CODE"}')
+    t = make_teacher(httpserver)
+    assert t.label(REQUEST).label == "CODE"
+    assert [body_of(httpserver, i)["response_format"]["type"] for i in range(3)] == [
+        "json_schema", "json_object", "json_object"]
+    assert "schema" in body_of(httpserver, 1)["response_format"]
+    assert body_of(httpserver, 2)["response_format"] == {"type": "json_object"}
+    assert t.sent_format == "json_object"
+
+
+def test_a_500_that_names_nothing_is_unavailable_without_fallback(httpserver):
+    httpserver.expect_request("/v1/chat/completions").respond_with_json({"error": "out of memory"}, status=500)
+    t = make_teacher(httpserver)
+    with pytest.raises(TeacherError) as ei:
+        t.label(REQUEST)
+    assert ei.value.kind == "unavailable" and len(httpserver.log) == 1 and t.sent_format == "json_schema"
 
 
 def test_a_400_about_something_else_is_an_error_without_fallback(httpserver):
