@@ -49,15 +49,15 @@ def default_home() -> Path:
     return Path(user_data_dir("flywheel", appauthor=False))
 
 
-def cache_dir(kind: str) -> Path:
-    """``<home>/cache/<kind>``, the home as the environment gives it (``$FLYWHEEL_HOME``,
-    else the user data dir): where encoders keep what they build once (ONNX exports,
-    the parsed USE tokenizer) when they are built without a resolved configuration. A
-    ``--home`` flag never reaches this function: code that resolved a :class:`Config`
-    passes its :attr:`Config.cache_root` to
-    :func:`~classifier.encoders.factory.make_embedder` instead."""
-    home = os.environ.get(ENV["home"])
-    return (Path(home).expanduser() if home else default_home()) / "cache" / kind
+def cache_dir(kind: str, root: str | os.PathLike[str] | None = None) -> Path:
+    """``<root>/<kind>``: where encoders keep what they build once (ONNX exports, the
+    parsed USE tokenizer). ``root`` is a resolved home's :attr:`Config.cache_root`; without
+    one, ``<home>/cache`` for the home the environment gives (``$FLYWHEEL_HOME``, else the
+    user data dir), which knows nothing of a ``--home`` flag."""
+    if root is None:
+        home = os.environ.get(ENV["home"])
+        root = (Path(home).expanduser() if home else default_home()) / "cache"
+    return Path(root).expanduser() / kind
 
 
 def starter_intents_path() -> Path:

@@ -258,7 +258,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         return X[sel].astype(np.float16), yi[sel].astype(np.int32)
 
     def _learn_thresholds(self, oof: HeadScores, yi: np.ndarray, is_oos: np.ndarray) -> dict[str, float]:
-        pin, p_oos = oof.probs, oof.p_oos
+        pin = oof.probs
         top, conf = pin.argmax(axis=1), pin.max(axis=1)
         in_mask = ~is_oos
         correct = (top == yi) & in_mask
@@ -268,13 +268,14 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             # of cutoffs, but is a smooth fit instead of an argmax over a few dozen noisy
             # out-of-scope labels, which swung from 0.28 to 0.58 between retrains (BENCHMARKS.md 12).
             oos_t = OOS_CUTOFF
-            # a rejection is sure when its confidence, max(p_oos, oos class), reaches the cutoff
-            rej = oof.rejected(oos_t)
-            oos_conf = precision_cutoff(np.maximum(p_oos, oof.oos_class)[rej], is_oos[rej], self.target_precision)
         else:
             oos_t = 1.0 - self.novelty_quantile
-            oos_conf = 1.1  # never sure without out-of-scope training data
-        accepted = ~oof.rejected(oos_t)
+        rejected = oof.rejected(oos_t)
+        # a rejection is sure when its served confidence reaches the cutoff; never sure
+        # without out-of-scope training data
+        oos_conf = (precision_cutoff(oof.oos_confidence[rejected], is_oos[rejected], self.target_precision)
+                    if self.gate_ is not None else 1.1)
+        accepted = ~rejected
         confident = precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
         order = np.argsort(-pin, axis=1)
         second_true = in_mask & (order[:, 1] == yi)

@@ -22,8 +22,8 @@ RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")
 EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
 TEACHER_BACKENDS = ("ollama", "openai")
-#: ``teacher.response_format`` (openai backend): ``auto`` is ``json_schema``, falling back
-#: once to ``json_object`` when the server refuses it (classifier.openai_teacher)
+#: ``teacher.response_format`` (openai backend): ``auto`` starts with ``json_schema`` and moves
+#: down the list to ``json_object`` as the server refuses each (classifier.openai_teacher)
 TEACHER_RESPONSE_FORMATS = ("auto", "json_schema", "json_object_schema", "json_object", "none")
 #: ``teacher.system_prompt``: ``user`` folds the instructions into the user turn, for chat
 #: templates that drop the system role

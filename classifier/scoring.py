@@ -63,6 +63,12 @@ class HeadScores:
         :func:`classifier.tiers.assign_tiers` builds on)."""
         return (self.p_oos >= oos_cutoff) | (self.oos_class >= self.probs.max(axis=1))
 
+    @property
+    def oos_confidence(self) -> np.ndarray:
+        """How sure layer 2 is of an out-of-scope answer: the larger of the gate's
+        ``p_oos`` and the out-of-scope class (compared with ``oos_confident``)."""
+        return np.maximum(np.asarray(self.p_oos, float), np.asarray(self.oos_class, float))
+
 
 def binary_logits(d: np.ndarray) -> np.ndarray:
     """A binary logistic regression's one logit as two class logits, split symmetrically."""

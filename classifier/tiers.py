@@ -154,7 +154,7 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
     top = order[:, 0] if k else np.zeros(n, int)
     p1 = probs[rows, top]
     p2 = probs[rows, order[:, 1]] if k > 1 else np.zeros(n)
-    oos_class, p_oos = np.asarray(scores.oos_class, float), np.asarray(scores.p_oos, float)
+    oos_conf = scores.oos_confidence
     rejected = scores.rejected(th.oos)       # the out-of-scope rule, kept with the scores
     close = (p1 > 0) & (p2 / np.clip(p1, 1e-12, None) >= th.ambiguous_ratio)
     names = np.asarray(labels, dtype=object)
@@ -164,12 +164,12 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
         has_own = np.array([str(x) in th.per_intent for x in names], bool)[top] if k else np.zeros(n, bool)
         sure = (np.asarray(risk) <= th.defer) & (rejected | ~has_own | (p1 >= cut))
     else:
-        sure = np.where(rejected, np.maximum(p_oos, oos_class) >= th.oos_confident, (p1 >= cut) & ~close)
+        sure = np.where(rejected, oos_conf >= th.oos_confident, (p1 >= cut) & ~close)
     in_set = probs >= th.set_cutoff if th.set_cutoff is not None else None
     plural = in_set.sum(axis=1) >= 2 if in_set is not None else close  # close: two before the drop
     codes = np.where(rejected, 3, np.where(sure, 0, np.where(plural, 1, 2)))
     tier = np.array(_TIERS, dtype=object)[codes]
-    confidence = np.where(rejected, np.maximum(p_oos, oos_class), p1)
+    confidence = np.where(rejected, oos_conf, p1)
     return TierBatch(top, rejected, close, sure.astype(bool), tier, confidence, in_set, p1, p2)
 
 

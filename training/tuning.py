@@ -140,7 +140,7 @@ def _relax_for_budget(learned: dict[str, float], s: Any, conf: np.ndarray, secon
     out-of-scope-like of them are served as their top intent), ``None`` keeps them all
     with the LLM. ``allow["near_tie"]``: ``"decide"`` raises ``ambiguous_ratio``.
     """
-    oos_score = np.maximum(s.p_oos, s.oos_class)
+    oos_score = s.oos_confidence
     ratio = (second / np.clip(conf, 1e-12, None))[amb_esc]
     r_order = np.argsort(-ratio, kind="stable")
     ratios, amb_w = ratio[r_order], w[amb_esc][r_order]
@@ -339,8 +339,9 @@ def _risk_cutoff(model: IntentModel, state: tuple | None, traffic: TrafficSample
         info["budget_cutoff"] = budget_cut
         # as with the tiers rule, a budget never buys a cheaper wrong answer: a query layer 2
         # is more likely wrong than right still goes to the LLM, over budget if need be
-        info["budget_reachable"] = budget_cut <= 1.0 - RELAX_MIN_ACCURACY
-        cutoff = max(cutoff, min(budget_cut, 1.0 - RELAX_MIN_ACCURACY))
+        cap = 1.0 - RELAX_MIN_ACCURACY
+        info["budget_reachable"] = budget_cut <= cap
+        cutoff = max(cutoff, min(budget_cut, cap))
         deferred = risk > cutoff
         info["llm_share_expected"] = round(float(w[deferred].sum() / max(w.sum(), 1e-12)), 4)
         info["expected_error_rate"] = round(float((np.where(deferred, teacher_error, risk) * w).sum()
@@ -366,7 +367,7 @@ def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, rece
     s, conf, second, rejected, close, top = state
     user = model.intents.thresholds
     allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
-                                  np.maximum(s.p_oos, s.oos_class) >= th.oos_confident, close, top,
+                                  s.oos_confidence >= th.oos_confident, close, top,
                                   th.ambiguous_ratio, {"oos": user.oos is not None,
                                                        "ambiguous_ratio": user.ambiguous_ratio is not None})
     if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
@@ -378,7 +379,7 @@ def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, rece
         info["budget_on"] = "recent teacher-labelled slice"
     own = np.array([t in th.per_intent for t in top])
     glob = ~rejected & ~close & ~own
-    oos_sure = np.maximum(s.p_oos, s.oos_class) >= th.oos_confident
+    oos_sure = s.oos_confidence >= th.oos_confident
     pi_cut = np.array([th.per_intent.get(t, 0.0) for t in top])
     per_intent_w = float(w[~rejected & ~close & own & (conf < pi_cut)].sum())
     budget_w = llm_budget * float(w.sum())

