@@ -35,7 +35,7 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/fly
 COPY --from=build /dist/ /tmp/dist/
 # the fleet extra (obstore) lets the same image ship to an object store (FLYWHEEL_STORE)
 RUN python -m venv /opt/flywheel \
- && WHEEL="$(ls /tmp/dist/flywheel-*.whl)" \
+ && WHEEL="$(ls /tmp/dist/flywheel_intent-*.whl)" \
  && /opt/flywheel/bin/pip install --no-cache-dir --disable-pip-version-check "${WHEEL}[fleet]" \
  && rm -rf /tmp/dist
 

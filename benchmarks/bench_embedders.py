@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from classifier import encoders as E  # noqa: E402
+from flywheel.classifier import encoders as E  # noqa: E402
 
 PARTS = ("minilm", "cached", "throughput", "bge")
 

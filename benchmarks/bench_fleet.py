@@ -40,19 +40,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_sidecar import Server, load, queries, write_json  # noqa: E402
 
-from classifier.config import load_config, starter_intents_path  # noqa: E402
-from classifier.decision import Decision, Layer, Tier  # noqa: E402
-from classifier.default import cached_model_dir  # noqa: E402
-from classifier.protocols import DecisionRecord  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from fleet.config import StoreConfig  # noqa: E402
-from fleet.mirror import mirror  # noqa: E402
-from fleet.objects import ObjectStore  # noqa: E402
-from fleet.registry import BucketRegistry  # noqa: E402
-from fleet.shipper import ObjectShipper  # noqa: E402
-from logstore import LogStore, SpoolSink  # noqa: E402
-from service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
-from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
+from flywheel.classifier.config import load_config, starter_intents_path  # noqa: E402
+from flywheel.classifier.decision import Decision, Layer, Tier  # noqa: E402
+from flywheel.classifier.default import cached_model_dir  # noqa: E402
+from flywheel.classifier.protocols import DecisionRecord  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.fleet.config import StoreConfig  # noqa: E402
+from flywheel.fleet.mirror import mirror  # noqa: E402
+from flywheel.fleet.objects import ObjectStore  # noqa: E402
+from flywheel.fleet.registry import BucketRegistry  # noqa: E402
+from flywheel.fleet.shipper import ObjectShipper  # noqa: E402
+from flywheel.logstore import LogStore, SpoolSink  # noqa: E402
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
+from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
 from tests.support.s3 import WeedServer  # noqa: E402
 
 

@@ -37,15 +37,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.decision import Layer  # noqa: E402
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.intents import load_intents  # noqa: E402
-from classifier.pipeline import Classifier  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
-from classifier.tiers import Thresholds, assign_tiers  # noqa: E402
-from classifier.trainer import fit_model  # noqa: E402
-from logstore import LogStore  # noqa: E402
+from flywheel.classifier.decision import Layer  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.intents import load_intents  # noqa: E402
+from flywheel.classifier.pipeline import Classifier  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
+from flywheel.classifier.tiers import Thresholds, assign_tiers  # noqa: E402
+from flywheel.classifier.trainer import fit_model  # noqa: E402
+from flywheel.logstore import LogStore  # noqa: E402
 from tests.support.simulated_ollama import SimulatedOllama  # noqa: E402
 
 

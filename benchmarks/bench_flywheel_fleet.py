@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_flywheel import add_arguments, layer2_accuracy, report, setup  # noqa: E402
 
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from classifier.trainer import fit_model  # noqa: E402
-from fleet.config import StoreConfig  # noqa: E402
-from fleet.objects import ObjectStore  # noqa: E402
-from fleet.registry import BucketRegistry  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.trainer import fit_model  # noqa: E402
+from flywheel.fleet.config import StoreConfig  # noqa: E402
+from flywheel.fleet.objects import ObjectStore  # noqa: E402
+from flywheel.fleet.registry import BucketRegistry  # noqa: E402
 from tests.support.s3 import WeedServer  # noqa: E402
 from tests.support.simulated_ollama import SimulatedOllama  # noqa: E402
 

@@ -41,14 +41,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_flywheel import layer2_accuracy  # noqa: E402
 
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.head import IntentHead  # noqa: E402
-from classifier.intents import load_intents  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from classifier.trainer import fit_from_vectors  # noqa: E402
-from logstore import LogStore  # noqa: E402
-from training.trainset import build_training_set  # noqa: E402
-from training.tuning import retune, traffic_sample, with_thresholds  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.head import IntentHead  # noqa: E402
+from flywheel.classifier.intents import load_intents  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
+from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.training.trainset import build_training_set  # noqa: E402
+from flywheel.training.tuning import retune, traffic_sample, with_thresholds  # noqa: E402
 
 
 def main() -> int:

@@ -34,11 +34,11 @@ if str(ROOT) not in sys.path:
 
 import duckdb  # noqa: E402
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier  # noqa: E402
-from classifier.protocols import DecisionRecord, HistoryEntry  # noqa: E402
-from logstore import LogStore  # noqa: E402
-from logstore.connection import connect, stats  # noqa: E402
-from logstore.segments import records_to_table, write_segment  # noqa: E402
+from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier  # noqa: E402
+from flywheel.classifier.protocols import DecisionRecord, HistoryEntry  # noqa: E402
+from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.logstore.connection import connect, stats  # noqa: E402
+from flywheel.logstore.segments import records_to_table, write_segment  # noqa: E402
 
 LABELS = ["billing", "refund", "shipping", "account", "cancel", "upgrade", "support"]
 

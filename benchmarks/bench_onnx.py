@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier.encoders import BGEM3Embedder, MiniLMEmbedder, USEMultilingualEmbedder, minilm_model_dir  # noqa: E402
+from flywheel.classifier.encoders import BGEM3Embedder, MiniLMEmbedder, USEMultilingualEmbedder, minilm_model_dir  # noqa: E402
 
 STARTER = ROOT / "data" / "starter_intents.yaml"
 
@@ -80,9 +80,9 @@ class ViaClassify:
     """``Classifier.classify`` of a model trained on an intent file (teacher off, no log)."""
 
     def __init__(self, intents: Path) -> None:
-        from classifier.intents import load_intents
-        from classifier.pipeline import Classifier
-        from classifier.trainer import fit_model
+        from flywheel.classifier.intents import load_intents
+        from flywheel.classifier.pipeline import Classifier
+        from flywheel.classifier.trainer import fit_model
 
         self.clf = Classifier(fit_model(load_intents(intents)), teacher=None)
         self.encoder_id = self.clf.model.manifest.encoder["id"]

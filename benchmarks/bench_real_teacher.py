@@ -55,13 +55,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.config import starter_intents_path  # noqa: E402
-from classifier.errors import TeacherError  # noqa: E402
-from classifier.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
-from classifier.labels import label_name  # noqa: E402
-from classifier.openai_teacher import OpenAITeacher  # noqa: E402
-from classifier.protocols import HistoryEntry, LabelOption, TeacherRequest  # noqa: E402
-from classifier.teacher import CircuitBreaker  # noqa: E402
+from flywheel.classifier.config import starter_intents_path  # noqa: E402
+from flywheel.classifier.errors import TeacherError  # noqa: E402
+from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
+from flywheel.classifier.labels import label_name  # noqa: E402
+from flywheel.classifier.openai_teacher import OpenAITeacher  # noqa: E402
+from flywheel.classifier.protocols import HistoryEntry, LabelOption, TeacherRequest  # noqa: E402
+from flywheel.classifier.teacher import CircuitBreaker  # noqa: E402
 
 DATASETS = (ROOT / "tests" / "data" / "heldout_queries.jsonl", ROOT / "tests" / "data" / "heldout_queries_es.jsonl")
 HISTORY_TURNS = 3

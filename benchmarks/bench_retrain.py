@@ -27,13 +27,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.decision import Decision, Layer, TeacherCall, Tier  # noqa: E402
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.intents import load_intents  # noqa: E402
-from classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from logstore import LogStore  # noqa: E402
-from training.retrain import RetrainOptions, retrain  # noqa: E402
+from flywheel.classifier.decision import Decision, Layer, TeacherCall, Tier  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.intents import load_intents  # noqa: E402
+from flywheel.classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.training.retrain import RetrainOptions, retrain  # noqa: E402
 
 
 class CountingEmbedder(DelegatingEmbedder):

@@ -37,11 +37,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.config import load_config, starter_intents_path  # noqa: E402
-from classifier.default import build_classifier, cached_model_dir  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
-from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
+from flywheel.classifier.config import load_config, starter_intents_path  # noqa: E402
+from flywheel.classifier.default import build_classifier, cached_model_dir  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
+from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402
 from tests.support.servers import free_port  # noqa: E402
 
 RULE_TEXT = "you are a direct and concise assistant. summarise this thread #{}"

@@ -24,11 +24,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.head import IntentHead, set_coverage  # noqa: E402
-from classifier.intents import EmbedderSettings, load_intents  # noqa: E402
-from classifier.scoring import normalise_rows  # noqa: E402
-from classifier.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.head import IntentHead, set_coverage  # noqa: E402
+from flywheel.classifier.intents import EmbedderSettings, load_intents  # noqa: E402
+from flywheel.classifier.scoring import normalise_rows  # noqa: E402
+from flywheel.classifier.tiers import Thresholds  # noqa: E402
 
 ENCODERS = {"minilm-int8": EmbedderSettings(backend="minilm"),
             "use-multilingual": EmbedderSettings(backend="use-multilingual")}

@@ -21,9 +21,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.registry import ModelRegistry  # noqa: E402
-from classifier.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.tiers import Thresholds  # noqa: E402
 
 
 def sweep(model, X: np.ndarray, truth: np.ndarray, cutoffs) -> dict:

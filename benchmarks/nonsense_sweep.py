@@ -24,12 +24,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from classifier.encoders import make_embedder  # noqa: E402
-from classifier.intents import load_intents  # noqa: E402
-from classifier.negatives import synthetic_negatives  # noqa: E402
-from classifier.trainer import fit_from_vectors  # noqa: E402
+from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.intents import load_intents  # noqa: E402
+from flywheel.classifier.negatives import synthetic_negatives  # noqa: E402
+from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
+from flywheel.training.layer2 import layer2_predict  # noqa: E402
 from tests.support.docs import nonsense  # noqa: E402
-from training.layer2 import layer2_predict  # noqa: E402
 
 SHORT = ["hi", "hola", "jajaja", "yes", "no", "ok", "thanks", "Thank you!", "gracias", "sigue", "and this?",
          "y esto?", "lol", "hello there", "buenas", "cool", "perfecto", "hmm", "👍"]

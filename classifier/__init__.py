@@ -1,6 +1,6 @@
 """flywheel's runtime: the three-layer intent classifier.
 
->>> from classifier import Classifier, classify            # doctest: +SKIP
+>>> from flywheel.classifier import Classifier, classify            # doctest: +SKIP
 >>> classify("What is addVar in AVAP?").label              # doctest: +SKIP
 'RETRIEVAL'
 
@@ -40,8 +40,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from classifier.errors import (
+from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from flywheel.classifier.errors import (
     ConfigError,
     EmbedderError,
     FlywheelError,
@@ -51,9 +51,9 @@ from classifier.errors import (
     TeacherError,
     UnknownLabelError,
 )
-from classifier.intents import IntentSet, load_intents
-from classifier.model import IntentModel
-from classifier.pipeline import Classifier
+from flywheel.classifier.intents import IntentSet, load_intents
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.pipeline import Classifier
 
 __all__ = [
     "Candidate", "Classifier", "ConfigError", "Decision", "EmbedderError", "FlywheelError", "IntentFileError",
@@ -64,6 +64,6 @@ __all__ = [
 
 def classify(text: str, **kwargs: Any) -> Decision:
     """Classify with the default model (see :mod:`classifier.default`)."""
-    from classifier.default import default_classifier
+    from flywheel.classifier.default import default_classifier
 
     return default_classifier().classify(text, **kwargs)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from classifier.errors import NOT_CALLED_KINDS, TeacherError
-from classifier.protocols import Teacher, TeacherAnswer, TeacherRequest
+from flywheel.classifier.errors import NOT_CALLED_KINDS, TeacherError
+from flywheel.classifier.protocols import Teacher, TeacherAnswer, TeacherRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from classifier.intents import TeacherSettings
+    from flywheel.classifier.intents import TeacherSettings
 
 __all__ = ["BudgetedTeacher", "CallBudget", "Slot", "apply_budget"]
 

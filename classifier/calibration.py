@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from classifier.scoring import softmax
+from flywheel.classifier.scoring import softmax
 
 
 def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:

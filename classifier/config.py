@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from classifier.errors import ConfigError
+from flywheel.classifier.errors import ConfigError
 
 ENV = {
     "home": "FLYWHEEL_HOME",

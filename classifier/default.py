@@ -16,11 +16,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from classifier.config import Config, load_config, starter_intents_path
-from classifier.errors import ConfigError
-from classifier.intents import IntentSet, load_intents
-from classifier.model import MANIFEST
-from classifier.registry import CURRENT
+from flywheel.classifier.config import Config, load_config, starter_intents_path
+from flywheel.classifier.errors import ConfigError
+from flywheel.classifier.intents import IntentSet, load_intents
+from flywheel.classifier.model import MANIFEST
+from flywheel.classifier.registry import CURRENT
 
 log = logging.getLogger("flywheel.default")
 _lock = threading.Lock()
@@ -54,8 +54,8 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True,
         intents = load_intents(intents_path)
         if progress:
             print(f"flywheel: training the default model from {intents_path} (first use) ...", file=sys.stderr)
-        from classifier.encoders import make_embedder
-        from classifier.trainer import fit_model
+        from flywheel.classifier.encoders import make_embedder
+        from flywheel.classifier.trainer import fit_model
 
         embedder = make_embedder(intents.embedder, cache_root=cache_root)
         model = fit_model(intents, embedder=embedder, version=target.name, progress=progress)
@@ -65,7 +65,7 @@ def ensure_trained(intents_path: Path, target: Path, *, progress: bool = True,
 
 def existing_model_dir(cfg: Config) -> Path | None:
     """The version the default classifier would serve, if it exists already (trains nothing)."""
-    from classifier.registry import ModelRegistry
+    from flywheel.classifier.registry import ModelRegistry
 
     if cfg.model:
         path = Path(cfg.model).expanduser()
@@ -100,14 +100,14 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Any:
     connection is made."""
     if cfg.teacher == "off":
         return None
-    from classifier.teacher import CircuitBreaker, OllamaTeacher
+    from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher
 
     t = intents.teacher
     model = cfg.teacher_model or t.model
     timeout_s = cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s
     breaker = CircuitBreaker(t.breaker_failures, t.breaker_reset_s)
     if t.backend == "openai":
-        from classifier.openai_teacher import OpenAITeacher
+        from flywheel.classifier.openai_teacher import OpenAITeacher
 
         host = cfg.teacher_host or t.host
         if not host or not str(host).strip():
@@ -118,7 +118,7 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Any:
     else:
         teacher = OllamaTeacher(model=model, host=cfg.ollama_host or t.host, timeout_s=timeout_s,
                                 breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
-    from classifier.budget import apply_budget
+    from flywheel.classifier.budget import apply_budget
 
     return apply_budget(teacher, t)   # max_calls_per_minute / daily_budget, per process
 
@@ -130,7 +130,7 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True,
     promotions (:meth:`Classifier.from_registry`): on a watcher thread with
     ``background_reload``, else checked on the calling thread. The encoder keeps its
     caches under ``cfg``'s home."""
-    from classifier.pipeline import Classifier
+    from flywheel.classifier.pipeline import Classifier
 
     cfg = cfg or load_config()
     path = default_model_dir(cfg, progress=progress)

@@ -15,9 +15,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
-from classifier.calibration import expected_calibration_error, fit_temperature
-from classifier.errors import NotFittedError
-from classifier.scoring import (
+from flywheel.classifier.calibration import expected_calibration_error, fit_temperature
+from flywheel.classifier.errors import NotFittedError
+from flywheel.classifier.scoring import (
     HeadScores,
     RiskModel,
     ServingHead,
@@ -27,7 +27,7 @@ from classifier.scoring import (
     risk_features,
     softmax,
 )
-from classifier.scoring import normalise_rows as _normalise
+from flywheel.classifier.scoring import normalise_rows as _normalise
 
 OOS = "__oos__"
 OOS_CUTOFF = 0.5   # the out-of-scope cutoff on the (class-balanced) gate's probability

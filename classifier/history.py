@@ -6,8 +6,8 @@ import threading
 from collections import OrderedDict, deque
 from typing import Any, Iterable, Mapping
 
-from classifier.errors import InvalidInputError
-from classifier.protocols import HistoryEntry
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.protocols import HistoryEntry
 
 SNIPPET_CHARS = 60
 

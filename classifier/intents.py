@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from classifier.errors import IntentFileError
+from flywheel.classifier.errors import IntentFileError
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from classifier.errors import InvalidInputError, UnknownLabelError
+from flywheel.classifier.errors import InvalidInputError, UnknownLabelError
 
 __all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "parse_label", "label_name"]
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from classifier.errors import IntentFileError, ModelError
-from classifier.intents import EmbedderSettings, IntentSet, load_intents
+from flywheel.classifier.errors import IntentFileError, ModelError
+from flywheel.classifier.intents import EmbedderSettings, IntentSet, load_intents
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -161,7 +161,7 @@ _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
 
 
 def _load_serving_head(d: Path, manifest: Manifest) -> Any:
-    from classifier.scoring import ServingHead
+    from flywheel.classifier.scoring import ServingHead
 
     _check_estimator_file(d, manifest)
     path = d / SERVING_HEAD_FILE

@@ -33,10 +33,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from classifier.errors import ConfigError, TeacherError
-from classifier.intents import TEACHER_RESPONSE_FORMATS
-from classifier.protocols import TeacherRequest
-from classifier.teacher import ChatTeacher, CircuitBreaker, TeacherStatus, shorten
+from flywheel.classifier.errors import ConfigError, TeacherError
+from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS
+from flywheel.classifier.protocols import TeacherRequest
+from flywheel.classifier.teacher import ChatTeacher, CircuitBreaker, TeacherStatus, shorten
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx

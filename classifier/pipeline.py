@@ -17,18 +17,26 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from classifier.anchoring import AnchoringMonitor
-from classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
-from classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
-from classifier.history import SessionHistory, coerce_history
-from classifier.intents import IntentSet
-from classifier.labels import label_name, parse_label
-from classifier.model import IntentModel
-from classifier.protocols import DecisionRecord, Embedder, HistoryEntry, LabelOption, LogSink, Teacher, TeacherRequest
-from classifier.rules import RuleEngine
-from classifier.text import CleanText, clean_text
-from classifier.tiers import Layer2Result, Thresholds, tier_rows
+from flywheel.classifier.anchoring import AnchoringMonitor
+from flywheel.classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
+from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
+from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
+from flywheel.classifier.history import SessionHistory, coerce_history
+from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.labels import label_name, parse_label
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.protocols import (
+    DecisionRecord,
+    Embedder,
+    HistoryEntry,
+    LabelOption,
+    LogSink,
+    Teacher,
+    TeacherRequest,
+)
+from flywheel.classifier.rules import RuleEngine
+from flywheel.classifier.text import CleanText, clean_text
+from flywheel.classifier.tiers import Layer2Result, Thresholds, tier_rows
 
 log = logging.getLogger("flywheel.classifier")
 
@@ -136,7 +144,7 @@ class Classifier:
             raise ValueError(f"audit_rate must be between 0 and 1, got {audit_rate!r}")
         self._rt = _Runtime.build(model)
         if embedder is None:
-            from classifier.encoders import make_embedder
+            from flywheel.classifier.encoders import make_embedder
 
             embedder = make_embedder(model.encoder_settings, cache_root=cache_root)
         self.embedder = embedder
@@ -169,7 +177,7 @@ class Classifier:
         """Serve the ``CURRENT`` version of a models home; with ``watch``, a newly promoted
         version is swapped in without a restart (checked at most every ``interval_s``;
         see :meth:`watch` for ``background``)."""
-        from classifier.registry import ModelRegistry
+        from flywheel.classifier.registry import ModelRegistry
 
         reg = ModelRegistry(home)
         clf = cls(reg.load_current(), **kwargs)
@@ -185,7 +193,7 @@ class Classifier:
         ``background=True``: a watcher thread checks every ``interval_s`` and loads a new
         version there, so no request ever pays for a reload (long-running processes).
         """
-        from classifier.registry import ModelWatcher
+        from flywheel.classifier.registry import ModelWatcher
 
         if self.watcher is not None:
             self.watcher.stop()

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runti
 
 import numpy as np
 
-from classifier.decision import Decision, Layer2Answer
+from flywheel.classifier.decision import Decision, Layer2Answer
 
 if TYPE_CHECKING:
-    from classifier.model import IntentModel
+    from flywheel.classifier.model import IntentModel
 
 
 @runtime_checkable

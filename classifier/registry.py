@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from classifier.errors import FlywheelError, InvalidInputError, ModelError
-from classifier.model import MANIFEST, IntentModel
+from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
+from flywheel.classifier.model import MANIFEST, IntentModel
 
 log = logging.getLogger("flywheel.registry")
 

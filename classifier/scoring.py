@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from classifier.errors import ModelError
+from flywheel.classifier.errors import ModelError
 
 __all__ = ["HeadScores", "RiskModel", "ServingHead", "score", "softmax", "normalise_rows", "gate_features",
            "p_oos_from_similarity", "binary_logits", "risk_features"]

@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from classifier.model import IntentModel
-from classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.tiers import Thresholds, assign_tiers
 
 __all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
 

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from classifier.errors import ConfigError, InvalidInputError, TeacherError
-from classifier.intents import SYSTEM_PROMPT_MODES
-from classifier.labels import OUT_OF_SCOPE, parse_label
-from classifier.protocols import LabelOption, TeacherAnswer, TeacherRequest
+from flywheel.classifier.errors import ConfigError, InvalidInputError, TeacherError
+from flywheel.classifier.intents import SYSTEM_PROMPT_MODES
+from flywheel.classifier.labels import OUT_OF_SCOPE, parse_label
+from flywheel.classifier.protocols import LabelOption, TeacherAnswer, TeacherRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     import ollama

@@ -6,7 +6,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from classifier.errors import InvalidInputError
+from flywheel.classifier.errors import InvalidInputError
 
 DEFAULT_MAX_CHARS = 4000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")

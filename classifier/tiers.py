@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from classifier.decision import Candidate, Tier
-from classifier.scoring import HeadScores
+from flywheel.classifier.decision import Candidate, Tier
+from flywheel.classifier.scoring import HeadScores
 
 
 @dataclass(frozen=True)

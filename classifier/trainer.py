@@ -14,14 +14,14 @@ from typing import Sequence
 
 import numpy as np
 
-from classifier.encoders import make_embedder
-from classifier.errors import TrainingError
-from classifier.head import IntentHead
-from classifier.intents import IntentSet
-from classifier.model import IntentModel, Manifest, new_version_name
-from classifier.negatives import WEIGHT as NEGATIVE_WEIGHT
-from classifier.negatives import synthetic_negatives
-from classifier.protocols import Embedder
+from flywheel.classifier.encoders import make_embedder
+from flywheel.classifier.errors import TrainingError
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.model import IntentModel, Manifest, new_version_name
+from flywheel.classifier.negatives import WEIGHT as NEGATIVE_WEIGHT
+from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.classifier.protocols import Embedder
 
 
 def embed_negatives(intents: IntentSet, embedder: Embedder) -> np.ndarray | None:

@@ -23,15 +23,15 @@ removed from the bucket and the local file).
 
 from __future__ import annotations
 
-from fleet.config import StoreConfig
-from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
-from fleet.labels import BucketLabels
-from fleet.mirror import MirrorReport
-from fleet.objects import NOT_MODIFIED, ObjectInfo, ObjectStore
-from fleet.registry import BucketRegistry
-from fleet.retention import PruneReport, prune_log
-from fleet.shipper import ObjectShipper
-from fleet.sync import RegistrySync
+from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
+from flywheel.fleet.labels import BucketLabels
+from flywheel.fleet.mirror import MirrorReport
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectInfo, ObjectStore
+from flywheel.fleet.registry import BucketRegistry
+from flywheel.fleet.retention import PruneReport, prune_log
+from flywheel.fleet.shipper import ObjectShipper
+from flywheel.fleet.sync import RegistrySync
 
 __all__ = ["BucketLabels", "BucketRegistry", "FleetError", "MirrorReport", "NOT_MODIFIED", "ObjectInfo",
            "ObjectShipper", "ObjectStore", "PreconditionFailed", "PruneReport", "RegistrySync", "StoreConfig",

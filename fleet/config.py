@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
-from fleet.errors import StoreConfigError
+from flywheel.fleet.errors import StoreConfigError
 
 __all__ = ["CREDENTIAL_VARS", "StoreConfig"]
 

@@ -6,7 +6,7 @@ Every message names the bucket and key it concerns, never a credential
 
 from __future__ import annotations
 
-from classifier.errors import FlywheelError
+from flywheel.classifier.errors import FlywheelError
 
 __all__ = ["FleetError", "PreconditionFailed", "StoreConfigError", "StoreUnavailable"]
 

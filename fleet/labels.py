@@ -22,12 +22,12 @@ import logging
 from datetime import datetime, timezone
 from typing import Sequence
 
-from fleet.objects import ObjectStore
-from fleet.shipper import LOG_PREFIX
-from logstore.errors import LogStoreError
-from logstore.labels import LabelRecord, label_records_to_table
-from logstore.segments import LABELS, to_parquet
-from logstore.store import LogStore
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.shipper import LOG_PREFIX
+from flywheel.logstore.errors import LogStoreError
+from flywheel.logstore.labels import LabelRecord, label_records_to_table
+from flywheel.logstore.segments import LABELS, to_parquet
+from flywheel.logstore.store import LogStore
 
 __all__ = ["BucketLabels"]
 

@@ -31,12 +31,12 @@ from typing import Callable
 
 import pyarrow as pa
 
-from fleet.objects import NOT_MODIFIED, ObjectStore
-from fleet.parallel import ordered_map
-from fleet.shipper import LOG_PREFIX
-from logstore.labels import LABEL_COLUMNS_V3, LABEL_SCHEMA
-from logstore.segments import DECISIONS, LABELS, SEGMENT_SCHEMA, from_parquet
-from logstore.store import LogStore
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
+from flywheel.fleet.parallel import ordered_map
+from flywheel.fleet.shipper import LOG_PREFIX
+from flywheel.logstore.labels import LABEL_COLUMNS_V3, LABEL_SCHEMA
+from flywheel.logstore.segments import DECISIONS, LABELS, SEGMENT_SCHEMA, from_parquet
+from flywheel.logstore.store import LogStore
 
 __all__ = ["DEFAULT_BATCH_ROWS", "MirrorReport", "ProgressFn", "mirror"]
 

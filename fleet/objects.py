@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from fleet.config import StoreConfig
-from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
+from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
 
-try:  # the optional extra flywheel[fleet]
+try:  # the optional extra flywheel-intent[fleet]
     import obstore
     from obstore import exceptions as obx
     from obstore.store import S3Store
@@ -70,7 +70,7 @@ class ObjectStore:
     def __init__(self, cfg: StoreConfig, timeout_s: float = 10.0, *, connect_timeout_s: float | None = None,
                  max_retries: int = 3) -> None:
         if obstore is None:
-            raise StoreConfigError("fleet mode needs the optional extra: pip install 'flywheel[fleet]'")
+            raise StoreConfigError("fleet mode needs the optional extra: pip install 'flywheel-intent[fleet]'")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.cfg = cfg

@@ -44,11 +44,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from classifier.errors import FlywheelError, ModelError
-from classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
-from classifier.registry import LAST_RETRAIN, SHADOW, UNCHECKED, ModelRegistry, PromotionConflict, Unchecked
-from fleet.errors import PreconditionFailed
-from fleet.objects import NOT_MODIFIED, ObjectStore
+from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
+from flywheel.classifier.registry import LAST_RETRAIN, SHADOW, UNCHECKED, ModelRegistry, PromotionConflict, Unchecked
+from flywheel.fleet.errors import PreconditionFailed
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 
 __all__ = ["CURRENT_KEY", "HISTORY_LIMIT", "LAST_RETRAIN_KEY", "MODELS", "REPORT_FILES", "SHADOW_KEY",
            "BucketRegistry", "BucketVersion", "Pointer", "parse_status"]

@@ -58,11 +58,11 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleet.objects import NOT_MODIFIED, ObjectStore
-from fleet.parallel import ordered_map
-from fleet.shipper import LOG_PREFIX
-from logstore.segments import DECISIONS, from_parquet, to_parquet
-from logstore.store import LogStore
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
+from flywheel.fleet.parallel import ordered_map
+from flywheel.fleet.shipper import LOG_PREFIX
+from flywheel.logstore.segments import DECISIONS, from_parquet, to_parquet
+from flywheel.logstore.store import LogStore
 
 __all__ = ["PruneReport", "prune_log", "redact_table"]
 

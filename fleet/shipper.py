@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from fleet.errors import FleetError
-from fleet.objects import ObjectStore
-from logstore.segments import (
+from flywheel.fleet.errors import FleetError
+from flywheel.fleet.objects import ObjectStore
+from flywheel.logstore.segments import (
     DECISIONS,
     LABELS,
     SEGMENT_SUFFIX,

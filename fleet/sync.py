@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from classifier.errors import FlywheelError, ModelError
-from classifier.registry import ModelRegistry, PromotionConflict
-from fleet.objects import NOT_MODIFIED, ObjectStore
-from fleet.registry import CURRENT_KEY, LAST_RETRAIN_KEY, SHADOW_KEY, BucketRegistry, Pointer, parse_status
+from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.registry import ModelRegistry, PromotionConflict
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
+from flywheel.fleet.registry import CURRENT_KEY, LAST_RETRAIN_KEY, SHADOW_KEY, BucketRegistry, Pointer, parse_status
 
 __all__ = ["SYNC_OUTCOMES", "RegistrySync"]
 

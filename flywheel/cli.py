@@ -13,11 +13,18 @@ import sys
 
 import typer
 
-from classifier.errors import FlywheelError
-from service.cli import classify_command, serve_command
-from training.cli import eval_command, feedback_command, label_command, prune_log_command, stats_command, train_command
-from training.cli_models import models_app
-from training.cli_retrain import retrain_command
+from flywheel.classifier.errors import FlywheelError
+from flywheel.service.cli import classify_command, serve_command
+from flywheel.training.cli import (
+    eval_command,
+    feedback_command,
+    label_command,
+    prune_log_command,
+    stats_command,
+    train_command,
+)
+from flywheel.training.cli_models import models_app
+from flywheel.training.cli_retrain import retrain_command
 
 __all__ = ["app", "build_app", "main"]
 

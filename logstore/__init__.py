@@ -17,11 +17,11 @@ segments, their wire format and how their rows get in, exactly once),
 
 from __future__ import annotations
 
-from logstore.drain import LabelSink, LocalIngest, SpoolDrain
-from logstore.errors import LogStoreBusyError, LogStoreError, UnknownDecisionError
-from logstore.labels import LABEL_SCHEMA, LabelRecord, label_records_to_table
-from logstore.schema import SCHEMA_VERSION
-from logstore.segments import (
+from flywheel.logstore.drain import LabelSink, LocalIngest, SpoolDrain
+from flywheel.logstore.errors import LogStoreBusyError, LogStoreError, UnknownDecisionError
+from flywheel.logstore.labels import LABEL_SCHEMA, LabelRecord, label_records_to_table
+from flywheel.logstore.schema import SCHEMA_VERSION
+from flywheel.logstore.segments import (
     SEGMENT_SCHEMA,
     from_parquet,
     insert_objects,
@@ -29,8 +29,8 @@ from logstore.segments import (
     spool_id,
     to_parquet,
 )
-from logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
-from logstore.store import LabelledRow, LogStore
+from flywheel.logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
+from flywheel.logstore.store import LabelledRow, LogStore
 
 __all__ = ["DEFAULT_MAX_SPOOL_BYTES", "LABEL_SCHEMA", "LabelRecord", "LabelSink", "LabelledRow", "LocalIngest",
            "LogStore", "LogStoreBusyError", "LogStoreError", "SCHEMA_VERSION", "SEGMENT_SCHEMA", "SpoolDrain",

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
-from logstore.errors import LogStoreBusyError, LogStoreError
+from flywheel.logstore.errors import LogStoreBusyError, LogStoreError
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT_S", "stats", "connect", "process_lock", "arrow_table"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from logstore.connection import connect, process_lock
-from logstore.errors import LogStoreBusyError, LogStoreError
-from logstore.segments import ingest_spool, list_segments
+from flywheel.logstore.connection import connect, process_lock
+from flywheel.logstore.errors import LogStoreBusyError, LogStoreError
+from flywheel.logstore.segments import ingest_spool, list_segments
 
 __all__ = ["LabelSink", "LocalIngest", "SpoolDrain"]
 

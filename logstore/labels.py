@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from logstore.errors import LogStoreError
-from logstore.schema import SCHEMA_VERSION
+from flywheel.logstore.errors import LogStoreError
+from flywheel.logstore.schema import SCHEMA_VERSION
 
 __all__ = ["LABEL_COLUMNS_V3", "LABEL_SCHEMA", "LABEL_SOURCES", "LabelRecord", "conform_labels",
            "label_records_to_table", "new_label_uid"]

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from logstore.errors import LogStoreError
+from flywheel.logstore.errors import LogStoreError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "apply_migrations", "current_version", "utcnow"]
 

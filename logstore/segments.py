@@ -31,11 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from classifier.decision import Layer, Tier
-from classifier.protocols import DecisionRecord
-from logstore.errors import LogStoreError
-from logstore.labels import conform_labels
-from logstore.schema import SCHEMA_VERSION, utcnow
+from flywheel.classifier.decision import Layer, Tier
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.logstore.errors import LogStoreError
+from flywheel.logstore.labels import conform_labels
+from flywheel.logstore.schema import SCHEMA_VERSION, utcnow
 
 __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
            "ingest_spool", "insert_objects", "insert_segments", "list_segments", "read_segment",

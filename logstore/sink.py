@@ -21,12 +21,12 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-from classifier.protocols import DecisionRecord
-from logstore.connection import DEFAULT_BUSY_TIMEOUT_S
-from logstore.drain import SpoolDrain
-from logstore.errors import LogStoreError
-from logstore.labels import LabelRecord, label_records_to_table
-from logstore.segments import DECISIONS, LABELS, records_to_table, spool_id, spool_usage, write_segment
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S
+from flywheel.logstore.drain import SpoolDrain
+from flywheel.logstore.errors import LogStoreError
+from flywheel.logstore.labels import LabelRecord, label_records_to_table
+from flywheel.logstore.segments import DECISIONS, LABELS, records_to_table, spool_id, spool_usage, write_segment
 
 log = logging.getLogger("flywheel.logstore")  # the same logger as before the split
 

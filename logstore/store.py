@@ -80,14 +80,14 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from classifier.protocols import HistoryEntry
-from logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock
-from logstore.drain import LocalIngest
-from logstore.errors import LogStoreError, UnknownDecisionError
-from logstore.labels import LabelRecord
-from logstore.schema import apply_migrations, current_version, utcnow
-from logstore.segments import ingest_spool, insert_objects
-from logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock
+from flywheel.logstore.drain import LocalIngest
+from flywheel.logstore.errors import LogStoreError, UnknownDecisionError
+from flywheel.logstore.labels import LabelRecord
+from flywheel.logstore.schema import apply_migrations, current_version, utcnow
+from flywheel.logstore.segments import ingest_spool, insert_objects
+from flywheel.logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
 
 log = logging.getLogger("flywheel.logstore")
 

@@ -19,9 +19,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from classifier.pipeline import Classifier, Pending
-from service.errors import DeadlineExceeded, NotServing, Overloaded
-from service.options import BatchOptions
+from flywheel.classifier.pipeline import Classifier, Pending
+from flywheel.service.errors import DeadlineExceeded, NotServing, Overloaded
+from flywheel.service.options import BatchOptions
 
 log = logging.getLogger("flywheel.batcher")
 

@@ -10,9 +10,9 @@ from typing import List, Optional
 
 import typer
 
-from classifier.config import HOME_HELP, load_config
-from classifier.output import echo_json
-from service.options import BatchOptions, ServerOptions
+from flywheel.classifier.config import HOME_HELP, load_config
+from flywheel.classifier.output import echo_json
+from flywheel.service.options import BatchOptions, ServerOptions
 
 __all__ = ["classify_command", "serve_command"]
 
@@ -53,7 +53,7 @@ def classify_command(
             raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
     items = [t for t in (texts or []) if t != "-"]
     from_stdin = not texts or "-" in texts
-    from service.runtime import open_runtime  # duckdb and pyarrow: only for this command
+    from flywheel.service.runtime import open_runtime  # duckdb and pyarrow: only for this command
 
     # reading stdin can run for hours: then follow promotions on the watcher's thread
     runtime = open_runtime(cfg, log_decisions=log, background_reload=from_stdin)
@@ -102,7 +102,7 @@ def serve_command(
     """Run the gRPC sidecar (flywheel.v1.IntentClassifier, health, reflection) until SIGTERM."""
     import logging
 
-    from service.server import serve
+    from flywheel.service.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,

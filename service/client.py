@@ -1,6 +1,6 @@
 """A thin typed client for the flywheel gRPC sidecar (``flywheel serve``).
 
->>> from service.client import FlywheelClient                  # doctest: +SKIP
+>>> from flywheel.service.client import FlywheelClient                  # doctest: +SKIP
 >>> with FlywheelClient("localhost:50051") as fw:                # doctest: +SKIP
 ...     d = fw.classify("what is addVar?", session_id="s1")
 ...     d.label, d.tier.value, d.metadata
@@ -23,14 +23,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import grpc
 
-from classifier.decision import Decision
-from classifier.errors import InvalidInputError
-from classifier.history import history_entries
-from classifier.labels import OUT_OF_SCOPE
-from classifier.protocols import HistoryEntry
-from service.convert import decision_from_proto, history_to_proto, model_info_to_dict
-from service.protos.flywheel.v1 import classifier_pb2 as pb
-from service.protos.flywheel.v1.classifier_pb2_grpc import IntentClassifierStub
+from flywheel.classifier.decision import Decision
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.history import history_entries
+from flywheel.classifier.labels import OUT_OF_SCOPE
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.service.convert import decision_from_proto, history_to_proto, model_info_to_dict
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
+from flywheel.service.protos.flywheel.v1.classifier_pb2_grpc import IntentClassifierStub
 
 __all__ = ["FlywheelClient"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numbers
 from typing import Any, Iterable
 
-from classifier.decision import Candidate, Decision, Layer, Tier
-from classifier.model import IntentModel
-from classifier.protocols import HistoryEntry
-from classifier.tiers import Thresholds
-from service.protos.flywheel.v1 import classifier_pb2 as pb
+from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.classifier.tiers import Thresholds
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
 
 __all__ = [
     "TIER_TO_PROTO", "TIER_FROM_PROTO", "LAYER_TO_PROTO", "LAYER_FROM_PROTO",

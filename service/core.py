@@ -25,17 +25,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Sequence
 
-from classifier.decision import Decision, Layer, carries_this_process_tag, looks_like_decision_id, made_by_this_process
-from classifier.errors import InvalidInputError
-from classifier.labels import parse_label
-from classifier.model import IntentModel
-from classifier.pipeline import Pending, Query
-from logstore.errors import UnknownDecisionError
-from service.batcher import MicroBatcher
-from service.errors import DeadlineExceeded, NoTrafficLog, NotServing
-from service.metrics import ServerMetrics
-from service.options import BatchOptions
-from service.runtime import Runtime
+from flywheel.classifier.decision import (
+    Decision,
+    Layer,
+    carries_this_process_tag,
+    looks_like_decision_id,
+    made_by_this_process,
+)
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.labels import parse_label
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.pipeline import Pending, Query
+from flywheel.logstore.errors import UnknownDecisionError
+from flywheel.service.batcher import MicroBatcher
+from flywheel.service.errors import DeadlineExceeded, NoTrafficLog, NotServing
+from flywheel.service.metrics import ServerMetrics
+from flywheel.service.options import BatchOptions
+from flywheel.service.runtime import Runtime
 
 log = logging.getLogger("flywheel.sidecar")
 

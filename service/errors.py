@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from classifier.errors import FlywheelError
+from flywheel.classifier.errors import FlywheelError
 
 __all__ = ["ServiceError", "Overloaded", "DeadlineExceeded", "NotServing", "NoTrafficLog"]
 

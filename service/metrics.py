@@ -35,11 +35,11 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from classifier.audit import AUDIT_OUTCOMES
-from classifier.budget import BudgetedTeacher
-from classifier.decision import DEGRADED_REASONS, Decision
-from classifier.labels import OUT_OF_SCOPE, label_name
-from classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
+from flywheel.classifier.audit import AUDIT_OUTCOMES
+from flywheel.classifier.budget import BudgetedTeacher
+from flywheel.classifier.decision import DEGRADED_REASONS, Decision
+from flywheel.classifier.labels import OUT_OF_SCOPE, label_name
+from flywheel.classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 
 __all__ = [
     "LATENCY_BUCKETS",

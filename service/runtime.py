@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifier.config import Config
-from classifier.decision import TeacherCall
-from classifier.default import build_classifier, default_model_dir
-from classifier.errors import FlywheelError
-from classifier.pipeline import Classifier
-from classifier.protocols import DecisionRecord
-from classifier.registry import CURRENT, ModelRegistry
-from logstore import LabelSink, LogStore, SpoolSink
+from flywheel.classifier.config import Config
+from flywheel.classifier.decision import TeacherCall
+from flywheel.classifier.default import build_classifier, default_model_dir
+from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.pipeline import Classifier
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.registry import CURRENT, ModelRegistry
+from flywheel.logstore import LabelSink, LogStore, SpoolSink
 
 __all__ = ["Runtime", "open_runtime", "FIRST_SYNC_TIMEOUT_S"]
 
@@ -99,7 +99,7 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
     before any model is loaded.
     """
     if cfg.mask_pii:
-        from classifier.masking import mask_pii
+        from flywheel.classifier.masking import mask_pii
 
         kwargs.setdefault("redact", mask_pii)
     if cfg.store:
@@ -114,10 +114,10 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
 
 def _open_fleet(cfg: Config, log_decisions: bool, progress: bool, background_reload: bool,
                 kwargs: dict[str, Any]) -> Runtime:
-    from fleet.config import StoreConfig
-    from fleet.objects import ObjectStore
-    from fleet.shipper import ObjectShipper
-    from fleet.sync import RegistrySync
+    from flywheel.fleet.config import StoreConfig
+    from flywheel.fleet.objects import ObjectStore
+    from flywheel.fleet.shipper import ObjectShipper
+    from flywheel.fleet.sync import RegistrySync
 
     objects = ObjectStore(StoreConfig.parse(cfg.store))
     local = ModelRegistry(cfg.models_dir)
@@ -184,8 +184,8 @@ def _attach_shadow(cfg: Config, rt: Runtime, background_reload: bool) -> None:
     add = getattr(sink, "add_shadow_answer", None)
     if cfg.shadow_fraction <= 0 or clf.watcher is None or add is None:
         return
-    from classifier.registry import SHADOW, ModelWatcher
-    from classifier.shadow import ShadowScorer
+    from flywheel.classifier.registry import SHADOW, ModelWatcher
+    from flywheel.classifier.shadow import ShadowScorer
 
     scorer = ShadowScorer(add, fraction=cfg.shadow_fraction, check_encoder=clf.check_encoder)
     watcher = ModelWatcher(clf.watcher.registry, scorer.set_model, clf.watcher.interval_s, pointer=SHADOW)

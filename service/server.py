@@ -33,15 +33,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from classifier.config import Config
-from classifier.errors import ConfigError
-from service.auth import AdminTokenInterceptor
-from service.core import SidecarCore
-from service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
-from service.options import DEFAULT_ADDRESS, ServerOptions
-from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
-from service.runtime import Runtime, open_runtime
-from service.servicer import SERVICE_NAME, IntentClassifierServicer
+from flywheel.classifier.config import Config
+from flywheel.classifier.errors import ConfigError
+from flywheel.service.auth import AdminTokenInterceptor
+from flywheel.service.core import SidecarCore
+from flywheel.service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
+from flywheel.service.options import DEFAULT_ADDRESS, ServerOptions
+from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
+from flywheel.service.runtime import Runtime, open_runtime
+from flywheel.service.servicer import SERVICE_NAME, IntentClassifierServicer
 
 log = logging.getLogger("flywheel.sidecar")
 

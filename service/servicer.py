@@ -23,16 +23,16 @@ from typing import Iterator
 
 import grpc
 
-from classifier.errors import FlywheelError, InvalidInputError
-from classifier.labels import label_name
-from classifier.pipeline import Query
-from logstore.errors import LogStoreBusyError, UnknownDecisionError
-from service.convert import decision_to_proto, history_from_proto, model_info_to_proto
-from service.core import SidecarCore
-from service.errors import DeadlineExceeded, NoTrafficLog, NotServing, Overloaded
-from service.options import ServerOptions
-from service.protos.flywheel.v1 import classifier_pb2 as pb
-from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
+from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.labels import label_name
+from flywheel.classifier.pipeline import Query
+from flywheel.logstore.errors import LogStoreBusyError, UnknownDecisionError
+from flywheel.service.convert import decision_to_proto, history_from_proto, model_info_to_proto
+from flywheel.service.core import SidecarCore
+from flywheel.service.errors import DeadlineExceeded, NoTrafficLog, NotServing, Overloaded
+from flywheel.service.options import ServerOptions
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
+from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
 
 log = logging.getLogger("flywheel.sidecar")
 

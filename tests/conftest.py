@@ -35,7 +35,7 @@ def _isolated_home(tmp_path_factory, monkeypatch, onnx_cache):
     monkeypatch.delenv("FLYWHEEL_MODEL", raising=False)
     monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)
     monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{free_port()}")  # nobody listens there
-    from classifier.default import reset_default
+    from flywheel.classifier.default import reset_default
 
     reset_default()
     yield home

@@ -214,15 +214,15 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
     it serves one Classify), then its registry in the text format Prometheus scrapes."""
     from prometheus_client.exposition import generate_latest
 
-    from classifier.config import load_config
-    from classifier.intents import parse_intents
-    from classifier.registry import ModelRegistry
-    from classifier.trainer import fit_model
-    from fleet.config import StoreConfig
-    from fleet.objects import ObjectStore
-    from fleet.registry import BucketRegistry
-    from service.client import FlywheelClient
-    from service.server import ServerOptions, create_server
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.registry import ModelRegistry
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.fleet.config import StoreConfig
+    from flywheel.fleet.objects import ObjectStore
+    from flywheel.fleet.registry import BucketRegistry
+    from flywheel.service.client import FlywheelClient
+    from flywheel.service.server import ServerOptions, create_server
     from tests.support.bucket import publish
     from tests.support.docs import DOC
     from tests.support.fakes import HashEmbedder

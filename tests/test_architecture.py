@@ -57,8 +57,20 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
-    """``(module, names)`` for every import statement; ``names`` for ``from m import a, b``."""
+# the library's rooms install under one namespace: flywheel.classifier is the classifier room
+LIBRARY_ROOMS = ("classifier", "logstore", "fleet", "service", "training")
+
+
+def _room_name(module: str) -> str:
+    """``flywheel.classifier.x`` -> ``classifier.x`` (the room); ``flywheel.cli`` stays."""
+    head, _, rest = module.partition(".")
+    if head == "flywheel" and rest.split(".")[0] in LIBRARY_ROOMS:
+        return rest
+    return module
+
+
+def _raw_imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` for every import statement, as written."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -66,6 +78,11 @@ def _imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.module, tuple(a.name for a in node.names)))
     return out
+
+
+def _imports(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """``(module, names)`` for every import statement, named by room; ``names`` for ``from m import a, b``."""
+    return [(_room_name(module), names) for module, names in _raw_imports(path)]
 
 
 def _project_target(module: str, names: tuple[str, ...]) -> list[str]:
@@ -116,6 +133,20 @@ def _cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_tree_was_found():
     assert {"classifier.pipeline", "logstore.store", "fleet.objects", "service.runtime", "training.retrain",
             "flywheel.cli"} <= set(MODULES)
+
+
+def _python_files() -> list[Path]:
+    return [p for top in (*PACKAGES, "tests", "benchmarks") for p in sorted((ROOT / top).rglob("*.py"))]
+
+
+def test_the_library_is_imported_only_through_the_flywheel_namespace():
+    """The wheel installs nothing but ``flywheel/``: a bare ``import classifier`` works in a
+    checkout (the root is on sys.path) but not installed, and would load a second copy."""
+    bad = [f"{p.relative_to(ROOT)} imports {module}" for p in _python_files()
+           for module, _ in _raw_imports(p) if module.split(".")[0] in LIBRARY_ROOMS]
+    assert bad == [], f"import flywheel.<room>, not the bare room: {bad}"
+    assert _room_name("flywheel.classifier.head") == "classifier.head"
+    assert _room_name("flywheel.cli") == "flywheel.cli"
 
 
 def test_no_import_cycles():

@@ -3,7 +3,7 @@
 
 import yaml
 
-from classifier.config import ENV
+from flywheel.classifier.config import ENV
 from tests.support.paths import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"

@@ -81,7 +81,7 @@ def wheel_install():
         built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
                                env=_clean_env(), capture_output=True, text=True, timeout=600)
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-        (wheel,) = dist.glob("flywheel-*.whl")
+        (wheel,) = dist.glob("flywheel_intent-*.whl")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
         inst = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
                               env=_clean_env(), capture_output=True, text=True, timeout=1200)
@@ -105,18 +105,23 @@ def _run_from_empty_dir(tmp_path: Path, cmd: list[str], home: Path) -> subproces
 def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_install):
     wheel, _ = wheel_install
     names = zipfile.ZipFile(wheel).namelist()
-    assert "classifier/data/starter_intents.yaml" in names
-    assert "flywheel/cli.py" in names
+    assert "flywheel/classifier/data/starter_intents.yaml" in names
+    assert "flywheel/cli.py" in names and "flywheel/py.typed" in names
     assert not [n for n in names if "simulated_ollama" in n or n.startswith("tests/")]
-    assert {n.split("/")[0] for n in names if not n.startswith("flywheel-")} == {
-        "classifier", "logstore", "fleet", "service", "training", "flywheel"}
+    # one namespace: no bare top-level classifier/, service/, fleet/, logstore/ or training/
+    assert {n.split("/")[0] for n in names if not n.startswith("flywheel_intent-")} == {"flywheel"}
+    assert {n.split("/")[1] for n in names if n.startswith("flywheel/") and n.count("/") > 1} == {
+        "classifier", "logstore", "fleet", "service", "training"}
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    assert "Name: flywheel-intent" in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
 
 
 @slow
 def test_installed_packages_come_from_the_venv_not_the_checkout(wheel_install, tmp_path):
     _, venv = wheel_install
-    code = ("import classifier, logstore; from classifier.config import starter_intents_path;"
-            "print(classifier.__file__); print(logstore.__file__); print(starter_intents_path())")
+    code = ("import flywheel.classifier as c, flywheel.logstore as l;"
+            "from flywheel.classifier.config import starter_intents_path;"
+            "print(c.__file__); print(l.__file__); print(starter_intents_path())")
     out = _run_from_empty_dir(tmp_path, [str(venv / "bin" / "python"), "-c", code], tmp_path / "home")
     paths = [Path(line) for line in out.stdout.split()]
     assert len(paths) == 3
@@ -142,14 +147,14 @@ def test_installed_flywheel_classifies_from_an_empty_dir(wheel_install, tmp_path
 _CLIENT = """
 import json, sys
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-import service.client
-from service.client import FlywheelClient
+import flywheel.service.client
+from flywheel.service.client import FlywheelClient
 with FlywheelClient(sys.argv[1], timeout_s=30.0) as fw:
     h = health_pb2_grpc.HealthStub(fw.channel).Check(
         health_pb2.HealthCheckRequest(service="flywheel.v1.IntentClassifier"), timeout=10)
     d = fw.classify(sys.argv[2])
     info = fw.model_info()
-print(json.dumps({"client": service.client.__file__, "decision": d.to_dict(), "model": info["version"],
+print(json.dumps({"client": flywheel.service.client.__file__, "decision": d.to_dict(), "model": info["version"],
                   "health": health_pb2.HealthCheckResponse.ServingStatus.Name(h.status)}))
 """
 
@@ -180,7 +185,7 @@ def test_installed_sidecar_serves_and_stops_cleanly(wheel_install, tmp_path):
     venv, an empty working directory and an empty FLYWHEEL_HOME (the first start trains the
     default model), a Classify call through the installed client, SIGTERM, exit code 0."""
     wheel, venv = wheel_install
-    assert "service/protos/flywheel/v1/classifier.proto" in zipfile.ZipFile(wheel).namelist()
+    assert "flywheel/service/protos/flywheel/v1/classifier.proto" in zipfile.ZipFile(wheel).namelist()
     home, cwd, log_path = tmp_path / "home", tmp_path / "serve-cwd", tmp_path / "serve.log"
     cwd.mkdir()
     target = f"127.0.0.1:{free_port()}"
@@ -208,7 +213,7 @@ def test_installed_sidecar_serves_and_stops_cleanly(wheel_install, tmp_path):
     assert "flywheel sidecar stopped" in log_path.read_text()
     assert list(cwd.iterdir()) == []                             # nothing written to the working directory
     assert (home / "log" / "flywheel.duckdb").exists()
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
     ids = [r[0] for r in LogStore(home / "log" / "flywheel.duckdb").query("SELECT decision_id FROM decisions")]
     assert result["decision"]["id"] in ids
@@ -281,7 +286,7 @@ def test_dockerfile_runs_flywheel_serve_as_a_non_root_user_beyond_loopback():
 
 
 def test_kubernetes_sidecar_probes_use_grpc_on_the_container_port():
-    from service.servicer import SERVICE_NAME
+    from flywheel.service.servicer import SERVICE_NAME
 
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "sidecar.yaml").read_text()) if d]
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]

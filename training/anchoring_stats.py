@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from classifier.anchoring import DEFAULT_MAX_LIFT, DEFAULT_MIN_N, AnchoringMonitor, anchoring_report
+from flywheel.classifier.anchoring import DEFAULT_MAX_LIFT, DEFAULT_MIN_N, AnchoringMonitor, anchoring_report
 
 if TYPE_CHECKING:  # pragma: no cover
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
 __all__ = ["ANCHORING_SQL", "anchoring_section", "empty_anchoring", "format_anchoring"]
 

@@ -12,10 +12,10 @@ from typing import Optional
 
 import typer
 
-from classifier.config import HOME_HELP, Config, load_config
-from classifier.errors import FlywheelError, InvalidInputError
-from classifier.labels import label_name
-from classifier.output import echo_json
+from flywheel.classifier.config import HOME_HELP, Config, load_config
+from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.labels import label_name
+from flywheel.classifier.output import echo_json
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
 
@@ -27,8 +27,8 @@ def train_command(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Fit layer 2 from an intent file and save a model version."""
-    from classifier.intents import load_intents
-    from classifier.trainer import fit_model
+    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.trainer import fit_model
 
     intent_set = load_intents(intents)
     model = fit_model(intent_set, version=out.name, progress=not quiet)
@@ -89,12 +89,12 @@ def eval_command(
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
-    from classifier.intents import load_intents
-    from classifier.model import IntentModel
-    from classifier.pipeline import Classifier
-    from classifier.trainer import fit_model
-    from training.evaluate import evaluate, format_report, write_plots
-    from training.loaders import intent_set_from_data, load_labelled
+    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.pipeline import Classifier
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.training.evaluate import evaluate, format_report, write_plots
+    from flywheel.training.loaders import intent_set_from_data, load_labelled
 
     opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
                 lang_column=lang_column)
@@ -114,7 +114,7 @@ def eval_command(
         if save is not None:
             m.save(save)
     if calibration is not None:
-        from training.evaluate import calibrate_sets
+        from flywheel.training.evaluate import calibrate_sets
 
         m = calibrate_sets(m, load_labelled(calibration, split="val", **opts))
     clf = Classifier(m, teacher=None)
@@ -136,9 +136,9 @@ def feedback_command(
     home: Optional[Path] = typer.Option(None, "--home"),
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
-    from classifier.decision import looks_like_decision_id
-    from training.feedback import record_feedback
-    from training.fleetlog import label_sink, open_log, open_objects
+    from flywheel.classifier.decision import looks_like_decision_id
+    from flywheel.training.feedback import record_feedback
+    from flywheel.training.fleetlog import label_sink, open_log, open_objects
 
     cfg = load_config(home=home, log_db=log_db)
     objects = open_objects(cfg)
@@ -166,9 +166,9 @@ def label_command(
     quiet: bool = typer.Option(False, "--quiet"),
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
-    from classifier.default import build_classifier
-    from training.fleetlog import label_sink, open_log, open_objects
-    from training.labeling import backfill_pending
+    from flywheel.classifier.default import build_classifier
+    from flywheel.training.fleetlog import label_sink, open_log, open_objects
+    from flywheel.training.labeling import backfill_pending
 
     cfg = load_config(home=home, log_db=log_db, ollama_host=ollama_host)
     if cfg.teacher == "off":
@@ -204,7 +204,7 @@ def stats_command(
                                               "(default: the registry's SHADOW, if any)."),
 ) -> None:
     """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions, shadow."""
-    from training.stats import check_options, format_table, int_option, stats_for_path
+    from flywheel.training.stats import check_options, format_table, int_option, stats_for_path
 
     # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
     # exit code 2), which flywheel.cli.main prints as one "flywheel: error: ..." line.
@@ -217,7 +217,7 @@ def stats_command(
     cfg = load_config(home=home, log_db=log_db)
     open_store = None
     if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
-        from training.fleetlog import open_log
+        from flywheel.training.fleetlog import open_log
 
         mirrored = open_log(cfg, progress=not as_json)   # a store that is down fails here, in one line
 
@@ -241,10 +241,10 @@ def _registry_shadow(cfg: Config) -> str | None:
     that cannot be read leaves the section out, with a warning on stderr."""
     try:
         if not cfg.store:
-            from classifier.registry import ModelRegistry
+            from flywheel.classifier.registry import ModelRegistry
 
             return ModelRegistry(cfg.models_dir).shadow_name()
-        from training.fleetlog import open_registry
+        from flywheel.training.fleetlog import open_registry
 
         return open_registry(cfg).shadow()
     except (FlywheelError, OSError) as exc:
@@ -263,7 +263,7 @@ def prune_log_command(
 
     Labels, layer-2 vectors and every other field stay, so the retrain still trains on those
     decisions with the same encoder; the bytes of the text are gone, not only its rows."""
-    from training.fleetlog import open_log, open_objects, prune_log_now
+    from flywheel.training.fleetlog import open_log, open_objects, prune_log_now
 
     cfg = load_config(home=home, log_db=log_db)
     objects = open_objects(cfg)

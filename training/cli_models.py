@@ -17,10 +17,10 @@ from typing import Any, Optional
 
 import typer
 
-from classifier.config import load_config
-from classifier.errors import FlywheelError, InvalidInputError
-from classifier.output import echo_json
-from classifier.registry import RETRAIN_LOCK, ModelRegistry
+from flywheel.classifier.config import load_config
+from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.output import echo_json
+from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
 
 __all__ = ["DEFAULT_MIN_SHADOW", "models_app"]
 
@@ -36,7 +36,7 @@ def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
 
 
 def _fleet_or_local(models: Optional[Path], home: Optional[Path]) -> Any:
-    from training.fleetlog import open_registry
+    from flywheel.training.fleetlog import open_registry
 
     return open_registry(load_config(home=home), models)
 
@@ -95,8 +95,8 @@ def models_promote(version: Optional[str] = typer.Argument(None),
 
 def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) -> str:
     """The shadow version, if it answered at least ``min_shadow`` logged decisions (or ``force``)."""
-    from training.fleetlog import open_log
-    from training.shadow_stats import count_shadow
+    from flywheel.training.fleetlog import open_log
+    from flywheel.training.shadow_stats import count_shadow
 
     name = reg.shadow()
     if name is None:

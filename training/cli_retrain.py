@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from classifier.errors import FlywheelError, ModelError
-from classifier.output import echo_json
-from training.options import RetrainOptions
-from training.report import RetrainResult, fmt_share, fmt_value
+from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.output import echo_json
+from flywheel.training.options import RetrainOptions
+from flywheel.training.report import RetrainResult, fmt_share, fmt_value
 
 if TYPE_CHECKING:
-    from classifier.intents import IntentSet
-    from classifier.protocols import Registry
+    from flywheel.classifier.intents import IntentSet
+    from flywheel.classifier.protocols import Registry
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 
@@ -83,7 +83,7 @@ def retrain_command(
 
 def make_embedder(settings: Any, cache_root: Path | None = None) -> Any:
     """The embedder for an intent set's settings, its caches under ``cache_root`` (tests replace this)."""
-    from classifier.encoders import make_embedder
+    from flywheel.classifier.encoders import make_embedder
 
     return make_embedder(settings, cache_root=cache_root)
 
@@ -94,9 +94,9 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
     intent set is ``intents``, else the champion's bundled one, else the configured file
     (or the starter set)."""
-    from classifier.config import load_config, starter_intents_path
-    from classifier.intents import load_intents
-    from training.fleetlog import apply_retention, open_log, open_objects, open_registry
+    from flywheel.classifier.config import load_config, starter_intents_path
+    from flywheel.classifier.intents import load_intents
+    from flywheel.training.fleetlog import apply_retention, open_log, open_objects, open_registry
 
     cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
     objects = open_objects(cfg)
@@ -110,7 +110,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = open_log(cfg, progress=options.progress, objects=objects)
     apply_retention(cfg, store, objects=objects, progress=options.progress)
-    from training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
+    from flywheel.training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options)
 

@@ -44,13 +44,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from classifier.calibration import expected_calibration_error, reliability_bins
-from classifier.decision import Decision, Layer, Tier
-from classifier.errors import InvalidInputError
-from classifier.labels import OUT_OF_SCOPE, label_name
-from classifier.protocols import DelegatingEmbedder
-from classifier.text import clean_text
-from classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.calibration import expected_calibration_error, reliability_bins
+from flywheel.classifier.decision import Decision, Layer, Tier
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.labels import OUT_OF_SCOPE, label_name
+from flywheel.classifier.protocols import DelegatingEmbedder
+from flywheel.classifier.text import clean_text
+from flywheel.classifier.tiers import Thresholds, assign_tiers
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
@@ -191,7 +191,7 @@ class _EvalEmbedder(DelegatingEmbedder):
 
 def _uncached(embedder: Any) -> Any:
     """The embedder behind any :class:`~classifier.encoders.CachedEmbedder` layers."""
-    from classifier.encoders import CachedEmbedder
+    from flywheel.classifier.encoders import CachedEmbedder
 
     while isinstance(embedder, CachedEmbedder) or (hasattr(embedder, "inner") and hasattr(embedder, "cache_info")):
         embedder = embedder.inner
@@ -211,10 +211,10 @@ def calibrate_sets(model: Any, data: Any, embedder: Any = None) -> Any:
     :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
     textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
     Rows whose intent the model does not know are left out; a new model is returned."""
-    from classifier.encoders import make_embedder
-    from classifier.head import conformal_cutoff
-    from training.loaders import DatasetError
-    from training.tuning import learned_thresholds, with_thresholds
+    from flywheel.classifier.encoders import make_embedder
+    from flywheel.classifier.head import conformal_cutoff
+    from flywheel.training.loaders import DatasetError
+    from flywheel.training.tuning import learned_thresholds, with_thresholds
 
     index = {str(c): i for i, c in enumerate(model.manifest.labels)}
     rows = [(t, index[y]) for t, y in zip(data.texts, data.labels) if y is not None and y in index]
@@ -316,7 +316,7 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     """
     from tqdm.auto import tqdm
 
-    from classifier.pipeline import Classifier
+    from flywheel.classifier.pipeline import Classifier
 
     texts = list(texts)
     labels = [None if v is None else str(v) for v in labels]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from classifier.config import Config
-from classifier.labels import parse_label
-from logstore import LabelSink, LogStore
+from flywheel.classifier.config import Config
+from flywheel.classifier.labels import parse_label
+from flywheel.logstore import LabelSink, LogStore
 
 __all__ = ["known_labels", "record_feedback"]
 
@@ -14,11 +14,11 @@ def known_labels(cfg: Config) -> tuple[str, ...] | None:
     reject typos; ``None`` when neither can be read. Never trains or loads a model."""
     import json
 
-    from classifier.config import starter_intents_path
-    from classifier.default import existing_model_dir
-    from classifier.errors import FlywheelError
-    from classifier.intents import load_intents
-    from classifier.model import MANIFEST, Manifest
+    from flywheel.classifier.config import starter_intents_path
+    from flywheel.classifier.default import existing_model_dir
+    from flywheel.classifier.errors import FlywheelError
+    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.model import MANIFEST, Manifest
 
     try:
         path = existing_model_dir(cfg)

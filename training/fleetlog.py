@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from classifier.config import Config
-from classifier.registry import ModelRegistry
-from logstore import LabelSink, LogStore
+from flywheel.classifier.config import Config
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.logstore import LabelSink, LogStore
 
 __all__ = ["open_objects", "open_log", "label_sink", "open_registry", "apply_retention", "prune_log_now",
            "mirror_progress"]
@@ -37,8 +37,8 @@ def open_objects(cfg: Config) -> Any:
     """The fleet's :class:`fleet.objects.ObjectStore`, or ``None`` without a store."""
     if not cfg.store:
         return None
-    from fleet.config import StoreConfig
-    from fleet.objects import ObjectStore
+    from flywheel.fleet.config import StoreConfig
+    from flywheel.fleet.objects import ObjectStore
 
     return ObjectStore(StoreConfig.parse(cfg.store))
 
@@ -48,7 +48,7 @@ def open_log(cfg: Config, *, progress: bool = False, objects: Any = None) -> Log
     store = LogStore(cfg.log_path)
     objects = objects if objects is not None else open_objects(cfg)
     if objects is not None:
-        from fleet.mirror import mirror
+        from flywheel.fleet.mirror import mirror
 
         _say(progress, f"mirroring the fleet's log from {objects} ...")
         rep = mirror(objects, store, progress=mirror_progress() if progress else None)
@@ -77,7 +77,7 @@ def label_sink(cfg: Config, store: LogStore, *, objects: Any = None) -> LabelSin
     objects = objects if objects is not None else open_objects(cfg)
     if objects is None:
         return store
-    from fleet.labels import BucketLabels
+    from flywheel.fleet.labels import BucketLabels
 
     return BucketLabels(objects, store)
 
@@ -90,7 +90,7 @@ def open_registry(cfg: Config, models: Path | None = None, *, objects: Any = Non
     objects = objects if objects is not None else open_objects(cfg)
     if objects is None:
         return local
-    from fleet.registry import BucketRegistry
+    from flywheel.fleet.registry import BucketRegistry
 
     return BucketRegistry(objects, local)
 
@@ -99,7 +99,7 @@ def prune_log_now(cfg: Config, store: LogStore | None, days: float, *, objects: 
                   progress: bool = False) -> Any:
     """Delete raw query text older than ``days`` days from the bucket (fleet mode) and
     from ``store``'s files; returns the :class:`fleet.retention.PruneReport`."""
-    from fleet.retention import prune_log
+    from flywheel.fleet.retention import prune_log
 
     objects = objects if objects is not None else open_objects(cfg)
     rep = prune_log(objects, store, days=days)

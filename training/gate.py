@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from classifier.calibration import expected_calibration_error
-from classifier.model import IntentModel
-from training.layer2 import layer2_predict
-from training.rows import LabelledSet
+from flywheel.classifier.calibration import expected_calibration_error
+from flywheel.classifier.model import IntentModel
+from flywheel.training.layer2 import layer2_predict
+from flywheel.training.rows import LabelledSet
 
 __all__ = ["MIN_OOS_FOR_GATE", "evaluate_layer2", "noise_margins", "decide"]
 
@@ -32,7 +32,7 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     accuracy on the rest; ``ece`` is over in-scope queries (top calibrated probability
     vs. top label right).
     """
-    from training.evaluate import classification_metrics
+    from flywheel.training.evaluate import classification_metrics
 
     n = len(data)
     if n == 0:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from classifier.errors import FlywheelError, TeacherError
-from classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
-from logstore import LabelSink, LogStore
+from flywheel.classifier.errors import FlywheelError, TeacherError
+from flywheel.classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
+from flywheel.logstore import LabelSink, LogStore
 
 __all__ = ["backfill_pending"]
 

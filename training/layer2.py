@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from classifier.labels import label_name
-from classifier.scoring import HeadScores, normalise_rows
-from classifier.tiers import Thresholds, assign_tiers
-from training.rows import LabelledSet
+from flywheel.classifier.labels import label_name
+from flywheel.classifier.scoring import HeadScores, normalise_rows
+from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.training.rows import LabelledSet
 
 __all__ = ["GUARD_K", "Layer2Batch", "layer2_predict", "knn_labels", "noisy_teacher_guard"]
 

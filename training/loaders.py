@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from classifier.errors import FlywheelError
-from classifier.intents import Intent, IntentSet, ThresholdSettings
+from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings
 
 __all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
            "intent_set_from_data"]

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from classifier.errors import FlywheelError
-from training.trainset import SELF_TRAINING_MAX
+from flywheel.classifier.errors import FlywheelError
+from flywheel.training.trainset import SELF_TRAINING_MAX
 
 __all__ = ["RetrainError", "RetrainOptions"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from logstore import LabelledRow
+    from flywheel.logstore import LabelledRow
 
 __all__ = ["TrafficLog"]
 

@@ -68,20 +68,20 @@ from typing import Any
 
 import numpy as np
 
-from classifier.errors import FlywheelError, ModelError
-from classifier.head import IntentHead
-from classifier.intents import IntentSet
-from classifier.model import IntentModel, intents_to_doc, new_version_name
-from classifier.protocols import Embedder, Registry
-from classifier.registry import PromotionConflict
-from classifier.tiers import Thresholds
-from training.gate import decide, evaluate_layer2
-from training.options import RetrainError, RetrainOptions
-from training.protocols import TrafficLog
-from training.report import RetrainResult, jsonable, render_markdown
-from training.rows import LabelledSet, TrainingSet
-from training.trainset import SPLIT_ID, build_training_set
-from training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
+from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
+from flywheel.classifier.protocols import Embedder, Registry
+from flywheel.classifier.registry import PromotionConflict
+from flywheel.classifier.tiers import Thresholds
+from flywheel.training.gate import decide, evaluate_layer2
+from flywheel.training.options import RetrainError, RetrainOptions
+from flywheel.training.protocols import TrafficLog
+from flywheel.training.report import RetrainResult, jsonable, render_markdown
+from flywheel.training.rows import LabelledSet, TrainingSet
+from flywheel.training.trainset import SPLIT_ID, build_training_set
+from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -281,7 +281,7 @@ def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors; the held-out intent
     examples are not among them); the model bundles the full intent set."""
-    from classifier.trainer import fit_from_vectors
+    from flywheel.classifier.trainer import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())

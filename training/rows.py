@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from classifier.intents import IntentSet
+from flywheel.classifier.intents import IntentSet
 
 __all__ = ["SOURCES", "LabelledSet", "TrainingSet"]
 

@@ -44,7 +44,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
 __all__ = ["COUNT_SHADOW_SQL", "SHADOW_SQL", "count_shadow", "empty_shadow", "format_shadow", "shadow_section"]
 

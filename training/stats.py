@@ -74,13 +74,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from classifier.errors import InvalidInputError
-from classifier.labels import label_name
-from training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
-from training.shadow_stats import empty_shadow, format_shadow, shadow_section
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.labels import label_name
+from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
+from flywheel.training.shadow_stats import empty_shadow, format_shadow, shadow_section
 
 if TYPE_CHECKING:  # pragma: no cover
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
 __all__ = ["LAYERS", "TIERS", "check_options", "convergence", "empty_stats", "format_table", "parse_window",
            "int_option", "stats_for_path"]
@@ -495,7 +495,7 @@ def stats_for_path(path: str | Path, *, window: str | int = "day", last: int | N
         out = empty_stats(window, shadow_version)
         out.update(log_path=str(p), missing=True)
         return out
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
     store = LogStore(p)
     full = convergence(store, window=window, last=last, top=top, shadow_version=shadow_version)

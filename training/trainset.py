@@ -78,11 +78,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from classifier.intents import IntentSet
-from classifier.negatives import synthetic_negatives
-from classifier.text import normalise_key
-from training.layer2 import noisy_teacher_guard
-from training.rows import SOURCES, LabelledSet, TrainingSet
+from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.classifier.text import normalise_key
+from flywheel.training.layer2 import noisy_teacher_guard
+from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
            "SELF_TRAINING_MAX", "build_training_set", "split_value", "split_role"]

@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from classifier.head import precision_cutoff
-from classifier.model import IntentModel
-from classifier.text import normalise_key
-from classifier.tiers import Thresholds, assign_tiers
-from training.rows import LabelledSet, TrainingSet
+from flywheel.classifier.head import precision_cutoff
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.text import normalise_key
+from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.training.rows import LabelledSet, TrainingSet
 
 __all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
            "with_thresholds", "layer2_state", "risk_ece"]
@@ -300,7 +300,7 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
 def risk_ece(state: tuple, labels: list[str | None]) -> float:
     """ECE of the risk model on labelled rows: 1 - P(wrong) against layer 2's answer
     (its top intent, or out of scope when rejected) being right."""
-    from classifier.calibration import expected_calibration_error
+    from flywheel.classifier.calibration import expected_calibration_error
 
     s, conf, second, rejected, close, top = state
     answer = np.where(rejected, None, top)

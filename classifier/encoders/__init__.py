@@ -3,8 +3,8 @@
 FlagEmbedding, onnxruntime and the ONNX exporter, the USE package), and always inside a
 function, on first use: importing any module here loads none of them.
 
->>> from classifier.encoders import make_embedder          # doctest: +SKIP
->>> from classifier.intents import EmbedderSettings       # doctest: +SKIP
+>>> from flywheel.classifier.encoders import make_embedder          # doctest: +SKIP
+>>> from flywheel.classifier.intents import EmbedderSettings       # doctest: +SKIP
 >>> make_embedder(EmbedderSettings()).encode(["hi"]).shape  # doctest: +SKIP
 (1, 384)
 
@@ -21,7 +21,7 @@ the audited package, the tokenizer cache).
 
 from __future__ import annotations
 
-from classifier.encoders.base import (
+from flywheel.classifier.encoders.base import (
     BGE_M3_HUB_ID,
     MINILM_ID,
     USE_ID,
@@ -31,15 +31,15 @@ from classifier.encoders.base import (
     loaded_models,
     resolve_runtime,
 )
-from classifier.encoders.cache import CachedEmbedder
-from classifier.encoders.embedders import (
+from flywheel.classifier.encoders.cache import CachedEmbedder
+from flywheel.classifier.encoders.embedders import (
     BGEM3Embedder,
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     USEMultilingualEmbedder,
 )
-from classifier.encoders.factory import make_embedder
-from classifier.encoders.torch_runner import minilm_model_dir
+from flywheel.classifier.encoders.factory import make_embedder
+from flywheel.classifier.encoders.torch_runner import minilm_model_dir
 
 __all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "MINILM_ID", "MiniLMEmbedder", "Runner",
            "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "clear_loaded_models",

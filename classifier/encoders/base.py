@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from classifier.errors import EmbedderError, InvalidInputError
-from classifier.intents import EMBEDDER_RUNTIMES
+from flywheel.classifier.errors import EmbedderError, InvalidInputError
+from flywheel.classifier.intents import EMBEDDER_RUNTIMES
 
 __all__ = [
     "MINILM_ID",

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from classifier.encoders.base import check_texts
-from classifier.errors import EmbedderError
-from classifier.protocols import DelegatingEmbedder, Embedder
+from flywheel.classifier.encoders.base import check_texts
+from flywheel.classifier.errors import EmbedderError
+from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
 
 __all__ = ["CachedEmbedder"]
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from classifier.encoders.base import (
+from flywheel.classifier.encoders.base import (
     BGE_M3_HUB_ID,
     MINILM_ID,
     USE_ID,
@@ -43,14 +43,14 @@ from classifier.encoders.base import (
     resolve_runtime,
     shared_runner,
 )
-from classifier.encoders.torch_runner import (
+from flywheel.classifier.encoders.torch_runner import (
     BGEM3Runner,
     MeanPoolRunner,
     SentenceTransformerRunner,
     hub_offline,
     minilm_model_dir,
 )
-from classifier.errors import EmbedderError
+from flywheel.classifier.errors import EmbedderError
 
 __all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder"]
 
@@ -322,7 +322,7 @@ class MiniLMEmbedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.encoders.onnx_runner import load_onnx_runner
+        from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
             ref = MeanPoolRunner(path, "cpu", False, False, max_length, False, self.layers)
@@ -384,7 +384,7 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.encoders.onnx_runner import load_onnx_runner
+        from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
 
         try:
             pooling = _st_onnx_pooling(self.path)
@@ -507,7 +507,7 @@ class BGEM3Embedder(_LazyEmbedder):
 
         if self.runtime != "onnx":
             return torch_runner()
-        from classifier.encoders.onnx_runner import load_onnx_runner
+        from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # FlagEmbedding's dense vectors, fp32 on CPU
             ref = BGEM3Runner(local, "cpu", False, False, self.max_length, False)
@@ -550,6 +550,6 @@ class USEMultilingualEmbedder(_LazyEmbedder):
         return ("use-multilingual",)
 
     def _load(self) -> Runner:
-        from classifier.encoders.use_runner import USERunner
+        from flywheel.classifier.encoders.use_runner import USERunner
 
         return USERunner(self.cache_dir)

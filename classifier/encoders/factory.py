@@ -13,19 +13,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from classifier.config import cache_dir
-from classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
-from classifier.encoders.cache import CachedEmbedder
-from classifier.encoders.embedders import (
+from flywheel.classifier.config import cache_dir
+from flywheel.classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
+from flywheel.classifier.encoders.cache import CachedEmbedder
+from flywheel.classifier.encoders.embedders import (
     BGEM3Embedder,
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     USEMultilingualEmbedder,
 )
-from classifier.encoders.onnx_runner import default_cache_dir
-from classifier.errors import EmbedderError
-from classifier.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
-from classifier.protocols import Embedder
+from flywheel.classifier.encoders.onnx_runner import default_cache_dir
+from flywheel.classifier.errors import EmbedderError
+from flywheel.classifier.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
+from flywheel.classifier.protocols import Embedder
 
 __all__ = ["make_embedder"]
 

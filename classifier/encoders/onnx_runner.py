@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from classifier.encoders.base import Runner
+from flywheel.classifier.encoders.base import Runner
 
 __all__ = ["OnnxRunner", "load_onnx_runner", "cache_key", "default_cache_dir", "PROBE", "MIN_COSINE", "STATS"]
 
@@ -97,7 +97,7 @@ def default_cache_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     session), else ``<cache_root>/onnx`` (``cache_root`` is a resolved home's ``cache``
     directory, :attr:`classifier.config.Config.cache_root`), else
     ``<FLYWHEEL_HOME>/cache/onnx`` (:func:`classifier.config.cache_dir`)."""
-    from classifier.config import cache_dir
+    from flywheel.classifier.config import cache_dir
 
     shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
     if shared:

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from classifier.encoders.base import Runner
-from classifier.errors import EmbedderError
+from flywheel.classifier.encoders.base import Runner
+from flywheel.classifier.errors import EmbedderError
 
 __all__ = [
     "MeanPoolRunner",

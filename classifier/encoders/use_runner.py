@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from classifier.encoders.base import Runner
-from classifier.errors import EmbedderError
-from classifier.model import file_sha256
+from flywheel.classifier.encoders.base import Runner
+from flywheel.classifier.errors import EmbedderError
+from flywheel.classifier.model import file_sha256
 
 __all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
 
@@ -103,7 +103,7 @@ log = logging.getLogger("flywheel.use")
 
 def _cache_file(directory: str | os.PathLike[str] | None = None) -> Path:
     """The tokenizer's cache file in ``directory`` (default ``<FLYWHEEL_HOME>/cache/use``)."""
-    from classifier.config import cache_dir
+    from flywheel.classifier.config import cache_dir
 
     key = AUDITED_SHA256["resources/sp.model"][:16]
     root = Path(directory).expanduser() if directory is not None else cache_dir("use")

@@ -5,8 +5,10 @@ Runs, from the repository root::
     python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \\
         service/protos/flywheel/v1/classifier.proto
 
-``--out DIR`` writes the files under ``DIR`` (``DIR/service/protos/flywheel/v1/...``)
-instead of in place; the tests use it to check that the committed files are current.
+then names the modules by their installed path (``flywheel.service.protos...``: the wheel
+installs ``service/`` as ``flywheel.service``, see pyproject.toml). ``--out DIR`` writes the
+files under ``DIR`` (``DIR/service/protos/flywheel/v1/...``) instead of in place; the tests
+use it to check that the committed files are current.
 Needs ``grpcio-tools`` (the ``dev`` extra).
 """
 
@@ -20,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = "service/protos/flywheel/v1/classifier.proto"
 GENERATED = ("classifier_pb2.py", "classifier_pb2.pyi", "classifier_pb2_grpc.py")
+# protoc names the modules by their path from the root; the installed name has the namespace
+_AS_GENERATED, _INSTALLED = "service.protos.flywheel.v1", "flywheel.service.protos.flywheel.v1"
 
 
 def command(out: str = ".") -> list[str]:
@@ -36,11 +40,24 @@ def regenerate(out: str | Path | None = None) -> list[Path]:
     target = Path(out).resolve() if out is not None else ROOT
     target.mkdir(parents=True, exist_ok=True)
     subprocess.run(command(str(target) if out is not None else "."), cwd=ROOT, check=True)
-    return [target / Path(PROTO).parent / name for name in GENERATED]
+    paths = [target / Path(PROTO).parent / name for name in GENERATED]
+    for path in paths:
+        _name_installed(path)
+    return paths
+
+
+def _name_installed(path: Path) -> None:
+    """Refer to the generated modules by their installed (namespaced) name."""
+    text = path.read_text(encoding="utf-8")
+    fixed = text.replace(f"from {_AS_GENERATED} import", f"from {_INSTALLED} import")
+    fixed = fixed.replace(f"'{_AS_GENERATED}.", f"'{_INSTALLED}.")
+    if fixed != text:
+        path.write_text(fixed, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.protos.regenerate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m flywheel.service.protos.regenerate",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--out", metavar="DIR", help="write under DIR instead of in place")
     args = parser.parse_args(argv)
     try:

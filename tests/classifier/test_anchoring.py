@@ -31,16 +31,16 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from classifier.anchoring import AnchoringMonitor, AnchoringReport, anchoring_report, dominant_label
-from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.errors import TeacherError
-from classifier.protocols import DecisionRecord, HistoryEntry
-from logstore import LogStore
-from service.metrics import ServerMetrics
+from flywheel.classifier.anchoring import AnchoringMonitor, AnchoringReport, anchoring_report, dominant_label
+from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
+from flywheel.classifier.errors import TeacherError
+from flywheel.classifier.protocols import DecisionRecord, HistoryEntry
+from flywheel.logstore import LogStore
+from flywheel.service.metrics import ServerMetrics
+from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring
+from flywheel.training.stats import convergence, format_table, stats_for_path
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import ScriptedTeacher, make_classifier
-from training.anchoring_stats import anchoring_section, empty_anchoring
-from training.stats import convergence, format_table, stats_for_path
 
 WITH = [  # (history, teacher, layer 2): the module docstring's table
     (["A", "B", "B"], "B", "A"),
@@ -271,8 +271,8 @@ def test_the_sidecar_exposes_its_classifier_monitor(tmp_path):
     """Through a real sidecar: the server binds its classifier's monitor at start."""
     import copy
 
-    from classifier.intents import parse_intents
-    from classifier.trainer import fit_model
+    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.trainer import fit_model
     from tests.support.fakes import HashEmbedder
     from tests.support.sidecar import client, serving
 

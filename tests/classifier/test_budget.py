@@ -12,23 +12,23 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client import generate_latest
 
-from classifier.budget import BudgetedTeacher, CallBudget, apply_budget
-from classifier.config import load_config
-from classifier.decision import DEGRADED_REASONS, Layer, Tier
-from classifier.errors import IntentFileError, TeacherError
-from classifier.intents import TeacherSettings, parse_intents
-from classifier.model import intents_to_doc
-from classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
-from classifier.protocols import LabelOption, Teacher, TeacherRequest
-from classifier.teacher import CircuitBreaker
-from classifier.trainer import fit_model
-from logstore import LogStore
-from service.client import FlywheelClient
-from service.metrics import ServerMetrics
-from service.server import ServerOptions, create_server
+from flywheel.classifier.budget import BudgetedTeacher, CallBudget, apply_budget
+from flywheel.classifier.config import load_config
+from flywheel.classifier.decision import DEGRADED_REASONS, Layer, Tier
+from flywheel.classifier.errors import IntentFileError, TeacherError
+from flywheel.classifier.intents import TeacherSettings, parse_intents
+from flywheel.classifier.model import intents_to_doc
+from flywheel.classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
+from flywheel.classifier.protocols import LabelOption, Teacher, TeacherRequest
+from flywheel.classifier.teacher import CircuitBreaker
+from flywheel.classifier.trainer import fit_model
+from flywheel.logstore import LogStore
+from flywheel.service.client import FlywheelClient
+from flywheel.service.metrics import ServerMetrics
+from flywheel.service.server import ServerOptions, create_server
+from flywheel.training.labeling import backfill_pending
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
-from training.labeling import backfill_pending
 
 REQ = TeacherRequest("what is addvar", (LabelOption("RETRIEVAL", "docs"), LabelOption("PLATFORM", "account")))
 
@@ -341,8 +341,8 @@ def test_a_bad_budget_names_the_key(key, bad):
 
 
 def test_build_teacher_puts_the_intent_files_budget_in_front_of_the_teacher():
-    from classifier.default import build_teacher
-    from classifier.teacher import OllamaTeacher
+    from flywheel.classifier.default import build_teacher
+    from flywheel.classifier.teacher import OllamaTeacher
 
     limited = parse_intents({**DOC, "teacher": {"max_calls_per_minute": 30, "daily_budget": 1000}})
     t = build_teacher(load_config(ollama_host="http://127.0.0.1:9"), limited)

@@ -3,9 +3,9 @@ home the encoders cache under."""
 
 import pytest
 
-from classifier.config import load_config
-from classifier.errors import ConfigError
-from classifier.intents import parse_intents
+from flywheel.classifier.config import load_config
+from flywheel.classifier.errors import ConfigError
+from flywheel.classifier.intents import parse_intents
 
 
 def test_fleet_keys_default_to_one_machine(monkeypatch):
@@ -49,9 +49,9 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
     """A ``--home`` flag reaches the encoders' caches (ONNX exports, the USE tokenizer), for
     the served model and for the default model trained on first use; FLYWHEEL_ONNX_CACHE
     still names one shared export cache. Nothing is loaded."""
-    import classifier.trainer
-    from classifier.default import build_classifier, default_model_dir
-    from classifier.trainer import fit_model
+    import flywheel.classifier.trainer
+    from flywheel.classifier.default import build_classifier, default_model_dir
+    from flywheel.classifier.trainer import fit_model
     from tests.support.docs import DOC
     from tests.support.fakes import HashEmbedder
 
@@ -78,7 +78,7 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
         seen["embedder"] = embedder
         raise RuntimeError("stop before training")
 
-    monkeypatch.setattr(classifier.trainer, "fit_model", stop)
+    monkeypatch.setattr(flywheel.classifier.trainer, "fit_model", stop)
     with pytest.raises(RuntimeError, match="stop before training"):
         default_model_dir(cfg, progress=False)
     assert seen["embedder"].inner.cache_dir == flag_home / "cache" / "use"
@@ -86,7 +86,7 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
 
 
 def test_reset_default_closes_the_default_classifier_and_its_teacher(monkeypatch):
-    import classifier.default as default
+    import flywheel.classifier.default as default
 
     closed: list[str] = []
 

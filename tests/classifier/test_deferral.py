@@ -8,16 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from classifier.errors import IntentFileError
-from classifier.head import IntentHead, conformal_cutoff, fit_risk, set_coverage
-from classifier.intents import ThresholdSettings, parse_intents
-from classifier.model import intents_to_doc
-from classifier.scoring import HeadScores, ServingHead
-from classifier.tiers import Thresholds, assign_tier, assign_tiers, tier_rows
+from flywheel.classifier.errors import IntentFileError
+from flywheel.classifier.head import IntentHead, conformal_cutoff, fit_risk, set_coverage
+from flywheel.classifier.intents import ThresholdSettings, parse_intents
+from flywheel.classifier.model import intents_to_doc
+from flywheel.classifier.scoring import HeadScores, ServingHead
+from flywheel.classifier.tiers import Thresholds, assign_tier, assign_tiers, tier_rows
+from flywheel.training.rows import LabelledSet
+from flywheel.training.tuning import retune
 from tests.support.docs import DOC
 from tests.support.worlds import blobs
-from training.rows import LabelledSet
-from training.tuning import retune
 
 NOISY = 2.2    # blobs that overlap: layer 2 is wrong often enough to measure
 
@@ -203,7 +203,7 @@ def test_retune_with_a_budget_picks_the_cheapest_cutoff_that_fits():
 
 # ------------------------------------------------------------------ helpers
 def _model_of(head: IntentHead):
-    from classifier.model import IntentModel, Manifest
+    from flywheel.classifier.model import IntentModel, Manifest
 
     labels = [str(c) for c in head.classes_]
     intents = parse_intents({"version": 1, "name": "blobs",

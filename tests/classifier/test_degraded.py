@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import copy
 
-from classifier.decision import DEGRADED_REASONS, Layer, Tier
-from classifier.errors import TeacherError
-from classifier.intents import parse_intents
-from classifier.pipeline import Classifier, Query
-from classifier.trainer import fit_model
-from logstore import LogStore
-from service.metrics import ServerMetrics
+from flywheel.classifier.decision import DEGRADED_REASONS, Layer, Tier
+from flywheel.classifier.errors import TeacherError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.pipeline import Classifier, Query
+from flywheel.classifier.trainer import fit_model
+from flywheel.logstore import LogStore
+from flywheel.service.metrics import ServerMetrics
+from flywheel.training.stats import convergence, format_table
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ScriptedTeacher
-from training.stats import convergence, format_table
 
 
 def clf(thresholds, **kw):

@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier.encoders import (  # noqa: E402
+from flywheel.classifier.encoders import (  # noqa: E402
     MINILM_ID,
     BGEM3Embedder,
     CachedEmbedder,
@@ -31,10 +31,10 @@ from classifier.encoders import (  # noqa: E402
     make_embedder,
     minilm_model_dir,
 )
-from classifier.encoders.embedders import _LazyEmbedder  # noqa: E402
-from classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
-from classifier.intents import EmbedderSettings  # noqa: E402
-from classifier.protocols import Embedder  # noqa: E402
+from flywheel.classifier.encoders.embedders import _LazyEmbedder  # noqa: E402
+from flywheel.classifier.errors import EmbedderError, InvalidInputError  # noqa: E402
+from flywheel.classifier.intents import EmbedderSettings  # noqa: E402
+from flywheel.classifier.protocols import Embedder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository (= tests.support.paths.ROOT)
 
@@ -427,8 +427,8 @@ def test_bge_m3_quantized_close_to_fp32(tiny_bge: Path) -> None:
 
 @pytest.mark.slow
 def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
-    from classifier.encoders import make_embedder
-    from classifier.intents import EmbedderSettings
+    from flywheel.classifier.encoders import make_embedder
+    from flywheel.classifier.intents import EmbedderSettings
 
     multi = make_embedder(EmbedderSettings(layers=(3, 4, 5, 6)))
     plain = make_embedder(EmbedderSettings())
@@ -445,7 +445,7 @@ def test_minilm_multi_layer_pooling_is_a_distinct_encoder():
 def test_bge_m3_tiny_model_on_onnx_matches_flagembedding(tiny_bge: Path, tmp_path: Path) -> None:
     """The default runtime (auto: onnx on CPU) exports bge-m3's transformer with CLS pooling,
     checks it against the FlagEmbedding runner, caches it and serves the same vectors."""
-    from classifier.encoders.onnx_runner import OnnxRunner
+    from flywheel.classifier.encoders.onnx_runner import OnnxRunner
 
     e = BGEM3Embedder(str(tiny_bge), device="cpu", onnx_cache_dir=tmp_path / "onnx")
     assert e.runtime == "onnx"

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
-from classifier.calibration import expected_calibration_error
-from classifier.decision import Candidate, Tier
-from classifier.errors import ModelError, NotFittedError
-from classifier.head import IntentHead
-from classifier.tiers import Thresholds, assign_tier, cut_at_drop
+from flywheel.classifier.calibration import expected_calibration_error
+from flywheel.classifier.decision import Candidate, Tier
+from flywheel.classifier.errors import ModelError, NotFittedError
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.tiers import Thresholds, assign_tier, cut_at_drop
 from tests.support.worlds import blobs
 
 
@@ -85,7 +85,7 @@ def test_cut_at_drop_has_no_fixed_k():
 
 
 def test_precision_target_is_relative_to_noisy_labels():
-    from classifier.head import precision_cutoff
+    from flywheel.classifier.head import precision_cutoff
 
     rng = np.random.default_rng(0)
     conf = np.sort(rng.uniform(0.3, 1.0, 1000))[::-1]

@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from classifier.config import starter_intents_path
-from classifier.errors import IntentFileError
-from classifier.intents import load_intents, parse_intents
+from flywheel.classifier.config import starter_intents_path
+from flywheel.classifier.errors import IntentFileError
+from flywheel.classifier.intents import load_intents, parse_intents
 
 BASE = {
     "intents": [

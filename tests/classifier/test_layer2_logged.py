@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from classifier.decision import Layer, Tier
-from classifier.errors import TeacherError
-from logstore import LogStore
+from flywheel.classifier.decision import Layer, Tier
+from flywheel.classifier.errors import TeacherError
+from flywheel.logstore import LogStore
+from flywheel.training.stats import convergence
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE
 from tests.support.fakes import ListSink, ScriptedTeacher, make_classifier
-from training.stats import convergence
 
 QUERIES = ["what is addvar", "write a function that sums", "hello there", "how do loops work"]
 
@@ -36,7 +36,7 @@ def store(tmp_path):
 
 def layer2_of(clf, text):
     """What layer 2 alone answers for ``text`` (same model, no teacher)."""
-    from classifier import Classifier
+    from flywheel.classifier import Classifier
 
     d = Classifier(clf.model, embedder=clf.embedder, teacher=None).classify(text)
     return d.label, d.confidence, d.tier.value

@@ -4,11 +4,11 @@ import copy
 
 import pytest
 
-from classifier import Classifier
-from classifier.intents import parse_intents
-from classifier.masking import iban_ok, luhn_ok, mask_pii
-from classifier.protocols import HistoryEntry
-from classifier.trainer import fit_model
+from flywheel.classifier import Classifier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.masking import iban_ok, luhn_ok, mask_pii
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import ALWAYS_SURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 

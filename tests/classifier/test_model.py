@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from classifier.errors import ModelError
-from classifier.intents import parse_intents
-from classifier.model import IntentModel
-from classifier.trainer import fit_model
+from flywheel.classifier.errors import ModelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
 
@@ -87,7 +87,7 @@ def test_corrupt_manifest_names_what_is_wrong(tmp_path, model, edit, expected):
 
 
 def test_manifest_records_every_file_and_a_corrupt_intent_file_is_refused(tmp_path, model):
-    from classifier.model import Manifest, file_sha256
+    from flywheel.classifier.model import Manifest, file_sha256
 
     d = model.save(tmp_path / "v1")
     doc = json.loads((d / "manifest.json").read_text())
@@ -109,7 +109,7 @@ def test_manifest_records_every_file_and_a_corrupt_intent_file_is_refused(tmp_pa
 
 
 def test_a_manifest_without_the_intents_checksum_still_loads(tmp_path, model):
-    from classifier.model import Manifest
+    from flywheel.classifier.model import Manifest
 
     d = model.save(tmp_path / "v1")
     doc = json.loads((d / "manifest.json").read_text())

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from classifier.config import load_config
-from classifier.default import build_classifier
-from classifier.intents import parse_intents
-from classifier.negatives import FAMILIES, synthetic_negatives
-from classifier.pipeline import Classifier
-from classifier.trainer import fit_model
+from flywheel.classifier.config import load_config
+from flywheel.classifier.default import build_classifier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.negatives import FAMILIES, synthetic_negatives
+from flywheel.classifier.pipeline import Classifier
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import nonsense
 from tests.support.fakes import HashEmbedder
 from tests.support.paths import ROOT

@@ -22,7 +22,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from classifier.encoders import (  # noqa: E402
+from flywheel.classifier.encoders import (  # noqa: E402
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     clear_loaded_models,
@@ -31,10 +31,10 @@ from classifier.encoders import (  # noqa: E402
     onnx_runner,
     resolve_runtime,
 )
-from classifier.encoders.onnx_runner import OnnxRunner, cache_key  # noqa: E402
-from classifier.encoders.torch_runner import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
-from classifier.errors import EmbedderError, IntentFileError  # noqa: E402
-from classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
+from flywheel.classifier.encoders.onnx_runner import OnnxRunner, cache_key  # noqa: E402
+from flywheel.classifier.encoders.torch_runner import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
+from flywheel.classifier.errors import EmbedderError, IntentFileError  # noqa: E402
+from flywheel.classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository (= tests.support.paths.ROOT)
 
@@ -268,7 +268,7 @@ def test_cached_export_serves_without_importing_torch(tiny_minilm: Path, tmp_pat
     want = _onnx(cache).encode(["hola"])
     code = (
         "import sys, json, numpy as np\n"
-        "from classifier.encoders.onnx_runner import load_onnx_runner, OnnxRunner\n"
+        "from flywheel.classifier.encoders.onnx_runner import load_onnx_runner, OnnxRunner\n"
         "def no(): raise AssertionError('torch needed')\n"
         f"r = load_onnx_runner({str(tiny_minilm)!r}, reference=no, fallback=no, max_length=128, "
         f"cache_dir={str(cache)!r}, num_threads=1)\n"

@@ -10,10 +10,10 @@ import time
 import pytest
 from werkzeug import Request, Response
 
-from classifier.errors import ConfigError, TeacherError
-from classifier.openai_teacher import API_KEY_ENV, OpenAITeacher
-from classifier.protocols import LabelOption, Teacher, TeacherRequest
-from classifier.teacher import OUT_OF_SCOPE, CircuitBreaker, TeacherStatus, build_messages, option_order
+from flywheel.classifier.errors import ConfigError, TeacherError
+from flywheel.classifier.openai_teacher import API_KEY_ENV, OpenAITeacher
+from flywheel.classifier.protocols import LabelOption, Teacher, TeacherRequest
+from flywheel.classifier.teacher import OUT_OF_SCOPE, CircuitBreaker, TeacherStatus, build_messages, option_order
 from tests.support.servers import free_port
 
 MODEL = "gemma-3-270m-it"
@@ -399,9 +399,9 @@ INTENTS = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n i
 
 
 def test_build_teacher_builds_an_openai_teacher_from_the_intent_file(monkeypatch):
-    from classifier.config import load_config
-    from classifier.default import build_teacher
-    from classifier.intents import parse_intents
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import build_teacher
+    from flywheel.classifier.intents import parse_intents
 
     doc = {**INTENTS, "teacher": {"backend": "openai", "model": MODEL, "host": "http://127.0.0.1:8000/v1/",
                                   "timeout_s": 30, "breaker_failures": 4, "response_format": "json_object",
@@ -419,17 +419,17 @@ def test_build_teacher_builds_an_openai_teacher_from_the_intent_file(monkeypatch
 
 
 def test_build_teacher_without_a_host_names_teacher_host():
-    from classifier.config import load_config
-    from classifier.default import build_teacher
-    from classifier.intents import parse_intents
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import build_teacher
+    from flywheel.classifier.intents import parse_intents
 
     with pytest.raises(ConfigError, match="teacher.host"):
         build_teacher(load_config(), parse_intents({**INTENTS, "teacher": {"backend": "openai"}}))
 
 
 def test_the_intent_file_refuses_an_api_key():
-    from classifier.errors import IntentFileError
-    from classifier.intents import parse_intents
+    from flywheel.classifier.errors import IntentFileError
+    from flywheel.classifier.intents import parse_intents
 
     with pytest.raises(IntentFileError, match=API_KEY_ENV) as ei:
         parse_intents({**INTENTS, "teacher": {"backend": "openai", "api_key": KEY}})

@@ -2,10 +2,10 @@ import threading
 
 import pytest
 
-from classifier import Layer, Tier
-from classifier.errors import InvalidInputError, ModelError, TeacherError, UnknownLabelError
-from classifier.intents import parse_intents
-from classifier.trainer import fit_model
+from flywheel.classifier import Layer, Tier
+from flywheel.classifier.errors import InvalidInputError, ModelError, TeacherError, UnknownLabelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher, make_classifier
 
@@ -132,7 +132,7 @@ def test_classify_many_encodes_in_one_batch_and_names_bad_items():
 
 
 def test_too_few_examples_is_a_training_error():
-    from classifier.errors import TrainingError
+    from flywheel.classifier.errors import TrainingError
 
     doc = {"intents": [{"name": "A", "examples": ["only one"]}, {"name": "B", "examples": ["b one", "b two"]}]}
     with pytest.raises(TrainingError, match="'A' has fewer than 2 examples"):

@@ -2,11 +2,11 @@ import threading
 
 import pytest
 
-from classifier import Classifier
-from classifier.errors import InvalidInputError, ModelError
-from classifier.intents import parse_intents
-from classifier.registry import ModelRegistry
-from classifier.trainer import fit_model
+from flywheel.classifier import Classifier
+from flywheel.classifier.errors import InvalidInputError, ModelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
 
@@ -224,7 +224,7 @@ def test_cli_models_prune(pruneable, capsys):
     from filelock import FileLock
     from typer.testing import CliRunner
 
-    from classifier.errors import FlywheelError
+    from flywheel.classifier.errors import FlywheelError
     from flywheel.cli import build_app, main
 
     app = build_app()
@@ -255,7 +255,7 @@ def test_cli_models_prune(pruneable, capsys):
 
 # ------------------------------------------------------------- the Registry contract
 def test_model_registry_is_a_registry(tmp_path):
-    from classifier.protocols import Registry
+    from flywheel.classifier.protocols import Registry
 
     reg = ModelRegistry(tmp_path / "models")
     assert isinstance(reg, Registry)
@@ -269,7 +269,7 @@ def test_model_registry_is_a_registry(tmp_path):
 
 
 def test_promote_compares_and_swaps(tmp_path):
-    from classifier.registry import PromotionConflict
+    from flywheel.classifier.registry import PromotionConflict
 
     reg = ModelRegistry(tmp_path / "models")
     for name in ("v1", "v2", "v3"):
@@ -295,7 +295,7 @@ def test_promote_compares_and_swaps(tmp_path):
 def test_promotion_conflict_survives_pickling():
     import pickle
 
-    from classifier.registry import PromotionConflict
+    from flywheel.classifier.registry import PromotionConflict
 
     exc = pickle.loads(pickle.dumps(PromotionConflict("v1", None, "home")))
     assert (exc.expected, exc.found) == ("v1", None)
@@ -304,7 +304,7 @@ def test_promotion_conflict_survives_pickling():
 
 def test_racing_promotions_one_wins(tmp_path, fitted):
     """Eight threads promote eight versions against the same token: exactly one wins."""
-    from classifier.registry import PromotionConflict
+    from flywheel.classifier.registry import PromotionConflict
 
     reg = ModelRegistry(tmp_path / "models")
     for name in ("v00", *(f"v0{i}" for i in range(1, 9))):
@@ -331,7 +331,7 @@ def test_racing_promotions_one_wins(tmp_path, fitted):
 
 HOLDER = """
 import sys
-from classifier.registry import ModelRegistry
+from flywheel.classifier.registry import ModelRegistry
 with ModelRegistry(sys.argv[1]).lock() as taken:
     print("held" if taken else "busy", flush=True)
     sys.stdin.readline()

@@ -1,6 +1,6 @@
-from classifier.config import starter_intents_path
-from classifier.intents import Rule, load_intents
-from classifier.rules import RuleEngine
+from flywheel.classifier.config import starter_intents_path
+from flywheel.classifier.intents import Rule, load_intents
+from flywheel.classifier.rules import RuleEngine
 
 
 def test_priority_then_file_order():

@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from classifier.errors import ModelError
-from classifier.head import IntentHead
-from classifier.intents import parse_intents
-from classifier.model import SERVING_HEAD_FILE, IntentModel
-from classifier.scoring import ServingHead
-from classifier.trainer import fit_model
+from flywheel.classifier.errors import ModelError
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import SERVING_HEAD_FILE, IntentModel
+from flywheel.classifier.scoring import ServingHead
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
 from tests.support.paths import ROOT
@@ -38,7 +38,7 @@ def _same(a, b) -> None:
 
 def _sklearn_reference(head: IntentHead, X: np.ndarray) -> dict[str, np.ndarray]:
     """The head's scores computed with scikit-learn's own calls (not classifier.scoring)."""
-    from classifier.scoring import gate_features, normalise_rows, softmax
+    from flywheel.classifier.scoring import gate_features, normalise_rows, softmax
 
     Xn = normalise_rows(X)
     z = head.lr_.decision_function(Xn)
@@ -110,7 +110,7 @@ def test_serving_a_saved_version_imports_neither_sklearn_nor_scipy(model, tmp_pa
     d = model.save(tmp_path / "v1")
     code = (
         "import sys, numpy as np\n"
-        "from classifier.model import IntentModel\n"
+        "from flywheel.classifier.model import IntentModel\n"
         f"m = IntentModel.load({str(d)!r})\n"
         "m.head.scores(np.ones((1, m.head.n_features_in_), dtype=np.float32))\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('sklearn', 'scipy', 'joblib'))\n"

@@ -9,18 +9,18 @@ import time
 
 import pytest
 
-from classifier.config import load_config
-from classifier.decision import Layer
-from classifier.errors import ModelError
-from classifier.intents import parse_intents
-from classifier.registry import SHADOW, ModelRegistry, ModelWatcher, PromotionConflict
-from classifier.shadow import ShadowAnswer, ShadowScorer
-from classifier.tiers import Thresholds, assign_tier
-from classifier.trainer import fit_model
+from flywheel.classifier.config import load_config
+from flywheel.classifier.decision import Layer
+from flywheel.classifier.errors import ModelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.registry import SHADOW, ModelRegistry, ModelWatcher, PromotionConflict
+from flywheel.classifier.shadow import ShadowAnswer, ShadowScorer
+from flywheel.classifier.tiers import Thresholds, assign_tier
+from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
-from logstore import LogStore
-from service.metrics import ServerMetrics
-from service.runtime import open_runtime
+from flywheel.logstore import LogStore
+from flywheel.service.metrics import ServerMetrics
+from flywheel.service.runtime import open_runtime
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from werkzeug import Request, Response
 
-from classifier.errors import ConfigError, TeacherError
-from classifier.protocols import HistoryEntry, LabelOption, Teacher, TeacherRequest
-from classifier.teacher import (
+from flywheel.classifier.errors import ConfigError, TeacherError
+from flywheel.classifier.protocols import HistoryEntry, LabelOption, Teacher, TeacherRequest
+from flywheel.classifier.teacher import (
     DEFAULT_HOST,
     HISTORY_RULE,
     OUT_OF_SCOPE,
@@ -470,10 +470,10 @@ def test_construction_makes_no_connection(httpserver, monkeypatch):
 
 
 def test_build_teacher_reads_the_intent_file_and_the_config_wins():
-    from classifier.config import load_config
-    from classifier.default import build_teacher
-    from classifier.errors import IntentFileError
-    from classifier.intents import parse_intents
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import build_teacher
+    from flywheel.classifier.errors import IntentFileError
+    from flywheel.classifier.intents import parse_intents
 
     doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
            "teacher": {"model": "m:1", "host": "http://127.0.0.1:9", "timeout_s": 1.5,
@@ -493,7 +493,7 @@ def test_build_teacher_reads_the_intent_file_and_the_config_wins():
 @pytest.mark.parametrize("value, parsed", [("30m", "30m"), ("1h30m", "1h30m"), (-1, "-1s"), (300, "300s"),
                                            (2.5, "2500ms"), ("0", "0")])
 def test_keep_alive_setting(value, parsed):
-    from classifier.intents import parse_intents
+    from flywheel.classifier.intents import parse_intents
 
     doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
            "teacher": {"keep_alive": value}}
@@ -502,8 +502,8 @@ def test_keep_alive_setting(value, parsed):
 
 @pytest.mark.parametrize("value", ["forever", "30", "", True, None])
 def test_bad_keep_alive_names_the_key(value):
-    from classifier.errors import IntentFileError
-    from classifier.intents import parse_intents
+    from flywheel.classifier.errors import IntentFileError
+    from flywheel.classifier.intents import parse_intents
 
     doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
            "teacher": {"keep_alive": value}}

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from classifier.decision import Decision, Layer, Tier, new_decision_id
-from classifier.protocols import DecisionRecord
-from fleet.shipper import ObjectShipper
+from flywheel.classifier.decision import Decision, Layer, Tier, new_decision_id
+from flywheel.classifier.protocols import DecisionRecord
 from flywheel.cli import main
-from logstore import LogStore, SpoolSink
+from flywheel.fleet.shipper import ObjectShipper
+from flywheel.logstore import LogStore, SpoolSink
 
 pytestmark = pytest.mark.slow   # talks to the real server
 
@@ -46,7 +46,7 @@ def test_feedback_and_prune_log_see_the_fleets_log(objects, store_env, tmp_path,
     rc, out, err = run(capsys, "feedback", "not-an-id", "RETRIEVAL")
     assert rc == 2 and "not a decision id" in err and "Traceback" not in err
     store = LogStore(tmp_path / "home-check.duckdb")   # a fresh host mirrors the same labels
-    from fleet.mirror import mirror
+    from flywheel.fleet.mirror import mirror
 
     mirror(objects, store)
     rows = {r.decision_id: r for r in store.labelled_rows()}

@@ -42,9 +42,9 @@ import pyarrow as pa
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from logstore import LogStore
-from service.client import FlywheelClient
-from service.servicer import SERVICE_NAME
+from flywheel.logstore import LogStore
+from flywheel.service.client import FlywheelClient
+from flywheel.service.servicer import SERVICE_NAME
 from tests.support.paths import ROOT
 from tests.support.servers import flywheel_cmd, free_port, wait_for
 from tests.support.sidecar import Load
@@ -213,15 +213,15 @@ class Fleet:
 
     @property
     def objects(self):
-        from fleet.config import StoreConfig
-        from fleet.objects import ObjectStore
+        from flywheel.fleet.config import StoreConfig
+        from flywheel.fleet.objects import ObjectStore
 
         env = {k: v for k, v in self.env_base.items() if k.startswith("AWS_")}
         return ObjectStore(StoreConfig.parse(self.url, env))
 
     def bucket_registry(self):
-        from classifier.registry import ModelRegistry
-        from fleet.registry import BucketRegistry
+        from flywheel.classifier.registry import ModelRegistry
+        from flywheel.fleet.registry import BucketRegistry
 
         return BucketRegistry(self.objects, ModelRegistry(self.home("reader") / "models"))
 
@@ -246,7 +246,7 @@ class Fleet:
     def mirror(self, db: Path, tag: str) -> list[tuple[str, str]]:
         """Mirror the bucket's log into the DuckDB file ``db`` (in this process) and return
         ``(decision_id, text)`` of every decision whose text holds ``tag``."""
-        from fleet.mirror import mirror
+        from flywheel.fleet.mirror import mirror
 
         store = LogStore(db)
         mirror(self.objects, store)
@@ -456,7 +456,7 @@ def test_kill_9_mid_ship_loses_only_the_unflushed_tail_and_duplicates_nothing(fl
     finally:
         load.stop.set()
         during = load.join()
-    from logstore.segments import read_segment
+    from flywheel.logstore.segments import read_segment
 
     rows_left = sum(read_segment(p).num_rows for p in left)
     print(f"\nkill -9 after {len(load.ok())} answered calls; {len(left)} segments ({rows_left} rows) left "

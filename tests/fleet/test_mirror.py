@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from classifier.decision import TeacherCall
-from fleet.labels import BucketLabels
-from fleet.mirror import MirrorReport, mirror
-from fleet.retention import redact_table
-from logstore import LabelRecord, LabelSink, LogStore, from_parquet, label_records_to_table, to_parquet
-from logstore.segments import records_to_table
+from flywheel.classifier.decision import TeacherCall
+from flywheel.fleet.labels import BucketLabels
+from flywheel.fleet.mirror import MirrorReport, mirror
+from flywheel.fleet.retention import redact_table
+from flywheel.logstore import LabelRecord, LabelSink, LogStore, from_parquet, label_records_to_table, to_parquet
+from flywheel.logstore.segments import records_to_table
 from tests.support.bucket import log_keys, shipping_sink
 from tests.support.records import rec
 

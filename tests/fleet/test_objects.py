@@ -12,9 +12,9 @@ from datetime import timezone
 
 import pytest
 
-from fleet.config import StoreConfig
-from fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
-from fleet.objects import NOT_MODIFIED, ObjectStore
+from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
+from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 from tests.support.servers import free_port
 
 ENV = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE12345",

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from fleet.parallel import ordered_map
+from flywheel.fleet.parallel import ordered_map
 
 
 def test_results_come_in_order_and_in_flight_is_bounded():

@@ -10,15 +10,15 @@ import threading
 
 import pytest
 
-from classifier.errors import ModelError
-from classifier.intents import parse_intents
-from classifier.model import IntentModel
-from classifier.protocols import Registry
-from classifier.registry import ModelRegistry, PromotionConflict
-from classifier.trainer import fit_model
-from fleet.errors import StoreUnavailable
-from fleet.objects import ObjectStore
-from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
+from flywheel.classifier.errors import ModelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.protocols import Registry
+from flywheel.classifier.registry import ModelRegistry, PromotionConflict
+from flywheel.classifier.trainer import fit_model
+from flywheel.fleet.errors import StoreUnavailable
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
 from tests.support.bucket import publish, save_version, tamper, upload_raw, without_serving_head
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
@@ -221,9 +221,9 @@ def test_rollback_follows_the_history_by_compare_and_swap(objects, bucket, train
 
 
 def test_the_history_is_bounded(objects, bucket, trained, monkeypatch):
-    import fleet.registry
+    import flywheel.fleet.registry
 
-    monkeypatch.setattr(fleet.registry, "HISTORY_LIMIT", 3)
+    monkeypatch.setattr(flywheel.fleet.registry, "HISTORY_LIMIT", 3)
     publish(bucket, trained, "v1", "v2", "v3", "v4")
     token = None
     for name in ("v1", "v2", "v3", "v4"):

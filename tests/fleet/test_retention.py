@@ -16,14 +16,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from classifier.decision import TeacherCall
-from classifier.protocols import HistoryEntry
-from fleet.labels import BucketLabels
-from fleet.mirror import mirror
-from fleet.retention import PruneReport, prune_log, redact_table
-from logstore import LogStore, SpoolSink, from_parquet, to_parquet
-from logstore.schema import SCHEMA_VERSION
-from logstore.segments import records_to_table
+from flywheel.classifier.decision import TeacherCall
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.fleet.labels import BucketLabels
+from flywheel.fleet.mirror import mirror
+from flywheel.fleet.retention import PruneReport, prune_log, redact_table
+from flywheel.logstore import LogStore, SpoolSink, from_parquet, to_parquet
+from flywheel.logstore.schema import SCHEMA_VERSION
+from flywheel.logstore.segments import records_to_table
 from tests.support.bucket import log_keys, shipping_sink
 from tests.support.records import make_record, rec
 
@@ -288,7 +288,7 @@ def test_objects_of_the_cutoff_day_wait_for_their_newest_row_and_interrupted_run
     sink.flush()
     sink.write(make_record(text="two days ago", created_at=now - 2 * DAY))
     sink.close()
-    from fleet.shipper import ObjectShipper
+    from flywheel.fleet.shipper import ObjectShipper
     assert ObjectShipper(objects).drain(spool, 10.0) == 3
     # an earlier run made the redacted copy of the old object, then died before deleting it
     (old_key,) = [k for k in log_keys(objects, "decisions") if "date=2026-05-08/" in k]

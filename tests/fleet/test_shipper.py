@@ -12,13 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from fleet.config import StoreConfig
-from fleet.errors import FleetError, StoreUnavailable
-from fleet.mirror import mirror
-from fleet.objects import ObjectStore
-from fleet.shipper import ObjectShipper, object_key, segment_date
-from logstore import LogStore, LogStoreError, SpoolDrain, SpoolSink, from_parquet, spool_id
-from logstore.segments import list_segments
+from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.errors import FleetError, StoreUnavailable
+from flywheel.fleet.mirror import mirror
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.shipper import ObjectShipper, object_key, segment_date
+from flywheel.logstore import LogStore, LogStoreError, SpoolDrain, SpoolSink, from_parquet, spool_id
+from flywheel.logstore.segments import list_segments
 from tests.support.bucket import log_keys, shipping_sink
 from tests.support.records import rec
 from tests.support.servers import free_port

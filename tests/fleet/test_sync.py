@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from classifier import Classifier
-from classifier.intents import parse_intents
-from classifier.model import IntentModel
-from classifier.registry import ModelRegistry
-from classifier.trainer import fit_model
-from fleet.objects import ObjectStore
-from fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
-from fleet.sync import SYNC_OUTCOMES, RegistrySync
+from flywheel.classifier import Classifier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.trainer import fit_model
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
+from flywheel.fleet.sync import SYNC_OUTCOMES, RegistrySync
 from tests.support.bucket import publish, save_version, tamper, upload_raw, without_serving_head
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder

@@ -7,18 +7,18 @@ import threading
 
 import pytest
 
-from classifier import Classifier, Layer
-from classifier.config import load_config
-from classifier.intents import parse_intents
-from classifier.teacher import CircuitBreaker, OllamaTeacher
-from classifier.trainer import fit_model
+from flywheel.classifier import Classifier, Layer
+from flywheel.classifier.config import load_config
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher
+from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
-from logstore import LogStore
+from flywheel.logstore import LogStore
+from flywheel.training.labeling import backfill_pending
+from flywheel.training.stats import convergence
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder
 from tests.support.simulated_ollama import SimulatedOllama
-from training.labeling import backfill_pending
-from training.stats import convergence
 
 
 def classifier(thresholds, **kw):
@@ -91,7 +91,7 @@ def test_garbage_from_the_teacher_is_never_a_training_label(tmp_path):
 
 
 def test_audit_answers_are_stored_and_show_in_stats(tmp_path):
-    from service.runtime import open_runtime
+    from flywheel.service.runtime import open_runtime
 
     truth = {"show my invoices": "PLATFORM", "what is addvar": "PLATFORM"}  # the teacher disagrees once
     with SimulatedOllama(truth, accuracy=1.0, latency_scale=0.0) as sim:
@@ -120,7 +120,7 @@ def test_unwritable_log_path_is_a_clear_error_at_start(tmp_path, capsys):
 
 
 def test_models_cli_list_promote_rollback(tmp_path, capsys):
-    from classifier.registry import ModelRegistry
+    from flywheel.classifier.registry import ModelRegistry
 
     reg = ModelRegistry(tmp_path / "models")
     for name in ("v1", "v2"):

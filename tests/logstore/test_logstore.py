@@ -16,13 +16,13 @@ import duckdb
 import numpy as np
 import pytest
 
-from classifier.decision import Layer, Layer2Answer, TeacherCall, Tier
-from classifier.protocols import HistoryEntry, LogSink
-from logstore import LogStore, LogStoreBusyError, LogStoreError
-from logstore.connection import connect
-from logstore.connection import stats as logstore_stats
-from logstore.schema import MIGRATIONS, SCHEMA_VERSION, apply_migrations
-from logstore.segments import records_to_table, write_segment
+from flywheel.classifier.decision import Layer, Layer2Answer, TeacherCall, Tier
+from flywheel.classifier.protocols import HistoryEntry, LogSink
+from flywheel.logstore import LogStore, LogStoreBusyError, LogStoreError
+from flywheel.logstore.connection import connect
+from flywheel.logstore.connection import stats as logstore_stats
+from flywheel.logstore.schema import MIGRATIONS, SCHEMA_VERSION, apply_migrations
+from flywheel.logstore.segments import records_to_table, write_segment
 from tests.support.paths import ROOT
 from tests.support.records import make_record
 
@@ -53,9 +53,9 @@ def child_env() -> dict:
 
 WRITER_SCRIPT = textwrap.dedent("""
     import sys, time
-    from classifier.decision import Decision, Layer, Tier
-    from classifier.protocols import DecisionRecord
-    from logstore import LogStore
+    from flywheel.classifier.decision import Decision, Layer, Tier
+    from flywheel.classifier.protocols import DecisionRecord
+    from flywheel.logstore import LogStore
 
     path, prefix = sys.argv[1], sys.argv[2]
     seconds, ingest_s = float(sys.argv[3]), float(sys.argv[4])
@@ -72,7 +72,7 @@ WRITER_SCRIPT = textwrap.dedent("""
             print("flushed", sink.flush(), flush=True)
         time.sleep(0.002)
     sink.close()
-    from logstore.connection import stats
+    from flywheel.logstore.connection import stats
     print("retries", stats["lock_retries"], file=sys.stderr)
     print("closed", sink.written, flush=True)
 """)
@@ -461,9 +461,9 @@ def test_interpreter_exit_flushes(tmp_path):
     path = tmp_path / "exit.duckdb"
     code = textwrap.dedent("""
         import sys, time
-        from classifier.decision import Decision, Layer, Tier
-        from classifier.protocols import DecisionRecord
-        from logstore import LogStore
+        from flywheel.classifier.decision import Decision, Layer, Tier
+        from flywheel.classifier.protocols import DecisionRecord
+        from flywheel.logstore import LogStore
         sink = LogStore(sys.argv[1]).open_sink(flush_interval_s=60.0)
         for i in range(123):
             d = Decision(label=None, confidence=0.1, tier=Tier.NO_MATCH, layer=Layer.EMBEDDING,

@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from classifier import decision as decision_mod
-from classifier.decision import (
+from flywheel.classifier import decision as decision_mod
+from flywheel.classifier.decision import (
     Decision,
     Layer,
     Tier,
@@ -22,8 +22,8 @@ from classifier.decision import (
     made_by_this_process,
     new_decision_id,
 )
-from classifier.protocols import DecisionRecord
-from logstore import (
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.logstore import (
     LABEL_SCHEMA,
     LabelRecord,
     LabelSink,
@@ -39,8 +39,8 @@ from logstore import (
     spool_id,
     to_parquet,
 )
-from logstore.schema import MIGRATIONS, SCHEMA_VERSION
-from logstore.segments import insert_objects, list_segments, read_segment, records_to_table
+from flywheel.logstore.schema import MIGRATIONS, SCHEMA_VERSION
+from flywheel.logstore.segments import insert_objects, list_segments, read_segment, records_to_table
 
 
 def rec(did: str, text: str = "hello", embedding=None) -> DecisionRecord:

@@ -9,13 +9,13 @@ from concurrent import futures
 import grpc
 import pytest
 
-from classifier.decision import Candidate, Decision, Layer, Tier
-from classifier.intents import parse_intents
-from classifier.protocols import HistoryEntry
-from classifier.tiers import Thresholds
-from classifier.trainer import fit_model
-from service.client import FlywheelClient
-from service.convert import (
+from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.protocols import HistoryEntry
+from flywheel.classifier.tiers import Thresholds
+from flywheel.classifier.trainer import fit_model
+from flywheel.service.client import FlywheelClient
+from flywheel.service.convert import (
     decision_from_proto,
     decision_to_proto,
     history_from_proto,
@@ -23,8 +23,8 @@ from service.convert import (
     model_info_to_dict,
     model_info_to_proto,
 )
-from service.protos.flywheel.v1 import classifier_pb2 as pb
-from service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
+from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
 from tests.support.paths import ROOT
@@ -155,16 +155,17 @@ def test_model_info_from_a_fitted_model():
 
 def test_generated_modules_are_current(tmp_path):
     pytest.importorskip("grpc_tools")
-    from service.protos.regenerate import GENERATED, main
+    from flywheel.service.protos.regenerate import GENERATED, main
 
     assert main(["--out", str(tmp_path)]) == 0
     here = ROOT / "service/protos/flywheel/v1"
     stale = [n for n in GENERATED
              if (tmp_path / "service/protos/flywheel/v1" / n).read_bytes() != (here / n).read_bytes()]
-    assert stale == [], "run `python -m service.protos.regenerate` and commit the result"
+    assert stale == [], "run `python -m flywheel.service.protos.regenerate` and commit the result"
     grpc_src = (here / "classifier_pb2_grpc.py").read_text()
-    assert "from service.protos.flywheel.v1 import classifier_pb2" in grpc_src and "flywheel.v1 import" not in \
-        grpc_src.replace("service.protos.flywheel.v1 import", "")
+    # the generated code names the installed (namespaced) module, never a bare one
+    assert "from flywheel.service.protos.flywheel.v1 import classifier_pb2" in grpc_src
+    assert "flywheel.v1 import" not in grpc_src.replace("flywheel.service.protos.flywheel.v1 import", "")
 
 
 # --- the client, against a fake servicer -------------------------------------------------

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from classifier.decision import Decision, Layer, Tier
-from service.metrics import MetricsInterceptor, ServerMetrics, start_metrics_http, stop_metrics_http
+from flywheel.classifier.decision import Decision, Layer, Tier
+from flywheel.service.metrics import MetricsInterceptor, ServerMetrics, start_metrics_http, stop_metrics_http
 
 TIMEOUT = 5.0
 HEALTH = ("unary", "grpc.health.v1.Health", "Check")

@@ -25,19 +25,19 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from classifier import Layer, Tier
-from classifier.config import load_config
-from classifier.encoders import CachedEmbedder
-from classifier.errors import TeacherError
-from classifier.intents import parse_intents
-from classifier.protocols import DelegatingEmbedder
-from classifier.registry import ModelRegistry
-from classifier.trainer import fit_model
-from logstore import LogStore
-from service.batcher import MicroBatcher
-from service.client import FlywheelClient
-from service.core import BatchOptions
-from service.server import TEACHER_HEALTH, ServerOptions, SidecarServer, create_server
+from flywheel.classifier import Layer, Tier
+from flywheel.classifier.config import load_config
+from flywheel.classifier.encoders import CachedEmbedder
+from flywheel.classifier.errors import TeacherError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.protocols import DelegatingEmbedder
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.trainer import fit_model
+from flywheel.logstore import LogStore
+from flywheel.service.batcher import MicroBatcher
+from flywheel.service.client import FlywheelClient
+from flywheel.service.core import BatchOptions
+from flywheel.service.server import TEACHER_HEALTH, ServerOptions, SidecarServer, create_server
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ScriptedTeacher
 from tests.support.sidecar import LOCAL, client, serving
@@ -461,7 +461,7 @@ class CheckedTeacher(ScriptedTeacher):
 
 
 def test_a_missing_teacher_model_warns_once_and_layer_2_keeps_serving(models, caplog):
-    from classifier.teacher import TeacherStatus
+    from flywheel.classifier.teacher import TeacherStatus
 
     teacher = CheckedTeacher(TeacherStatus(False, "model 'm:1' not found; pull it first"),
                              error=TeacherError("unavailable", "model 'm:1' not found"))
@@ -478,7 +478,7 @@ def test_a_missing_teacher_model_warns_once_and_layer_2_keeps_serving(models, ca
 
 
 def test_a_ready_teacher_sets_the_gauge(models):
-    from classifier.teacher import TeacherStatus
+    from flywheel.classifier.teacher import TeacherStatus
 
     teacher = CheckedTeacher(TeacherStatus(True, "served"), answer=lambda req: "RETRIEVAL")
     with serving(models["unsure"], teacher=teacher) as server:

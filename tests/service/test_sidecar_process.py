@@ -23,10 +23,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from classifier.registry import ModelRegistry
-from logstore import LogStore
-from service.client import FlywheelClient
-from service.servicer import SERVICE_NAME
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.logstore import LogStore
+from flywheel.service.client import FlywheelClient
+from flywheel.service.servicer import SERVICE_NAME
 from tests.support.paths import ROOT
 from tests.support.servers import flywheel_cmd, free_port, wait_for
 from tests.support.sidecar import Call, Load

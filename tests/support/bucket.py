@@ -15,12 +15,12 @@ import json
 import shutil
 from pathlib import Path
 
-from classifier.model import IntentModel
-from classifier.registry import ModelRegistry
-from fleet.objects import ObjectStore
-from fleet.registry import BucketRegistry
-from fleet.shipper import ObjectShipper
-from logstore import SpoolSink
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.registry import BucketRegistry
+from flywheel.fleet.shipper import ObjectShipper
+from flywheel.logstore import SpoolSink
 
 
 def save_version(reg: ModelRegistry, trained: IntentModel, name: str, **manifest: object) -> Path:

@@ -19,11 +19,11 @@ from typing import Sequence
 
 import numpy as np
 
-from classifier import Classifier
-from classifier.errors import TeacherError
-from classifier.intents import parse_intents
-from classifier.protocols import TeacherAnswer, TeacherRequest
-from classifier.trainer import fit_model
+from flywheel.classifier import Classifier
+from flywheel.classifier.errors import TeacherError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.protocols import TeacherAnswer, TeacherRequest
+from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
 
 _WORD = re.compile(r"\w+")

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from classifier.protocols import DecisionRecord, HistoryEntry
+from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from flywheel.classifier.protocols import DecisionRecord, HistoryEntry
 
 
 def make_record(did: str | None = None, *, text: str = "where is my invoice",

@@ -112,9 +112,9 @@ class WeedServer:
                 Path(path).unlink(missing_ok=True)
 
     def _wait_ready(self, deadline: float) -> None:
-        from fleet.config import StoreConfig
-        from fleet.errors import FleetError
-        from fleet.objects import ObjectStore
+        from flywheel.fleet.config import StoreConfig
+        from flywheel.fleet.errors import FleetError
+        from flywheel.fleet.objects import ObjectStore
 
         env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": self.region}
@@ -174,7 +174,7 @@ def store_env(monkeypatch, s3_server, request) -> str:
 @pytest.fixture
 def objects(store_env):
     """An :class:`~fleet.objects.ObjectStore` on the test's own prefix."""
-    from fleet.config import StoreConfig
-    from fleet.objects import ObjectStore
+    from flywheel.fleet.config import StoreConfig
+    from flywheel.fleet.objects import ObjectStore
 
     return ObjectStore(StoreConfig.parse(store_env))

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import grpc
 
-from classifier.config import load_config
-from service.client import FlywheelClient
-from service.server import ServerOptions, SidecarServer, create_server
+from flywheel.classifier.config import load_config
+from flywheel.service.client import FlywheelClient
+from flywheel.service.server import ServerOptions, SidecarServer, create_server
 from tests.support.fakes import HashEmbedder
 
 LOCAL = "127.0.0.1:0"   # a free loopback port, picked by the server

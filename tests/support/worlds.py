@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from classifier.intents import parse_intents
-from classifier.protocols import DecisionRecord
-from classifier.registry import ModelRegistry
-from classifier.text import normalise_key
-from logstore import LabelRecord, LogStore, label_records_to_table
+from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.text import normalise_key
+from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
+from flywheel.training.retrain import RetrainOptions, retrain
 from tests.support.fakes import HashEmbedder
-from training.retrain import RetrainOptions, retrain
 
 
 def blobs(n_per=40, k=4, dim=32, noise=0.35, seed=0, with_oos=True):

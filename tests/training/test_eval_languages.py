@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from classifier.intents import Intent, IntentSet, Rule, ThresholdSettings
-from classifier.pipeline import Classifier
-from classifier.trainer import fit_model
+from flywheel.classifier.intents import Intent, IntentSet, Rule, ThresholdSettings
+from flywheel.classifier.pipeline import Classifier
+from flywheel.classifier.trainer import fit_model
+from flywheel.training.evaluate import evaluate, format_report, language_slices
+from flywheel.training.loaders import DatasetError, load_labelled
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
 from tests.support.fakes import HashEmbedder
 from tests.support.paths import DATA
-from training.evaluate import evaluate, format_report, language_slices
-from training.loaders import DatasetError, load_labelled
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -161,13 +161,13 @@ def test_evaluate_reports_accuracy_per_language(intent_set, fake):
 
 # ------------------------------------------------------------------ CLI
 def test_cli_eval_json_shows_both_language_slices(tmp_path, monkeypatch, capsys):
-    import classifier.encoders
-    import classifier.trainer
+    import flywheel.classifier.encoders
+    import flywheel.classifier.trainer
     from flywheel.cli import main
 
     fake = HashEmbedder()
-    monkeypatch.setattr(classifier.trainer, "make_embedder", lambda *a, **k: fake)
-    monkeypatch.setattr(classifier.encoders, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: fake)
     train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
     train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]
     _write_jsonl(tmp_path / "train.jsonl", train)

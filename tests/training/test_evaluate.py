@@ -8,17 +8,17 @@ import json
 import numpy as np
 import pytest
 
-from classifier.encoders import CachedEmbedder
-from classifier.errors import FlywheelError, InvalidInputError
-from classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
-from classifier.labels import OUT_OF_SCOPE as OOS_NAME
-from classifier.pipeline import Classifier
-from classifier.protocols import Embedder
-from classifier.trainer import fit_model
+from flywheel.classifier.encoders import CachedEmbedder
+from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
+from flywheel.classifier.labels import OUT_OF_SCOPE as OOS_NAME
+from flywheel.classifier.pipeline import Classifier
+from flywheel.classifier.protocols import Embedder
+from flywheel.classifier.trainer import fit_model
+from flywheel.training.evaluate import classification_metrics, evaluate, format_report, write_plots
+from flywheel.training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
 from tests.support.fakes import HashEmbedder
-from training.evaluate import classification_metrics, evaluate, format_report, write_plots
-from training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -134,7 +134,7 @@ def test_evaluate_layer2_metrics_by_hand(clf, model, fake):
     ins = [i for i, v in enumerate(labels) if v is not None]
     top = probs[ins].argmax(axis=1)
     correct = np.array([classes[top[k]] == labels[i] for k, i in enumerate(ins)])
-    from classifier.calibration import expected_calibration_error
+    from flywheel.classifier.calibration import expected_calibration_error
 
     report = evaluate(clf, texts, labels, progress=False, latency_sample=0)
     assert report["ece"] == expected_calibration_error(probs[ins].max(axis=1), correct)
@@ -376,9 +376,9 @@ def test_intent_set_from_data_with_base():
 
 
 def test_prediction_sets_calibrated_on_held_out_data(model, fake):
-    from classifier.tiers import Thresholds
-    from training.evaluate import calibrate_sets
-    from training.loaders import DatasetError, LabelledData
+    from flywheel.classifier.tiers import Thresholds
+    from flywheel.training.evaluate import calibrate_sets
+    from flywheel.training.loaders import DatasetError, LabelledData
 
     texts, labels = _test_queries()
     data = LabelledData(texts=texts * 5, labels=labels * 5, source="cal.jsonl")

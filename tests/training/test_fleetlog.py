@@ -1,9 +1,9 @@
 """training.fleetlog without a store: the local log and registry, nothing on the network."""
 
-from classifier.config import load_config
-from classifier.registry import ModelRegistry
-from logstore import LogStore
-from training.fleetlog import label_sink, mirror_progress, open_log, open_objects, open_registry
+from flywheel.classifier.config import load_config
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.logstore import LogStore
+from flywheel.training.fleetlog import label_sink, mirror_progress, open_log, open_objects, open_registry
 
 
 def test_without_a_store_everything_is_local(tmp_path):

@@ -16,14 +16,19 @@ import yaml
 from filelock import FileLock
 from typer.testing import CliRunner
 
-from classifier.decision import Decision, Layer, Tier
-from classifier.intents import parse_intents
-from classifier.model import intents_to_doc
-from classifier.protocols import DecisionRecord
-from classifier.registry import UNCHECKED, ModelRegistry
-from classifier.text import normalise_key
-from classifier.trainer import fit_model
+from flywheel.classifier.decision import Decision, Layer, Tier
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import intents_to_doc
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.registry import UNCHECKED, ModelRegistry
+from flywheel.classifier.text import normalise_key
+from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
+from flywheel.training import cli_retrain
+from flywheel.training import retrain as retrain_mod
+from flywheel.training.layer2 import layer2_predict
+from flywheel.training.retrain import RetrainOptions, retrain
+from flywheel.training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, split_role, split_value
 from tests.support.fakes import HashEmbedder
 from tests.support.worlds import (
     CLOCK,
@@ -37,11 +42,6 @@ from tests.support.worlds import (
     sample,
     write,
 )
-from training import cli_retrain
-from training import retrain as retrain_mod
-from training.layer2 import layer2_predict
-from training.retrain import RetrainOptions, retrain
-from training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, split_role, split_value
 
 
 @pytest.fixture()
@@ -330,10 +330,10 @@ def test_fixed_split_is_deterministic_and_disjoint(world):
 
 
 def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
-    from training.gate import evaluate_layer2
-    from training.rows import LabelledSet
-    from training.tuning import TrafficSample, with_thresholds
-    from training.tuning import retune as _retune
+    from flywheel.training.gate import evaluate_layer2
+    from flywheel.training.rows import LabelledSet
+    from flywheel.training.tuning import TrafficSample, with_thresholds
+    from flywheel.training.tuning import retune as _retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -378,9 +378,9 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
 def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world):
     import copy
 
-    from classifier.tiers import Thresholds
-    from training.rows import LabelledSet
-    from training.tuning import retune, with_thresholds
+    from flywheel.classifier.tiers import Thresholds
+    from flywheel.training.rows import LabelledSet
+    from flywheel.training.tuning import retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     head_th = copy.deepcopy(model.head.thresholds_)           # right after fit
@@ -411,8 +411,8 @@ def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world)
 
 
 def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
-    from classifier.pipeline import _Runtime
-    from classifier.tiers import Thresholds
+    from flywheel.classifier.pipeline import _Runtime
+    from flywheel.classifier.tiers import Thresholds
 
     returned = []
     real_retune = retrain_mod.retune
@@ -439,11 +439,11 @@ def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
 
 
 def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again(world, monkeypatch):
-    import classifier.trainer
+    import flywheel.classifier.trainer
 
     world.seed_traffic()
     built, fits = [], []
-    real_build, real_fit = retrain_mod.build_training_set, classifier.trainer.fit_from_vectors
+    real_build, real_fit = retrain_mod.build_training_set, flywheel.classifier.trainer.fit_from_vectors
 
     def build(*args, **kw):
         ts = real_build(*args, **kw)
@@ -455,7 +455,7 @@ def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again
         return real_fit(intents, X, labels, **kw)
 
     monkeypatch.setattr(retrain_mod, "build_training_set", build)
-    monkeypatch.setattr(classifier.trainer, "fit_from_vectors", fit)
+    monkeypatch.setattr(flywheel.classifier.trainer, "fit_from_vectors", fit)
     res = world.run()
     assert res.outcome == "promoted"
     [(ts, calls_after_data)] = built
@@ -472,7 +472,7 @@ def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again
 
 
 def test_fit_from_vectors_is_fit_model_without_the_encoding(world):
-    from classifier.trainer import fit_from_vectors
+    from flywheel.classifier.trainer import fit_from_vectors
 
     emb = HashEmbedder()
     extra = sample(100, 4)
@@ -493,7 +493,7 @@ def test_fit_from_vectors_is_fit_model_without_the_encoding(world):
 
 
 def test_retrain_options_are_checked_in_one_place():
-    from training.retrain import RetrainError, RetrainOptions
+    from flywheel.training.retrain import RetrainError, RetrainOptions
 
     assert RetrainOptions().tolerance == 0.01
     for kw, msg in (({"tolerance": 2.0}, "tolerance must be between 0 and 1"),
@@ -529,8 +529,8 @@ def test_champions_not_trained_by_retrain(world):
 
 
 def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
-    from classifier.pipeline import _Runtime
-    from classifier.tiers import Thresholds
+    from flywheel.classifier.pipeline import _Runtime
+    from flywheel.classifier.tiers import Thresholds
 
     doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "confident": 0.0, "per_intent": {"PLATFORM": 0.7}})
     model = fit_model(parse_intents(doc), embedder=HashEmbedder())
@@ -579,15 +579,15 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 
 def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
-    from training.gate import noise_margins as _noise_margins
-    from training.rows import LabelledSet
+    from flywheel.training.gate import noise_margins as _noise_margins
+    from flywheel.training.rows import LabelledSet
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(200, 5)
     data = LabelledSet([t for t, _ in items], [y for _, y in items], HashEmbedder().encode([t for t, _ in items]),
                        ["teacher"] * len(items), [None] * len(items))
-    from classifier.head import IntentHead
-    from training.layer2 import layer2_predict
+    from flywheel.classifier.head import IntentHead
+    from flywheel.training.layer2 import layer2_predict
 
     assert _noise_margins(model, model, data)["accuracy"] == 0.0
     other = fit_model(world.intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
@@ -607,7 +607,7 @@ def layer2_record(text: str, label: str | None) -> DecisionRecord:
 
 
 def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(world):
-    from training.tuning import traffic_sample
+    from flywheel.training.tuning import traffic_sample
 
     items = sample(600, 20)
     write(world.store, [record(t, true=y, embed=True) for t, y in items])
@@ -639,8 +639,8 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
 
 
 def test_weighted_budget_counts_heavy_rows(world):
-    from training.rows import LabelledSet
-    from training.tuning import TrafficSample, retune, with_thresholds
+    from flywheel.training.rows import LabelledSet
+    from flywheel.training.tuning import TrafficSample, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -658,7 +658,7 @@ def test_weighted_budget_counts_heavy_rows(world):
     assert cut["heavy"] < cut["flat"]
 
     def weighted_share(cutoff):
-        from training.layer2 import layer2_predict
+        from flywheel.training.layer2 import layer2_predict
         m = with_thresholds(model, {**model.manifest.thresholds, "confident": cutoff})
         sure = layer2_predict(m, X).sure
         return float(w[~sure].sum() / w.sum())
@@ -670,8 +670,8 @@ def test_weighted_budget_counts_heavy_rows(world):
 def _escalations(world):
     """A fitted model, 3,000 sampled queries and layer 2's view of them: the rows it
     rejects without being sure (``unsure``) are the escalations the budget may relax."""
-    from classifier.tiers import Thresholds
-    from training.tuning import layer2_state
+    from flywheel.classifier.tiers import Thresholds
+    from flywheel.training.tuning import layer2_state
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(3000, 3)
@@ -684,9 +684,9 @@ def _escalations(world):
 
 
 def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
-    from training.gate import evaluate_layer2
-    from training.rows import LabelledSet
-    from training.tuning import retune, with_thresholds
+    from flywheel.training.gate import evaluate_layer2
+    from flywheel.training.rows import LabelledSet
+    from flywheel.training.tuning import retune, with_thresholds
 
     model, items, X, th, s, conf, second, top, unsure_reject = _escalations(world)
     movable = unsure_reject & (s.oos_class < conf)
@@ -724,9 +724,9 @@ def test_relaxed_budget_holds_with_weights(world):
     """A positive budget the cutoff alone cannot meet, weighted traffic, both kinds of
     escalation relaxable: the weighted LLM share lands within the budget plus the rows
     no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
-    from training.layer2 import layer2_predict
-    from training.rows import LabelledSet
-    from training.tuning import TrafficSample, retune, with_thresholds
+    from flywheel.training.layer2 import layer2_predict
+    from flywheel.training.rows import LabelledSet
+    from flywheel.training.tuning import TrafficSample, retune, with_thresholds
 
     model, items, X, th, s, conf, second, top, unsure = _escalations(world)
     labels = [(t if u else y) for u, t, (_, y) in zip(unsure, top, items)]   # accepting them is right
@@ -759,7 +759,7 @@ def test_the_challenger_trains_on_synthetic_negatives(world):
     assert model.manifest.metrics["n_synthetic_negatives"] == 24
     assert model.manifest.training_size == res.report["dataset"]["train"]["n"]
     assert model.head.metrics_["fit_only_rows"] >= 24
-    from classifier.negatives import synthetic_negatives
+    from flywheel.classifier.negatives import synthetic_negatives
 
     assert set(synthetic_negatives(24)) <= set(world.embedder.texts)
     assert world.embedder.calls == 1  # with everything else the training set embeds
@@ -961,7 +961,7 @@ def test_two_retrains_racing_without_a_shared_lock_one_promotes_the_other_says_s
 
 
 def test_decisions_whose_text_retention_removed_train_on_their_logged_vectors(world):
-    from training.trainset import build_training_set
+    from flywheel.training.trainset import build_training_set
 
     items = sample(90, seed=7)
     recs = [record(t, true=y, embed=(i % 3 != 0)) for i, (t, y) in enumerate(items)]   # 60 with vectors

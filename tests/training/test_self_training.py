@@ -12,17 +12,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from classifier.decision import Candidate, Decision, Layer, Tier
-from classifier.head import IntentHead
-from classifier.model import IntentModel
-from classifier.protocols import DecisionRecord
-from classifier.text import normalise_key
+from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.model import IntentModel
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.text import normalise_key
 from flywheel.cli import build_app
+from flywheel.training import cli_retrain
+from flywheel.training import retrain as retrain_mod
+from flywheel.training.trainset import build_training_set
 from tests.support.fakes import HashEmbedder
 from tests.support.worlds import ENC, INTENT_DOC, World, blobs, record, sample, write
-from training import cli_retrain
-from training import retrain as retrain_mod
-from training.trainset import build_training_set
 
 # ------------------------------------------------------------------ the head
 
@@ -102,7 +102,7 @@ def layer2_record(text: str, label: str | None, tier: Tier = Tier.CONFIDENT, *, 
 @pytest.fixture()
 def logged(tmp_path):
     """A log with teacher-labelled traffic plus layer-2 decisions of every kind."""
-    from logstore import LogStore
+    from flywheel.logstore import LogStore
 
     store = LogStore(tmp_path / "traffic.duckdb")
     items = sample(260, 7)
@@ -140,7 +140,7 @@ def test_confident_layer2_reads_confident_in_scope_decisions_with_vectors(logged
 
 
 def test_training_set_adds_self_training_rows_only_when_asked(logged):
-    from classifier.intents import parse_intents
+    from flywheel.classifier.intents import parse_intents
 
     store, conf_in, odd, teacher = logged
     intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
@@ -171,17 +171,17 @@ def test_training_set_adds_self_training_rows_only_when_asked(logged):
 # ------------------------------------------------------------------ the job
 
 def test_retrain_self_training_weight_and_report(world_st, monkeypatch):
-    import classifier.trainer
+    import flywheel.classifier.trainer
 
     world = world_st
     seen: list[dict] = []
-    real_fit = classifier.trainer.fit_from_vectors
+    real_fit = flywheel.classifier.trainer.fit_from_vectors
 
     def spy(*args, **kw):
         seen.append(kw)
         return real_fit(*args, **kw)
 
-    monkeypatch.setattr(classifier.trainer, "fit_from_vectors", spy)
+    monkeypatch.setattr(flywheel.classifier.trainer, "fit_from_vectors", spy)
     base = world.run()
     assert base.outcome == "promoted"
     assert base.report["dataset"]["self_training"]["rows"] == 0
@@ -232,8 +232,8 @@ def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
 
 
 def test_self_training_rows_with_unusable_vectors_are_dropped_and_counted(tmp_path):
-    from classifier.intents import parse_intents
-    from logstore import LogStore
+    from flywheel.classifier.intents import parse_intents
+    from flywheel.logstore import LogStore
 
     store = LogStore(tmp_path / "traffic.duckdb")
     good = layer2_record("how do i call addvar today", "RETRIEVAL")

@@ -39,13 +39,13 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.protocols import DecisionRecord
-from classifier.registry import ModelRegistry
-from classifier.shadow import ShadowAnswer
-from logstore import LabelRecord, LogStore, label_records_to_table
-from training.shadow_stats import count_shadow, empty_shadow, format_shadow, shadow_section
-from training.stats import convergence, empty_stats, format_table, stats_for_path
+from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.shadow import ShadowAnswer
+from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
+from flywheel.training.shadow_stats import count_shadow, empty_shadow, format_shadow, shadow_section
+from flywheel.training.stats import convergence, empty_stats, format_table, stats_for_path
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
 H = 3600.0
@@ -239,7 +239,7 @@ def test_cli_reads_the_shadow_pointer(log_path, tmp_path):
 
 
 def test_cli_explicit_shadow_and_errors(log_path, tmp_path):
-    from classifier.errors import InvalidInputError
+    from flywheel.classifier.errors import InvalidInputError
     from flywheel.cli import build_app
 
     app = build_app()
@@ -261,14 +261,14 @@ def test_cli_explicit_shadow_and_errors(log_path, tmp_path):
 
 
 def test_fleet_registry_down_leaves_the_section_out(monkeypatch, capsys):
-    import training.fleetlog
-    from fleet.errors import StoreUnavailable
-    from training.cli import _registry_shadow
+    import flywheel.training.fleetlog
+    from flywheel.fleet.errors import StoreUnavailable
+    from flywheel.training.cli import _registry_shadow
 
     def down(cfg, models=None, **kw):
         raise StoreUnavailable("store unreachable")
 
-    monkeypatch.setattr(training.fleetlog, "open_registry", down)
+    monkeypatch.setattr(flywheel.training.fleetlog, "open_registry", down)
     assert _registry_shadow(SimpleNamespace(store="s3://bucket/prefix")) is None
     assert "cannot read the shadow version (store unreachable)" in capsys.readouterr().err
 
@@ -276,5 +276,5 @@ def test_fleet_registry_down_leaves_the_section_out(monkeypatch, capsys):
         def shadow(self):
             return "v7"
 
-    monkeypatch.setattr(training.fleetlog, "open_registry", lambda cfg, models=None, **kw: Up())
+    monkeypatch.setattr(flywheel.training.fleetlog, "open_registry", lambda cfg, models=None, **kw: Up())
     assert _registry_shadow(SimpleNamespace(store="s3://bucket/prefix")) == "v7"

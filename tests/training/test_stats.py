@@ -29,11 +29,11 @@ from datetime import datetime, timezone
 import pytest
 from typer.testing import CliRunner
 
-from classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
-from classifier.errors import InvalidInputError
-from classifier.protocols import DecisionRecord
-from logstore import LabelRecord, LogStore, LogStoreError, label_records_to_table
-from training.stats import convergence, empty_stats, format_table, parse_window
+from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.protocols import DecisionRecord
+from flywheel.logstore import LabelRecord, LogStore, LogStoreError, label_records_to_table
+from flywheel.training.stats import convergence, empty_stats, format_table, parse_window
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
 DAY = 86400.0

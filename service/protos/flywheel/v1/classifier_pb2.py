@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+service/protos/fl
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'service.protos.flywheel.v1.classifier_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flywheel.service.protos.flywheel.v1.classifier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_METRICSENTRY']._loaded_options = None

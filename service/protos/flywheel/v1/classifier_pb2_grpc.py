@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from service.protos.flywheel.v1 import classifier_pb2 as service_dot_protos_dot_flywheel_dot_v1_dot_classifier__pb2
+from flywheel.service.protos.flywheel.v1 import classifier_pb2 as service_dot_protos_dot_flywheel_dot_v1_dot_classifier__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
