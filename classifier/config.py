@@ -39,6 +39,14 @@ _FLOATS = {"teacher_timeout_s", "audit_rate", "store_poll_s", "ship_interval_s",
            "log_retention_days", "shadow_fraction"}
 _BOOLS = {"mask_pii"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+#: What the ``teacher`` setting may be: ``on`` (the intent file's ``teacher.backend``),
+#: ``ollama`` or ``openai`` (that backend, whatever the intent file says), ``off`` (no layer 3).
+TEACHER_CHOICES = ("on", "ollama", "openai", "off")
+#: The help text of every command's ``--teacher`` option.
+TEACHER_HELP = "on (the intent file's teacher.backend) | ollama | openai (that backend) | off"
+#: The help text of every command's ``--teacher-host`` option (alias ``--ollama-host``): the
+#: flag sets both ``ollama_host`` and ``teacher_host``, so it reaches whichever backend is used.
+TEACHER_HOST_HELP = "The teacher's host, for either backend (an openai base URL ends in /v1)."
 #: The help text of every command's ``--home`` option.
 HOME_HELP = "flywheel home (default: $FLYWHEEL_HOME or the user data dir)"
 
@@ -62,7 +70,7 @@ def cache_dir(kind: str, root: str | os.PathLike[str] | None = None) -> Path:
 
 def starter_intents_path() -> Path:
     """The starter intent set that ships as package data in ``classifier/data/``."""
-    return Path(str(files("classifier") / "data" / "starter_intents.yaml"))
+    return Path(str(files("flywheel.classifier") / "data" / "starter_intents.yaml"))
 
 
 @dataclass
@@ -71,7 +79,7 @@ class Config:
     model: str | None = None          # a model version dir, or a models home with CURRENT
     intents: str | None = None        # intent file for the default model
     log_db: str | None = None         # None: <home>/log/flywheel.duckdb
-    teacher: str = "ollama"           # "ollama" or "off"
+    teacher: str = "on"               # see TEACHER_CHOICES
     ollama_host: str | None = None
     teacher_host: str | None = None   # the openai teacher's base URL (over the intent file's teacher.host)
     teacher_model: str | None = None
@@ -149,8 +157,10 @@ def load_config(**flags: Any) -> Config:
         values[f.name] = v
         sources[f.name] = src
     cfg = Config(**values, sources=sources)
-    if cfg.teacher not in ("ollama", "off"):
-        raise ConfigError(f"teacher must be 'ollama' or 'off', got {cfg.teacher!r}")
+    cfg.teacher = str(cfg.teacher).strip().lower()
+    if cfg.teacher not in TEACHER_CHOICES:
+        raise ConfigError(f"teacher must be one of {', '.join(TEACHER_CHOICES)}, got {values.get('teacher')!r} "
+                          f"(from {sources.get('teacher', 'default')})")
     for name in ("audit_rate", "shadow_fraction"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ConfigError(f"{name} must be between 0 and 1, got {getattr(cfg, name)}")

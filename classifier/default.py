@@ -1,10 +1,14 @@
 """The default classifier behind module-level :func:`classifier.classify`.
 
 Model resolution: the configured ``model`` (a version directory, or a models home
-with a ``CURRENT`` pointer), else the configured ``intents`` file, else the starter
-intents that ship as package data (``classifier/data/starter_intents.yaml``), trained on
-first use and cached under ``<home>/cache/``. The encoders keep their own caches (ONNX
-exports, the USE tokenizer) under the same resolved home (:attr:`Config.cache_root`).
+with a ``CURRENT`` pointer), else the models home once a version was promoted there,
+else the configured ``intents`` file, else the starter intents that ship as package data
+(``classifier/data/starter_intents.yaml``), trained on first use and cached under
+``<home>/cache/``. A configured ``intents`` file is always read and validated; when a
+model or promoted version wins, it must bundle that same intent set, else a
+:class:`~classifier.errors.ConfigError` names the file and the version served instead.
+The encoders keep their own caches (ONNX exports, the USE tokenizer) under the same
+resolved home (:attr:`Config.cache_root`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.classifier.config import Config, load_config, starter_intents_path
-from flywheel.classifier.errors import ConfigError
+from flywheel.classifier.errors import ConfigError, IntentFileError
 from flywheel.classifier.intents import IntentSet, load_intents
 from flywheel.classifier.model import MANIFEST
 from flywheel.classifier.registry import CURRENT
@@ -34,7 +38,13 @@ def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
         lib = version("flywheel")
     except PackageNotFoundError:
         lib = "dev"
-    digest = hashlib.sha256(intents_path.read_bytes() + lib.encode()).hexdigest()[:12]
+    try:
+        data = intents_path.read_bytes()
+    except FileNotFoundError:
+        raise IntentFileError(str(intents_path), "file not found") from None
+    except OSError as exc:
+        raise IntentFileError(str(intents_path), f"cannot read file: {exc}") from None
+    digest = hashlib.sha256(data + lib.encode()).hexdigest()[:12]
     return cfg.cache_root / f"{intents_path.stem}-{digest}"
 
 
@@ -79,24 +89,60 @@ def existing_model_dir(cfg: Config) -> Path | None:
 
 def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
     """The configured model, else the models home once a version was promoted there,
-    else the intent set (configured or starter) trained into the cache."""
-    if cfg.model:
-        return Path(cfg.model).expanduser()
-    if (cfg.models_dir / CURRENT).is_file():
-        return cfg.models_dir
+    else the intent set (configured or starter) trained into the cache.
+
+    A configured ``intents`` file is read and validated first (a missing or invalid one
+    raises :class:`~classifier.errors.IntentFileError`); when the model or the models home
+    wins, its served version must bundle that intent set (:func:`check_served_intents`)."""
+    explicit = load_intents(Path(cfg.intents).expanduser()) if cfg.intents else None
+    served = Path(cfg.model).expanduser() if cfg.model else None
+    if served is None and (cfg.models_dir / CURRENT).is_file():
+        served = cfg.models_dir
+    if served is not None:
+        if explicit is not None:
+            check_served_intents(explicit, served, "the model setting" if cfg.model else "the models home")
+        return served
     intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
     return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress,
                           cache_root=cfg.cache_root)
 
 
+def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
+    """Raise :class:`~classifier.errors.ConfigError` when the version ``served`` (a version
+    directory, or a models home's ``CURRENT``) bundles another intent set than ``intents``,
+    the configured ``intents`` file: examples, rules and settings included, as the retrain
+    compares them. A directory without a bundled intent set is left for loading to reject."""
+    from flywheel.classifier.model import INTENTS_FILE, intents_to_doc
+    from flywheel.classifier.registry import ModelRegistry
+
+    version_dir = ModelRegistry(served).current_path() if (served / CURRENT).is_file() else served
+    if not (version_dir / INTENTS_FILE).is_file():
+        return
+    bundled = load_intents(version_dir / INTENTS_FILE)
+    if intents_to_doc(bundled) == intents_to_doc(intents):
+        return
+    only_file = sorted(set(intents.labels) - set(bundled.labels))
+    only_model = sorted(set(bundled.labels) - set(intents.labels))
+    if only_file or only_model:
+        diff = (f"intents only in the file: {', '.join(only_file) or 'none'}; "
+                f"only in {version_dir.name}: {', '.join(only_model) or 'none'}")
+    else:
+        diff = "same intents, other examples, rules or settings"
+    raise ConfigError(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
+                      f"trained on another intent set ({diff}); run flywheel retrain --intents {intents.source} to "
+                      f"promote a version of it, or drop the intents setting to serve {version_dir.name}")
+
+
 def build_teacher(cfg: Config, intents: IntentSet) -> Any:
     """The teacher ``cfg`` and the intent set's ``teacher`` section describe (``None`` when
     ``teacher = off``); flags, environment and config file win over the intent file. The
-    intent file's ``teacher.backend`` picks the class: ``ollama`` (host: ``ollama_host``,
+    backend is ``cfg.teacher`` when that names one (``ollama``, ``openai``), else (``on``) the
+    intent file's ``teacher.backend``: ``ollama`` (host: ``ollama_host``,
     else ``teacher.host``, else :func:`classifier.teacher.resolve_host`'s ``OLLAMA_HOST``
     and default) or ``openai`` (host: ``teacher_host``, else ``teacher.host``; there is no
-    default, a missing one is a :class:`~classifier.errors.ConfigError`), behind the
-    intent file's call budget when it sets one (:func:`classifier.budget.apply_budget`). No
+    default, a missing one is a :class:`~classifier.errors.ConfigError`); ``teacher.host``
+    counts only for the backend the intent file names. The teacher is behind the intent
+    file's call budget when it sets one (:func:`classifier.budget.apply_budget`). No
     connection is made."""
     if cfg.teacher == "off":
         return None
@@ -106,17 +152,20 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Any:
     model = cfg.teacher_model or t.model
     timeout_s = cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s
     breaker = CircuitBreaker(t.breaker_failures, t.breaker_reset_s)
-    if t.backend == "openai":
+    backend = t.backend if cfg.teacher == "on" else cfg.teacher
+    file_host = t.host if backend == t.backend else None   # the intent file's host is its own backend's
+    if backend == "openai":
         from flywheel.classifier.openai_teacher import OpenAITeacher
 
-        host = cfg.teacher_host or t.host
+        host = cfg.teacher_host or file_host
         if not host or not str(host).strip():
             raise ConfigError(f"{intents.source}: the openai teacher needs the server's base URL: set "
-                              "teacher.host (e.g. http://127.0.0.1:8000/v1) or FLYWHEEL_TEACHER_HOST")
+                              "teacher.host (e.g. http://127.0.0.1:8000/v1), FLYWHEEL_TEACHER_HOST or "
+                              "--teacher-host")
         teacher: Any = OpenAITeacher(model=model, host=str(host), timeout_s=timeout_s, breaker=breaker,
                                      response_format=t.response_format, system_prompt=t.system_prompt)
     else:
-        teacher = OllamaTeacher(model=model, host=cfg.ollama_host or t.host, timeout_s=timeout_s,
+        teacher = OllamaTeacher(model=model, host=cfg.ollama_host or file_host, timeout_s=timeout_s,
                                 breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
     from flywheel.classifier.budget import apply_budget
 

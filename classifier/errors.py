@@ -78,7 +78,14 @@ class TeacherError(FlywheelError):
 
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
+        self.detail = message   # the message without the kind
         super().__init__(f"{kind}: {message}")
+
+    def reason(self) -> str:
+        """The words a degraded decision's reason gets: ``llm unavailable: <kind>: <detail>``,
+        the kind left out where it would say ``unavailable`` twice."""
+        said = self.detail if self.kind == "unavailable" else f"{self.kind}: {self.detail}"
+        return f"llm unavailable: {said}" if said else "llm unavailable"
 
 
 #: :class:`TeacherError` kinds raised before any call reached the LLM (its circuit breaker

@@ -183,7 +183,17 @@ def _read(path: Path) -> Any:
             return tomllib.loads(raw)
         return yaml.safe_load(raw)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise IntentFileError(str(path), f"not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}") from None
+        kind = path.suffix.lstrip(".") or "YAML"
+        raise IntentFileError(str(path), f"not valid {kind}: {_syntax_error(exc)}") from None
+
+
+def _syntax_error(exc: Exception) -> str:
+    """A parser's error on one line (PyYAML's spans several: context, problem, a snippet)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.context + ': ' if exc.context else ''}{exc.problem}{where}"
+    return " ".join(str(exc).split())
 
 
 def load_intents(path: str | Path) -> IntentSet:

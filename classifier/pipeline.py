@@ -421,7 +421,7 @@ class Classifier:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind not in NOT_CALLED_KINDS else None  # no call made
-            d = self._from_layer2(rt, res, c, lat, f"; llm unavailable: {exc}", call, degraded=exc.kind)
+            d = self._from_layer2(rt, res, c, lat, f"; {exc.reason()}", call, degraded=exc.kind)
             d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
             return d
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving

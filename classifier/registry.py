@@ -100,6 +100,18 @@ def _read_bytes(path: Path) -> bytes | None:
         return None
 
 
+def is_models_home(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a models home: it holds a ``CURRENT`` or ``HISTORY`` pointer, or
+    a version directory (one with a manifest). A version is saved *into* a home, never as one."""
+    p = Path(path)
+    if any((p / f).is_file() for f in (CURRENT, HISTORY)):
+        return True
+    try:
+        return any(d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file() for d in p.iterdir())
+    except OSError:   # not there (yet), or not a directory
+        return False
+
+
 @dataclass(frozen=True)
 class VersionInfo:
     name: str
@@ -173,11 +185,7 @@ class ModelRegistry:
         With ``expected`` (a version name, ``None`` = no shadow), only if ``SHADOW`` still
         says so (else :class:`PromotionConflict`)."""
         if name is not None:
-            d = self.version_dir(name)
-            if not d.is_dir():
-                raise ModelError(f"{self.home}: no version {name!r}")
-            if verify:
-                IntentModel.load(d)
+            self._verified(name, verify=verify)
         self.home.mkdir(parents=True, exist_ok=True)
         with self._pointer_lock():
             found = self.shadow_name()
@@ -190,7 +198,7 @@ class ModelRegistry:
                     os.unlink(self.home / SHADOW)
                 except FileNotFoundError:
                     pass
-        log.info("shadow %s in %s", f"set to {name}" if name else "cleared", self.home)
+        log.info("shadow %s in the local models home %s", f"set to {name}" if name else "cleared", self.home)
 
     def last_retrain(self) -> dict[str, Any] | None:
         """What :meth:`record_retrain` wrote last (``None``: never, or unreadable)."""
@@ -238,24 +246,22 @@ class ModelRegistry:
         and written under the pointer lock; otherwise :class:`PromotionConflict` and
         nothing changes. Without it, the switch is unconditional. Returns the new token.
         """
-        d = self.version_dir(name)
-        if not d.is_dir():
-            raise ModelError(f"{self.home}: no version {name!r}")
-        if verify:
-            IntentModel.load(d)  # raises ModelError for a corrupt or mismatched version
+        self._verified(name, verify=verify)
         with self._pointer_lock():
             self._check_expected(expected)
             hist = self.history()
             if not hist or hist[-1] != name:
                 _atomic_write(self.home / HISTORY, "\n".join([*hist, name]) + "\n")
             _atomic_write(self.home / CURRENT, name + "\n")
-        log.info("promoted %s", name)
+        log.info("promoted %s in the local models home %s", name, self.home)   # not a fleet promotion
         return name
 
     def rollback(self, *, expected: str | None = None) -> str:
         """Serve the previously promoted version again; returns its name (the new token).
 
         With ``expected``, only if ``CURRENT`` still names it (else :class:`PromotionConflict`).
+        The target is checked as :meth:`promote` checks it; :class:`ModelError` when it is
+        missing or does not verify, and nothing changes.
         """
         if not self.home.is_dir():
             raise ModelError(f"{self.home}: nothing to roll back to")
@@ -269,11 +275,26 @@ class ModelRegistry:
             if not hist:
                 raise ModelError(f"{self.home}: nothing to roll back to")
             prev = hist[-1]
-            IntentModel.load(self.version_dir(prev))
+            try:
+                self._verified(prev)
+            except ModelError as exc:
+                raise ModelError(f"cannot roll back to {prev!r}: {exc}") from None
             _atomic_write(self.home / HISTORY, "\n".join(hist) + "\n")
             _atomic_write(self.home / CURRENT, prev + "\n")
         log.info("rolled back to %s", prev)
         return prev
+
+    def _verified(self, name: str, *, verify: bool = True) -> Path:
+        """Version ``name``'s directory, checked before a pointer (``CURRENT``, ``SHADOW``)
+        may name it: it must exist and, with ``verify``, load (every checksum of its
+        manifest, :meth:`IntentModel.load`); else :class:`ModelError`. The one check
+        :meth:`promote`, :meth:`rollback` and :meth:`set_shadow` share."""
+        d = self.version_dir(name)
+        if not d.is_dir():
+            raise ModelError(f"{self.home}: no version {name!r}")
+        if verify:
+            IntentModel.load(d)  # raises ModelError for a corrupt or mismatched version
+        return d
 
     def _check_expected(self, expected: str | None | Unchecked) -> None:
         """Raise :class:`PromotionConflict` unless ``CURRENT`` names ``expected`` (call it
@@ -354,7 +375,7 @@ class ModelRegistry:
         finally:
             if tmp.exists():
                 self._delete(tmp)
-        log.info("published %s from %s", name, src)
+        log.info("published %s into the local models home %s (from %s)", name, self.home, src)
         return name
 
     def install(self, name: str, tmp_dir: str | os.PathLike[str]) -> Path:
@@ -385,7 +406,7 @@ class ModelRegistry:
             if src.exists():
                 self._delete(src)
             raise
-        log.info("installed %s", name)
+        log.info("installed %s in the local models home %s", name, self.home)
         return target
 
     def _keep_installed(self, src: Path, target: Path) -> bool:

@@ -85,6 +85,21 @@ class Layer2Result:
     sure: bool                      # layer 2 decides; otherwise the teacher is asked
 
 
+def fmt_probs(*values: float, digits: int = 2) -> list[str]:
+    """``values`` (probabilities, cutoffs) as text for a reason or a report: ``digits``
+    decimals, more (up to 6) where fewer would round a value strictly between 0 and 1 to
+    0 or 1, or show two different values as equal. ``fmt_probs(0.9999)`` is ``['0.9999']``
+    (never a misleading ``1.00``); ``fmt_probs(0.996, 0.995)`` is ``['0.996', '0.995']``."""
+    vals = [float(v) for v in values]
+    for d in range(digits, max(digits, 6) + 1):
+        out = [f"{v:.{d}f}" for v in vals]
+        edge = any(0.0 < v < 1.0 and float(t) in (0.0, 1.0) for v, t in zip(vals, out))
+        alike = len(set(out)) < len(set(vals))
+        if not edge and not alike:
+            break
+    return out
+
+
 def cut_at_drop(cands: Sequence[Candidate], ratio: float, max_n: int = 10) -> list[Candidate]:
     """Keep the leading candidates until the first one whose score falls below
     ``ratio`` times the previous one (the place where the scores drop).
@@ -212,15 +227,22 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
     cands = [Candidate(labels[i], float(probs[i])) for i in order]
     top, tier, sure = cands[0], Tier(batch.tier[j]), bool(batch.sure[j])
     by_risk = th.defer is not None and risk is not None
-    why_risk = f"; P(wrong) {risk:.2f} {'<=' if sure else '>'} cutoff {th.defer:.2f}" if by_risk else ""
+    if by_risk:
+        r_txt, d_txt = fmt_probs(risk, th.defer)
+        why_risk = f"; P(wrong) {r_txt} {'<=' if sure else '>'} cutoff {d_txt}"
+    else:
+        why_risk = ""
     if batch.rejected[j]:
-        why = (f"out of scope: probability {p_oos:.2f} >= cutoff {th.oos:.2f}" if p_oos >= th.oos
-               else f"out-of-scope class most likely ({oos_class:.2f} >= {top.label} {top.confidence:.2f})")
+        if p_oos >= th.oos:
+            why = "out of scope: probability {} >= cutoff {}".format(*fmt_probs(p_oos, th.oos))
+        else:
+            o_txt, t_txt = fmt_probs(oos_class, top.confidence)
+            why = f"out-of-scope class most likely ({o_txt} >= {top.label} {t_txt})"
         return Layer2Result(None, float(batch.confidence[j]), Tier.NO_MATCH, [], why + why_risk, cands,
                             float(p_oos), sure)
     cutoff = th.confident_for(top.label)
     if tier is Tier.CONFIDENT:
-        why = why_risk[2:] if by_risk else f"confidence {top.confidence:.2f} >= cutoff {cutoff:.2f}"
+        why = why_risk[2:] if by_risk else "confidence {} >= cutoff {}".format(*fmt_probs(top.confidence, cutoff))
         return Layer2Result(top.label, top.confidence, tier, [], why, cands, float(p_oos), True)
     if batch.in_set is not None:
         alts = [c for c in cands if c.confidence >= th.set_cutoff][:10] or cands[:1]
@@ -235,5 +257,5 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
     elif top.confidence >= cutoff:
         why = f"runner-up within ratio {th.ambiguous_ratio:.2f} of the top"
     else:
-        why = f"confidence {top.confidence:.2f} < cutoff {cutoff:.2f}"
+        why = "confidence {} < cutoff {}".format(*fmt_probs(top.confidence, cutoff))
     return Layer2Result(top.label, top.confidence, Tier.WEAK, alts, why, cands, float(p_oos), False)

@@ -12,7 +12,13 @@ __all__ = ["FleetError", "PreconditionFailed", "StoreConfigError", "StoreUnavail
 
 
 class FleetError(FlywheelError):
-    """The object store refused or failed an operation (the base of the fleet's errors)."""
+    """The object store refused or failed an operation (the base of the fleet's errors).
+
+    Exit code 3, like a model problem: the input was fine, the store was not (an outage,
+    :class:`StoreUnavailable`, is worth retrying later); a bad store URL or environment is
+    :class:`StoreConfigError`, exit code 2."""
+
+    exit_code = 3
 
 
 class StoreUnavailable(FleetError):

@@ -307,9 +307,7 @@ class BucketRegistry:
         it is also downloaded into the local home and checked whole (nothing to download when
         it was saved on this host). When the pointer moved: :class:`PromotionConflict`, naming
         the version promoted now, and nothing changes."""
-        self._check_promotable(name)
-        if verify:
-            self.download(name)
+        self._verified(name, verify=verify)
         now = self.pointer()
         if now.etag != expected:
             raise self._conflict(expected, now)
@@ -321,7 +319,11 @@ class BucketRegistry:
     def rollback(self, *, expected: str | None = None) -> str:
         """Serve the previously promoted version again; returns the new etag. With
         ``expected``, only if ``CURRENT``'s etag still is that (else :class:`PromotionConflict`);
-        without it, against the pointer as read now (a concurrent change is still a conflict)."""
+        without it, against the pointer as read now (a concurrent change is still a conflict).
+
+        The target is checked as :meth:`promote` checks it (complete and servable in the
+        store, downloaded into the local home and verified whole); :class:`ModelError` naming
+        it when it does not pass, and ``CURRENT`` stays as it is."""
         now = self.pointer()
         if expected is not None and now.etag != expected:
             raise self._conflict(expected, now)
@@ -331,7 +333,10 @@ class BucketRegistry:
         if not history:
             raise ModelError(f"{self.objects.cfg.location(CURRENT_KEY)}: nothing to roll back to")
         prev = history[-1]
-        self._check_promotable(prev)
+        try:
+            self._verified(prev)
+        except ModelError as exc:
+            raise ModelError(f"cannot roll back to {prev!r}: {exc}") from None
         return self._swap(now.moved_to(prev, history, self.by), now.etag, prev, verb="rolled back to")
 
     @contextmanager
@@ -410,6 +415,16 @@ class BucketRegistry:
             if self.objects.head(self._key(name, fname)) is None:
                 raise ModelError(f"{self.objects.cfg.location(self._key(name, fname))}: missing; cannot promote "
                                  f"{name!r}")
+        return manifest
+
+    def _verified(self, name: str, *, verify: bool = True) -> Manifest:
+        """The check a version passes before ``CURRENT`` may name it, shared by
+        :meth:`promote` and :meth:`rollback`: complete and servable in the store
+        (:meth:`_check_promotable`) and, with ``verify``, installed in the local home with
+        every checksum of its manifest matching (:meth:`download`); else :class:`ModelError`."""
+        manifest = self._check_promotable(name)
+        if verify:
+            self.download(name)
         return manifest
 
     def _put_file(self, name: str, fname: str, data: bytes, sha: str) -> None:

@@ -154,7 +154,7 @@ class RegistrySync:
             return None
         if name is None:
             self.local.set_shadow(None)
-            log.info("model sync: the fleet's shadow was cleared (was %s)", local)
+            log.info("replica: cleared the local shadow %s, following the fleet's SHADOW", local)
             return None
         try:
             self.bucket.download(name)
@@ -164,7 +164,7 @@ class RegistrySync:
             self.last_error = str(exc)
             log.error("refusing shadow version %s from the fleet: %s", name, exc)
             return "refused"
-        log.info("model sync: installed shadow version %s (was %s)", name, local)
+        log.info("replica: installed shadow version %s locally (was %s), following the fleet's SHADOW", name, local)
         return None
 
     def _follow(self, name: str, local: str | None) -> str:
@@ -182,7 +182,8 @@ class RegistrySync:
             log.error("refusing model version %s from the fleet, still serving %s: %s", name, local, exc)
             return "refused"
         self.serving = name
-        log.info("model sync: installed and promoted %s (was %s) in %.2fs", name, local, time.monotonic() - t0)
+        log.info("replica: installed %s locally (was %s), following the fleet's CURRENT, in %.2fs", name, local,
+                 time.monotonic() - t0)
         if self.on_new is not None:
             try:
                 self.on_new()

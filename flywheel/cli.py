@@ -26,7 +26,7 @@ from flywheel.training.cli import (
 from flywheel.training.cli_models import models_app
 from flywheel.training.cli_retrain import retrain_command
 
-__all__ = ["app", "build_app", "main"]
+__all__ = ["app", "build_app", "main", "usage_error_line"]
 
 
 def build_app() -> typer.Typer:
@@ -65,13 +65,28 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("flywheel: interrupted", err=True)
         return 130
     except typer.TyperException as exc:  # usage errors (typer's bundled click): bad values, missing arguments
-        show = getattr(exc, "show", None)
-        if show is None:
-            typer.echo(f"flywheel: error: {exc}", err=True)
+        if type(exc).__name__ == "NoArgsIsHelpError":   # `flywheel`, `flywheel models`: the help, as asked
+            exc.show()  # type: ignore[attr-defined]
         else:
-            show()
+            typer.echo(usage_error_line(exc, sys.argv[1:] if argv is None else argv), err=True)
         return int(getattr(exc, "exit_code", 2))
     return int(rv) if isinstance(rv, int) else 0
+
+
+def usage_error_line(exc: Exception, argv: list[str]) -> str:
+    """A usage error (bad option value, unknown option, missing argument) as the one line
+    every flywheel error is: ``flywheel: error: <click's message> (see flywheel CMD --help)``,
+    CMD read from ``argv`` (click's parser errors carry no context to read it from)."""
+    fmt = getattr(exc, "format_message", None)
+    message = " ".join(str(fmt() if fmt is not None else exc).split())   # one line, whatever click wrote
+    words, group = ["flywheel"], typer.main.get_command(app)
+    for arg in argv:   # the leading subcommand names: `models promote`
+        sub = getattr(group, "commands", {}).get(arg)
+        if sub is None:
+            break
+        words.append(arg)
+        group = sub
+    return f"flywheel: error: {message} (see {' '.join(words)} --help)"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -329,7 +329,7 @@ class LogStore:
     # -- labels
     def _check_id(self, decision_id: object) -> None:
         if not isinstance(decision_id, str) or not decision_id:
-            raise UnknownDecisionError(f"unknown decision id {decision_id!r} in log {self.path}")
+            raise UnknownDecisionError(f"unknown decision id {decision_id!r}", log=self.path)
 
     def _add_label(self, rec: LabelRecord) -> None:
         decision_id = rec.decision_id
@@ -350,7 +350,7 @@ class LogStore:
         for sink in list(self._sinks):  # maybe still buffered in this process
             sink.flush()
         if not self._run(op):
-            raise UnknownDecisionError(f"unknown decision id {decision_id!r} in log {self.path}")
+            raise UnknownDecisionError(f"unknown decision id {decision_id!r}", log=self.path)
 
     def add_human_label(self, decision_id: str, label: str | None, *,
                         author: str | None = None) -> None:

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, load_config
+from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, load_config
 from flywheel.classifier.output import echo_json
 from flywheel.service.options import BatchOptions, ServerOptions
 
@@ -20,8 +20,9 @@ __all__ = ["classify_command", "serve_command"]
 # the options every serving command shares (one object each, reused by both commands)
 MODEL_OPTION = typer.Option(None, "--model", help="Model version dir or models home with CURRENT.")
 INTENTS_OPTION = typer.Option(None, "--intents", help="Intent file for the default model.")
-TEACHER_OPTION = typer.Option(None, "--teacher", help="ollama | off")
-OLLAMA_HOST_OPTION = typer.Option(None, "--ollama-host")
+TEACHER_OPTION = typer.Option(None, "--teacher", help=TEACHER_HELP)
+# --teacher-host (alias --ollama-host) sets both ollama_host and teacher_host: either backend
+OLLAMA_HOST_OPTION = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP)
 LOG_OPTION = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log.")
 LOG_DB_OPTION = typer.Option(None, "--log-db")
 HOME_OPTION = typer.Option(None, "--home", help=HOME_HELP)
@@ -44,7 +45,7 @@ def classify_command(
 ) -> None:
     """Classify queries; prints one JSON decision per line."""
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
-                      log_db=log_db)
+                      teacher_host=ollama_host, log_db=log_db)
     hist = None
     if history is not None:
         try:
@@ -100,16 +101,28 @@ def serve_command(
     home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Run the gRPC sidecar (flywheel.v1.IntentClassifier, health, reflection) until SIGTERM."""
-    import logging
-
     from flywheel.service.server import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
-                      log_db=log_db)
+                      teacher_host=ollama_host, log_db=log_db)
     options = ServerOptions(address=address, uds=uds, grace_s=grace, max_message_bytes=max_message_bytes,
                             admin_token=admin_token or None, tls_cert=tls_cert, tls_key=tls_key,
                             metrics_port=metrics_port, metrics_address=metrics_address,
                             batch=BatchOptions(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                                                teacher_workers=teacher_workers))
     raise typer.Exit(serve(cfg, options, log_decisions=log))
+
+
+#: Client libraries that log every request at INFO (httpx: one ``HTTP Request: POST
+#: .../api/chat "HTTP/1.1 200 OK"`` line per teacher call); the sidecar keeps their warnings.
+CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
+def configure_logging() -> None:
+    """The sidecar's logging: INFO with timestamps on stderr, without a line per HTTP request."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -152,7 +152,7 @@ def _serve_from_models_home(cfg: Config, local: ModelRegistry, progress: bool) -
         return
     name = local.publish(path)
     local.promote(name)
-    log.info("fleet: no model promoted yet; serving %s until the fleet promotes one", name)
+    log.info("replica: the fleet has promoted no model yet; serving %s locally until it does", name)
 
 
 def _build(cfg: Config, kwargs: dict[str, Any], progress: bool, background_reload: bool,

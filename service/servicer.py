@@ -102,10 +102,23 @@ class IntentClassifierServicer(pb_grpc.IntentClassifierServicer):
             rid = getattr(request, "request_id", "")
             if code is grpc.StatusCode.INTERNAL:
                 log.error("%s failed%s: %s", type(exc).__name__, f" (request_id {rid})" if rid else "", exc)
-            context.abort(code, f"{exc} (request_id {rid})" if rid else str(exc))
+            detail = _client_detail(exc)
+            context.abort(code, f"{detail} (request_id {rid})" if rid else detail)
         except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
             log.exception("unexpected error while serving a call")
             context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+def _client_detail(exc: FlywheelError) -> str:
+    """What a client is told: the error's text without the server's file paths (an unknown
+    decision id says which id, not which log file; a busy log says so, the server's log has
+    the rest)."""
+    if isinstance(exc, UnknownDecisionError):
+        return exc.message
+    if isinstance(exc, LogStoreBusyError):
+        log.warning("%s", exc)
+        return "the traffic log is busy (locked by another process); try again"
+    return str(exc)
 
 
 def _query(r: pb.ClassifyRequest) -> Query:

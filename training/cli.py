@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, Config, load_config
+from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.labels import label_name
 from flywheel.classifier.output import echo_json
@@ -22,24 +22,52 @@ __all__ = ["train_command", "eval_command", "feedback_command", "label_command",
 
 def train_command(
     intents: Path = typer.Option(..., "--intents", help="Intent definition file (YAML or TOML)."),
-    out: Path = typer.Option(..., "--out", help="Directory to write the model version into."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="The new version's own directory (its name is the version's; never a models "
+                            "home: save into <home>/models/NAME, then flywheel models promote NAME)."),
+    promote: bool = typer.Option(
+        False, "--promote", help="Save it as a new version of the models home (fleet-wide with a store) and "
+                                 "serve it, checked as flywheel models promote checks it."),
+    models: Optional[Path] = typer.Option(None, "--models", help="The models home (default: <home>/models)."),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
-    """Fit layer 2 from an intent file and save a model version."""
+    """Fit layer 2 from an intent file and save a model version (--out DIR), or add it to the
+    models home and serve it (--promote)."""
     from flywheel.classifier.intents import load_intents
     from flywheel.classifier.trainer import fit_model
 
+    if out is None and not promote:
+        raise InvalidInputError("give --out DIR (save the version there) or --promote (add it to the models "
+                                "home and serve it)")
+    cfg = load_config(home=home)
+    if out is not None:
+        _refuse_models_home(out, cfg, models)
+    registry = None
+    if promote:
+        from flywheel.training.fleetlog import open_registry
+
+        registry = open_registry(cfg, models)   # the bucket's registry in fleet mode
+        if out is not None:
+            registry.staging_dir(out.name)      # a valid version name, before training
     intent_set = load_intents(intents)
-    model = fit_model(intent_set, version=out.name, progress=not quiet)
-    model.save(out)
+    model = fit_model(intent_set, version=out.name if out is not None else None, progress=not quiet)
+    target = out if out is not None else registry.staging_dir(model.version)
+    model.save(target)
     m = model.manifest
+    if registry is not None:
+        from flywheel.training.cli_models import push_version
+
+        push_version(registry, target, promote=True, say=False)
     if as_json:
         from dataclasses import asdict
 
         echo_json(asdict(m))
         return
-    typer.echo(f"saved {m.version} to {out}")
+    typer.echo(f"saved {m.version} to {target}")
+    if registry is not None:
+        typer.echo(f"promoted {m.version} in {getattr(registry, 'home', None) or registry}")
     typer.echo(f"  intents: {len(m.labels)} ({', '.join(m.labels)}); training examples: {m.training_size}")
     typer.echo(f"  encoder: {m.encoder['id']} ({m.encoder['dim']}-d)")
     typer.echo("  thresholds (learned by cross-validation): "
@@ -52,14 +80,31 @@ def train_command(
     _explain_cutoffs(m.thresholds, met)
 
 
+def _refuse_models_home(out: Path, cfg: Config, models: Optional[Path]) -> None:
+    """``train --out`` names one version's directory: refuse a models home (the configured
+    one, ``--models``, or any directory holding versions or a ``CURRENT`` pointer), which
+    saving would turn into a version that ``models push`` then nests."""
+    from flywheel.classifier.registry import is_models_home
+
+    target = out.expanduser().resolve()
+    homes = {p.expanduser().resolve() for p in (cfg.models_dir, models) if p is not None}
+    if target in homes or is_models_home(target):
+        raise InvalidInputError(f"--out {out} is a models home, not a version directory: save into "
+                                f"{out / 'NAME'} and run flywheel models promote NAME, or use "
+                                f"flywheel train --promote")
+
+
 def _explain_cutoffs(th: dict, met: dict) -> None:
     """What the learned cutoffs buy on held-out (out-of-fold) rows."""
     if "oof_set_coverage" in met:
         typer.echo(f"  prediction sets: {met['oof_set_coverage']:.1%} coverage (nominal {th['coverage']:.0%}), "
                    f"mean size {met['oof_mean_set_size']:.2f}; deferral model ECE {met['oof_risk_ece']:.3f}")
+    from flywheel.classifier.tiers import fmt_probs  # 0.9999 is not "1.000"
+
     cp = met.get("cutoff_precision") or {}
     if cp.get("precision") is not None:
-        typer.echo(f"  confident cutoff {cp['cutoff']:.3f}: precision {cp['precision']:.1%} on {cp['n']:,} "
+        cut = fmt_probs(cp["cutoff"], digits=3)[0]
+        typer.echo(f"  confident cutoff {cut}: precision {cp['precision']:.1%} on {cp['n']:,} "
                    "held-out answers at or above it; by intent (least precise first):")
         per = sorted(cp["per_intent"].items(), key=lambda kv: (kv[1]["precision"], kv[0]))
         for name, v in per[:10]:
@@ -76,7 +121,8 @@ def eval_command(
     dataset_format: Optional[str] = typer.Option(None, "--dataset-format", help="clinc150 | csv | jsonl"),
     text_column: str = typer.Option("text", "--text-column"),
     label_column: str = typer.Option("label", "--label-column"),
-    oos_label: str = typer.Option("oos", "--oos-label", help="Label name meaning out of scope."),
+    oos_label: str = typer.Option("oos", "--oos-label",
+                                  help="Label name meaning out of scope (besides OUT_OF_SCOPE, OOS, NONE; any case)."),
     lang_column: str = typer.Option("lang", "--lang-column", help="Optional per-row language (per-language slices)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability and confusion PNGs here."),
@@ -85,6 +131,8 @@ def eval_command(
         None, "--calibration", help="Held-out labelled data that calibrates the prediction sets (split-conformal; "
                                     "CLINC150: its val split) instead of the out-of-fold training rows."),
     latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse test rows whose label the model does not know "
+                                                        "(default: score without them, with a warning)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
@@ -94,7 +142,7 @@ def eval_command(
     from flywheel.classifier.pipeline import Classifier
     from flywheel.classifier.trainer import fit_model
     from flywheel.training.evaluate import evaluate, format_report, write_plots
-    from flywheel.training.loaders import intent_set_from_data, load_labelled
+    from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
 
     opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
                 lang_column=lang_column)
@@ -117,9 +165,22 @@ def eval_command(
         from flywheel.training.evaluate import calibrate_sets
 
         m = calibrate_sets(m, load_labelled(calibration, split="val", **opts))
+    # a label the model cannot answer would count as an error: score without those rows, or refuse
+    test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
+    if skipped:
+        listed = ", ".join(f"{k} ({v})" for k, v in list(skipped.items())[:20])
+        listed += f", … ({len(skipped)} labels in all)" if len(skipped) > 20 else ""
+        what = f"{sum(skipped.values())} row(s) with labels the model does not know: {listed}"
+        if strict:
+            raise DatasetError(test, f"{what}; the model knows its {len(m.manifest.labels)} intents and out "
+                                     "of scope (OUT_OF_SCOPE, OOS, NONE or --oos-label)")
+        if not len(test_data):
+            raise DatasetError(test, f"nothing left to score: {what}")
+        typer.echo(f"flywheel: warning: {test}: {what}; left out of the scores", err=True)
     clf = Classifier(m, teacher=None)
     report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
                       langs=test_data.langs)
+    report["skipped_unknown_labels"] = skipped
     if plots is not None:
         report["plots"] = [str(p) for p in write_plots(report, plots)]
     if as_json:
@@ -159,7 +220,8 @@ def feedback_command(
 def label_command(
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many pending decisions."),
     batch_size: int = typer.Option(32, "--batch-size"),
-    ollama_host: Optional[str] = typer.Option(None, "--ollama-host"),
+    teacher: Optional[str] = typer.Option(None, "--teacher", help=TEACHER_HELP),
+    teacher_host: Optional[str] = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP),
     log_db: Optional[str] = typer.Option(None, "--log-db"),
     home: Optional[Path] = typer.Option(None, "--home"),
     as_json: bool = typer.Option(False, "--json"),
@@ -170,7 +232,7 @@ def label_command(
     from flywheel.training.fleetlog import label_sink, open_log, open_objects
     from flywheel.training.labeling import backfill_pending
 
-    cfg = load_config(home=home, log_db=log_db, ollama_host=ollama_host)
+    cfg = load_config(home=home, log_db=log_db, teacher=teacher, ollama_host=teacher_host, teacher_host=teacher_host)
     if cfg.teacher == "off":
         raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
     objects = open_objects(cfg)

@@ -18,11 +18,11 @@ from typing import Any, Optional
 import typer
 
 from flywheel.classifier.config import load_config
-from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
 from flywheel.classifier.output import echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
 
-__all__ = ["DEFAULT_MIN_SHADOW", "models_app"]
+__all__ = ["DEFAULT_MIN_SHADOW", "models_app", "push_version"]
 
 #: Shadow answers a shadow version needs in the log before ``promote --from-shadow``.
 DEFAULT_MIN_SHADOW = 500
@@ -100,13 +100,13 @@ def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) 
 
     name = reg.shadow()
     if name is None:
-        raise FlywheelError(f"no shadow version in {_where(reg)} (set one with flywheel models shadow VERSION)")
+        raise ModelError(f"no shadow version in {_where(reg)} (set one with flywheel models shadow VERSION)")
     if force:
         return name
     n = count_shadow(open_log(load_config(home=home)), name)
     if n < min_shadow:
-        raise FlywheelError(f"shadow {name} has answered {n} logged decisions, fewer than --min-shadow "
-                            f"{min_shadow}; wait for more traffic or pass --force")
+        raise InvalidInputError(f"shadow {name} has answered {n} logged decisions, fewer than --min-shadow "
+                                f"{min_shadow}; wait for more traffic or pass --force")   # exit 2
     typer.echo(f"shadow {name}: {n:,} logged answers (>= {min_shadow:,})")
     return name
 
@@ -155,21 +155,38 @@ def models_push(directory: Path = typer.Argument(..., help="A saved version dire
     reg = _fleet_or_local(models, home)
     if not Path(directory).is_dir():
         raise InvalidInputError(f"{directory}: not a directory")
-    name = reg.publish(Path(directory))
-    typer.echo(f"pushed {name} to {_where(reg)}")
+    push_version(reg, Path(directory), promote=promote)
+
+
+def push_version(reg: Any, directory: Path, *, promote: bool, say: bool = True) -> str:
+    """Publish the saved version ``directory`` to ``reg`` (create-only) and, with ``promote``,
+    serve it through ``reg.promote`` (verified, compare-and-swap against the pointer as read
+    after publishing); returns its name. ``models push`` and ``train --promote`` share it."""
+    name = reg.publish(directory)
+    if say:
+        typer.echo(f"pushed {name} to {_where(reg)}")
     if promote:
         _, token = reg.current()
         reg.promote(name, expected=token)
-        typer.echo(f"promoted {name}")
+        if say:
+            typer.echo(f"promoted {name}")
+    return name
 
 
 @models_app.command("rollback")
 def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
                     home: Optional[Path] = typer.Option(None, "--home")) -> None:
-    """Serve the previously promoted version again (fleet-wide with a store)."""
+    """Serve the previously promoted version again, checked as promote checks it
+    (fleet-wide with a store)."""
     reg = _fleet_or_local(models, home)
     _, token = reg.current()
-    typer.echo(f"rolled back to {reg.rollback(expected=token)}")
+    new_token = reg.rollback(expected=token)   # the token is opaque (an etag in fleet mode): print the name
+    name, now = reg.current()
+    if now == new_token:
+        typer.echo(f"rolled back to {name} in {_where(reg)}")
+    else:
+        typer.echo(f"rolled back in {_where(reg)}; another promotion has moved it on since, to "
+                   f"{name or 'nothing'}")
 
 
 @models_app.command("prune")

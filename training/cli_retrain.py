@@ -1,8 +1,9 @@
 """``flywheel retrain``: the command over :func:`training.retrain.retrain`, safe for cron.
 
-Exit code 0 whenever the job ran as designed (promoted, kept or skipped), with a first
-line starting with the outcome; one ``flywheel: error: ...`` line otherwise, never a
-traceback (``FLYWHEEL_DEBUG=1`` shows it).
+Exit code 0 whenever the job ran as designed (promoted, shadowed, kept or skipped; in a
+dry run would_promote or would_shadow), with a first line starting with the outcome and
+ending with the gate's one-line reason; one ``flywheel: error: ...`` line otherwise,
+never a traceback (``FLYWHEEL_DEBUG=1`` shows it).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def retrain_command(
                                        help="Skip unless this many labels arrived since the champion."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    tolerance: float = typer.Option(_DEFAULTS.tolerance, "--tolerance", help="How much worse the challenger may be."),
+    tolerance: float = typer.Option(_DEFAULTS.tolerance, "--tolerance", min=0.0, max=1.0,
+                                    help="How much worse the challenger may be."),
     target_precision: Optional[float] = typer.Option(None, "--target-precision",
                                                      help="Precision of layer 2's sure answers."),
-    llm_budget: Optional[float] = typer.Option(None, "--llm-budget",
+    llm_budget: Optional[float] = typer.Option(None, "--llm-budget", min=0.0, max=1.0,
                                                help="Largest share of traffic left to the LLM, e.g. 0.05."),
     self_training: float = typer.Option(_DEFAULTS.self_training, "--self-training", min=0.0, max=1.0,
                                         help="Also train on layer 2's confident decisions at this weight "
@@ -93,8 +95,11 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     """Run :func:`training.retrain.retrain` with ``options`` on the configured models home
     and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
     intent set is ``intents``, else the champion's bundled one, else the configured file
-    (or the starter set)."""
+    (or the starter set). While the registry has no promoted version, the model the
+    default classifier serves (:func:`classifier.default.existing_model_dir`: e.g. the
+    starter model trained into the home's cache) is the champion."""
     from flywheel.classifier.config import load_config, starter_intents_path
+    from flywheel.classifier.default import existing_model_dir
     from flywheel.classifier.intents import load_intents
     from flywheel.training.fleetlog import apply_retention, open_log, open_objects, open_registry
 
@@ -112,7 +117,9 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     apply_retention(cfg, store, objects=objects, progress=options.progress)
     from flywheel.training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
-    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options)
+    served_default = existing_model_dir(cfg) if registry.current()[0] is None else None
+    return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options,
+                   served_default=served_default)
 
 
 def _champion_intents(registry: Registry) -> IntentSet | None:

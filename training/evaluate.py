@@ -50,7 +50,7 @@ from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.labels import OUT_OF_SCOPE, label_name
 from flywheel.classifier.protocols import DelegatingEmbedder
 from flywheel.classifier.text import clean_text
-from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
@@ -509,7 +509,7 @@ def _cutoff_table(per: dict[str, dict[str, Any]], worst: int) -> list[str]:
     lines = ["", f"What each cutoff buys: precision of layer 2's sure answers, least precise "
                  f"{len(items)} of {len(per)}:", f"  {'label':<{lw}}  {'cutoff':>6}  {'prec':>6}  {'n':>6}"]
     for k, v in items:
-        cut = "" if v["cutoff"] is None else f"{v['cutoff']:.3f}"
+        cut = "" if v["cutoff"] is None else fmt_probs(v["cutoff"], digits=3)[0]
         lines.append(f"  {k:<{lw}}  {cut:>6}  {v['precision']:>6.3f}  {v['n']:>6}")
     return lines
 

@@ -1,11 +1,32 @@
 """The retrain job's promotion gate: layer-2 metrics of a model on a labelled set, and
 the decision to promote a challenger or keep the champion.
 
-A challenger is promoted when, on the gate set, ``accuracy >= champion accuracy -
-tolerance - noise`` (and the same for out-of-scope recall when there are at least
-:data:`MIN_OOS_FOR_GATE` out-of-scope queries). ``noise`` is 1.96 paired (McNemar)
-standard errors of the difference: with a few hundred evaluation queries a fixed
-tolerance alone rejects challengers on chance.
+The champion is what serves now: the promoted version, else the served default model
+(see :mod:`training.retrain`). Both models score the same gate-set queries with their
+serving thresholds, so the comparison is paired. With ``tolerance`` (``--tolerance``,
+0.01 by default) the challenger is kept out, and the reason says why, when:
+
+1. its **accuracy** is lower than the champion's by more than ``tolerance``;
+2. its accuracy is lower at all and the evaluation set is too small to rule out a drop
+   larger than ``tolerance``. Of the ``d`` queries on which the two disagree, ``w`` the
+   champion gets right ("worse") and ``d - w`` the challenger ("better"); the drop is
+   ``(2 w - d) / n``. Its upper bound takes the exact one-sided 95% (Clopper-Pearson)
+   upper bound of ``w / d`` (:func:`scipy.stats.binomtest`: the inverted exact
+   sign/McNemar test) in place of ``w / d``. An upper bound above ``tolerance`` means
+   the set cannot tell a harmless dip from a real loss (300 queries, 4 worse and 2
+   better: 0.007 observed, up to 0.018 possible: kept). With 45 queries one net loss is
+   already 0.022, so rule 1 keeps the champion; the old noise margin (1.96 paired
+   standard errors: 0.073 for 3 losses in 45) promoted 1.000 -> 0.933;
+3. the same two checks fail for **out-of-scope recall** (on the gate set's out-of-scope
+   queries), when there are at least :data:`MIN_OOS_FOR_GATE` of them;
+4. its **LLM share** (the share of queries layer 2 is not sure of, at each model's own
+   serving cutoff, i.e. at the budget when one is set; on the same recent queries) is
+   higher than the champion's by more than ``tolerance``.
+
+A challenger that is not worse on the point estimate always passes 1 and 2: the gate
+never refuses an improvement for lack of evidence. Without a usable champion (nothing
+serves, or it was trained with another encoder) the challenger is the first model and is
+promoted. Everything here is deterministic (no resampling).
 """
 
 from __future__ import annotations
@@ -19,11 +40,11 @@ from flywheel.classifier.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
-__all__ = ["MIN_OOS_FOR_GATE", "evaluate_layer2", "noise_margins", "decide"]
+__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "decide"]
 
 MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
-
-
+CONFIDENCE = 0.95           # one-sided confidence of the drop's upper bound
+_EPS = 1e-12
 def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     """Layer-2 metrics of ``model`` on ``data`` with its serving thresholds.
 
@@ -58,42 +79,63 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     }
 
 
-def noise_margins(challenger: IntentModel, champion: IntentModel, data: LabelledSet,
-                   z: float = 1.96) -> dict[str, float]:
-    """How much worse the challenger may look on ``data`` by chance alone (z standard errors).
+def paired_drop(right_challenger: np.ndarray, right_champion: np.ndarray,
+                confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """How much worse the challenger is on the same queries (``right_*``: per query,
+    whether each model got it right): ``worse`` (champion right, challenger wrong),
+    ``better`` (the reverse), the observed ``drop`` (``(worse - better) / n``; negative
+    when the challenger is better) and ``drop_upper``, the largest drop consistent with
+    the data at ``confidence`` (one-sided, exact; see the module docs)."""
+    from scipy.stats import binomtest
 
-    Accuracy uses the paired (McNemar) standard error of the difference: only queries
-    on which the two models disagree count. Out-of-scope recall uses the unpaired
-    standard error over the out-of-scope queries. With a few hundred eval queries this
-    is several points: a fixed tolerance alone would reject challengers on noise.
-    """
-    if len(data) == 0:
-        return {"accuracy": 0.0, "oos_recall": 0.0}
-    truth = list(data.labels)
-    r_ch = np.array([p == y for p, y in zip(layer2_predict(challenger, data.vectors).labels, truth)])
-    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, data.vectors).labels, truth)])
-    n = len(truth)
+    r_ch = np.asarray(right_challenger, dtype=bool)
+    r_cp = np.asarray(right_champion, dtype=bool)
+    n = int(r_ch.size)
     worse, better = int((r_cp & ~r_ch).sum()), int((~r_cp & r_ch).sum())
-    se_acc = np.sqrt(max(worse + better - (better - worse) ** 2 / n, 0.0)) / n
-    oos = np.array([y is None for y in truth])
-    if oos.any():
-        p1, p2 = r_ch[oos].mean(), r_cp[oos].mean()
-        se_oos = float(np.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / oos.sum()))
-    else:
-        se_oos = 0.0
-    return {"accuracy": float(z * se_acc), "oos_recall": float(z * se_oos)}
+    d = worse + better
+    if n == 0:
+        return {"n": 0, "worse": 0, "better": 0, "drop": 0.0, "drop_upper": 0.0}
+    drop = (worse - better) / n
+    upper = drop
+    if d:
+        p_hi = binomtest(worse, d, 0.5, alternative="less").proportion_ci(confidence_level=confidence).high
+        upper = max(drop, (2.0 * float(p_hi) - 1.0) * d / n)
+    return {"n": n, "worse": worse, "better": better, "drop": round(drop, 6), "drop_upper": round(upper, 6)}
 
 
 def _f(x: Any) -> str:
     return "n/a" if x is None else f"{float(x):.3f}"
 
 
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100.0 * float(x):.1f}%"
+
+
+def _paired_check(metric: str, a: Any, b: Any, pair: dict[str, Any], tolerance: float,
+                  where: str) -> tuple[dict[str, Any], str | None]:
+    """One paired metric's check and, when it fails, the reason."""
+    check = {"metric": metric, "challenger": a, "champion": b, **pair, "tolerance": tolerance}
+    n, drop, upper = pair["n"], pair["drop"], pair["drop_upper"]
+    counts = f"{pair['worse']} worse, {pair['better']} better"
+    why = None
+    if drop > tolerance + _EPS:
+        why = (f"{metric} {_f(a)} < champion {_f(b)} - tolerance {tolerance:g} (n={n:,} {where}: {counts}); "
+               f"keeping the champion")
+    elif drop > _EPS and upper > tolerance + _EPS:
+        why = (f"evaluation set too small (n={n:,} {where}) to rule out a drop in {metric} larger than "
+               f"{tolerance:g} ({metric} {_f(a)} vs champion {_f(b)}: {counts}; the drop may be up to "
+               f"{upper:.3f}); keeping the champion")
+    check["ok"] = why is None
+    return check, why
+
+
 def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, Any], cp: dict[str, Any] | None,
            data: LabelledSet | None, gate_name: str, tolerance: float,
            notes: list[str]) -> tuple[str, str, list[dict[str, Any]]]:
     """``(outcome, reason, checks)`` for the challenger's and champion's metrics ``ch`` and
-    ``cp`` (per set, from :func:`evaluate_layer2`) on the gate set ``data`` named
-    ``gate_name``. Appends to ``notes`` what was not gated."""
+    ``cp`` (per set, from :func:`evaluate_layer2`, with ``llm_share`` and ``llm_share_on``)
+    on the gate set ``data`` named ``gate_name`` (the rule: see the module docs). Appends
+    to ``notes`` what was not gated. ``reason`` is one line."""
     checks: list[dict[str, Any]] = []
     if cp is None or champion is None or data is None:
         return "promoted", "no usable champion: first model", checks
@@ -102,20 +144,34 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     n_oos = ch[gate_name]["n_out_of_scope"]
     if n_oos < MIN_OOS_FOR_GATE:
         notes.append(f"out-of-scope recall not gated: {n_oos} out-of-scope eval queries (< {MIN_OOS_FOR_GATE})")
-    gate_metrics = ["accuracy"] + (["oos_recall"] if n_oos >= MIN_OOS_FOR_GATE else [])
-    margins = noise_margins(challenger, champion, data)
-    failed = None
-    for metric in gate_metrics:
-        a, b = ch[gate_name][metric], cp[gate_name][metric]
-        noise = margins[metric]
-        ok = a is None or b is None or a >= b - tolerance - noise - 1e-12
-        checks.append({"metric": metric, "challenger": a, "champion": b, "noise_margin": round(noise, 6),
-                       "ok": ok})
-        if not ok and failed is None:
-            failed = (metric, a, b, noise)
-    if failed is not None:
-        metric, a, b, noise = failed
-        return "kept", (f"{metric} {a:.3f} < champion {b:.3f} - tolerance {tolerance:g} - noise {noise:.3f} "
-                        f"on {ch['n']:,} {gate_name} queries"), checks
-    return "promoted", "; ".join(f"{c['metric']} {_f(c['challenger'])} >= champion {_f(c['champion'])} - "
-                                 f"tolerance {tolerance:g} - noise {c['noise_margin']:.3f}" for c in checks), checks
+    truth = list(data.labels)
+    r_ch = np.array([p == y for p, y in zip(layer2_predict(challenger, data.vectors).labels, truth)], dtype=bool)
+    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, data.vectors).labels, truth)], dtype=bool)
+    oos = np.array([y is None for y in truth], dtype=bool)
+    failed: list[str] = []
+    paired = [("accuracy", np.ones_like(oos), f"{gate_name} queries")]
+    if n_oos >= MIN_OOS_FOR_GATE:
+        paired.append(("oos_recall", oos, f"out-of-scope {gate_name} queries"))
+    for metric, mask, where in paired:
+        check, why = _paired_check(metric, ch[gate_name][metric], cp[gate_name][metric],
+                                   paired_drop(r_ch[mask], r_cp[mask]), tolerance, where)
+        checks.append(check)
+        if why:
+            failed.append(why)
+    s_ch, s_cp, on = ch.get("llm_share"), cp.get("llm_share"), ch.get("llm_share_on", gate_name)
+    n_share = (ch.get(on) or {}).get("n", 0)
+    if s_ch is not None and s_cp is not None:
+        ok = s_ch <= s_cp + tolerance + _EPS
+        checks.append({"metric": "llm_share", "challenger": s_ch, "champion": s_cp, "n": n_share, "set": on,
+                       "rise": round(s_ch - s_cp, 6), "tolerance": tolerance, "ok": ok})
+        if not ok:
+            failed.append(f"LLM share {_pct(s_ch)} > champion {_pct(s_cp)} + tolerance {tolerance:g} "
+                          f"(n={n_share:,} {on} queries); keeping the champion")
+    if failed:
+        return "kept", failed[0], checks
+    parts = [f"{c['metric']} {_f(c['challenger'])} vs {_f(c['champion'])} ({c['worse']} worse, {c['better']} "
+             f"better of {c['n']:,})" for c in checks if "worse" in c]
+    parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])}" for c in checks
+              if c["metric"] == "llm_share"]
+    return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
+                        f"queries: " + "; ".join(parts)), checks

@@ -20,7 +20,10 @@ Formats
 
 A language is any non-empty string (``"en"``, ``"es"``, ...); CLINC150 has none.
 
-In every format a label equal to ``oos_label`` (default ``"oos"``) means out of scope.
+In every format a label is read by :func:`classifier.labels.parse_label`: ``OUT_OF_SCOPE``,
+``OOS`` and ``NONE`` (any case) mean out of scope, and so does ``oos_label`` (default
+``"oos"``, any case). :func:`drop_unknown_labels` sets aside the rows whose label a model
+does not know (``flywheel eval`` scores without them, or refuses them with ``--strict``).
 A bad file raises :class:`DatasetError` naming the file, the line or row, and the problem.
 """
 
@@ -31,13 +34,14 @@ import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings
+from flywheel.classifier.labels import parse_label
 
 __all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
-           "intent_set_from_data"]
+           "drop_unknown_labels", "intent_set_from_data"]
 
 FORMATS = ("clinc150", "csv", "jsonl")
 # split name -> the CLINC150 lists it reads (in-scope first, then out of scope)
@@ -126,7 +130,8 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
     text_column, label_column : str
         CSV columns / JSONL keys holding the text and the label.
     oos_label : str or None
-        The label that means out of scope (becomes ``None``).
+        A label that also means out of scope (compared in any case), besides
+        ``OUT_OF_SCOPE``, ``OOS`` and ``NONE`` (:func:`classifier.labels.parse_label`).
     lang_column : str or None
         CSV column / JSONL key holding the row's language, when present (``None``:
         ignore languages). Languages end up in :attr:`LabelledData.langs`.
@@ -148,6 +153,7 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
         raise DatasetError(p, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if fmt == "clinc150" and split not in SPLITS:
         raise DatasetError(p, f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+    oos_key = None if oos_label is None else oos_label.strip().upper()
     raw = _read_text(p)
     reader = {"clinc150": _read_clinc150, "csv": _read_csv, "jsonl": _read_jsonl}[fmt]
     texts: list[str] = []
@@ -161,7 +167,7 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
             labels.append(None)
         else:
             lab = _check_label(p, where, label)
-            labels.append(None if oos_label is not None and lab == oos_label else lab)
+            labels.append(None if lab.upper() == oos_key else parse_label(lab, None))
         texts.append(t)
     if not texts:
         what = f"split {split!r} of " if fmt == "clinc150" else ""
@@ -294,6 +300,24 @@ def _read_jsonl(p: Path, raw: str, *, text_column: str, label_column: str, lang_
             if key not in obj:
                 raise DatasetError(p, f"missing key {key!r} (keys: {', '.join(map(repr, obj)) or 'none'})", where)
         yield where, obj[text_column], obj[label_column], None if lang_column is None else obj.get(lang_column)
+
+
+def drop_unknown_labels(data: LabelledData, known: Sequence[str]) -> tuple[LabelledData, dict[str, int]]:
+    """``data`` without the rows whose label is not in ``known`` (out of scope always is),
+    and how many rows each such label had (most first, then by name; empty when none)."""
+    names = set(known)
+    keep = [i for i, v in enumerate(data.labels) if v is None or v in names]
+    counts: dict[str, int] = {}
+    for v in data.labels:
+        if v is not None and v not in names:
+            counts[v] = counts.get(v, 0) + 1
+    if not counts:
+        return data, {}
+    skipped = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    langs = None if data.langs is None else [data.langs[i] for i in keep]
+    kept = LabelledData([data.texts[i] for i in keep], [data.labels[i] for i in keep], source=data.source,
+                        langs=langs if langs and any(v is not None for v in langs) else None)
+    return kept, skipped
 
 
 # ----------------------------------------------------------------- intent sets

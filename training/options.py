@@ -11,13 +11,19 @@ from typing import Any
 from flywheel.classifier.errors import FlywheelError
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
-__all__ = ["RetrainError", "RetrainOptions"]
+__all__ = ["RetrainError", "RetrainOptionError", "RetrainOptions"]
 
 
 class RetrainError(FlywheelError):
     """The retrain job could not run (e.g. the challenger cannot be trained)."""
 
     exit_code = 1
+
+
+class RetrainOptionError(RetrainError):
+    """A retrain option is out of range: bad input, exit code 2 like every usage error."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -70,19 +76,19 @@ class RetrainOptions:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`RetrainError` naming the first option out of range."""
+        """Raise :class:`RetrainOptionError` (a :class:`RetrainError`) naming the first option out of range."""
         if not 0.0 <= self.self_training <= 1.0:
-            raise RetrainError(f"self_training must be between 0 and 1, got {self.self_training}")
+            raise RetrainOptionError(f"self_training must be between 0 and 1, got {self.self_training}")
         if self.self_training_max < 0:
-            raise RetrainError(f"self_training_max must be >= 0, got {self.self_training_max}")
+            raise RetrainOptionError(f"self_training_max must be >= 0, got {self.self_training_max}")
         if not 0.0 <= self.tolerance <= 1.0:
-            raise RetrainError(f"tolerance must be between 0 and 1, got {self.tolerance}")
+            raise RetrainOptionError(f"tolerance must be between 0 and 1, got {self.tolerance}")
         if self.llm_budget is not None and not 0.0 <= self.llm_budget <= 1.0:
-            raise RetrainError(f"llm_budget must be between 0 and 1, got {self.llm_budget}")
+            raise RetrainOptionError(f"llm_budget must be between 0 and 1, got {self.llm_budget}")
         if self.target_precision is not None and not 0.0 < self.target_precision <= 1.0:
-            raise RetrainError(f"target_precision must be in (0, 1], got {self.target_precision}")
+            raise RetrainOptionError(f"target_precision must be in (0, 1], got {self.target_precision}")
         if self.min_new_labels < 0:
-            raise RetrainError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
+            raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
 
     def run_at(self) -> float:
         """The run's time for the report (unix seconds)."""

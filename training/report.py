@@ -14,8 +14,10 @@ __all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdo
 @dataclass
 class RetrainResult:
     """What one run did. ``outcome`` is ``promoted``, ``shadowed`` (passed the gate and
-    published as the shadow version, see ``RetrainOptions.shadow``), ``kept`` or ``skipped`` (with
-    ``dry_run`` it is what would have happened, and ``version`` is ``None``)."""
+    published as the shadow version, see ``RetrainOptions.shadow``), ``kept`` or ``skipped``;
+    with ``dry_run`` it is what would have happened (a winner is ``would_promote`` or
+    ``would_shadow``, never ``promoted``) and ``version`` is ``None``. ``reason`` is the
+    gate's one-line reason, and every summary line but a skip's ends with it."""
 
     outcome: str
     version: str | None
@@ -50,17 +52,18 @@ class RetrainResult:
         ch = self.challenger or {}
         cp = self.champion
         n = ch.get("n") or 0
-        if self.outcome == "promoted":
+        if self.outcome in ("promoted", "would_promote"):
             if not cp:
-                return (f"promoted {name} (first model: accuracy {fmt_value(ch.get('accuracy'))} on {n:,} eval "
-                        f"queries; LLM share {fmt_share(ch.get('llm_share'))})")
-            return (f"promoted {name} (accuracy {fmt_value(cp.get('accuracy'))} -> "
+                return (f"{self.outcome} {name} (first model: accuracy {fmt_value(ch.get('accuracy'))} on {n:,} "
+                        f"eval queries; LLM share {fmt_share(ch.get('llm_share'))}): {self.reason}")
+            return (f"{self.outcome} {name} (accuracy {fmt_value(cp.get('accuracy'))} -> "
                     f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries; LLM share "
-                    f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))})")
+                    f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))}): {self.reason}")
         champ = cp.get("version") if cp else "?"
-        if self.outcome == "shadowed":
-            return (f"shadowed {name} (passed the gate: accuracy {fmt_value(cp.get('accuracy') if cp else None)} -> "
-                    f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries); still serving {champ}")
+        if self.outcome in ("shadowed", "would_shadow"):
+            return (f"{self.outcome} {name} (passed the gate: accuracy "
+                    f"{fmt_value(cp.get('accuracy') if cp else None)} -> {fmt_value(ch.get('accuracy'))} on {n:,} "
+                    f"eval queries); still serving {champ}: {self.reason}")
         return f"kept {champ}, challenger {name} not promoted: {self.reason}"
 
 

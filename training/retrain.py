@@ -8,8 +8,11 @@ function here):
 
 1. ``registry.lock()``: the retrain lock, taken without waiting (held: outcome
    ``skipped``);
-2. ``_load_champion``: the served version with its token (none, unloadable or trained
-   with another encoder: no champion, and the report says why);
+2. ``_load_champion``: the served version with its token; when nothing was promoted
+   yet, the served default model (``served_default``: the model ``classify()`` serves
+   from the home's cache, e.g. the starter model) is the champion like any other, with
+   no token (unloadable or trained with another encoder: no champion, and the report
+   says why);
 3. ``_should_skip``: with ``min_new_labels``, counts the labels (valid teacher answers +
    human labels) newer than the champion's training data and skips when there are
    fewer (unless the intent set changed; without a usable champion the job always
@@ -30,9 +33,13 @@ function here):
    their serving thresholds: accuracy, in-scope accuracy, out-of-scope recall, macro F1,
    per-intent precision and recall, ECE and the LLM share (queries layer 2 is not
    ``sure`` of);
-8. ``_decide``: promotes when ``challenger accuracy >= champion accuracy - tolerance -
-   noise`` (and the same for out-of-scope recall when there are >= 20 out-of-scope
-   evaluation queries); otherwise keeps the champion;
+8. ``_decide``: :func:`training.gate.decide` (its module docs state the rule): keeps
+   the champion when the challenger is worse by more than ``tolerance`` in accuracy
+   (paired, on the same queries), out-of-scope recall (>= 20 out-of-scope evaluation
+   queries) or LLM share, or when it is worse at all and the evaluation set is too small
+   to rule out a drop larger than ``tolerance``; the reason is one line. In a dry run a
+   winner's outcome is ``would_promote`` (``would_shadow`` with ``shadow``), never
+   ``promoted``;
 9. ``_save``: every challenger is saved in the registry's staging directory (its
    manifest's metrics name the split and the log it saw) with ``report.json`` and
    ``report.md`` and published; if it won, it is promoted against the champion's token
@@ -74,7 +81,7 @@ from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
-from flywheel.classifier.tiers import Thresholds
+from flywheel.classifier.tiers import Thresholds, fmt_probs
 from flywheel.training.gate import decide, evaluate_layer2
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
@@ -117,6 +124,7 @@ class _Job:
     embedder: Embedder
     opts: RetrainOptions
     notes: list[str] = field(default_factory=list)
+    served_default: Path | None = None
 
     @property
     def target_precision(self) -> float:
@@ -166,7 +174,7 @@ class _Trial:
 
 # ------------------------------------------------------------------ the job
 def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedder: Embedder,
-            options: RetrainOptions | None = None) -> RetrainResult:
+            options: RetrainOptions | None = None, served_default: Path | None = None) -> RetrainResult:
     """Run the retrain job once; see the module docs.
 
     Parameters
@@ -183,12 +191,16 @@ def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedd
         Its ``id`` must be the champion's encoder id for the champion to be compared.
     options : RetrainOptions, optional
         How the run behaves (default: ``RetrainOptions()``).
+    served_default : Path, optional
+        The version directory the default classifier serves while the registry has no
+        promoted version (:func:`classifier.default.existing_model_dir`: the starter or
+        intent-file model trained into the home's cache). It is then the champion.
     """
     opts = options if options is not None else RetrainOptions()
     with registry.lock(create=not opts.dry_run) as taken:   # a dry run creates no models home
         if not taken:
             return _skip("another retrain is running", opts.dry_run)
-        job = _Job(store, registry, intents, embedder, opts)
+        job = _Job(store, registry, intents, embedder, opts, served_default=served_default)
         result = _run(job)
         if not opts.dry_run:
             _record(job, result)
@@ -232,22 +244,28 @@ def _timed(step, *args) -> tuple[Any, float]:
 
 
 def _load_champion(job: _Job) -> _Champion:
-    """The served version now, with its model when usable here (else a note why not)."""
+    """The served version now (nothing promoted: the served default model, with no name
+    or token), with its model when usable here (else a note why not)."""
     name, token = job.registry.current()
-    if name is None:
+    if name is None and job.served_default is None:
         job.notes.append("no champion: nothing promoted yet")
         return _Champion(None, token, None)
     try:
-        champ = job.registry.load(name)
+        if name is None:
+            champ = IntentModel.load(job.served_default)
+            job.notes.append(f"nothing promoted yet: the served default model {champ.version} "
+                             f"({job.served_default}) is the champion")
+        else:
+            champ = job.registry.load(name)
     except ModelError as exc:
-        job.notes.append(f"champion {name} cannot be loaded ({exc}); treated as no champion")
+        job.notes.append(f"champion {name or job.served_default} cannot be loaded ({exc}); treated as no champion")
         return _Champion(name, token, None)
     emb = job.embedder
     if not champ.encoder_matches(emb.id, emb.dim):
         enc = champ.manifest.encoder
-        job.notes.append(f"champion {name} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
-                         f"{emb.id!r}; it cannot be evaluated on these embeddings, so it is treated as "
-                         f"no champion")
+        job.notes.append(f"champion {name or champ.version} was trained with encoder {enc.get('id')!r} "
+                         f"({enc.get('dim')}-d), not {emb.id!r}; it cannot be evaluated on these embeddings, "
+                         f"so it is treated as no champion")
         return _Champion(name, token, None)
     return _Champion(name, token, champ)
 
@@ -306,11 +324,11 @@ def _tune(job: _Job, model: IntentModel, ts: TrainingSet) -> tuple[dict[str, Any
     sample = traffic_sample(job.store, job.embedder.id, ts) if budget is not None else None
     tuning, thresholds = retune(model, ts.recent, job.target_precision, budget, sample)
     if tuning.get("method") == "risk":
-        job.say(f"deferral cutoff: P(wrong) > {tuning['defer']:.3f} goes to the LLM "
+        job.say(f"deferral cutoff: P(wrong) > {fmt_probs(tuning['defer'], digits=3)[0]} goes to the LLM "
                 f"(expected LLM share {tuning.get('llm_share_expected', 'n/a')})")
     else:
-        job.say(f"confident cutoff: {tuning['cv_confident']:.3f} (cross-validation) -> {tuning['confident']:.3f} "
-                f"({tuning['method']})")
+        cv, served = fmt_probs(tuning["cv_confident"], tuning["confident"], digits=3)
+        job.say(f"confident cutoff: {cv} (cross-validation) -> {served} ({tuning['method']})")
     if "risk_ece_recent" in tuning:
         job.say(f"deferral model calibration: ECE {tuning['risk_ece_recent']:.3f} on {tuning['n']:,} recent "
                 f"labelled rows (out of fold: {model.head.metrics_.get('oof_risk_ece', float('nan')):.3f})")
@@ -322,6 +340,8 @@ def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult,
     as saved (its metrics do not depend on the champion)."""
     ev, t_eval = _timed(_evaluate, job, trial.challenger, champion.model, trial.ts)
     outcome, reason, checks = _decide(job, trial.challenger, champion.model, ev)
+    if job.opts.dry_run and outcome == "promoted":     # nothing is promoted in a dry run
+        outcome = "would_shadow" if job.opts.shadow else "would_promote"
     model = _with_run_metrics(trial.challenger, trial.ts, ev, trial.tuning)
     timing = _timing(trial.ts, model, time.perf_counter() - trial.t_start, trial.t_data, trial.t_fit, t_eval)
     report = _report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,

@@ -5,7 +5,7 @@ from flywheel.classifier.calibration import expected_calibration_error
 from flywheel.classifier.decision import Candidate, Tier
 from flywheel.classifier.errors import ModelError, NotFittedError
 from flywheel.classifier.head import IntentHead
-from flywheel.classifier.tiers import Thresholds, assign_tier, cut_at_drop
+from flywheel.classifier.tiers import Thresholds, assign_tier, cut_at_drop, fmt_probs
 from tests.support.worlds import blobs
 
 
@@ -60,6 +60,19 @@ def test_zero_threshold_is_a_threshold():
     assert r.tier is Tier.CONFIDENT  # 0.2 >= 0.0; a truthiness test would have failed
     th = Thresholds(confident=0.9, ambiguous_ratio=0.5, oos=0.0)
     assert assign_tier(np.array([0.99, 0.01]), ["A", "B"], 0.0, 0.0, th).tier is Tier.NO_MATCH
+
+
+def test_reasons_never_round_a_cutoff_to_a_value_it_is_not():
+    """0.9999 is not printed as 1.00, and 0.996 < 0.9961 does not read as 1.00 < 1.00 (issue 26)."""
+    th = Thresholds(confident=0.9999, ambiguous_ratio=1.0, oos=1.0)
+    r = assign_tier(np.array([0.996, 0.004]), ["A", "B"], 0.0, 0.0, th)
+    assert r.tier is Tier.WEAK and r.reason == "confidence 0.9960 < cutoff 0.9999", r.reason
+    th = Thresholds(confident=0.9961, ambiguous_ratio=1.0, oos=1.0)
+    assert assign_tier(np.array([0.996, 0.004]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.9960 < cutoff 0.9961"
+    th = Thresholds(confident=0.7, ambiguous_ratio=1.0, oos=1.0)
+    assert assign_tier(np.array([0.8, 0.2]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.80 >= cutoff 0.70"
+    assert fmt_probs(0.9999) == ["0.9999"] and fmt_probs(0.9999, digits=3) == ["0.9999"]
+    assert fmt_probs(0.0, 1.0, 0.5) == ["0.00", "1.00", "0.50"] and fmt_probs(0.00004) == ["0.00004"]
 
 
 def test_tiers():

@@ -75,6 +75,16 @@ def test_unparsable_yaml_names_the_file(tmp_path):
         load_intents(p)
 
 
+def test_a_yaml_syntax_error_is_one_line_naming_file_line_and_column(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("intents:\n  - name: A\n    examples: [a, b\n  - name: B\n")
+    with pytest.raises(IntentFileError) as ei:
+        load_intents(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: not valid"), msg   # PyYAML's own text takes 6 lines
+    assert "line 4, column 9" in msg and "expected ',' or ']'" in msg, msg
+
+
 @pytest.mark.slow   # a flywheel process
 def test_cli_exit_code_2_on_bad_file(tmp_path):
     p = tmp_path / "dup.yaml"

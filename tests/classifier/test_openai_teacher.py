@@ -436,3 +436,41 @@ def test_the_intent_file_refuses_an_api_key():
     assert KEY not in str(ei.value)
     with pytest.raises(IntentFileError, match="teacher.response_format must be one of auto, json_schema"):
         parse_intents({**INTENTS, "teacher": {"response_format": "xml"}})
+
+
+def test_the_teacher_setting_picks_the_backend_over_the_intent_file(monkeypatch):
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import build_teacher
+    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.teacher import OllamaTeacher
+
+    monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:11434")
+    ollama_file = parse_intents({**INTENTS, "teacher": {"model": MODEL, "host": "http://10.0.0.9:11434"}})
+    openai_file = parse_intents({**INTENTS, "teacher": {"backend": "openai", "model": MODEL,
+                                                        "host": "http://10.0.0.5:8000/v1"}})
+    assert isinstance(build_teacher(load_config(teacher="on"), openai_file), OpenAITeacher)
+    assert isinstance(build_teacher(load_config(), ollama_file), OllamaTeacher)         # default: on
+    t = build_teacher(load_config(teacher="openai", teacher_host="http://127.0.0.1:8000/v1"), ollama_file)
+    assert isinstance(t, OpenAITeacher) and t.host == "http://127.0.0.1:8000/v1" and t.model == MODEL
+    with pytest.raises(ConfigError, match="--teacher-host"):   # the ollama file's host is not an openai URL
+        build_teacher(load_config(teacher="openai"), ollama_file)
+    t = build_teacher(load_config(teacher="ollama"), openai_file)
+    assert isinstance(t, OllamaTeacher) and t.host == "http://127.0.0.1:11434"   # not the openai file's host
+
+
+def test_teacher_setting_precedence_flag_env_file_default(monkeypatch):
+    import os
+    from pathlib import Path
+
+    from flywheel.classifier.config import load_config
+
+    monkeypatch.delenv("FLYWHEEL_TEACHER", raising=False)
+    assert (load_config().teacher, load_config().sources.get("teacher")) == ("on", None)
+    (Path(os.environ["FLYWHEEL_HOME"]) / "config.toml").write_text('teacher = "Ollama"\n', encoding="utf-8")
+    assert (load_config().teacher, load_config().sources["teacher"]) == ("ollama", "file")
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "openai")
+    assert (load_config().teacher, load_config().sources["teacher"]) == ("openai", "env")
+    assert (load_config(teacher="off").teacher, load_config(teacher="off").sources["teacher"]) == ("off", "flag")
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "gpt")
+    with pytest.raises(ConfigError, match=r"teacher must be one of on, ollama, openai, off, got 'gpt' \(from env\)"):
+        load_config()

@@ -439,3 +439,22 @@ def test_install_repairs_a_corrupt_copy_and_takes_downloads_from_elsewhere(tmp_p
     assert reg.install("v01", download) == reg.version_dir("v01")
     assert reg.load("v01").version == "v01" and not download.exists()
     assert not [p for p in reg.home.iterdir() if p.name.startswith(".")]
+
+
+def test_the_local_registrys_log_lines_say_they_are_local(tmp_path, fitted, caplog):
+    """On a replica these lines sit beside the fleet's ``promoted v2 in s3://...``: each names
+    the local models home, so none reads like a fleet promotion (issue 26)."""
+    import logging
+
+    reg = ModelRegistry(tmp_path / "models")
+    elsewhere = fitted["v01"].save(tmp_path / "trained" / "v01")
+    download = fitted["v02"].save(reg.home.parent / ".download-v02")
+    with caplog.at_level(logging.INFO, logger="flywheel.registry"):
+        reg.publish(elsewhere)
+        reg.promote("v01")
+        reg.install("v02", download)
+        reg.set_shadow("v02")
+    lines = [r.getMessage() for r in caplog.records if r.name == "flywheel.registry"]
+    assert [ln.split()[0] for ln in lines] == ["published", "promoted", "installed", "shadow"], lines
+    assert all(f"in the local models home {reg.home}" in ln or f"into the local models home {reg.home}" in ln
+               for ln in lines), lines

@@ -271,7 +271,7 @@ def test_cli_shadow_and_promote_from_shadow(tmp_path, capsys, monkeypatch):
     for q in QUERIES:
         rt.classifier.classify(q)
     rt.close()
-    assert main(["models", "promote", "--from-shadow", "--min-shadow", "10", *home]) == 1
+    assert main(["models", "promote", "--from-shadow", "--min-shadow", "10", *home]) == 2   # bad input
     err = capsys.readouterr().err
     assert f"answered {len(QUERIES)} logged decisions, fewer than --min-shadow 10" in err
     assert reg.current_name() == "v1"
@@ -279,7 +279,7 @@ def test_cli_shadow_and_promote_from_shadow(tmp_path, capsys, monkeypatch):
     assert reg.current_name() == "v2" and reg.shadow() is None
     out = capsys.readouterr().out
     assert "promoted v2" in out and "shadow cleared" in out
-    assert main(["models", "promote", "--from-shadow", *home]) == 1
+    assert main(["models", "promote", "--from-shadow", *home]) == 3   # nothing to promote, like "no version"
     assert "no shadow version" in capsys.readouterr().err
 
 

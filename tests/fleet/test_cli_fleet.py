@@ -1,5 +1,6 @@
 """The offline commands in fleet mode, in process: ``flywheel feedback`` and ``flywheel
-prune-log`` against a real S3 server, on decisions a replica's spool shipped there."""
+prune-log`` against a real S3 server, on decisions a replica's spool shipped there, and
+``flywheel models rollback`` on versions another host published."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ import json
 import pytest
 
 from flywheel.classifier.decision import Decision, Layer, Tier, new_decision_id
+from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.protocols import DecisionRecord
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
+from flywheel.fleet.registry import BucketRegistry
 from flywheel.fleet.shipper import ObjectShipper
 from flywheel.logstore import LogStore, SpoolSink
+from tests.support.bucket import publish, tamper
+from tests.support.docs import DOC
+from tests.support.fakes import HashEmbedder
 
 pytestmark = pytest.mark.slow   # talks to the real server
 
@@ -60,3 +68,20 @@ def test_feedback_and_prune_log_see_the_fleets_log(objects, store_env, tmp_path,
     texts = {r[0] for r in fresh.query("SELECT text FROM decisions")}
     assert texts == {""}   # the text is gone from the bucket, the decisions and label stay
     assert {r.decision_id: r.human_label for r in fresh.labelled_rows()} == {ids[0]: "PLATFORM"}
+
+
+def test_models_rollback_names_the_version_and_refuses_a_corrupt_one(objects, tmp_path, capsys):
+    trainer = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))   # another host published them
+    publish(trainer, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1", "v2", "v3")
+    token = None
+    for name in ("v1", "v2", "v3"):
+        token = trainer.promote(name, expected=token)
+    tamper(objects, "models/v2/head.npz")
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 3 and "cannot roll back to 'v2'" in err and "checksum does not match" in err, err
+    assert trainer.current() == ("v3", token)                                # CURRENT unchanged
+    token = trainer.promote("v1", expected=token)                            # history: v1 v2 v3 v1
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 0, err
+    name, etag = trainer.current()
+    assert name == "v3" and out.startswith("rolled back to v3 ") and etag.strip('"') not in out

@@ -545,7 +545,7 @@ def test_a_shadow_set_in_the_bucket_is_scored_by_the_replicas_reported_and_promo
     stats = json.loads(fleet.run("stats", "--json", home=cli).stdout.strip().splitlines()[-1])
     assert stats["shadow"]["version"] == name and stats["shadow"]["n"] >= n_scored, stats["shadow"]
     refused = fleet.run("models", "promote", "--from-shadow", "--min-shadow", "100000", home=cli, check=False)
-    assert refused.returncode == 1 and "fewer than --min-shadow" in refused.stderr
+    assert refused.returncode == 2 and "fewer than --min-shadow" in refused.stderr
     out = fleet.run("models", "promote", "--from-shadow", "--min-shadow", str(int(n_scored)), home=cli).stdout
     assert f"promoted {name}" in out and "shadow cleared" in out
     assert fleet.bucket_registry().current()[0] == name and fleet.bucket_registry().shadow() is None

@@ -220,6 +220,22 @@ def test_rollback_follows_the_history_by_compare_and_swap(objects, bucket, train
     assert bucket.history() == ["v1", "v3"]
 
 
+def test_rollback_verifies_its_target_as_promote_does(objects, tmp_path, bucket, trained):
+    publish(bucket, trained, "v1", "v2")
+    e1 = bucket.promote("v1", expected=None)
+    e2 = bucket.promote("v2", expected=e1)
+    tamper(objects, "models/v1/head.npz")                         # the previous version is now corrupt
+    other = BucketRegistry(objects, ModelRegistry(tmp_path / "other-host"))   # no local copy to trust
+    with pytest.raises(ModelError, match="head.npz: checksum does not match the manifest"):
+        other.promote("v1", expected=e2)
+    with pytest.raises(ModelError, match=r"cannot roll back to 'v1': .*head.npz: checksum does not match"):
+        other.rollback(expected=e2)
+    with pytest.raises(ModelError, match="cannot roll back to 'v1'"):
+        other.rollback()
+    assert other.current() == ("v2", e2) and other.history() == ["v1", "v2"]   # CURRENT unchanged
+    assert not (tmp_path / "other-host" / "v1").exists()
+
+
 def test_the_history_is_bounded(objects, bucket, trained, monkeypatch):
     import flywheel.fleet.registry
 

@@ -67,6 +67,26 @@ def test_a_fresh_replica_starts_on_the_fleets_current_version(objects, fleet, re
     assert Classifier.from_registry(replica.home, embedder=HashEmbedder(), watch=False).model_version == "v2"
 
 
+def test_a_replicas_log_lines_say_its_installs_are_local(objects, fleet, replica, trained, caplog):
+    """Only the host that moved ``models/CURRENT`` logs a promotion; a replica following it
+    says it installed the version locally (issue 26)."""
+    publish(fleet, trained, "v1", "v2")
+    fleet.promote("v1", expected=None)
+    sync = RegistrySync(objects, replica, interval_s=0.1)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flywheel"):
+        assert sync.sync_once(timeout_s=30) == "new"
+        fleet.set_shadow("v2")
+        sync.poll()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("flywheel")]
+    assert any(ln.startswith("replica: installed v1 locally (was None), following the fleet's CURRENT")
+               for ln in lines), lines
+    assert any(ln.startswith("replica: installed shadow version v2 locally") for ln in lines), lines
+    on_replica = [ln for ln in lines if "s3://" not in ln]   # the fleet's own lines name the bucket
+    assert not [ln for ln in on_replica if ln.startswith(("promoted", "published", "installed", "shadow"))
+                and "local models home" not in ln], lines
+
+
 def test_a_tampered_version_is_refused_once_and_the_old_one_keeps_serving(objects, fleet, replica, trained,
                                                                          caplog):
     publish(fleet, trained, "v1", "v2", "v3")

@@ -73,7 +73,25 @@ def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
     assert rc == 0, err
     d = json.loads(out)
     assert d["layer"] == "embedding" and d["tier"] == "weak" and d["label"] == "RETRIEVAL"
-    assert "llm unavailable: unavailable: connection refused" in d["reason"]
+    assert "llm unavailable: connection refused" in d["reason"] and "unavailable: unavailable" not in d["reason"]
+
+
+def test_train_promote_is_served_by_classify(capsys, tmp_path, monkeypatch):
+    from flywheel.classifier.registry import ModelRegistry
+
+    home = tmp_path / "fresh-home"                        # nothing promoted, no cached starter model
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    rc, out, err = run(capsys, "train", "--intents", str(ROOT / "data" / "starter_intents.yaml"), "--promote",
+                       "--quiet")
+    assert rc == 0, err
+    reg = ModelRegistry(home / "models")
+    name = reg.current_name()
+    assert name is not None and [v.name for v in reg.versions()] == [name]   # a version inside the home
+    assert f"saved {name} to {home / 'models' / name}" in out and f"promoted {name} in {home / 'models'}" in out
+    rc, out, err = run(capsys, "classify", "--no-log", "What is addVar in AVAP?")
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[0])["model_version"] == name
 
 
 def test_train_and_eval_say_what_the_cutoffs_buy(capsys, home, monkeypatch, tmp_path):

@@ -138,6 +138,36 @@ def test_models_cli_list_promote_rollback(tmp_path, capsys):
     assert "checksum" in capsys.readouterr().err and reg.current_name() == "v1"
 
 
+def test_train_refuses_a_models_home_as_out(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    import flywheel.classifier.trainer
+
+    def no_training(*a, **kw):
+        raise AssertionError("trained although --out is refused")
+
+    monkeypatch.setattr(flywheel.classifier.trainer, "fit_model", no_training)
+    intents = tmp_path / "intents.yaml"
+    intents.write_text(yaml.safe_dump(DOC))
+    models = load_config().models_dir                        # <home>/models, not there yet
+    pointed = tmp_path / "pointed"                           # another home: a CURRENT pointer
+    pointed.mkdir()
+    (pointed / "CURRENT").write_text("v1\n")
+    holding = tmp_path / "holding"                           # another home: a version in it
+    (holding / "v1").mkdir(parents=True)
+    (holding / "v1" / "manifest.json").write_text("{}")
+    for args in (["--out", str(models)], ["--out", str(pointed)], ["--out", str(holding)],
+                 ["--models", str(tmp_path / "m"), "--out", str(tmp_path / "m")],
+                 ["--out", str(models), "--promote"]):
+        rc = main(["train", "--intents", str(intents), *args])
+        err = capsys.readouterr().err
+        assert rc == 2 and "is a models home, not a version directory" in err and "Traceback" not in err, args
+        assert len(err.strip().splitlines()) == 1
+    assert main(["train", "--intents", str(intents)]) == 2
+    assert "give --out DIR" in capsys.readouterr().err
+    assert not models.exists() and not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("window", ["0", "fortnight", "-3"])
 def test_stats_rejects_bad_windows(window, capsys, tmp_path):
     rc = main(["stats", "--home", str(tmp_path), "--window", window])

@@ -305,6 +305,71 @@ def test_feedback_without_traffic_log_is_failed_precondition(models):
         assert "INTERNAL" not in handled_codes(server)
 
 
+def test_not_found_tells_the_client_the_id_and_not_the_servers_paths(models, _isolated_home):
+    with serving(models["sure"]) as server, client(server) as fw:
+        log_path = str(load_config().log_path)
+        code, details = rpc_code(lambda: fw.feedback("no-such-decision", "PLATFORM"))
+        assert code is grpc.StatusCode.NOT_FOUND and "unknown decision id 'no-such-decision'" in details
+        assert log_path not in details and str(_isolated_home) not in details and "/" not in details, details
+        assert_serves(fw)
+
+
+def test_a_busy_log_tells_the_client_to_retry_and_not_the_servers_paths(caplog):
+    from flywheel.logstore.errors import LogStoreBusyError
+    from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
+    from flywheel.service.servicer import IntentClassifierServicer
+
+    class Context:
+        def abort(self, code, details):
+            raise grpc.RpcError(code, details)
+
+    secret = "/srv/flywheel/log/flywheel.duckdb"
+    with pytest.raises(grpc.RpcError) as info:
+        with IntentClassifierServicer(None)._mapped(Context(), pb.FeedbackRequest()):   # type: ignore[arg-type]
+            raise LogStoreBusyError(f"log database is busy: {secret} stayed locked by another process for 5s")
+    code, details = info.value.args
+    assert code is grpc.StatusCode.UNAVAILABLE and "busy" in details and secret not in details
+    assert secret in caplog.text   # the server's own log keeps it
+
+
+def test_serve_logging_has_no_line_per_http_request(caplog):
+    """``flywheel serve`` logs at INFO; httpx would add one ``HTTP Request: POST ...`` line
+    per teacher call (issue 26). Its warnings stay."""
+    import logging
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from flywheel.service.cli import CHATTY_LOGGERS, configure_logging
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    saved = {name: logging.getLogger(name).level for name in CHATTY_LOGGERS}
+    try:
+        configure_logging()
+        with caplog.at_level(logging.INFO):
+            assert httpx.get(f"http://127.0.0.1:{http.server_address[1]}/api/tags", timeout=5).status_code == 200
+            logging.getLogger("httpx").warning("an httpx warning")
+            logging.getLogger("flywheel.sidecar").info("a flywheel line")
+        names = [(r.name, r.getMessage()) for r in caplog.records]
+        assert ("httpx", "an httpx warning") in names and ("flywheel.sidecar", "a flywheel line") in names
+        assert not [m for n, m in names if m.startswith("HTTP Request")], names
+    finally:
+        http.shutdown()
+        http.server_close()
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 # ----------------------------------------------------------------------------- 4. overload
 def test_overload_is_refused_fast_and_recovers(models):
     delay = 0.4

@@ -390,3 +390,61 @@ def test_prediction_sets_calibrated_on_held_out_data(model, fake):
     assert rep["set_coverage"] >= 0.95      # calibrated on these very queries: covered by construction
     with pytest.raises(DatasetError, match="cal.jsonl: no in-scope rows"):
         calibrate_sets(model, LabelledData(texts=["zebra"], labels=[None], source="cal.jsonl"), embedder=fake)
+
+
+# ------------------------------------------------------------------ out-of-scope spellings, unknown labels
+def test_load_reads_every_out_of_scope_spelling(tmp_path):
+    p = tmp_path / "d.jsonl"
+    rows = [{"text": t, "label": lab} for t, lab in
+            [("a", "OUT_OF_SCOPE"), ("b", "OOS"), ("c", "NONE"), ("d", "out_of_scope"), ("e", " none "),
+             ("f", "oos"), ("g", "greet"), ("h", "Other")]]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert load_labelled(p).labels == [None] * 6 + ["greet", "Other"]
+    assert load_labelled(p, oos_label="other").labels == [None] * 6 + ["greet", None]   # --oos-label, any case
+
+
+def test_drop_unknown_labels_counts_and_keeps_languages():
+    from flywheel.training.loaders import drop_unknown_labels
+
+    data = LabelledData(["a", "b", "c", "d", "e"], ["x", "dance", None, "dance", "tap"], source="t.jsonl",
+                        langs=["en", "es", None, "en", "fr"])
+    kept, skipped = drop_unknown_labels(data, ["x"])
+    assert skipped == {"dance": 2, "tap": 1} and list(skipped) == ["dance", "tap"]
+    assert (kept.texts, kept.labels, kept.langs, kept.source) == (["a", "c"], ["x", None], ["en", None], "t.jsonl")
+    assert drop_unknown_labels(kept, ["x"]) == (kept, {})
+
+
+def test_cli_eval_scores_oos_spellings_as_out_of_scope_and_leaves_unknown_labels_out(tmp_path, monkeypatch,
+                                                                                     capsys):
+    import flywheel.classifier.encoders
+    import flywheel.classifier.trainer
+    from flywheel.cli import main
+
+    fake = toy_embedder()
+    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: fake)
+    train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
+    train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]
+    oos = topic_examples(OOS_WORDS, 20)[12:]
+    test = [{"text": topic_examples(TOPICS["weather"])[0], "label": "weather"},
+            {"text": oos[0], "label": "OUT_OF_SCOPE"}, {"text": oos[1], "label": "OOS"},
+            {"text": oos[2], "label": "NONE"}, {"text": oos[3], "label": "none"},
+            {"text": "dance the tango", "label": "dance"}, {"text": "dance a waltz", "label": "dance"},
+            {"text": "tap dance", "label": "tap"}]
+    for name, rows in (("train", train), ("test", test)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    args = ["eval", "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "test.jsonl"),
+            "--json", "--quiet", "--latency-sample", "0"]
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    report = json.loads(out)
+    assert (report["n"], report["n_out_of_scope"], report["n_in_scope"]) == (5, 4, 1)
+    assert report["oos_recall"] is not None and report["unknown_labels"] == []
+    assert report["skipped_unknown_labels"] == {"dance": 2, "tap": 1}
+    assert "warning" in err and "3 row(s) with labels the model does not know: dance (2), tap (1)" in err
+
+    rc = main([*args, "--strict"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert "test.jsonl: 3 row(s) with labels the model does not know: dance (2), tap (1)" in err

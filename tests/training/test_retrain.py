@@ -192,10 +192,13 @@ def test_lock_held_skips(world):
 def test_dry_run_writes_nothing(world):
     world.seed_traffic(n_teacher=200, n_human=10)
     res = world.run(dry_run=True)
-    assert res.outcome == "promoted" and res.version is None and res.report_path is None
-    assert res.summary_line().startswith("promoted (dry run)")
+    # a dry run promotes nothing, so it never says "promoted"
+    assert res.outcome == "would_promote" and res.version is None and res.report_path is None
+    assert not res.promoted and res.report["promoted"] is False and res.to_dict()["outcome"] == "would_promote"
+    assert res.summary_line().startswith("would_promote (dry run)")
+    assert res.summary_line().endswith(res.reason) and res.reason == "no usable champion: first model"
     assert not world.registry.home.exists()
-    assert res.markdown.startswith("# flywheel retrain: promoted (dry run)")
+    assert res.markdown.startswith("# flywheel retrain: would_promote (dry run)")
     # (a dry run next to a served champion: see test_cli_retrain)
 
 
@@ -513,7 +516,7 @@ def test_champions_not_trained_by_retrain(world):
     other.save(world.registry.version_dir("v-other"))
     world.registry.promote("v-other")
     res = world.run(dry_run=True)
-    assert res.outcome == "promoted" and res.champion is None
+    assert res.outcome == "would_promote" and res.champion is None
     assert any("fake:hash-128" in n and "no champion" in n for n in res.report["notes"])
     # same encoder but trained on every intent example (e.g. `flywheel train`): it may have
     # seen the held-out examples, so the gate compares on traffic only
@@ -556,6 +559,7 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].startswith("promoted v") and any("report:" in ln for ln in lines)
+    assert lines[0].endswith("): no usable champion: first model")        # the gate's reason, on the line
     assert ModelRegistry(home / "models").current_name() is not None
     # second run: the champion's bundled intent set is used; nothing new -> skipped
     r = runner.invoke(app, ["retrain", *common, "--json", "--min-new-labels", "1"])
@@ -569,7 +573,10 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
     r = runner.invoke(app, ["retrain", *common, "--json", "--dry-run", "--llm-budget", "0.2"])
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
-    assert obj["outcome"] in ("promoted", "kept") and obj["version"] is None and obj["dry_run"] is True
+    # a dry run promotes nothing and never says so
+    assert obj["outcome"] in ("would_promote", "kept") and obj["version"] is None and obj["dry_run"] is True
+    assert obj["summary"].startswith(obj["outcome"]) and obj["summary"].endswith(obj["reason"])
+    assert obj["reason"].startswith("not worse than the champion" if obj["outcome"] == "would_promote" else "")
     assert obj["challenger"]["eval"]["n"] > 0 and obj["champion"]["version"] == current
     assert sorted(p.name for p in models.iterdir()) == before       # the dry run wrote nothing
     assert ModelRegistry(models).current_name() == current
@@ -578,24 +585,58 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "flywheel: error:" in r.output and "Traceback" not in r.output
 
 
-def test_noise_margin_is_zero_for_identical_models_and_grows_with_disagreement(world):
-    from flywheel.training.gate import noise_margins as _noise_margins
-    from flywheel.training.rows import LabelledSet
+def served_default(world, home, intents_file):
+    """The model ``classify()`` serves from a fresh home's cache (trained from the intent
+    file on first use), saved where :func:`classifier.default.existing_model_dir` finds it."""
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import cached_model_dir, existing_model_dir
 
-    model = fit_model(world.intents, embedder=HashEmbedder())
-    items = sample(200, 5)
-    data = LabelledSet([t for t, _ in items], [y for _, y in items], HashEmbedder().encode([t for t, _ in items]),
-                       ["teacher"] * len(items), [None] * len(items))
-    from flywheel.classifier.head import IntentHead
-    from flywheel.training.layer2 import layer2_predict
+    intents_file.write_text(yaml.safe_dump(INTENT_DOC))
+    cfg = load_config(home=home, intents=str(intents_file))
+    path = cached_model_dir(cfg, intents_file)
+    fit_model(world.intents, embedder=HashEmbedder(), version=path.name).save(path)
+    assert existing_model_dir(cfg) == path
+    return path
 
-    assert _noise_margins(model, model, data)["accuracy"] == 0.0
-    other = fit_model(world.intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
-    a, b = layer2_predict(model, data.vectors).labels, layer2_predict(other, data.vectors).labels
-    disagree = sum(x != y for x, y in zip(a, b))
-    assert disagree > 0
-    # 1.96 paired standard errors: at least 1.96 * sqrt(1) / n with a single disagreement
-    assert _noise_margins(model, other, data)["accuracy"] >= 1.9 / len(items)
+
+def test_the_first_retrain_gates_against_the_served_default_model(world, tmp_path):
+    world.seed_traffic(n_teacher=300, n_human=20)
+    path = served_default(world, tmp_path / "home", tmp_path / "intents.yaml")
+    res = retrain(store=world.store, registry=world.registry, intents=world.intents, embedder=world.embedder,
+                  options=RetrainOptions(), served_default=path)
+    # not "no champion": the starter model being served is the champion like any other
+    assert res.champion is not None and res.champion["version"] == path.name
+    assert res.report["champion_version"] == path.name and res.report["gate"]["set"] == "eval_traffic"
+    assert any(n.startswith(f"nothing promoted yet: the served default model {path.name}")
+               for n in res.report["notes"])
+    assert res.outcome == "promoted", res.reason          # better than the starter: promoted from no pointer
+    assert res.reason.startswith("not worse than the champion") and res.summary_line().endswith(res.reason)
+    assert world.registry.current_name() == res.version
+    assert world.registry.load_current().manifest.parent == path.name
+
+
+def test_cli_first_retrain_keeps_the_served_default_over_a_worse_challenger_and_says_why(world, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
+    recs, items = world.seed_traffic()
+    # wrong human labels on texts that train (never on evaluation rows): a worse challenger
+    swap = {"RETRIEVAL": "PLATFORM", "PLATFORM": "RETRIEVAL", None: "RETRIEVAL"}
+    human_labels(world.store, [(r.decision.id, swap[y]) for r, (t, y) in zip(recs, items)
+                               if split_role(t, "human") == "train"])
+    intents_file = tmp_path / "intents.yaml"
+    home = tmp_path / "home"
+    path = served_default(world, home, intents_file)
+    common = ["retrain", "--home", str(home), "--log-db", world.store.path, "--quiet", "--intents", str(intents_file)]
+    r = CliRunner().invoke(build_app(), common)
+    assert r.exit_code == 0, r.output
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"kept {path.name}, challenger v") and " not promoted: " in first, first
+    assert first.endswith("keeping the champion")                   # the gate's one-line reason
+    assert not (home / "models" / "CURRENT").exists()
+    r = CliRunner().invoke(build_app(), [*common, "--json", "--dry-run"])
+    obj = json.loads(r.stdout)
+    assert obj["outcome"] == "kept" and obj["champion"]["version"] == path.name and obj["summary"] == \
+        f"kept {path.name}, challenger (dry run) not promoted: {obj['reason']}"
 
 
 def layer2_record(text: str, label: str | None) -> DecisionRecord:

@@ -1,0 +1,136 @@
+"""Tests of the promotion gate (training.gate): paired checks on the same queries, the
+sample-size rule and the LLM share, with real heads on the synthetic world's queries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flywheel.classifier.head import IntentHead
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.trainer import fit_model
+from flywheel.training.gate import decide, evaluate_layer2, paired_drop
+from flywheel.training.layer2 import layer2_predict
+from flywheel.training.rows import LabelledSet
+from tests.support.fakes import HashEmbedder
+from tests.support.worlds import INTENT_DOC, sample
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Two heads that disagree on some queries, and their predictions on 1,500 queries."""
+    intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
+    champion = fit_model(intents, embedder=HashEmbedder())
+    challenger = fit_model(intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
+    texts = [t for t, _ in sample(1500, 11)]
+    X = HashEmbedder().encode(texts)
+    p_cp, p_ch = layer2_predict(champion, X).labels, layer2_predict(challenger, X).labels
+    return champion, challenger, texts, X, list(p_cp), list(p_ch)
+
+
+def gate_set(pair, n: int, worse: int, better: int, oos: bool = True) -> LabelledSet:
+    """``n`` queries labelled so that the challenger is wrong on ``worse`` the champion gets
+    right, right on ``better`` the champion gets wrong, and both agree (and are right) on
+    the rest (only in-scope ones unless ``oos``)."""
+    _, _, texts, X, p_cp, p_ch = pair
+    agree = [i for i in range(len(texts)) if p_cp[i] == p_ch[i] and (oos or p_cp[i] is not None)]
+    differ = [i for i in range(len(texts)) if p_cp[i] != p_ch[i]]
+    assert len(differ) >= worse + better and len(agree) >= n - worse - better
+    idx = differ[:worse + better] + agree[:n - worse - better]
+    labels = [p_cp[i] for i in differ[:worse]] + [p_ch[i] for i in differ[worse:worse + better]] + \
+        [p_cp[i] for i in agree[:n - worse - better]]
+    return LabelledSet([texts[i] for i in idx], labels, X[idx], ["human"] * n, [None] * n)
+
+
+def metrics(model, data: LabelledSet) -> dict:
+    """What the retrain job hands the gate (training.retrain._metrics), on one set."""
+    per = evaluate_layer2(model, data)
+    return {"version": model.version, "n": per["n"], "accuracy": per["accuracy"], "oos_recall": per["oos_recall"],
+            "llm_share": per["llm_share"], "llm_share_on": "eval", "eval": per}
+
+
+def gate(pair, data: LabelledSet, tolerance: float = 0.01, ch: dict | None = None, cp: dict | None = None):
+    """The gate's decision; without ``ch`` and ``cp`` on accuracy alone (the challenger's
+    LLM share set to the champion's: the weak head defers far more)."""
+    champion, challenger = pair[0], pair[1]
+    notes: list[str] = []
+    if ch is None or cp is None:
+        ch, cp = metrics(challenger, data), metrics(champion, data)
+        ch["llm_share"] = cp["llm_share"]
+    return decide(challenger, champion, ch, cp, data, "eval", tolerance, notes)
+
+
+def test_a_worse_challenger_on_a_small_eval_set_is_kept_and_the_reason_names_the_sample_size(pair):
+    # issue 26: 45 queries, the challenger wrong on 3 the champion got right: 1.000 -> 0.933.
+    # The old noise margin (1.96 paired standard errors = 0.073) promoted it.
+    data = gate_set(pair, 45, worse=3, better=0)
+    outcome, reason, checks = gate(pair, data)
+    acc = checks[0]
+    assert (acc["champion"], round(acc["challenger"], 3)) == (1.0, 0.933)
+    assert outcome == "kept", reason
+    assert reason.startswith("accuracy 0.933 < champion 1.000 - tolerance 0.01") and "n=45" in reason
+    assert (acc["worse"], acc["better"], acc["ok"]) == (3, 0, False)
+
+
+def test_a_drop_within_tolerance_is_kept_when_the_set_cannot_bound_it(pair):
+    # 0.0067 worse on 300 queries (4 worse, 2 better): within the tolerance, but the
+    # largest drop these 6 disagreements allow is about 0.018; the old gate promoted it
+    data = gate_set(pair, 300, worse=4, better=2)
+    outcome, reason, checks = gate(pair, data)
+    assert outcome == "kept", reason
+    assert reason.startswith("evaluation set too small (n=300 eval queries) to rule out a drop in accuracy larger "
+                             "than 0.01") and reason.endswith("keeping the champion")
+    assert checks[0]["drop"] == pytest.approx(2 / 300, abs=1e-6) and checks[0]["drop_upper"] > 0.01
+    # the same small dip on a set large enough to bound it passes
+    outcome, reason, _ = gate(pair, gate_set(pair, 1200, worse=4, better=2))
+    assert outcome == "promoted", reason
+
+
+def test_a_challenger_not_worse_is_promoted_whatever_the_sample_size(pair):
+    for n, worse, better in ((45, 0, 0), (45, 1, 1), (45, 0, 3)):
+        outcome, reason, checks = gate(pair, gate_set(pair, n, worse, better, oos=False))
+        assert outcome == "promoted", (n, worse, better, reason)
+        assert reason.startswith("not worse than the champion beyond tolerance 0.01 on 45 eval queries")
+        assert all(c["ok"] for c in checks)
+
+
+def test_out_of_scope_recall_is_gated_on_its_own_queries(pair):
+    # as accurate overall (one worse, one better), but the one it lost is out of scope
+    data = gate_set(pair, 45, worse=1, better=1)
+    assert data.labels[0] is None and data.labels[1] is not None and data.n_out_of_scope >= 20
+    outcome, reason, checks = gate(pair, data)
+    assert outcome == "kept"
+    assert reason.startswith("oos_recall 0.950 < champion 1.000 - tolerance 0.01 (n=20 out-of-scope eval queries")
+    assert [c["ok"] for c in checks[:2]] == [True, False]
+
+
+def test_an_llm_share_rise_beyond_tolerance_is_kept(pair):
+    # same accuracy, but 11% of the queries would go to the LLM instead of 0%
+    data = gate_set(pair, 45, worse=0, better=0)
+    ch, cp = metrics(pair[1], data), metrics(pair[0], data)
+    ch["llm_share"], cp["llm_share"] = 5 / 45, 0.0
+    outcome, reason, checks = gate(pair, data, ch=ch, cp=cp)
+    assert outcome == "kept"
+    assert reason == "LLM share 11.1% > champion 0.0% + tolerance 0.01 (n=45 eval queries); keeping the champion"
+    assert [c["metric"] for c in checks if not c["ok"]] == ["llm_share"]
+    ch["llm_share"] = 0.005                    # within tolerance: passes
+    assert gate(pair, data, ch=ch, cp=cp)[0] == "promoted"
+
+
+def test_paired_drop_counts_disagreements_and_bounds_the_drop():
+    r = np.ones(100, dtype=bool)
+    assert paired_drop(r, r) == {"n": 100, "worse": 0, "better": 0, "drop": 0.0, "drop_upper": 0.0}
+    ch = r.copy()
+    ch[:3] = False
+    d = paired_drop(ch, r)
+    assert (d["worse"], d["better"], d["drop"]) == (3, 0, 0.03) and d["drop_upper"] == 0.03
+    cp = r.copy()
+    cp[3:13] = False                            # the champion is wrong on 10: the challenger is better
+    d = paired_drop(ch, cp)
+    assert (d["worse"], d["better"], d["drop"]) == (3, 10, -0.07) and d["drop_upper"] < 0.01
+    # deterministic, and tighter with more queries for the same share of disagreements
+    wide = paired_drop(np.r_[np.zeros(4, bool), np.ones(296, bool)], np.r_[np.ones(4, bool), np.zeros(2, bool),
+                                                                           np.ones(294, bool)])
+    assert wide == paired_drop(np.r_[np.zeros(4, bool), np.ones(296, bool)],
+                               np.r_[np.ones(4, bool), np.zeros(2, bool), np.ones(294, bool)])
+    assert wide["drop"] == pytest.approx(2 / 300, abs=1e-6) and wide["drop_upper"] > 0.01
