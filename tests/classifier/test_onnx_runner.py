@@ -35,38 +35,9 @@ from flywheel.classifier.encoders.onnx_runner import OnnxRunner, cache_key  # no
 from flywheel.classifier.encoders.torch_runner import MeanPoolRunner, SentenceTransformerRunner  # noqa: E402
 from flywheel.classifier.errors import EmbedderError, IntentFileError  # noqa: E402
 from flywheel.classifier.intents import EmbedderSettings, parse_intents  # noqa: E402
+from tests.support.tiny_encoder import TEXTS, build_tiny_bert  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]   # the repository (= tests.support.paths.ROOT)
-
-TEXTS = [
-    "how do I reset my password",
-    "cancel my last order",
-    "¿dónde está mi pedido?",
-    "ok",
-    "what's the weather going to be like in paris tomorrow afternoon, and should I take an umbrella? " * 4,
-]
-
-
-def build_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
-    """Save a random 2-layer BERT, a WordPiece tokenizer (tokenizer.json) and a
-    sentence_bert_config.json to ``path``."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizer
-
-    path.mkdir(parents=True, exist_ok=True)
-    chars = sorted(set("".join(onnx_runner.PROBE + tuple(TEXTS)).lower()) - {" "})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars),
-             "the", "my", "how", "order", "##s"]
-    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
-    tok = BertTokenizer(vocab_file=str(path / "vocab.txt"), do_lower_case=True, model_max_length=512)
-    tok.save_pretrained(str(path))
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=4, intermediate_size=hidden * 2, max_position_embeddings=512)
-    BertModel(config).save_pretrained(str(path))
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}), encoding="utf-8")
-    return path
-
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
