@@ -42,7 +42,10 @@ _TOP_KEYS = {"version", "name", "description", "languages", "embedder", "teacher
 _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
-                  "num_threads", "layers", "runtime"}
+                  "num_threads", "layers", "runtime", "tune"}
+_TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed"}
+#: what ``embedder.tune.objective`` may be (training.finetune.EncoderTuner)
+TUNE_OBJECTIVES = ("cross_entropy", "contrastive")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
@@ -81,6 +84,22 @@ class Intent:
 
 
 @dataclass(frozen=True)
+class TuneSettings:
+    """``embedder.tune``: fine-tune the encoder on the retrain's labels (training.finetune).
+
+    ``tune: true`` takes these defaults; a mapping sets any of them. The default budget
+    fits a nightly job on 2 cores (BENCHMARKS.md §14)."""
+
+    objective: str = "cross_entropy"
+    budget_s: float = 900.0
+    epochs: int = 4
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    max_length: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class EmbedderSettings:
     backend: str = ENGLISH_BACKEND  # never "auto" here: parse_intents resolves it from the languages
     model: str | None = None
@@ -97,6 +116,8 @@ class EmbedderSettings:
     # classifier.encoders.resolve_runtime); "onnx": exported once, verified, cached, served
     # by onnxruntime; "torch": the transformers forward pass. use-multilingual is numpy: auto only.
     runtime: str = "auto"
+    # fine-tune the encoder in the retrain (None: off; the head alone is refitted)
+    tune: TuneSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -341,6 +362,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         num_threads=None if e.get("num_threads") is None else c.integer(e["num_threads"], "embedder.num_threads", 1),
         layers=_layers(c, e.get("layers")),
         runtime=runtime,
+        tune=_tune(c, e.get("tune")),
     )
 
     if isinstance(doc.get("teacher"), dict) and "api_key" in doc["teacher"]:  # never echo its value
@@ -417,6 +439,28 @@ def _keep_alive(c: _Checker, value: Any) -> str:
         raise c.fail(f"teacher.keep_alive must be a duration such as 30m, 1h or -1s (forever), "
                      f"or a number of seconds, got {value!r}")
     return value.strip()
+
+
+def _tune(c: _Checker, value: Any) -> TuneSettings | None:
+    """``embedder.tune``: ``true``/``false``, or a mapping of :class:`TuneSettings` fields."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return TuneSettings()
+    t = c.mapping(value, "embedder.tune", _TUNE_KEYS)
+    d = TuneSettings
+    objective = t.get("objective", d.objective)
+    if objective not in TUNE_OBJECTIVES:
+        raise c.fail(f"embedder.tune.objective must be one of {', '.join(TUNE_OBJECTIVES)}, got {objective!r}")
+    return TuneSettings(
+        objective=objective,
+        budget_s=c.number(t.get("budget_s", d.budget_s), "embedder.tune.budget_s", 1.0, 7 * 86400.0),
+        epochs=c.integer(t.get("epochs", d.epochs), "embedder.tune.epochs", 1),
+        batch_size=c.integer(t.get("batch_size", d.batch_size), "embedder.tune.batch_size", 2),
+        learning_rate=c.number(t.get("learning_rate", d.learning_rate), "embedder.tune.learning_rate", 1e-8, 1.0),
+        max_length=c.integer(t.get("max_length", d.max_length), "embedder.tune.max_length", 8),
+        seed=c.integer(t.get("seed", d.seed), "embedder.tune.seed", 0),
+    )
 
 
 def _quantize(c: _Checker, value: Any) -> bool | None:

@@ -1,4 +1,5 @@
-"""A model version on disk: ``manifest.json`` + ``head.joblib`` + ``head.npz`` + ``intents.yaml``.
+"""A model version on disk: ``manifest.json`` + ``head.joblib`` + ``head.npz`` + ``intents.yaml``,
+and ``encoder/`` when the version carries its own (fine-tuned) encoder.
 
 ``head.joblib`` is the fitted scikit-learn estimator; ``head.npz`` holds the arrays that
 scoring needs (:class:`~classifier.scoring.ServingHead`, no pickle) and is what
@@ -12,6 +13,13 @@ dimension, and the encoder, and refuses a corrupt or mismatched version with
 :class:`~classifier.errors.ModelError`, so a copied or downloaded version is checked
 whole. Versions saved before ``intents_sha256`` was recorded still load (their intent
 file is only parsed).
+
+A version may carry its own encoder (:mod:`classifier.encoders.version_encoder`): the
+files of ``encoder/`` are recorded with their sha256 in :attr:`Manifest.encoder_files`
+(written only when present, so a replica of an earlier release reads the manifest and
+ignores them, then refuses the version for its encoder id), :meth:`Manifest.files` lists
+them, so every verifier (install, publish, download, promote, rollback) hashes them too,
+and :attr:`IntentModel.encoder_dir` points at them once loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import hashlib
 import json
 import os
 import platform
+import re
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -28,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from flywheel.classifier.errors import IntentFileError, ModelError
+from flywheel.classifier.errors import EmbedderError, IntentFileError, ModelError
 from flywheel.classifier.intents import EmbedderSettings, IntentSet, load_intents
 
 FORMAT_VERSION = 1
@@ -36,6 +46,9 @@ MANIFEST = "manifest.json"
 HEAD_FILE = "head.joblib"
 SERVING_HEAD_FILE = "head.npz"
 INTENTS_FILE = "intents.yaml"
+ENCODER_DIR = "encoder"            # a version's own encoder (classifier.encoders.version_encoder)
+_ENCODER_FILE = re.compile(rf"{ENCODER_DIR}/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def file_sha256(path: Path) -> str:
@@ -51,7 +64,7 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("flywheel", "scikit-learn", "numpy", "torch", "transformers", "sentence-transformers"):
+    for pkg in ("flywheel-intent", "scikit-learn", "numpy", "torch", "transformers", "sentence-transformers"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -81,6 +94,14 @@ def _set_only(settings: Any, always: frozenset[str]) -> dict[str, Any]:
     return out
 
 
+def _embedder_doc(settings: EmbedderSettings) -> dict[str, Any]:
+    """The ``embedder`` section; ``tune`` only when set (older replicas refuse unknown keys)."""
+    doc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(settings).items() if k != "tune"}
+    if settings.tune is not None:
+        doc["tune"] = asdict(settings.tune)
+    return doc
+
+
 def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
     """The inverse of :func:`classifier.intents.parse_intents` (for saving a copy)."""
     rules = []
@@ -93,7 +114,7 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
         "version": 1,
         "name": intents.name,
         "languages": list(intents.languages),
-        "embedder": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(intents.embedder).items()},
+        "embedder": _embedder_doc(intents.embedder),
         # settings added later are written only when set: a replica of the previous release
         # can still read a version a newer retrain job saved (rolling upgrades of a fleet)
         "teacher": _set_only(intents.teacher, _TEACHER_KEYS_V1),
@@ -119,6 +140,7 @@ class Manifest:
     head_sha256: str = ""
     serving_head_sha256: str = ""    # head.npz; empty for versions saved without one
     intents_sha256: str = ""         # intents.yaml; empty for versions saved before it was recorded
+    encoder_files: dict[str, str] = field(default_factory=dict)   # "encoder/<file>": sha256; empty: no own encoder
     libraries: dict[str, str] = field(default_factory=library_versions)
     format_version: int = FORMAT_VERSION
     parent: str | None = None        # the version this one was trained to replace
@@ -140,6 +162,12 @@ class Manifest:
         enc_missing = [k for k in ("id", "dim") if k not in d["encoder"]]
         if enc_missing:
             raise ValueError(f"'encoder' is missing {', '.join(map(repr, enc_missing))}")
+        bad = [f"{k!r}" for k, v in (d.get("encoder_files") or {}).items()
+               if not (isinstance(k, str) and _ENCODER_FILE.fullmatch(k)
+                       and isinstance(v, str) and _SHA256.fullmatch(v))]
+        if bad:   # names become paths on download: one level under encoder/, nothing else
+            raise ValueError(f"'encoder_files' has invalid entries {', '.join(bad)} (expected "
+                             f"'{ENCODER_DIR}/<file name>': <sha256 hex>)")
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -147,8 +175,15 @@ class Manifest:
         """``{file name: sha256}`` of every file of the version whose checksum this manifest
         records (the manifest itself excluded): what a copy must match to be the same version."""
         recorded = ((HEAD_FILE, self.head_sha256), (SERVING_HEAD_FILE, self.serving_head_sha256),
-                    (INTENTS_FILE, self.intents_sha256))
+                    (INTENTS_FILE, self.intents_sha256), *sorted((self.encoder_files or {}).items()))
         return {name: sha for name, sha in recorded if sha}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest document; ``encoder_files`` only when the version carries an encoder."""
+        doc = asdict(self)
+        if not doc.get("encoder_files"):
+            doc.pop("encoder_files", None)
+        return doc
 
 
 _REQUIRED = ("version", "labels", "encoder", "thresholds", "training_size")
@@ -157,6 +192,7 @@ _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "thresholds": (dict, "an object"), "training_size": (int, "an integer"), "metrics": (dict, "an object"),
     "format_version": (int, "an integer"), "head_sha256": (str, "a string"), "libraries": (dict, "an object"),
     "serving_head_sha256": (str, "a string"), "intents_sha256": (str, "a string"),
+    "encoder_files": (dict, "an object"),
 }
 
 
@@ -195,6 +231,55 @@ def _check_intents_file(d: Path, manifest: Manifest) -> None:
         raise ModelError(f"{path}: checksum does not match the manifest (corrupt or replaced)")
 
 
+def _check_encoder(d: Path, manifest: Manifest) -> Path | None:
+    """The version's ``encoder/`` when it carries one, every file present and matching the
+    manifest, its export record naming the id the head was trained with; else ModelError."""
+    if not manifest.encoder_files:
+        return None
+    for name, sha in manifest.encoder_files.items():
+        path = d / name
+        if not path.is_file():
+            raise ModelError(f"{d}: encoder file {name} is missing")
+        if file_sha256(path) != sha:
+            raise ModelError(f"{path}: checksum does not match the manifest (corrupt or replaced)")
+    from flywheel.classifier.encoders.version_format import check_recorded_export
+
+    enc = d / ENCODER_DIR
+    shas = {name.split("/", 1)[1]: sha for name, sha in manifest.encoder_files.items()}
+    try:
+        cid, dim = check_recorded_export(enc, shas)
+    except ValueError as exc:
+        raise ModelError(f"{enc}: {exc}") from None
+    if cid != manifest.encoder.get("id") or dim != int(manifest.encoder.get("dim", -1)):
+        raise ModelError(f"{enc}: the encoder is {cid} ({dim}-d), the head was trained with "
+                         f"{manifest.encoder.get('id')!r} ({manifest.encoder.get('dim')}-d)")
+    return enc
+
+
+def _copy_encoder(src: Path, dst: Path, manifest: Manifest) -> dict[str, str]:
+    """Copy the encoder export ``src`` into ``dst`` (a version being saved); return
+    ``{"encoder/<file>": sha256}`` of the copies. The export must be the encoder the head was
+    trained with (its id and dim in ``manifest``)."""
+    from flywheel.classifier.encoders.version_format import read_export
+
+    try:
+        export = read_export(src)
+    except EmbedderError as exc:
+        raise ModelError(str(exc)) from None
+    enc = manifest.encoder
+    if export.id != enc.get("id") or export.dim != int(enc.get("dim", -1)):
+        raise ModelError(f"{src}: encoder {export.id} ({export.dim}-d) is not the one the head was trained with, "
+                         f"{enc.get('id')!r} ({enc.get('dim')}-d)")
+    dst.mkdir()
+    out = {}
+    for name, sha in export.files.items():
+        shutil.copyfile(src / name, dst / name)
+        if file_sha256(dst / name) != sha:
+            raise ModelError(f"{src / name}: changed while the version was saved")
+        out[f"{ENCODER_DIR}/{name}"] = sha
+    return out
+
+
 def _load_estimator(d: Path, manifest: Manifest) -> Any:
     import joblib
 
@@ -207,12 +292,21 @@ def _load_estimator(d: Path, manifest: Manifest) -> Any:
 
 @dataclass
 class IntentModel:
-    """Encoder settings + fitted :class:`~classifier.head.IntentHead` + intent set."""
+    """Encoder settings + fitted :class:`~classifier.head.IntentHead` + intent set, and the
+    version's own encoder when it carries one.
+
+    ``encoder_dir``: the encoder export the head was trained with, when the version carries
+    its own encoder (``None``: the intent set's ``embedder`` settings make the vectors).
+    Before :meth:`save` it may be any export directory
+    (:func:`classifier.encoders.version_encoder.export_encoder`); :meth:`save` copies it into
+    the version and :meth:`load` sets it to the version's verified ``encoder/``.
+    """
 
     intents: IntentSet
     head: Any
     manifest: Manifest
     path: Path | None = None
+    encoder_dir: Path | None = None
 
     @property
     def version(self) -> str:
@@ -223,7 +317,9 @@ class IntentModel:
         return self.intents.embedder
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the version directory atomically (a temp dir renamed into place)."""
+        """Write the version directory atomically (a temp dir renamed into place), with a copy
+        of :attr:`encoder_dir` as ``encoder/`` when set (refused with :class:`ModelError`
+        unless it is the encoder the manifest names)."""
         import joblib
 
         target = Path(directory)
@@ -241,16 +337,18 @@ class IntentModel:
             with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
             self.manifest.intents_sha256 = file_sha256(tmp / INTENTS_FILE)
-            (tmp / MANIFEST).write_text(json.dumps(asdict(self.manifest), indent=2, sort_keys=False))
+            self.manifest.encoder_files = ({} if self.encoder_dir is None
+                                           else _copy_encoder(Path(self.encoder_dir), tmp / ENCODER_DIR, self.manifest))
+            (tmp / MANIFEST).write_text(json.dumps(self.manifest.to_dict(), indent=2, sort_keys=False))
             if target.exists():
                 target.rmdir()
             os.replace(tmp, target)
         except BaseException:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.path = target
+        if self.encoder_dir is not None:
+            self.encoder_dir = target / ENCODER_DIR
         return target
 
     @classmethod
@@ -279,6 +377,7 @@ class IntentModel:
         else:
             head = _load_estimator(d, manifest)
         _check_intents_file(d, manifest)
+        encoder_dir = _check_encoder(d, manifest)
         try:
             intents = load_intents(d / INTENTS_FILE)
         except IntentFileError as exc:
@@ -295,7 +394,7 @@ class IntentModel:
         if expected_encoder_id is not None and manifest.encoder.get("id") != expected_encoder_id:
             raise ModelError(f"{d}: trained with encoder {manifest.encoder.get('id')!r}, "
                              f"not {expected_encoder_id!r}")
-        return cls(intents=intents, head=head, manifest=manifest, path=d)
+        return cls(intents=intents, head=head, manifest=manifest, path=d, encoder_dir=encoder_dir)
 
     def encoder_matches(self, encoder_id: str, dim: int) -> bool:
         """Whether ``(encoder_id, dim)`` is the encoder the head was trained on."""

@@ -1,8 +1,11 @@
 """The three-layer pipeline: declared type / rules -> embeddings -> LLM teacher.
 
-:class:`Classifier` holds one immutable runtime bundle (model, rules, thresholds)
-that :meth:`Classifier.swap_model` replaces in a single assignment, so a request
-in flight finishes on the model it started with while new ones use the new one.
+:class:`Classifier` holds one immutable runtime bundle (model, encoder, rules,
+thresholds) that :meth:`Classifier.swap_model` replaces in a single assignment, so a
+request in flight finishes on the model (and the encoder) it started with while new ones
+use the new one. A version that carries its own encoder brings it into the bundle
+(:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`), built and warmed
+before the swap.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 from flywheel.classifier.anchoring import AnchoringMonitor
 from flywheel.classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
 from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
-from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
+from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, ModelError, TeacherError
 from flywheel.classifier.history import SessionHistory, coerce_history
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.labels import label_name, parse_label
@@ -53,15 +56,19 @@ class _Runtime:
     labels: tuple[str, ...]
     options: dict[str, LabelOption]
     metadata: dict[str, dict[str, str]]     # label -> the intent's metadata
+    embedder: Embedder | None               # makes the vectors this model's head scores (the
+                                            # classifier always sets it; None: a bundle built only
+                                            # to read what it serves, e.g. its thresholds)
 
     @classmethod
-    def build(cls, model: IntentModel) -> "_Runtime":
+    def build(cls, model: IntentModel, embedder: Embedder | None = None) -> "_Runtime":
         intents = model.intents
         thresholds = Thresholds.for_model(model)
         n_ex = intents.teacher.examples_per_intent
         options = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
         metadata = {i.name: dict(i.metadata) for i in intents.intents}
-        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options, metadata)
+        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options, metadata,
+                   embedder)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,10 @@ class Classifier:
     model : IntentModel
         A fitted model version (see :meth:`load`).
     embedder : Embedder, optional
-        Defaults to the model's encoder settings, built lazily (no model loading here).
+        Defaults to the version's own encoder when it carries one
+        (:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`), else the
+        model's encoder settings; built lazily (no model loading here). The encoder is part
+        of the served bundle: :meth:`swap_model` brings the new version's.
     teacher : Teacher or None
         The LLM for what layer 2 is unsure of. ``None``: layer 2 always answers.
     log_sink : LogSink, optional
@@ -142,12 +152,11 @@ class Classifier:
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
             raise ValueError(f"audit_rate must be between 0 and 1, got {audit_rate!r}")
-        self._rt = _Runtime.build(model)
+        self._given_embedder = embedder     # the caller's: reused by any version trained on it
+        self._cache_root = cache_root
         if embedder is None:
-            from flywheel.classifier.encoders import make_embedder
-
-            embedder = make_embedder(model.encoder_settings, cache_root=cache_root)
-        self.embedder = embedder
+            embedder = self._new_embedder(model)
+        self._rt = _Runtime.build(model, embedder)
         self.teacher = teacher
         self.log_sink = log_sink
         self.on_long = on_long
@@ -213,21 +222,63 @@ class Classifier:
     def intents(self) -> IntentSet:
         return self._rt.model.intents
 
+    @property
+    def embedder(self) -> Embedder:
+        """The encoder of the served bundle (it changes with :meth:`swap_model` when the new
+        version carries its own encoder, or was trained on another)."""
+        return self._rt.embedder
+
     def check_encoder(self, model: IntentModel) -> None:
-        """Raise :class:`~classifier.errors.ModelError` if ``model`` needs another encoder."""
+        """Raise :class:`~classifier.errors.ModelError` if ``model`` needs another encoder than
+        the one serving now (a shadow version scores the champion's vectors)."""
         model.check_encoder(self.embedder.id, self.embedder.dim)
 
-    def swap_model(self, model: IntentModel) -> None:
-        """Serve ``model`` from now on. Refuses (ModelError) a model whose encoder differs.
+    def _new_embedder(self, model: IntentModel) -> Embedder:
+        """A fresh (lazy) embedder for ``model``: its own encoder, else its encoder settings'."""
+        from flywheel.classifier.encoders import CachedEmbedder, VersionEncoderEmbedder, make_embedder
 
-        The new bundle is built and warmed (one scoring pass) before the swap, on the
-        caller's thread; queries already begun finish on the model they started with."""
-        self.check_encoder(model)
-        rt = _Runtime.build(model)
-        rt.model.head.scores(self.embedder.encode(["warm-up"]))
+        s = model.encoder_settings
+        if model.encoder_dir is not None:
+            return CachedEmbedder(VersionEncoderEmbedder(model.encoder_dir, s.batch_size, max_chars=s.max_chars,
+                                                         num_threads=s.num_threads))
+        return make_embedder(s, cache_root=self._cache_root)
+
+    def _embedder_for(self, model: IntentModel) -> Embedder:
+        """The encoder ``model``'s head needs: the serving one or the caller's when the id
+        matches (a content id for a version's own encoder), else a new one (not loaded)."""
+        want = model.manifest.encoder.get("id")
+        for known in (self._rt.embedder, self._given_embedder):
+            if known is not None and known.id == want:
+                return known
+        return self._new_embedder(model)
+
+    def swap_model(self, model: IntentModel) -> None:
+        """Serve ``model`` from now on, with its encoder.
+
+        The new bundle (model and encoder: the one serving now or the caller's when the id
+        is the same, else the version's own, else its settings'; a version's own encoder has
+        a content id, so the same id is the same, already checked, encoder) is built and warmed (the
+        encoder loaded and checked, one scoring pass) before the swap, on the caller's
+        thread; queries already begun finish on the bundle they started with. Refuses with
+        :class:`~classifier.errors.ModelError`, and changes nothing, a model whose encoder
+        cannot be built, loaded or verified, or is not the one its head was trained with."""
+        try:
+            embedder = self._embedder_for(model)
+            enc = model.manifest.encoder
+            if embedder.id != enc.get("id"):   # before reading dim, which may load a model
+                raise ModelError(f"model {model.version} was trained with encoder {enc.get('id')!r} "
+                                 f"({enc.get('dim')}-d), its settings make {embedder.id!r}")
+            model.check_encoder(embedder.id, embedder.dim)
+            rt = _Runtime.build(model, embedder)
+            rt.model.head.scores(embedder.encode(["warm-up"]))
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken encoder or head is refused, never served
+            raise ModelError(f"model {model.version}: cannot serve it with encoder "
+                             f"{model.manifest.encoder.get('id')!r}: {type(exc).__name__}: {exc}") from exc
         with self._lock:
             self._rt = rt
-        log.info("now serving model %s", model.version)
+        log.info("now serving model %s (encoder %s)", model.version, embedder.id)
 
     # ------------------------------------------------------------- classify
     def classify(self, text: str, *, history: Iterable[Any] | None = None,
@@ -307,9 +358,12 @@ class Classifier:
                 raise type(exc)(f"{item.format(n=n, i=n - 1)}: {exc}") from None
         return out
 
-    def cached_vector(self, text: str) -> np.ndarray | None:
-        """The embedder's cached vector for the cleaned ``text``, if it has one (no encoding)."""
-        lookup = getattr(self.embedder, "lookup", None)
+    def cached_vector(self, text: str, pending: "Pending | None" = None) -> np.ndarray | None:
+        """The embedder's cached vector for the cleaned ``text``, if it has one (no encoding):
+        the encoder of ``pending``'s bundle when given (a swap may have happened since it
+        began), else the serving one."""
+        embedder = pending.rt.embedder if pending is not None else self.embedder
+        lookup = getattr(embedder, "lookup", None)
         return lookup(text) if lookup is not None else None
 
     def score(self, pending: Sequence["Pending"]) -> None:
@@ -322,8 +376,10 @@ class Classifier:
         t0 = time.perf_counter()
         self._assign_layer2(todo)
         total = _ms(t0)
-        pop = getattr(self.embedder, "pop_load_ms", None)
-        load = pop() if pop is not None else 0.0      # loading the encoder is not query latency
+        load = 0.0      # loading the encoder is not query latency
+        for emb in {id(p.rt.embedder): p.rt.embedder for p in todo}.values():
+            pop = getattr(emb, "pop_load_ms", None)
+            load += pop() if pop is not None else 0.0
         per_item = max(total - load, 0.0) / len(todo)
         for p in todo:
             if load > 0:
@@ -336,16 +392,16 @@ class Classifier:
                 p.decision.degraded = "no_teacher"  # keeps layer 2's tier: there is no teacher to fail
 
     def _assign_layer2(self, todo: Sequence["Pending"]) -> None:
-        """Encode the queries without a vector (one call) and set ``layer2`` on each."""
-        missing = [p for p in todo if p.vector is None]
-        if missing:
-            for p, v in zip(missing, self.embedder.encode([p.clean.text for p in missing])):
-                p.vector = v
+        """Encode the queries without a vector (one call per bundle) and set ``layer2`` on each."""
         by_rt: dict[int, list[Pending]] = {}
         for p in todo:  # a swap between begin() and score() leaves two runtimes in one batch
             by_rt.setdefault(id(p.rt), []).append(p)
         for group in by_rt.values():
             rt = group[0].rt
+            missing = [p for p in group if p.vector is None]
+            if missing:   # each bundle's own encoder: its head scores that encoder's vectors
+                for p, v in zip(missing, rt.embedder.encode([p.clean.text for p in missing])):
+                    p.vector = v
             s = rt.model.head.scores(np.stack([p.vector for p in group]))
             for p, res in zip(group, tier_rows(s, rt.labels, rt.thresholds)):
                 p.layer2 = res
@@ -380,8 +436,8 @@ class Classifier:
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None
         self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2)
         shadow = self.shadow
-        if shadow is not None and p.vector is not None and l2 is not None:
-            shadow.offer(d.id, p.vector, p.rt.model.version)   # a deque append; scored off this thread
+        if shadow is not None and p.vector is not None and l2 is not None:   # a deque append; scored off this thread
+            shadow.offer(d.id, p.vector, p.rt.model.version, p.rt.embedder.id)
         return d
 
     # ------------------------------------------------------------- internals
@@ -477,7 +533,7 @@ class Classifier:
             history = tuple(HistoryEntry(h.label, self.redact(h.snippet)) for h in raw_history)
         record = DecisionRecord(decision=d, text=text, created_at=time.time(), session_id=session_id,
                                 declared_type=declared, history=history,
-                                encoder_id=self.embedder.id if vector is not None else None,
+                                encoder_id=rt.embedder.id if vector is not None else None,
                                 embedding=vector, audit=audit,
                                 pending=d.pending, layer2=layer2)
         if self.log_sink is not None:

@@ -12,7 +12,11 @@ append to a deque, nothing else on the request thread). One worker thread wakes 
 never sees a shadow answer, and a shadow that raises is counted, never surfaced.
 
 The shadow must use the champion's encoder (the vector is shared; a shadow with another
-encoder is refused by :meth:`ShadowScorer.set_model`, which the watcher counts).
+encoder is refused by :meth:`ShadowScorer.set_model`, which the watcher counts). That holds
+for a shadow version that carries its own fine-tuned encoder too: it is refused for now
+(encoding its share of traffic itself, off the request path, is issue 22 item 4). When the
+champion later swaps to another encoder, the shadow loaded against the earlier one is
+offered no more vectors (:meth:`ShadowScorer.offer`) until a shadow of the new encoder is set.
 
 Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
 
@@ -153,11 +157,16 @@ class ShadowScorer:
             self.loads[outcome] = self.loads.get(outcome, 0) + 1
 
     # ------------------------------------------------------------ the request path
-    def offer(self, decision_id: str, vector: np.ndarray, champion_version: str | None = None) -> None:
+    def offer(self, decision_id: str, vector: np.ndarray, champion_version: str | None = None,
+              encoder_id: str | None = None) -> None:
         """Queue one layer-2 query for scoring, or count why not. Never blocks, never raises:
-        an append to a deque (no lock, no thread wake-up; the worker drains it on a timer)."""
+        an append to a deque (no lock, no thread wake-up; the worker drains it on a timer).
+        A vector made by another encoder than the shadow's (``encoder_id``, when given: the
+        champion moved to another encoder after the shadow was loaded) is not offered."""
         b = self._bundle
         if b is None or self._closed or b.model.version == champion_version:
+            return
+        if encoder_id is not None and b.model.manifest.encoder.get("id") != encoder_id:
             return
         if self.fraction < 1.0 and self._rng.random() >= self.fraction:
             self._count("sampled_out")

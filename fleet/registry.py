@@ -3,6 +3,7 @@
 Layout, under the store's prefix::
 
     models/<version>/head.npz, head.joblib, intents.yaml   the files the manifest hashes
+    models/<version>/encoder/...                         a version's own encoder, hashed too (optional)
     models/<version>/report.json, report.md              the retrain's report (optional, not hashed)
     models/<version>/manifest.json                       uploaded LAST: a version is complete once it exists
     models/CURRENT                                       {"version", "history", "updated_at", "by", "generation"}
@@ -236,8 +237,8 @@ class BucketRegistry:
         by_version: dict[str, set[str]] = {}
         for info in self.objects.list(MODELS):
             parts = info.key.split("/")
-            if len(parts) == 3:
-                by_version.setdefault(parts[1], set()).add(parts[2])
+            if len(parts) >= 3:   # models/<version>/<file>, models/<version>/encoder/<file>
+                by_version.setdefault(parts[1], set()).add("/".join(parts[2:]))
         current = self.pointer().version
         out = []
         for name in sorted(n for n, files in by_version.items() if MANIFEST in files):
@@ -372,7 +373,9 @@ class BucketRegistry:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}{DOWNLOAD_MARK}", dir=self.local.home))
         try:
             for fname, sha in manifest.files().items():
-                (tmp / fname).write_bytes(self._get_file(name, fname, sha))
+                data = self._get_file(name, fname, sha)
+                (tmp / fname).parent.mkdir(parents=True, exist_ok=True)   # encoder/<file>
+                (tmp / fname).write_bytes(data)
             (tmp / MANIFEST).write_bytes(manifest_bytes)
             path = self.local.install(name, tmp)
         except BaseException:

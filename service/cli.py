@@ -24,7 +24,7 @@ TEACHER_OPTION = typer.Option(None, "--teacher", help=TEACHER_HELP)
 # --teacher-host (alias --ollama-host) sets both ollama_host and teacher_host: either backend
 OLLAMA_HOST_OPTION = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP)
 LOG_OPTION = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log.")
-LOG_DB_OPTION = typer.Option(None, "--log-db")
+LOG_DB_OPTION = typer.Option(None, "--log-db", help="Traffic log DuckDB file (default: <home>/log/flywheel.duckdb).")
 HOME_OPTION = typer.Option(None, "--home", help=HOME_HELP)
 
 

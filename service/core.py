@@ -153,7 +153,7 @@ class SidecarCore:
         """Inline when decided or cached; else queued for the batcher."""
         if p.decision is not None:
             return None
-        vector = self.classifier.cached_vector(p.clean.text)
+        vector = self.classifier.cached_vector(p.clean.text, p)   # p's own bundle's encoder
         if vector is not None:
             self.metrics.cache_hit()
             p.vector = vector

@@ -130,6 +130,12 @@ class ServerMetrics:
             "flywheel_model_reloads_total", "Model reloads by outcome (ok, refused).", ["outcome"], registry=r)
         self.log_buffered_rows = Gauge(
             "flywheel_log_buffered_rows", "Traffic-log rows buffered, not yet flushed.", registry=r)
+        # what a deployment that never retrained is judged by (flywheel_last_retrain_timestamp_seconds
+        # is absent until a retrain ran): the FlywheelRetrainOverdue alert reads both
+        self.start_time = Gauge(
+            "flywheel_start_time_seconds", "Unix time this process's metrics were created (it started serving).",
+            registry=r)
+        self.start_time.set(time.time())
 
         # caches of label children (label lookups take a lock in prometheus_client)
         self._decision_children: dict[tuple[str, str], Any] = {}

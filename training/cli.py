@@ -7,6 +7,7 @@ Each command only parses its options, calls the library and prints the result.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +15,9 @@ import typer
 
 from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.intents import IntentSet, TuneSettings
 from flywheel.classifier.labels import label_name
+from flywheel.classifier.model import IntentModel
 from flywheel.classifier.output import echo_json
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
@@ -32,6 +35,12 @@ def train_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    tune_encoder: Optional[bool] = typer.Option(
+        None, "--tune-encoder/--no-tune-encoder",
+        help="Fine-tune the encoder on the intent examples first and save it inside the version "
+             "(encoder/, every file hashed); default: the intent file's embedder.tune."),
+    tune_budget: Optional[float] = typer.Option(
+        None, "--tune-budget", min=1.0, help="Seconds the encoder tuning may take (default: embedder.tune.budget_s)."),
 ) -> None:
     """Fit layer 2 from an intent file and save a model version (--out DIR), or add it to the
     models home and serve it (--promote)."""
@@ -52,9 +61,15 @@ def train_command(
         if out is not None:
             registry.staging_dir(out.name)      # a valid version name, before training
     intent_set = load_intents(intents)
-    model = fit_model(intent_set, version=out.name if out is not None else None, progress=not quiet)
-    target = out if out is not None else registry.staging_dir(model.version)
-    model.save(target)
+    tune = _tune_settings(intent_set, tune_encoder, tune_budget)
+    version = out.name if out is not None else None
+    with tempfile.TemporaryDirectory(prefix="flywheel-tune-") as work:
+        if tune is None:
+            model = fit_model(intent_set, version=version, progress=not quiet)
+        else:
+            model = _train_tuned(intent_set, tune, Path(work), version=version, quiet=quiet)
+        target = out if out is not None else registry.staging_dir(model.version)
+        model.save(target)   # copies the tuned encoder (if any) out of the work directory
     m = model.manifest
     if registry is not None:
         from flywheel.training.cli_models import push_version
@@ -78,6 +93,40 @@ def train_command(
                f"after temperature {met['temperature']:.2f}"
                + (f", out-of-scope recall {met['oof_oos_recall']:.3f}" if "oof_oos_recall" in met else ""))
     _explain_cutoffs(m.thresholds, met)
+
+
+def _tune_settings(intent_set: IntentSet, flag: Optional[bool], budget: Optional[float]) -> TuneSettings | None:
+    """Whether and how to tune the encoder: ``--tune-encoder/--no-tune-encoder`` over the
+    intent file's ``embedder.tune``; ``--tune-budget`` over its ``budget_s``."""
+    from flywheel.training.tuned_encoder import settings_with
+
+    if flag is False or (flag is None and intent_set.embedder.tune is None):
+        return None
+    return settings_with(intent_set.embedder.tune, budget_s=budget)
+
+
+def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, version: Optional[str],
+               quiet: bool) -> IntentModel:
+    """Tune the encoder on the intent examples, export it, fit the head on its vectors; the
+    model carries the export (``encoder_dir``)."""
+    from dataclasses import replace
+
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
+
+    def say(line: str) -> None:
+        if not quiet:
+            typer.echo(f"flywheel train: {line}", err=True)
+
+    texts, labels = intent_pairs(intent_set)
+    tuned = tune_and_export(texts, labels, intent_set.embedder, tune, work, progress=say)
+    r = tuned.report
+    say(f"encoder tuned ({r['objective']}, {r['device']}) in {r['seconds']:.0f} s"
+        + (" (stopped by its budget)" if r["stopped_early"] else "")
+        + f"; exported as {r['encoder_id']} ({r['encoder_bytes'] / 1e6:.1f} MB)")
+    model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet)
+    model.manifest.metrics["encoder_tuning"] = r
+    return replace(model, encoder_dir=tuned.export.path)
 
 
 def _refuse_models_home(out: Path, cfg: Config, models: Optional[Path]) -> None:
@@ -119,8 +168,8 @@ def eval_command(
     intents: Optional[Path] = typer.Option(None, "--intents", help="Intent file to evaluate (and settings base)."),
     model: Optional[Path] = typer.Option(None, "--model", help="Evaluate a saved model version instead."),
     dataset_format: Optional[str] = typer.Option(None, "--dataset-format", help="clinc150 | csv | jsonl"),
-    text_column: str = typer.Option("text", "--text-column"),
-    label_column: str = typer.Option("label", "--label-column"),
+    text_column: str = typer.Option("text", "--text-column", help="csv/jsonl: the column holding the text."),
+    label_column: str = typer.Option("label", "--label-column", help="csv/jsonl: the column holding the label."),
     oos_label: str = typer.Option("oos", "--oos-label",
                                   help="Label name meaning out of scope (besides OUT_OF_SCOPE, OOS, NONE; any case)."),
     lang_column: str = typer.Option("lang", "--lang-column", help="Optional per-row language (per-language slices)."),
@@ -134,6 +183,12 @@ def eval_command(
     strict: bool = typer.Option(False, "--strict", help="Refuse test rows whose label the model does not know "
                                                         "(default: score without them, with a warning)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+    tune_encoder: bool = typer.Option(
+        False, "--tune-encoder", help="Fine-tune the encoder on the training data first (training.finetune), "
+                                      "then fit and score the head on the tuned vectors (the JSON gets 'tuning')."),
+    tune_budget: float = typer.Option(600.0, "--tune-budget", help="Wall-clock seconds the tuning may take."),
+    tune_objective: str = typer.Option("cross_entropy", "--tune-objective", help="cross_entropy | contrastive"),
+    tune_epochs: int = typer.Option(4, "--tune-epochs", help="Passes over the training rows (if the budget allows)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
@@ -147,7 +202,10 @@ def eval_command(
     opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
                 lang_column=lang_column)
     test_data = load_labelled(test, split="test", **opts)
+    tuner, embedder = None, None
     if model is not None:
+        if tune_encoder:
+            raise typer.BadParameter("--tune-encoder tunes on --train or --intents, not on a saved --model")
         m = IntentModel.load(model)
     else:
         base = load_intents(intents) if intents else None
@@ -158,13 +216,18 @@ def eval_command(
             intent_set = base
         else:
             raise typer.BadParameter("give --train, --intents or --model")
-        m = fit_model(intent_set, progress=not quiet)
+        if tune_encoder:
+            m, tuner = _fit_tuned(intent_set, budget_s=tune_budget, objective=tune_objective, epochs=tune_epochs,
+                                  quiet=quiet)
+            embedder = tuner.embedder()
+        else:
+            m = fit_model(intent_set, progress=not quiet)
         if save is not None:
             m.save(save)
     if calibration is not None:
         from flywheel.training.evaluate import calibrate_sets
 
-        m = calibrate_sets(m, load_labelled(calibration, split="val", **opts))
+        m = calibrate_sets(m, load_labelled(calibration, split="val", **opts), embedder=embedder)
     # a label the model cannot answer would count as an error: score without those rows, or refuse
     test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
     if skipped:
@@ -177,24 +240,42 @@ def eval_command(
         if not len(test_data):
             raise DatasetError(test, f"nothing left to score: {what}")
         typer.echo(f"flywheel: warning: {test}: {what}; left out of the scores", err=True)
-    clf = Classifier(m, teacher=None)
+    clf = Classifier(m, teacher=None, embedder=embedder)
     report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
                       langs=test_data.langs)
     report["skipped_unknown_labels"] = skipped
+    if tuner is not None:
+        report["tuning"] = tuner.report_
     if plots is not None:
         report["plots"] = [str(p) for p in write_plots(report, plots)]
     if as_json:
         echo_json(report)
     else:
         typer.echo(format_report(report))
+        if tuner is not None:
+            t = tuner.report_
+            typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
+                       f"epoch(s) in {t['seconds']:.0f} s" + (" (stopped by its budget)" if t["stopped_early"] else "")
+                       + f", loss {t['loss_first']} -> {t['loss_last']}")
+
+
+def _fit_tuned(intent_set, *, budget_s: float, objective: str, epochs: int, quiet: bool):
+    """Tune the intent set's own encoder on its examples, then fit layer 2 on the tuned
+    vectors (:func:`training.finetune.fit_model_tuned`); returns the model and the tuner."""
+    from flywheel.training.finetune import EncoderTuner, fit_model_tuned, tunable_base
+
+    say = None if quiet else (lambda line: typer.echo(f"tuning: {line}", err=True))
+    tuner = EncoderTuner(tunable_base(intent_set.embedder), objective=objective, epochs=epochs, budget_s=budget_s,
+                         progress=say)
+    return fit_model_tuned(intent_set, tuner, progress=not quiet), tuner
 
 
 def feedback_command(
     decision_id: str = typer.Argument(..., help="The decision's id (from classify's output)."),
     label: str = typer.Argument(..., help="The right label, or OUT_OF_SCOPE."),
-    author: Optional[str] = typer.Option(None, "--author"),
-    log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = typer.Option(None, "--home"),
+    author: Optional[str] = typer.Option(None, "--author", help="Who labelled it (kept with the label)."),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
     from flywheel.classifier.decision import looks_like_decision_id
@@ -219,13 +300,13 @@ def feedback_command(
 
 def label_command(
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many pending decisions."),
-    batch_size: int = typer.Option(32, "--batch-size"),
+    batch_size: int = typer.Option(32, "--batch-size", help="Pending decisions read and labelled per batch."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help=TEACHER_HELP),
     teacher_host: Optional[str] = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP),
-    log_db: Optional[str] = typer.Option(None, "--log-db"),
-    home: Optional[Path] = typer.Option(None, "--home"),
-    as_json: bool = typer.Option(False, "--json"),
-    quiet: bool = typer.Option(False, "--quiet"),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as one JSON object."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
     from flywheel.classifier.default import build_classifier

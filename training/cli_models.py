@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from flywheel.classifier.config import load_config
+from flywheel.classifier.config import HOME_HELP, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
 from flywheel.classifier.output import echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
@@ -28,7 +28,11 @@ __all__ = ["DEFAULT_MIN_SHADOW", "models_app", "push_version"]
 DEFAULT_MIN_SHADOW = 500
 
 
-models_app = typer.Typer(help="Model versions: list, promote, rollback, prune.", no_args_is_help=True)
+models_app = typer.Typer(help="Model versions: list, push, promote, rollback, shadow, prune.",
+                         no_args_is_help=True)
+
+_MODELS_HELP = "Local models home (default: <home>/models; with a store, the local copy of the fleet's)."
+_LOCAL_MODELS_HELP = "Local models home to prune (default: <home>/models)."
 
 
 def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
@@ -46,9 +50,9 @@ def _where(reg: Any) -> str:
 
 
 @models_app.command("list")
-def models_list(models: Optional[Path] = typer.Option(None, "--models"),
-                home: Optional[Path] = typer.Option(None, "--home"),
-                as_json: bool = typer.Option(False, "--json")) -> None:
+def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+                home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+                as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
     """List versions (the served one marked with *)."""
     reg = _fleet_or_local(models, home)
     vs = reg.versions()
@@ -67,14 +71,14 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models"),
 
 
 @models_app.command("promote")
-def models_promote(version: Optional[str] = typer.Argument(None),
+def models_promote(version: Optional[str] = typer.Argument(None, help="The version to serve (or --from-shadow)."),
                    from_shadow: bool = typer.Option(False, "--from-shadow",
                                                     help="Promote the current shadow version (then clear it)."),
                    min_shadow: int = typer.Option(DEFAULT_MIN_SHADOW, "--min-shadow", min=0,
                                                   help="With --from-shadow: logged shadow answers it needs."),
                    force: bool = typer.Option(False, "--force", help="With --from-shadow: skip --min-shadow."),
-                   models: Optional[Path] = typer.Option(None, "--models"),
-                   home: Optional[Path] = typer.Option(None, "--home")) -> None:
+                   models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+                   home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve VERSION, or the shadow version with --from-shadow (checked before the switch;
     fleet-wide with a store)."""
     if from_shadow == (version is not None):
@@ -123,10 +127,11 @@ def _check_same_encoder(reg: Any, version: str, current: Optional[str]) -> None:
 
 
 @models_app.command("shadow")
-def models_shadow(version: Optional[str] = typer.Argument(None),
+def models_shadow(version: Optional[str] = typer.Argument(
+                      None, help="The version to score in shadow; none: print the current one."),
                   clear: bool = typer.Option(False, "--clear", help="Stop scoring a shadow version."),
-                  models: Optional[Path] = typer.Option(None, "--models"),
-                  home: Optional[Path] = typer.Option(None, "--home")) -> None:
+                  models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+                  home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Score VERSION beside the served one on live traffic, enforcing nothing (fleet-wide
     with a store); --clear stops it. Without arguments, print the shadow version."""
     if clear and version is not None:
@@ -149,8 +154,8 @@ def models_shadow(version: Optional[str] = typer.Argument(None),
 @models_app.command("push")
 def models_push(directory: Path = typer.Argument(..., help="A saved version directory (flywheel train --out)."),
                 promote: bool = typer.Option(False, "--promote", help="Also promote it (compare-and-swap)."),
-                models: Optional[Path] = typer.Option(None, "--models"),
-                home: Optional[Path] = typer.Option(None, "--home")) -> None:
+                models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+                home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Publish a locally trained version to the registry (create-only, manifest last)."""
     reg = _fleet_or_local(models, home)
     if not Path(directory).is_dir():
@@ -174,8 +179,8 @@ def push_version(reg: Any, directory: Path, *, promote: bool, say: bool = True) 
 
 
 @models_app.command("rollback")
-def models_rollback(models: Optional[Path] = typer.Option(None, "--models"),
-                    home: Optional[Path] = typer.Option(None, "--home")) -> None:
+def models_rollback(models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+                    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve the previously promoted version again, checked as promote checks it
     (fleet-wide with a store)."""
     reg = _fleet_or_local(models, home)
@@ -195,9 +200,10 @@ def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
                  keep_recent: int = typer.Option(3, "--keep-recent",
                                                  help="Keep the N newest versions, promoted or not."),
                  dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
-                 models: Optional[Path] = typer.Option(None, "--models"),
-                 home: Optional[Path] = typer.Option(None, "--home")) -> None:
-    """Delete old versions; the served one, the last promoted and the newest stay."""
+                 models: Optional[Path] = typer.Option(None, "--models", help=_LOCAL_MODELS_HELP),
+                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+    """Delete old versions from the local models home (never the store's); the served one,
+    the last promoted and the newest stay."""
     reg = _registry(models, home)
     total = len(reg.versions())
     if dry_run or not reg.home.is_dir():

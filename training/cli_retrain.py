@@ -9,6 +9,7 @@ never a traceback (``FLYWHEEL_DEBUG=1`` shows it).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -16,8 +17,8 @@ import typer
 
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.output import echo_json
-from flywheel.training.options import RetrainOptions
-from flywheel.training.report import RetrainResult, fmt_share, fmt_value
+from flywheel.training.options import RetrainOptions, resolve_tune
+from flywheel.training.report import RetrainResult, challenger_lines, fmt_share, fmt_value
 
 if TYPE_CHECKING:
     from flywheel.classifier.intents import IntentSet
@@ -53,6 +54,12 @@ def retrain_command(
     shadow: bool = typer.Option(False, "--shadow", help="Publish a winning challenger as the shadow version "
                                                         "(scored on live traffic, enforcing nothing) instead "
                                                         "of promoting it."),
+    tune_encoder: Optional[bool] = typer.Option(
+        None, "--tune-encoder/--no-tune-encoder",
+        help="Also fine-tune the encoder: a tuned challenger competes with the head-only one and the champion "
+             "(default: the intent file's embedder.tune)."),
+    tune_budget: Optional[float] = typer.Option(
+        None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s, 900)."),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
@@ -60,7 +67,10 @@ def retrain_command(
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
                                  shadow=shadow)
-        result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home)
+        if tune_budget is not None:   # a bad budget, or one with --no-tune-encoder: exit 2 before any work
+            resolve_tune(None, tune_encoder is not False, tune_budget)
+        result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,
+                                 tune_encoder=tune_encoder, tune_budget=tune_budget)
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -91,13 +101,19 @@ def make_embedder(settings: Any, cache_root: Path | None = None) -> Any:
 
 
 def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_db: str | None = None,
-                    intents: Path | None = None, home: Path | None = None) -> RetrainResult:
+                    intents: Path | None = None, home: Path | None = None, tune_encoder: bool | None = None,
+                    tune_budget: float | None = None) -> RetrainResult:
     """Run :func:`training.retrain.retrain` with ``options`` on the configured models home
     and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
     intent set is ``intents``, else the champion's bundled one, else the configured file
     (or the starter set). While the registry has no promoted version, the model the
     default classifier serves (:func:`classifier.default.existing_model_dir`: e.g. the
-    starter model trained into the home's cache) is the champion."""
+    starter model trained into the home's cache) is the champion.
+
+    Encoder tuning (``options.tune``): ``tune_encoder`` (``--tune-encoder`` True,
+    ``--no-tune-encoder`` False) wins over the intent set's ``embedder.tune``, which applies
+    when it is ``None``; ``tune_budget`` (``--tune-budget``) overrides the budget
+    (:func:`training.options.resolve_tune`). ``options.tune`` is used as it is when set."""
     from flywheel.classifier.config import load_config, starter_intents_path
     from flywheel.classifier.default import existing_model_dir
     from flywheel.classifier.intents import load_intents
@@ -112,6 +128,10 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         intent_set = _champion_intents(registry)
         if intent_set is None:
             intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
+    if options.tune is None:
+        tune = resolve_tune(intent_set.embedder.tune, tune_encoder, tune_budget)
+        if tune is not None:
+            options = replace(options, tune=tune)
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = open_log(cfg, progress=options.progress, objects=objects)
     apply_retention(cfg, store, objects=objects, progress=options.progress)
@@ -138,7 +158,8 @@ def _readable(result: RetrainResult) -> list[str]:
     if result.outcome == "skipped":
         return out
     ch, cp = result.challenger or {}, result.champion
-    for who, m in (("challenger", ch), ("champion", cp)):
+    side_by_side = challenger_lines(result.report)
+    for who, m in (("challenger", ch), ("champion", cp)) if not side_by_side else ():
         if not m:
             continue
         e = m.get("eval", {})
@@ -147,6 +168,7 @@ def _readable(result: RetrainResult) -> list[str]:
                    f"{fmt_value(e.get('oos_recall'))}, macro F1 {fmt_value(e.get('macro_f1'))}, "
                    f"ECE {fmt_value(e.get('ece'))}, "
                    f"LLM share {fmt_share(m.get('llm_share'))} ({m.get('llm_share_on')})")
+    out += side_by_side
     d = result.report.get("dataset", {})
     if d:
         tr = d["train"]["by_source"]

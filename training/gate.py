@@ -23,10 +23,20 @@ serving thresholds, so the comparison is paired. With ``tolerance`` (``--toleran
    serving cutoff, i.e. at the budget when one is set; on the same recent queries) is
    higher than the champion's by more than ``tolerance``.
 
+A champion or challenger that carries its own encoder scores the same gate rows encoded
+by that encoder (``champion_data``: same rows, same order), so the comparison stays paired.
+
 A challenger that is not worse on the point estimate always passes 1 and 2: the gate
 never refuses an improvement for lack of evidence. Without a usable champion (nothing
 serves, or it was trained with another encoder) the challenger is the first model and is
 promoted. Everything here is deterministic (no resampling).
+
+With encoder tuning on, two challengers are fitted (a head on the served encoder's vectors,
+and a head on a tuned encoder's), and :func:`pick_challenger` puts one forward to the gate
+above: the tuned one only when, on the same gate rows, its accuracy is at least the
+head-only one's, its LLM share is not higher by more than ``tolerance``, and, where the
+rows carry a language, its accuracy is at least the head-only one's for every declared
+language (without per-row languages it is judged on all rows, and the choice says so).
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from flywheel.classifier.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
-__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "decide"]
+__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "decide", "pick_challenger"]
 
 MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
 CONFIDENCE = 0.95           # one-sided confidence of the drop's upper bound
@@ -131,11 +141,13 @@ def _paired_check(metric: str, a: Any, b: Any, pair: dict[str, Any], tolerance: 
 
 def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, Any], cp: dict[str, Any] | None,
            data: LabelledSet | None, gate_name: str, tolerance: float,
-           notes: list[str]) -> tuple[str, str, list[dict[str, Any]]]:
+           notes: list[str], champion_data: LabelledSet | None = None) -> tuple[str, str, list[dict[str, Any]]]:
     """``(outcome, reason, checks)`` for the challenger's and champion's metrics ``ch`` and
     ``cp`` (per set, from :func:`evaluate_layer2`, with ``llm_share`` and ``llm_share_on``)
     on the gate set ``data`` named ``gate_name`` (the rule: see the module docs). Appends
-    to ``notes`` what was not gated. ``reason`` is one line."""
+    to ``notes`` what was not gated. ``reason`` is one line. ``champion_data``: the same
+    rows with the champion's vectors when its encoder is not the challenger's (default
+    ``data``)."""
     checks: list[dict[str, Any]] = []
     if cp is None or champion is None or data is None:
         return "promoted", "no usable champion: first model", checks
@@ -146,7 +158,10 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
         notes.append(f"out-of-scope recall not gated: {n_oos} out-of-scope eval queries (< {MIN_OOS_FOR_GATE})")
     truth = list(data.labels)
     r_ch = np.array([p == y for p, y in zip(layer2_predict(challenger, data.vectors).labels, truth)], dtype=bool)
-    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, data.vectors).labels, truth)], dtype=bool)
+    cp_data = data if champion_data is None else champion_data
+    if list(cp_data.labels) != truth:
+        raise ValueError("champion_data must be the gate rows, in the same order")
+    r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, cp_data.vectors).labels, truth)], dtype=bool)
     oos = np.array([y is None for y in truth], dtype=bool)
     failed: list[str] = []
     paired = [("accuracy", np.ones_like(oos), f"{gate_name} queries")]
@@ -175,3 +190,72 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
               if c["metric"] == "llm_share"]
     return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
                         f"queries: " + "; ".join(parts)), checks
+
+
+def _accuracy(right: np.ndarray) -> float | None:
+    return round(float(right.mean()), 6) if right.size else None
+
+
+def pick_challenger(head_only: IntentModel, tuned: IntentModel | None, ch_head: dict[str, Any],
+                    ch_tuned: dict[str, Any] | None, data: LabelledSet, tuned_data: LabelledSet | None,
+                    tolerance: float, declared: tuple[str, ...] | list[str] = (),
+                    langs: list[str | None] | None = None) -> dict[str, Any]:
+    """Which challenger to put forward to :func:`decide` (the rule: see the module docs).
+
+    ``data`` and ``tuned_data`` are the same gate rows with each challenger's vectors;
+    ``ch_head`` and ``ch_tuned`` their metrics (:func:`evaluate_layer2` per set, with
+    ``llm_share``); ``declared`` the intent set's languages; ``langs`` one language per
+    gate row (``None`` where a row has none; ``None`` as a whole: rows carry no language).
+
+    Returns ``{"put_forward": "tuned" | "head_only", "reason": one line, "paired": the
+    tuned-vs-head-only :func:`paired_drop` (or ``None``), "by_language": {lang: {n,
+    head_only, tuned}}, "languages": "per_row" | "none"}``.
+    """
+    out: dict[str, Any] = {"put_forward": "head_only", "paired": None, "by_language": {},
+                           "languages": "none" if not langs or all(v is None for v in langs) else "per_row"}
+    if tuned is None or ch_tuned is None or tuned_data is None:
+        out["reason"] = "no tuned challenger"
+        return out
+    truth = list(data.labels)
+    if list(tuned_data.labels) != truth:
+        raise ValueError("tuned_data must be the gate rows, in the same order")
+    r_head = np.array([p == y for p, y in zip(layer2_predict(head_only, data.vectors).labels, truth)], dtype=bool)
+    r_tuned = np.array([p == y for p, y in zip(layer2_predict(tuned, tuned_data.vectors).labels, truth)], dtype=bool)
+    pair = paired_drop(r_tuned, r_head)
+    out["paired"] = pair
+    a_head, a_tuned = _accuracy(r_head), _accuracy(r_tuned)
+    n = len(truth)
+    counts = f"{pair['worse']} worse, {pair['better']} better of {n:,} gate queries"
+    if n == 0:
+        out["reason"] = "no gate rows to compare the tuned challenger with the head-only one"
+        return out
+    if pair["drop"] > _EPS:
+        out["reason"] = f"tuned accuracy {_f(a_tuned)} < head-only {_f(a_head)} ({counts})"
+        return out
+    s_head, s_tuned = ch_head.get("llm_share"), ch_tuned.get("llm_share")
+    if s_head is not None and s_tuned is not None and s_tuned > s_head + tolerance + _EPS:
+        out["reason"] = (f"tuned LLM share {_pct(s_tuned)} > head-only {_pct(s_head)} + tolerance {tolerance:g} "
+                         f"(accuracy {_f(a_tuned)} vs {_f(a_head)})")
+        return out
+    worse_langs = []
+    if out["languages"] == "per_row":
+        assert langs is not None
+        row_langs = np.array([v or "" for v in langs], dtype=object)
+        check = list(declared) or sorted({v for v in langs if v})
+        for lang in check:
+            mask = row_langs == lang
+            if not mask.any():
+                continue
+            lh, lt = _accuracy(r_head[mask]), _accuracy(r_tuned[mask])
+            out["by_language"][lang] = {"n": int(mask.sum()), "head_only": lh, "tuned": lt}
+            if lt < lh - _EPS:
+                worse_langs.append(f"{lang} {_f(lt)} < {_f(lh)} (n={int(mask.sum()):,})")
+    if worse_langs:
+        out["reason"] = (f"tuned accuracy {_f(a_tuned)} >= head-only {_f(a_head)} overall, but worse for "
+                         f"{', '.join(worse_langs)}")
+        return out
+    out["put_forward"] = "tuned"
+    where = ("not worse for any declared language" if out["languages"] == "per_row"
+             else "rows carry no language: judged on all rows")
+    out["reason"] = f"tuned accuracy {_f(a_tuned)} >= head-only {_f(a_head)} ({counts}); {where}"
+    return out

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown"]
+__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown", "challenger_lines"]
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RetrainResult:
                "summary": self.summary_line(), "dry_run": self.dry_run,
                "report_path": str(self.report_path) if self.report_path else None,
                "challenger": self.challenger, "champion": self.champion}
-        for k in ("gate", "dataset", "thresholds", "timing", "notes"):
+        for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning"):
             if k in self.report:
                 out[k] = self.report[k]
         return jsonable(out)
@@ -49,6 +49,8 @@ class RetrainResult:
         name = self.version or ("(dry run)" if self.dry_run else "?")
         if self.dry_run and self.version:
             name += " (dry run)"
+        if (self.report.get("challengers") or {}).get("put_forward") == "tuned":
+            name += " [tuned encoder]"
         ch = self.challenger or {}
         cp = self.champion
         n = ch.get("n") or 0
@@ -97,6 +99,98 @@ def _row(label: str, key: str, cp: dict | None, ch: dict, pct: bool = True) -> s
     return f"| {label} | {a} | {fmt(ch.get(key))} |"
 
 
+_WHO = (("champion", "champion"), ("head_only", "head-only"), ("tuned", "tuned"))
+
+
+def challenger_lines(report: dict[str, Any]) -> list[str]:
+    """The champion and both challengers on the gate set, one line each, then which
+    challenger was put forward and why (empty without encoder tuning)."""
+    c = report.get("challengers")
+    if not c:
+        return []
+    out = []
+    for key, who in _WHO:
+        m = c.get(key)
+        if not m:
+            out.append(f"  {who:<10} none" + (" (encoder tuning failed)" if key == "tuned" else ""))
+            continue
+        enc = "own encoder " + str(m.get("encoder")) if m.get("own_encoder") else "served encoder"
+        mark = "  <- put forward" if key == c.get("put_forward") else ""
+        out.append(f"  {who:<10} {m['version']} ({enc}): accuracy {fmt_value(m.get('accuracy'))}, in-scope "
+                   f"{fmt_value(m.get('in_scope_accuracy'))}, oos recall {fmt_value(m.get('oos_recall'))} "
+                   f"({c['gate_set']}, n={m.get('n') or 0:,}), LLM share {fmt_share(m.get('llm_share'))} "
+                   f"({m.get('llm_share_on')}){mark}")
+    out.append(f"  put forward: {str(c.get('put_forward')).replace('_', '-')}: {c.get('reason')}")
+    for lang, v in (c.get("languages") or {}).get("by_language", {}).items():
+        out.append(f"  language {lang}: accuracy head-only {fmt_value(v['head_only'])}, tuned {fmt_value(v['tuned'])} "
+                   f"(n={v['n']:,})")
+    t = report.get("tuning") or {}
+    if t:
+        tuner = t.get("tuner") or {}
+        line = (f"  encoder tuning: {t.get('rows', 0):,} rows ({t.get('rows_without_text', 0):,} without text, left "
+                f"out), {len(t.get('hard_pairs') or [])} hard pairs")
+        if "error" in t:
+            line += f"; failed: {t['error']}"
+        else:
+            line += (f"; {tuner.get('steps')} steps in {tuner.get('seconds')}s"
+                     + (" (stopped by its budget)" if t.get("stopped_by_budget") else "")
+                     + f", export {tuner.get('export_seconds')}s, re-encoding {t.get('reencode_seconds')}s")
+        out.append(line)
+    return out
+
+
+def _challenger_markdown(r: dict[str, Any]) -> list[str]:
+    c = r.get("challengers")
+    if not c:
+        return []
+
+    def cell(m: dict | None, key: str, pct: bool = True) -> str:
+        if not m:
+            return "-"
+        x = m.get(key)
+        if key in ("version", "encoder"):
+            return f"`{x}`" if x else "-"
+        return "n/a" if x is None else f"{100 * x:.1f}%" if pct else f"{x:,}"
+
+    ms = [c.get(k) for k, _ in _WHO]
+    rows = [("version", "version", False), ("encoder", "encoder", False), ("queries", "n", False),
+            ("accuracy", "accuracy", True), ("in-scope accuracy", "in_scope_accuracy", True),
+            ("out-of-scope recall", "oos_recall", True), ("LLM share (at the budget)", "llm_share", True)]
+    lines = ["", f"## Champion and challengers (`{c['gate_set']}` set; LLM share on "
+                 f"`{(c.get('head_only') or {}).get('llm_share_on')}`)", "",
+             "| metric | champion | head-only challenger | tuned challenger |", "|---|---|---|---|"]
+    lines += [f"| {label} | " + " | ".join(cell(m, key, pct) for m in ms) + " |" for label, key, pct in rows]
+    lines += ["", f"- put forward: **{str(c.get('put_forward')).replace('_', '-')}** — {c.get('reason')}",
+              f"- languages: {c['languages']['note']}"]
+    by = c["languages"].get("by_language") or {}
+    if by:
+        lines += ["", "| language | queries | head-only accuracy | tuned accuracy |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['n']:,} | {100 * v['head_only']:.1f}% | {100 * v['tuned']:.1f}% |"
+                  for k, v in by.items()]
+    t = r.get("tuning") or {}
+    if t:
+        tuner = t.get("tuner") or {}
+        lines += ["", "## Encoder tuning", "",
+                  f"- base: {t.get('base')}; objective {t['settings'].get('objective')}, budget "
+                  f"{t['settings'].get('budget_s'):g} s",
+                  f"- rows: {t.get('rows', 0):,} ({t.get('rows_without_text', 0):,} training rows without text "
+                  f"left out: text retention erased them)",
+                  "- hard pairs (" + str(t.get("hard_pairs_from")) + "): "
+                  + (", ".join(f"{p['pair'][0] or 'out of scope'} / {p['pair'][1] or 'out of scope'} "
+                               f"({p['errors']})" for p in t.get("hard_pairs") or []) or "none")]
+        if "error" in t:
+            lines.append(f"- failed: {t['error']}")
+        else:
+            lines.append(f"- {tuner.get('steps')} of {tuner.get('steps_planned')} steps, {tuner.get('epochs_done')} "
+                         f"epoch(s) in {tuner.get('seconds')} s" + (" (stopped by its budget)" if t.get(
+                             "stopped_by_budget") else "") + f"; loss {tuner.get('loss_first')} -> "
+                         f"{tuner.get('loss_last')}; encoder `{t.get('encoder_id')}` "
+                         f"({'int8' if tuner.get('quantized') else 'fp32'}, {tuner.get('encoder_bytes', 0):,} bytes)")
+            lines.append(f"- export {tuner.get('export_seconds')} s; re-encoding {t.get('reencoded_rows', 0):,} rows "
+                         f"{t.get('reencode_seconds')} s (not part of the tuning budget)")
+    return lines
+
+
 def render_markdown(result: RetrainResult) -> str:
     """The readable ``report.md``."""
     r = result.report
@@ -121,6 +215,7 @@ def render_markdown(result: RetrainResult) -> str:
                   _row("out-of-scope recall", "oos_recall", p, c), _row("macro F1", "macro_f1", p, c, False),
                   _row("ECE", "ece", p, c, False), _row("LLM share", "llm_share", p, c),
                   _row("accuracy when sure", "sure_accuracy", p, c)]
+    lines += _challenger_markdown(r)
     ev = ch.get("eval") or {}
     if ev.get("per_intent"):
         pev = (cp or {}).get("eval") or {}
@@ -165,4 +260,11 @@ def render_markdown(result: RetrainResult) -> str:
                   f"{tm['embed_seconds']:.2f}s; {tm['embeddings_reused']:,} vectors reused from the log, "
                   f"{tm['embeddings_computed']:,} computed), fit {tm['fit_seconds']:.2f}s, "
                   f"evaluation {tm['eval_seconds']:.2f}s"]
+        if "tune_step_seconds" in tm:
+            lines.append(f"- encoder tuning {tm['tune_step_seconds']}s (tuning {tm.get('tune_seconds')}s within its "
+                         f"budget, export {tm.get('export_seconds')}s), re-encoding {tm.get('reencode_seconds')}s, "
+                         f"tuned challenger's fit {tm.get('tuned_fit_seconds')}s")
+        if "champion_reencode_seconds" in tm:
+            lines.append(f"- re-encoding the evaluation sets with the champion's own encoder "
+                         f"{tm['champion_reencode_seconds']}s")
     return "\n".join(lines)

@@ -19,20 +19,42 @@ function here):
    trains);
 4. ``_build_data``: the training set and the fixed evaluation split
    (:func:`training.trainset.build_training_set`);
+4b. ``_tune_encoder`` (only with ``RetrainOptions.tune``): fine-tunes the intent set's base
+   encoder (:func:`training.tuned_encoder.tune_and_export`, within ``tune.budget_s``) on the
+   training rows' texts, labels and weights (:func:`training.tuned_trial.tuning_rows`: rows
+   whose text retention erased cannot be re-encoded and are left out, counted as
+   ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
+   (:func:`training.tuned_trial.confusion_pairs` on the eval and recent sets, the
+   champion's own vectors). The export goes to a temporary directory removed when the run
+   ends (a saved version holds its own copy). Then every training row that has a text, the
+   synthetic negatives and the evaluation sets are re-encoded by the tuned encoder (same
+   rows, same order; timed apart from the tuning). A tuning that fails (an encoder that
+   cannot be tuned, unusable data, an export that disagrees with torch) leaves the
+   head-only challenger alone, with a note;
 5. ``_fit_challenger``: fits the head on the training set's rows and vectors as they are
    (:func:`classifier.trainer.fit_from_vectors`: the intent examples minus the held-out
    ones, then the logged rows; with ``self_training`` > 0 also layer 2's own confident
    decisions, at that weight and never in the rows that fit the gate and cutoffs; the
-   head's cutoffs come from its cross-validation); the model bundles the full intent set;
+   head's cutoffs come from its cross-validation); the model bundles the full intent set.
+   With tuning, a second (tuned) challenger is fitted the same way on the re-encoded rows
+   and carries the tuned encoder (``encoder_dir``);
 6. ``_tune``: re-tunes the ``confident`` cutoff on the recent-traffic slice (>= 50 rows)
    for the target precision, or for an LLM-call budget
-   (:func:`training.tuning.retune`). The tuned thresholds are a new value: the
+   (:func:`training.tuning.retune`; the tuned challenger on its own vectors, its LLM-budget
+   sample re-encoded). The tuned thresholds are a new value: the
    challenger that is evaluated and saved is a new model whose manifest carries them
    (:func:`training.tuning.with_thresholds`); the fitted head is never changed;
 7. ``_evaluate``: champion and challenger on the same rows with the same embeddings and
    their serving thresholds: accuracy, in-scope accuracy, out-of-scope recall, macro F1,
    per-intent precision and recall, ECE and the LLM share (queries layer 2 is not
-   ``sure`` of);
+   ``sure`` of). Every model scores the same rows with its own encoder's vectors: a
+   champion that carries its own encoder (``IntentModel.encoder_dir``) scores them
+   re-encoded by it (:class:`~classifier.encoders.VersionEncoderEmbedder`), a champion on
+   the served encoder the vectors the challenger uses. With tuning, the challenger put
+   forward is picked here (:func:`training.gate.pick_challenger`: the tuned one only when it
+   is at least as accurate as the head-only one on the gate rows, not worse in LLM share
+   beyond ``tolerance`` and not worse for any declared language where rows carry one), and
+   the report shows the champion and both challengers side by side;
 8. ``_decide``: :func:`training.gate.decide` (its module docs state the rule): keeps
    the champion when the challenger is worse by more than ``tolerance`` in accuracy
    (paired, on the same queries), out-of-scope recall (>= 20 out-of-scope evaluation
@@ -40,7 +62,8 @@ function here):
    to rule out a drop larger than ``tolerance``; the reason is one line. In a dry run a
    winner's outcome is ``would_promote`` (``would_shadow`` with ``shadow``), never
    ``promoted``;
-9. ``_save``: every challenger is saved in the registry's staging directory (its
+9. ``_save``: the challenger put forward is saved (with its encoder when tuned) in the
+   registry's staging directory (its
    manifest's metrics name the split and the log it saw) with ``report.json`` and
    ``report.md`` and published; if it won, it is promoted against the champion's token
    (compare-and-swap), or with ``shadow`` set as the shadow version (outcome
@@ -57,6 +80,9 @@ same champion (its manifest's ``parent``: two retrains raced and the other won),
 the champion keeps moving (:data:`PROMOTE_TRIES` refused promotions); the reason and the
 notes say which version it found.
 
+The challenger put forward is picked at the first gate and kept through a re-gate (it is
+the one saved).
+
 Gate set: the fixed ``eval`` set. A champion not trained by this job (its manifest lacks
 ``metrics.eval_split == SPLIT_ID``) may have trained on the held-out intent examples, so
 it is compared on the traffic part instead (held-out human-labelled texts + the recent
@@ -67,7 +93,9 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,19 +103,20 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError, TrainingError
 from flywheel.classifier.head import IntentHead
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
 from flywheel.classifier.tiers import Thresholds, fmt_probs
-from flywheel.training.gate import decide, evaluate_layer2
+from flywheel.training.gate import decide, evaluate_layer2, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.report import RetrainResult, jsonable, render_markdown
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.trainset import SPLIT_ID, build_training_set
+from flywheel.training.tuned_trial import confusion_pairs, reencode, reencode_training_set, tuning_rows
 from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
@@ -138,22 +167,47 @@ class _Job:
 
 @dataclass(frozen=True)
 class _Evaluation:
-    """Champion and challenger metrics on the same sets; ``gate`` names the gate set."""
+    """The champion and the challengers on the same rows, each with its own encoder's
+    vectors; ``gate`` names the gate set; ``challenger`` (on ``sets``) is the one put
+    forward (``choice`` says which and why), ``head_only`` and ``tuned`` both challengers."""
 
     gate: str
     sets: dict[str, LabelledSet]
     challenger: dict[str, Any]
     champion: dict[str, Any] | None
+    champion_sets: dict[str, LabelledSet] | None = None
+    head_only: dict[str, Any] | None = None
+    tuned: dict[str, Any] | None = None
+    choice: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class _Champion:
     """The served version as the run read it: its name and token (for the compare-and-swap
-    promotion) and the model, when it is usable here (else ``None``, and a note says why)."""
+    promotion) and the model, when it is usable here (else ``None``, and a note says why).
+    ``embedder``: its own encoder when it carries one (``None``: the served encoder's
+    vectors are its vectors); ``encoded`` caches the evaluation sets it re-encoded."""
 
     name: str | None
     token: str | None
     model: IntentModel | None
+    embedder: Any = None
+    encoded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass
+class _Tuned:
+    """The tuned challenger and what it was made from (step 4b)."""
+
+    ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
+    embedder: Any                 # the tuned encoder (a VersionEncoderEmbedder over the export)
+    export_path: Path             # the export, in the run's temporary directory
+    report: dict[str, Any]        # the tuning step's report
+    sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
+    fitted: IntentModel | None = None
+    challenger: IntentModel | None = None
+    tuning: dict[str, Any] = field(default_factory=dict)
+    t_fit: float = 0.0
 
 
 @dataclass
@@ -170,6 +224,9 @@ class _Trial:
     t_fit: float
     notes_before_gate: int = 0    # job.notes up to here hold for any champion
     moves: list[tuple[str | None, str | None]] = field(default_factory=list)  # (expected, found) per move
+    tuned: _Tuned | None = None   # the tuned challenger (encoder tuning on, and it worked)
+    tune_report: dict[str, Any] | None = None   # the tuning step's report (None: tuning off)
+    pick: str | None = None       # the challenger put forward at the first gate ("head_only" / "tuned")
 
 
 # ------------------------------------------------------------------ the job
@@ -219,6 +276,13 @@ def _record(job: _Job, result: RetrainResult) -> None:
 
 
 def _run(job: _Job) -> RetrainResult:
+    # the tuned encoder's export lives until the run ends (a saved version holds a copy)
+    work = tempfile.TemporaryDirectory(prefix="flywheel-tune-") if job.opts.tune is not None else nullcontext()
+    with work as workdir:
+        return _run_in(job, workdir)
+
+
+def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
     t_start = time.perf_counter()
     run_at = job.opts.run_at()
     champion = _load_champion(job)
@@ -227,10 +291,13 @@ def _run(job: _Job) -> RetrainResult:
     if skip is not None:
         return _skip(skip, job.opts.dry_run, job.notes)
     ts, t_data = _timed(_build_data, job, champion.model)
+    tuned, tune_report = _tune_encoder(job, ts, champion, workdir) if workdir is not None else (None, None)
     fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
     tuning, thresholds = _tune(job, fitted, ts)
+    if tuned is not None:
+        _fit_tuned(job, tuned, champion)
     trial = _Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
-                   notes_before_gate=len(job.notes))
+                   notes_before_gate=len(job.notes), tuned=tuned, tune_report=tune_report)
     result, challenger = _gate(job, trial, champion)
     if not job.opts.dry_run:
         result = _save(job, trial, champion, challenger, result)
@@ -260,6 +327,8 @@ def _load_champion(job: _Job) -> _Champion:
     except ModelError as exc:
         job.notes.append(f"champion {name or job.served_default} cannot be loaded ({exc}); treated as no champion")
         return _Champion(name, token, None)
+    if champ.encoder_dir is not None:
+        return _with_own_encoder(job, name, token, champ)
     emb = job.embedder
     if not champ.encoder_matches(emb.id, emb.dim):
         enc = champ.manifest.encoder
@@ -268,6 +337,38 @@ def _load_champion(job: _Job) -> _Champion:
                          f"so it is treated as no champion")
         return _Champion(name, token, None)
     return _Champion(name, token, champ)
+
+
+def _with_own_encoder(job: _Job, name: str | None, token: str | None, champ: IntentModel) -> _Champion:
+    """A champion that carries its own encoder: usable when that encoder loads (it then
+    scores the evaluation sets re-encoded by it, see ``_champion_sets``)."""
+    from flywheel.classifier.encoders import VersionEncoderEmbedder
+
+    settings = champ.intents.embedder
+    try:
+        own = VersionEncoderEmbedder(champ.encoder_dir, batch_size=settings.batch_size, max_chars=settings.max_chars,
+                                     num_threads=settings.num_threads)
+        own.load()
+    except EmbedderError as exc:
+        job.notes.append(f"champion {name or champ.version}'s own encoder cannot be served here ({exc}); "
+                         f"treated as no champion")
+        return _Champion(name, token, None)
+    job.notes.append(f"champion {name or champ.version} carries its own encoder {own.id}: it is evaluated on the "
+                     f"evaluation sets re-encoded by it")
+    return _Champion(name, token, champ, own)
+
+
+def _champion_sets(job: _Job, champion: _Champion, ts: TrainingSet) -> dict[str, LabelledSet]:
+    """``eval`` and ``recent`` with the champion's vectors: the training set's own when it
+    uses the served encoder, else re-encoded by its encoder once per run (timed)."""
+    if champion.embedder is None:
+        return {"eval": ts.eval, "recent": ts.recent}
+    if "sets" not in champion.encoded:
+        job.say(f"re-encoding {len(ts.eval) + len(ts.recent):,} evaluation rows with the champion's encoder ...")
+        t0 = time.perf_counter()
+        champion.encoded["sets"] = reencode({"eval": ts.eval, "recent": ts.recent}, champion.embedder)
+        champion.encoded["seconds"] = round(time.perf_counter() - t0, 3)
+    return champion.encoded["sets"]
 
 
 def _should_skip(job: _Job, champion: IntentModel | None) -> str | None:
@@ -296,16 +397,76 @@ def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
                               progress=o.progress, self_training_max=o.self_training_max if o.self_training > 0 else 0)
 
 
-def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> IntentModel:
-    """Fit the head on the training rows as they are (their vectors; the held-out intent
-    examples are not among them); the model bundles the full intent set."""
+def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
+                  workdir: str) -> tuple[_Tuned | None, dict[str, Any]]:
+    """Step 4b (see the module docs): the tuned encoder and the training set re-encoded by
+    it, or ``None`` when tuning failed (a note says why); and the step's report."""
+    from dataclasses import asdict
+
+    from flywheel.training.tuned_encoder import tune_and_export
+
+    tune = job.opts.tune
+    assert tune is not None
+    texts, labels, weights, n_textless = tuning_rows(ts, job.opts.self_training)
+    pairs = confusion_pairs(champion.model, list(_champion_sets(job, champion, ts).values())) \
+        if champion.model is not None else []
+    report: dict[str, Any] = {
+        "settings": asdict(tune), "base": job.intents.embedder.backend, "rows": len(texts),
+        "rows_without_text": n_textless, "hard_pairs": pairs,
+        "hard_pairs_from": (f"champion {champion.model.version}'s errors on the eval and recent sets"
+                            if champion.model is not None else "no champion: none")}
+    if n_textless:
+        job.say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
+                f"so the tuned challenger trains without them")
+    job.say(f"tuning the encoder on {len(texts):,} rows with {len(pairs)} hard pairs "
+            f"(budget {tune.budget_s:g} s) ...")
+    t0 = time.perf_counter()
+    try:
+        out = tune_and_export(texts, labels, job.intents.embedder, tune, workdir, sample_weight=weights,
+                              hard_pairs=[tuple(p["pair"]) for p in pairs],
+                              progress=lambda line: job.say(f"tuning: {line}"))
+        report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
+                      stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)
+        t1 = time.perf_counter()
+        tuned_ts = reencode_training_set(ts, out.embedder)
+        sample = (traffic_sample(job.store, job.embedder.id, tuned_ts, encoder=out.embedder)
+                  if job.opts.llm_budget is not None else None)
+    except (TrainingError, EmbedderError) as exc:
+        report["error"] = str(exc)
+        report.setdefault("step_seconds", round(time.perf_counter() - t0, 3))
+        job.notes.append(f"encoder tuning failed ({exc}); only the head-only challenger was fitted")
+        job.say(job.notes[-1])
+        return None, report
+    report["reencode_seconds"] = round(time.perf_counter() - t1, 3)
+    report["reencoded_rows"] = len(tuned_ts) + len(tuned_ts.eval) + len(tuned_ts.recent)
+    job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
+            + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
+            f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
+    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample), report
+
+
+def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
+    """Fit the tuned challenger exactly as the head-only one (its rows, its vectors) and
+    tune its thresholds the same way; it carries the tuned encoder."""
+    job.say("the tuned challenger:")
+    fitted, tuned.t_fit = _timed(_fit_challenger, job, tuned.ts, champion.model, tuned.embedder.id)
+    tuned.fitted = replace(fitted, encoder_dir=tuned.export_path)
+    tuned.tuning, thresholds = _tune(job, tuned.fitted, tuned.ts, tuned.sample)
+    tuned.challenger = with_thresholds(tuned.fitted, thresholds)
+
+
+def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
+                    encoder_id: str | None = None) -> IntentModel:
+    """Fit the head on the training rows as they are (their vectors, made by
+    ``encoder_id``, default the served encoder's; the held-out intent examples are not
+    among them); the model bundles the full intent set."""
     from flywheel.classifier.trainer import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())
     job.say(f"fitting the challenger on {len(ts):,} rows ...")
     try:
-        model = fit_from_vectors(ts.fit_intents, ts.vectors, ts.labels, encoder_id=job.embedder.id,
+        model = fit_from_vectors(ts.fit_intents, ts.vectors, ts.labels, encoder_id=encoder_id or job.embedder.id,
                                  sample_weight=np.where(layer2, job.opts.self_training, 1.0) if weighted else None,
                                  fit_only=layer2 if weighted else None, version=new_version_name(),
                                  parent=champion.version if champion else None,
@@ -317,11 +478,17 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
     return replace(model, intents=job.intents)
 
 
-def _tune(job: _Job, model: IntentModel, ts: TrainingSet) -> tuple[dict[str, Any], dict[str, float]]:
+_LOGGED: Any = object()   # _tune's default sample: the logged vectors of the served encoder
+
+
+def _tune(job: _Job, model: IntentModel, ts: TrainingSet,
+          sample: Any = _LOGGED) -> tuple[dict[str, Any], dict[str, float]]:
     """Re-tune the confident cutoff on the recent slice (and the LLM budget's traffic
-    sample): the tuning report and the new learned thresholds."""
+    sample: by default of the logged vectors; the tuned challenger passes its own): the
+    tuning report and the new learned thresholds."""
     budget = job.opts.llm_budget
-    sample = traffic_sample(job.store, job.embedder.id, ts) if budget is not None else None
+    if sample is _LOGGED:
+        sample = traffic_sample(job.store, job.embedder.id, ts) if budget is not None else None
     tuning, thresholds = retune(model, ts.recent, job.target_precision, budget, sample)
     if tuning.get("method") == "risk":
         job.say(f"deferral cutoff: P(wrong) > {fmt_probs(tuning['defer'], digits=3)[0]} goes to the LLM "
@@ -337,28 +504,71 @@ def _tune(job: _Job, model: IntentModel, ts: TrainingSet) -> tuple[dict[str, Any
 
 def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult, IntentModel]:
     """Steps 7 and 8 against ``champion``: the result (with its report) and the challenger
-    as saved (its metrics do not depend on the champion)."""
-    ev, t_eval = _timed(_evaluate, job, trial.challenger, champion.model, trial.ts)
-    outcome, reason, checks = _decide(job, trial.challenger, champion.model, ev)
+    put forward as saved (its metrics do not depend on the champion)."""
+    ev, t_eval = _timed(_evaluate, job, trial, champion)
+    tuned = trial.tuned if ev.choice.get("put_forward") == "tuned" else None
+    chosen = tuned.challenger if tuned is not None else trial.challenger
+    outcome, reason, checks = _decide(job, chosen, champion.model, ev)
     if job.opts.dry_run and outcome == "promoted":     # nothing is promoted in a dry run
         outcome = "would_shadow" if job.opts.shadow else "would_promote"
-    model = _with_run_metrics(trial.challenger, trial.ts, ev, trial.tuning)
-    timing = _timing(trial.ts, model, time.perf_counter() - trial.t_start, trial.t_data, trial.t_fit, t_eval)
+    model = _with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
+    timing = _timing(trial, champion, model, t_eval)
     report = _report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
-                     timing, {"cross_validation": learned_thresholds(trial.fitted), "tuning": trial.tuning,
-                              "saved": dict(model.manifest.thresholds)})
+                     timing, {"cross_validation": learned_thresholds(tuned.fitted if tuned else trial.fitted),
+                              "tuning": tuned.tuning if tuned else trial.tuning,
+                              "saved": dict(model.manifest.thresholds)}, trial)
     return _result(job, report), model
 
 
-def _evaluate(job: _Job, challenger: IntentModel, champion: IntentModel | None, ts: TrainingSet) -> _Evaluation:
-    """Both models on the same sets with their serving thresholds."""
-    gate, sets = _gate_sets(job, champion, ts)
-    return _Evaluation(gate, sets, _metrics(challenger, sets, gate),
-                       _metrics(champion, sets, gate) if champion is not None else None)
+def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
+    """The champion and the challengers on the same sets, each with its own encoder's
+    vectors and its serving thresholds; with a tuned challenger, the pick of the one put
+    forward (fixed at the first gate: it is the one saved)."""
+    ts, cp = trial.ts, champion.model
+    gate = _gate_name(job, cp, ts)
+    sets = _sets(ts.eval, ts.recent, gate)
+    head = _metrics(trial.challenger, sets, gate)
+    cp_sets = None
+    if cp is not None:
+        own = _champion_sets(job, champion, ts)
+        cp_sets = _sets(own["eval"], own["recent"], gate)
+    cp_metrics = _metrics(cp, cp_sets, gate) if cp is not None and cp_sets is not None else None
+    tuned = trial.tuned
+    if tuned is None or tuned.challenger is None:
+        why = "encoder tuning is off" if trial.tune_report is None else "encoder tuning failed"
+        return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
+                           {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
+                            "languages": "none"})
+    t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate)
+    t_metrics = _metrics(tuned.challenger, t_sets, gate)
+    choice = pick_challenger(trial.challenger, tuned.challenger, head, t_metrics, sets[gate], t_sets[gate],
+                             job.opts.tolerance, job.intents.languages, getattr(sets[gate], "langs", None))
+    if trial.pick is None:
+        trial.pick = choice["put_forward"]
+        job.say(f"put forward: the {_CHALLENGER[trial.pick]} challenger ({choice['reason']})")
+    elif choice["put_forward"] != trial.pick:
+        choice = {**choice, "put_forward": trial.pick,
+                  "reason": f"the {_CHALLENGER[trial.pick]} challenger was put forward at the first gate and saved "
+                            f"(on this gate set: {choice['reason']})"}
+    if choice["put_forward"] == "tuned":
+        return _Evaluation(gate, t_sets, t_metrics, cp_metrics, cp_sets, head, t_metrics, choice)
+    return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, t_metrics, choice)
 
 
-def _gate_sets(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> tuple[str, dict[str, LabelledSet]]:
-    """The gate set's name and the evaluation sets (see the module docs)."""
+_CHALLENGER = {"head_only": "head-only", "tuned": "tuned"}
+
+
+def _sets(ev: LabelledSet, recent: LabelledSet, gate: str) -> dict[str, LabelledSet]:
+    """The evaluation sets for the gate set ``gate`` from ``eval`` and ``recent`` (any
+    encoder's vectors: the rows and their order depend only on the training set)."""
+    sets = {"eval": ev, "recent": recent}
+    if gate == "eval_traffic":
+        sets["eval_traffic"] = ev.where(lambda s: s != "intent_example").concat(recent)
+    return sets
+
+
+def _gate_name(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> str:
+    """The gate set's name (see the module docs), with a note when it is not ``eval``."""
     traffic = ts.eval.where(lambda s: s != "intent_example").concat(ts.recent)
     gate = "eval"
     if champion is not None and champion.manifest.metrics.get("eval_split") != SPLIT_ID:
@@ -374,16 +584,14 @@ def _gate_sets(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> tupl
         gate = "recent"
         job.notes.append("the fixed eval set is empty (too few intent examples to hold any out, no human "
                          "labels): compared on the recent-traffic slice")
-    sets = {"eval": ts.eval, "recent": ts.recent}
-    if gate == "eval_traffic":
-        sets["eval_traffic"] = traffic
-    return gate, sets
+    return gate
 
 
 def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[str, Any]:
     per = {k: evaluate_layer2(m, v) for k, v in sets.items()}
     share_on = "recent" if per["recent"]["n"] else gate
-    return {"version": m.version, "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
+    return {"version": m.version, "encoder": m.manifest.encoder.get("id"), "own_encoder": m.encoder_dir is not None,
+            "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
             "oos_recall": per[gate]["oos_recall"], "gate_set": gate,
             "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on,
             "thresholds": Thresholds.for_model(m).to_dict(), **per}
@@ -392,34 +600,80 @@ def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[st
 def _decide(job: _Job, challenger: IntentModel, champion: IntentModel | None,
             ev: _Evaluation) -> tuple[str, str, list[dict[str, Any]]]:
     return decide(challenger, champion, ev.challenger, ev.champion,
-                  ev.sets[ev.gate] if ev.champion else None, ev.gate, job.opts.tolerance, job.notes)
+                  ev.sets[ev.gate] if ev.champion else None, ev.gate, job.opts.tolerance, job.notes,
+                  champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None)
 
 
-def _with_run_metrics(model: IntentModel, ts: TrainingSet, ev: _Evaluation, tuning: dict[str, Any]) -> IntentModel:
-    """The challenger as saved: its manifest's metrics say which split and log it saw."""
+def _with_run_metrics(model: IntentModel, ts: TrainingSet, ev: _Evaluation, tuning: dict[str, Any],
+                      tuned: _Tuned | None = None) -> IntentModel:
+    """The challenger as saved: its manifest's metrics say which split and log it saw (and,
+    for a tuned one, that its encoder was tuned and how long that took)."""
     ch = ev.challenger
     metrics = {**model.manifest.metrics,
                "eval_split": SPLIT_ID, "log_until": ts.log_until,
                "eval_accuracy": ch["eval"]["accuracy"], "eval_n": ch["eval"]["n"],
                "recent_llm_share": ch["recent"]["llm_share"], "recent_n": ch["recent"]["n"],
                "confident_tuning": tuning["method"]}
+    if tuned is not None:
+        metrics.update(encoder_tuned=True, encoder_tune_seconds=tuned.report.get("step_seconds"),
+                       encoder_rows_without_text=tuned.report.get("rows_without_text"))
     return replace(model, manifest=replace(model.manifest, metrics=metrics))
 
 
-def _timing(ts: TrainingSet, model: IntentModel, total: float, t_data: float, t_fit: float,
-            t_eval: float) -> dict[str, Any]:
-    emb = ts.report["embeddings"]
-    return {"total_seconds": round(total, 3), "dataset_seconds": round(t_data, 3),
-            "embed_seconds": emb["seconds"], "embeddings_reused": emb["reused"],
-            "embeddings_computed": emb["computed"], "fit_seconds": round(t_fit, 3),
-            "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
+def _timing(trial: _Trial, champion: _Champion, model: IntentModel, t_eval: float) -> dict[str, Any]:
+    emb = trial.ts.report["embeddings"]
+    out = {"total_seconds": round(time.perf_counter() - trial.t_start, 3), "dataset_seconds": round(trial.t_data, 3),
+           "embed_seconds": emb["seconds"], "embeddings_reused": emb["reused"],
+           "embeddings_computed": emb["computed"], "fit_seconds": round(trial.t_fit, 3),
+           "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
+    r = trial.tune_report
+    if r is not None:   # the tuning budget bounds tune_seconds; export and re-encoding come on top
+        tuner = r.get("tuner") or {}
+        out.update(tune_step_seconds=r.get("step_seconds"), tune_seconds=tuner.get("seconds"),
+                   export_seconds=tuner.get("export_seconds"), reencode_seconds=r.get("reencode_seconds"),
+                   tuned_fit_seconds=round(trial.tuned.t_fit, 3) if trial.tuned is not None else None)
+    if "seconds" in champion.encoded:
+        out["champion_reencode_seconds"] = champion.encoded["seconds"]
+    return out
+
+
+_SIDE_KEYS = ("accuracy", "in_scope_accuracy", "oos_recall", "n", "n_out_of_scope")
+
+
+def _side(m: dict[str, Any] | None, gate: str) -> dict[str, Any] | None:
+    """One model's figures on the gate set, for the side-by-side table."""
+    if m is None:
+        return None
+    g = m.get(gate) or {}
+    return {"version": m["version"], "encoder": m.get("encoder"), "own_encoder": m.get("own_encoder"),
+            **{k: g.get(k) for k in _SIDE_KEYS}, "llm_share": m.get("llm_share"),
+            "llm_share_on": m.get("llm_share_on")}
+
+
+def _challengers(job: _Job, ev: _Evaluation) -> dict[str, Any]:
+    """``report["challengers"]``: the champion and both challengers side by side on the
+    gate set, which challenger was put forward and why, and what languages allowed."""
+    c = ev.choice
+    declared = list(job.intents.languages)
+    if c.get("languages") == "per_row":
+        lang_note = "per-language accuracy from the rows' languages"
+    else:
+        lang_note = (f"the evaluation rows carry no language (the traffic log records none): the challengers "
+                     f"were compared on all rows (declared: {', '.join(declared) or 'none'})")
+    return {"gate_set": ev.gate, "put_forward": c.get("put_forward"), "reason": c.get("reason"),
+            "champion": _side(ev.champion, ev.gate), "head_only": _side(ev.head_only, ev.gate),
+            "tuned": _side(ev.tuned, ev.gate), "paired_tuned_vs_head_only": c.get("paired"),
+            "languages": {"declared": declared, "rows": c.get("languages"), "note": lang_note,
+                          "by_language": c.get("by_language", {})}}
 
 
 def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, checks: list[dict[str, Any]],
             champion: IntentModel | None, ev: _Evaluation, ts: TrainingSet, timing: dict[str, Any],
-            thresholds: dict[str, Any]) -> dict[str, Any]:
-    """``report.json`` of the challenger ``name`` (its version is ``None`` in a dry run)."""
+            thresholds: dict[str, Any], trial: _Trial) -> dict[str, Any]:
+    """``report.json`` of the challenger ``name`` (its version is ``None`` in a dry run);
+    with encoder tuning on, also ``challengers`` and ``tuning``."""
     dry_run = job.opts.dry_run
+    extra = {} if trial.tune_report is None else {"challengers": _challengers(job, ev), "tuning": trial.tune_report}
     return {
         "outcome": outcome, "version": None if dry_run else name, "reason": reason,
         "promoted": outcome == "promoted" and not dry_run, "dry_run": dry_run,
@@ -431,6 +685,7 @@ def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, chec
         "thresholds": thresholds,
         "dataset": ts.report,
         "timing": timing,
+        **extra,
     }
 
 

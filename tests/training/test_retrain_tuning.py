@@ -1,0 +1,269 @@
+"""Encoder tuning in the retrain (issue 22): a tuned challenger beside the head-only one,
+picked on the same gate rows, saved with its encoder; a champion that carries its own
+encoder scored on its own vectors; the options and their precedence.
+
+The base encoder is a tiny random BERT (tests/support/tiny_encoder.py) in place of MiniLM
+(``training.finetune.tunable_base`` patched), tuned with tiny budgets on one thread. Tests
+that export an encoder to ONNX are ``slow``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
+from flywheel.classifier.intents import TuneSettings
+from flywheel.classifier.model import file_sha256
+from flywheel.classifier.trainer import fit_model
+from flywheel.cli import build_app
+from flywheel.training import cli_retrain, finetune
+from flywheel.training import retrain as retrain_mod
+from flywheel.training.finetune import TuningError
+from flywheel.training.gate import evaluate_layer2, pick_challenger
+from flywheel.training.layer2 import layer2_predict
+from flywheel.training.options import RetrainOptionError, RetrainOptions, resolve_tune
+from flywheel.training.report import RetrainResult
+from flywheel.training.rows import LabelledSet
+from flywheel.training.trainset import build_training_set
+from flywheel.training.tuned_trial import confusion_pairs, reencode, tuning_rows
+from tests.support.fakes import HashEmbedder
+from tests.support.tiny_encoder import build_tiny_bert
+from tests.support.worlds import INTENT_DOC, QUERIES, World, record, sample, write
+
+#: tiny-model tuning: a random 32-d BERT needs a larger step than MiniLM
+FAST = TuneSettings(budget_s=60.0, epochs=3, batch_size=32, learning_rate=1e-3, max_length=32)
+WORLD_TEXTS = [q for q, _ in QUERIES] + [e for i in INTENT_DOC["intents"] for e in i["examples"]] \
+    + list(INTENT_DOC["out_of_scope"]["examples"])
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """A tiny random BERT whose vocabulary covers the synthetic world's characters."""
+    return build_tiny_bert(tmp_path_factory.mktemp("bert") / "tiny-bert", extra_texts=WORLD_TEXTS)
+
+
+@pytest.fixture(scope="module")
+def frozen(bert, tmp_path_factory):
+    """That BERT, untuned, exported as a version encoder (an ONNX export: slow)."""
+    return export_encoder(bert, tmp_path_factory.mktemp("frozen") / "encoder", quantize=False, num_threads=1)
+
+
+@pytest.fixture()
+def world(tmp_path, bert, monkeypatch) -> World:
+    monkeypatch.setattr(finetune, "tunable_base", lambda settings: bert)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))   # where the run's export lives
+    (tmp_path / "tmp").mkdir()
+    w = World(tmp_path)
+    # one torch thread: far faster for a tiny model on a shared CPU
+    w.intents = dataclasses.replace(w.intents, embedder=dataclasses.replace(w.intents.embedder, num_threads=1))
+    return w
+
+
+def leftover_workdirs(world: World) -> list[str]:
+    return [p.name for p in (world.tmp / "tmp").iterdir() if p.name.startswith("flywheel-tune-")]
+
+
+# ------------------------------------------------------------------------ the job
+@pytest.mark.slow
+def test_a_better_tuned_challenger_is_put_forward_and_promoted_with_its_encoder(world, frozen):
+    world.embedder = VersionEncoderEmbedder(frozen.path, num_threads=1)   # head-only: the frozen encoder
+    world.seed_traffic(n_teacher=300, n_human=20)
+    res = world.run(tune=FAST)
+    assert res.outcome == "promoted", res.reason
+    c, t = res.report["challengers"], res.report["tuning"]
+    assert c["put_forward"] == "tuned", c["reason"]
+    assert c["tuned"]["accuracy"] >= c["head_only"]["accuracy"] and c["champion"] is None
+    assert c["reason"].endswith("rows carry no language: judged on all rows")
+    assert res.summary_line().startswith(f"promoted {res.version} [tuned encoder] (first model")
+    # the version carries the tuned encoder, every file hashed in its manifest
+    d = world.registry.home / res.version
+    manifest = json.loads((d / "manifest.json").read_text())
+    files = manifest["encoder_files"]
+    assert files and all(name.startswith("encoder/") for name in files)
+    assert {f"encoder/{p.name}" for p in (d / "encoder").iterdir()} == set(files)
+    assert all(file_sha256(d / name) == sha for name, sha in files.items())
+    assert manifest["encoder"]["id"] == t["encoder_id"] != world.embedder.id
+    assert manifest["metrics"]["encoder_tuned"] is True
+    served = world.registry.load_current()
+    assert served.version == res.version and served.encoder_dir == d / "encoder"
+    assert t["rows_without_text"] == 0 and t["tuner"]["steps"] > 0
+    tm = res.report["timing"]
+    assert tm["reencode_seconds"] >= 0 and tm["tune_seconds"] <= FAST.budget_s and tm["tuned_fit_seconds"] > 0
+    md = (d / "report.md").read_text()
+    assert "## Champion and challengers" in md and "| tuned challenger |" in md and "## Encoder tuning" in md
+    assert leftover_workdirs(world) == []                      # the run's export is removed
+
+
+@pytest.mark.slow
+def test_a_worse_tuned_challenger_is_not_put_forward_and_a_dry_run_saves_nothing(world):
+    recs, items = world.seed_traffic(n_teacher=400, n_human=20)
+    # older decisions whose text retention erased: they train the head on their logged vectors
+    old = sample(60, seed=3, exclude={t for t, _ in items})
+    write(world.store, [record(t, true=y, embed=True, created_at=time.time() - 86_400 + i)
+                        for i, (t, y) in enumerate(old)])
+    assert world.store.forget_text(time.time() - 7_200) == 60
+    # a budget too small for a single step: the "tuned" encoder is the random one
+    res = world.run(tune=dataclasses.replace(FAST, budget_s=0.01), dry_run=True)
+    c, t = res.report["challengers"], res.report["tuning"]
+    assert t["stopped_by_budget"] is True and t["tuner"]["steps"] == 0
+    assert c["put_forward"] == "head_only" and c["reason"].startswith("tuned accuracy"), c["reason"]
+    assert c["tuned"]["accuracy"] < c["head_only"]["accuracy"]
+    assert res.challenger["version"] == c["head_only"]["version"]       # the gate saw the head-only one
+    assert "[tuned encoder]" not in res.summary_line()
+    assert res.outcome == "would_promote" and res.version is None
+    # rows without text cannot be re-encoded: counted, and left out of the tuning only
+    assert t["rows_without_text"] == res.report["dataset"]["text_removed"]["trained"] == 60
+    assert t["rows"] == res.report["dataset"]["train"]["n"] - 60
+    # a dry run saves nothing and leaves no export behind
+    assert not world.registry.home.exists() or not any(world.registry.home.iterdir())
+    assert leftover_workdirs(world) == []
+
+
+@pytest.mark.slow
+def test_a_champion_with_its_own_encoder_is_gated_on_its_own_vectors(world, frozen):
+    world.seed_traffic(n_teacher=300, n_human=30)
+    own = VersionEncoderEmbedder(frozen.path, num_threads=1)
+    champ = fit_model(world.intents, embedder=own, version="v-own")
+    champ.encoder_dir = frozen.path
+    champ.save(world.registry.version_dir("v-own"))
+    world.registry.promote("v-own")
+    res = world.run(tune=FAST)       # head-only on the hash encoder (256-d), the champion on its own (32-d)
+    assert res.champion is not None and res.champion["version"] == "v-own", res.report["notes"]
+    notes = " ".join(res.report["notes"])
+    assert "treated as no champion" not in notes and "carries its own encoder" in notes
+    # its figures are those of its own encoder's vectors on the same rows
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    mine = reencode({"eval": ts.eval, "recent": ts.recent}, own)
+    loaded = world.registry.load("v-own")
+    assert res.champion["recent"] == evaluate_layer2(loaded, mine["recent"])
+    assert res.champion["own_encoder"] is True and res.report["timing"]["champion_reencode_seconds"] >= 0
+    checks = res.report["gate"]["checks"]
+    assert checks and checks[0]["n"] == res.champion["n"]           # paired on the same gate rows
+    # the tuner's hard pairs are the champion's confusions there
+    t = res.report["tuning"]
+    assert t["hard_pairs"] == confusion_pairs(loaded, [mine["eval"], mine["recent"]])
+    assert t["hard_pairs_from"].startswith("champion v-own")
+    side = res.report["challengers"]
+    assert side["champion"]["version"] == "v-own" and side["head_only"] and side["tuned"]
+
+
+def test_a_tuning_that_fails_leaves_the_head_only_challenger(world, monkeypatch):
+    def untunable(settings):
+        raise TuningError("embedder.backend 'use-multilingual' cannot be fine-tuned in place")
+
+    monkeypatch.setattr(finetune, "tunable_base", untunable)
+    world.seed_traffic(n_teacher=200, n_human=10)
+    res = world.run(tune=FAST)
+    assert res.outcome == "promoted", res.reason
+    assert "cannot be fine-tuned" in res.report["tuning"]["error"]
+    c = res.report["challengers"]
+    assert c["put_forward"] == "head_only" and c["reason"] == "encoder tuning failed" and c["tuned"] is None
+    assert any(n.startswith("encoder tuning failed") for n in res.report["notes"])
+    assert not (world.registry.home / res.version / "encoder").exists()
+
+
+def test_tuning_off_keeps_the_report_as_it_was(world):
+    world.seed_traffic(n_teacher=200, n_human=10)
+    res = world.run()
+    assert "challengers" not in res.report and "tuning" not in res.report
+    assert "tune_seconds" not in res.report["timing"]
+
+
+# -------------------------------------------------------------------- the pieces
+def test_tuning_rows_leave_out_rows_without_text_and_weigh_self_training():
+    data = LabelledSet(["a b", "", "c d", "e f"], ["X", "X", None, "Y"], np.zeros((4, 2), np.float32),
+                       ["intent_example", "teacher", "human", "layer2"], [None, "d1", "d2", "d3"])
+    texts, labels, weights, n_without = tuning_rows(data, 0.3)
+    assert (texts, labels, weights, n_without) == (["a b", "c d", "e f"], ["X", None, "Y"], [1.0, 1.0, 0.3], 1)
+
+
+def _hashed(items, emb):
+    texts = [t for t, _ in items]
+    return LabelledSet(texts, [y for _, y in items], np.asarray(emb.encode(texts), np.float32),
+                       ["human"] * len(items), [None] * len(items))
+
+
+def test_pick_challenger_refuses_a_tuned_one_worse_for_a_declared_language(world):
+    emb = HashEmbedder()
+    model = fit_model(world.intents, embedder=emb, version="v1")
+    items = sample(80, seed=11)
+    data = _hashed(items, emb)
+    right = [p == y for p, y in zip(layer2_predict(model, data.vectors).labels, data.labels)]
+    ok = [i for i, r in enumerate(right) if r][:40]
+    data = data.select(ok)
+    langs = ["en"] * 30 + ["es"] * 10
+    other = {"RETRIEVAL": "show my invoice", "PLATFORM": "what does addvar do", None: "what does addvar do"}
+
+    def spoil(rows):          # the same rows, these ones given another intent's vector
+        X = data.vectors.copy()
+        for i in rows:
+            X[i] = emb.encode([other[data.labels[i]]])[0]
+        return dataclasses.replace(data, vectors=X)
+
+    head, tuned = spoil(range(0, 4)), spoil([35])         # tuned: better on en, worse on es
+    m = {"llm_share": 0.1}
+    choice = pick_challenger(model, model, m, m, head, tuned, 0.01, ("en", "es"), langs)
+    assert choice["put_forward"] == "head_only" and "worse for es" in choice["reason"], choice["reason"]
+    assert choice["by_language"]["en"] == {"n": 30, "head_only": pytest.approx(26 / 30, abs=1e-6), "tuned": 1.0}
+    choice = pick_challenger(model, model, m, m, head, spoil([]), 0.01, ("en", "es"), langs)
+    assert choice["put_forward"] == "tuned" and choice["reason"].endswith("not worse for any declared language")
+    choice = pick_challenger(model, model, m, {"llm_share": 0.2}, head, spoil([]), 0.01, ("en", "es"), langs)
+    assert choice["put_forward"] == "head_only" and "LLM share" in choice["reason"]
+    choice = pick_challenger(model, model, m, m, head, spoil([]), 0.01, ("en", "es"), None)
+    assert choice["put_forward"] == "tuned" and choice["languages"] == "none"
+
+
+# ---------------------------------------------------------------------- options
+def test_tuning_options_are_checked():
+    assert RetrainOptions().tune is None
+    for bad in (dataclasses.replace(FAST, budget_s=0.0), dataclasses.replace(FAST, budget_s=float("nan")),
+                dataclasses.replace(FAST, epochs=0), dataclasses.replace(FAST, objective="setfit")):
+        with pytest.raises(RetrainOptionError):
+            RetrainOptions(tune=bad)
+    assert resolve_tune(FAST, None, 30).budget_s == 30.0 and resolve_tune(FAST, None, 30).epochs == FAST.epochs
+    assert resolve_tune(None, True) == TuneSettings() and resolve_tune(FAST, False) is None
+    with pytest.raises(RetrainOptionError, match="off"):
+        resolve_tune(None, None, 30)
+
+
+@pytest.mark.parametrize("tune_doc, flags, expected", [
+    (None, [], None),
+    (None, ["--tune-encoder"], TuneSettings()),
+    (None, ["--tune-encoder", "--tune-budget", "45"], TuneSettings(budget_s=45.0)),
+    ({"budget_s": 120, "epochs": 2}, [], TuneSettings(budget_s=120.0, epochs=2)),
+    ({"budget_s": 120, "epochs": 2}, ["--tune-budget", "30"], TuneSettings(budget_s=30.0, epochs=2)),
+    ({"budget_s": 120, "epochs": 2}, ["--no-tune-encoder"], None),
+    (True, ["--no-tune-encoder", "--tune-encoder"], TuneSettings()),     # the last flag wins
+    (None, ["--tune-budget", "0"], 2),
+    (None, ["--no-tune-encoder", "--tune-budget", "10"], 2),
+    (None, ["--tune-budget", "10"], 2),                                  # a budget for tuning that is off
+])
+def test_cli_tuning_flags_win_over_the_intent_file(world, tmp_path, monkeypatch, tune_doc, flags, expected):
+    seen = []
+
+    def fake_retrain(*, options, **kw):
+        seen.append(options)
+        return RetrainResult("skipped", None, "test")
+
+    monkeypatch.setattr(retrain_mod, "retrain", fake_retrain)
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
+    doc = dict(INTENT_DOC)
+    if tune_doc is not None:
+        doc["embedder"] = {"tune": tune_doc}
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(build_app(), ["retrain", "--home", str(tmp_path / "home"), "--log-db",
+                                         world.store.path, "--quiet", "--intents", str(intents_file), *flags])
+    if expected == 2:
+        assert r.exit_code == 2 and "flywheel: error:" in r.output and "Traceback" not in r.output, r.output
+        assert not seen
+        return
+    assert r.exit_code == 0, r.output
+    assert seen[0].tune == expected

@@ -1,0 +1,96 @@
+"""The retrain's encoder-tuning step, as data: what the tuner trains on, which intent pairs
+it oversamples, and the training set re-encoded by another encoder.
+
+- :func:`tuning_rows`: the training rows the tuner sees: intent examples, human labels
+  (already resolved over the teacher's), teacher labels and, with self-training on, layer
+  2's confident decisions at their weight. Rows whose text retention erased (text ``""``:
+  they train the head-only challenger on their logged vectors) cannot be re-encoded: they
+  are left out and counted.
+- :func:`confusion_pairs`: the intent pairs (``None``: out of scope) a model confuses most
+  on labelled rows, both directions counted together: the tuner's hard pairs.
+- :func:`reencode`: a :class:`~training.rows.LabelledSet` with new vectors from
+  ``embedder`` (same rows, same order), every distinct text encoded once;
+  :func:`reencode_training_set` does it for a whole training set (rows without text left
+  out), its evaluation sets and its synthetic negatives, in one ``encode`` call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.training.layer2 import layer2_predict
+from flywheel.training.rows import LabelledSet, TrainingSet
+
+__all__ = ["HARD_PAIRS", "tuning_rows", "confusion_pairs", "encode_texts", "reencode", "reencode_training_set"]
+
+HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
+
+
+def tuning_rows(ts: LabelledSet, self_training_weight: float) -> tuple[list[str], list[str | None], list[float], int]:
+    """``(texts, labels, sample_weight, rows_without_text)`` of the training rows that
+    have a text (see the module docs); ``layer2`` rows weigh ``self_training_weight``."""
+    keep = [i for i, t in enumerate(ts.texts) if t]
+    weights = [float(self_training_weight) if ts.sources[i] == "layer2" else 1.0 for i in keep]
+    return ([ts.texts[i] for i in keep], [ts.labels[i] for i in keep], weights, len(ts) - len(keep))
+
+
+def confusion_pairs(model: Any, sets: Sequence[LabelledSet], k: int = HARD_PAIRS) -> list[dict[str, Any]]:
+    """The ``k`` intent pairs ``model`` (its serving thresholds) confuses most on ``sets``:
+    ``[{"pair": [a, b], "errors": n}]``, most errors first (``None``: out of scope; a pair
+    is unordered, both directions counted together)."""
+    counts: Counter = Counter()
+    for data in sets:
+        if not len(data):
+            continue
+        for truth, said in zip(data.labels, layer2_predict(model, data.vectors).labels):
+            if truth != said:
+                counts[tuple(sorted((truth, said), key=lambda v: (v is None, v or "")))] += 1
+    return [{"pair": list(p), "errors": int(n)} for p, n in counts.most_common(k)]
+
+
+def encode_texts(embedder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    """text -> vector for every distinct text of ``texts``, in one ``encode`` call."""
+    uniq = list(dict.fromkeys(texts))
+    if not uniq:
+        return {}
+    X = np.asarray(embedder.encode(uniq), dtype=np.float32)
+    return dict(zip(uniq, X))
+
+
+def _rows(data: LabelledSet, vectors: dict[str, np.ndarray], dim: int) -> LabelledSet:
+    X = np.stack([vectors[t] for t in data.texts]).astype(np.float32, copy=False) if len(data) \
+        else np.zeros((0, dim), np.float32)
+    return LabelledSet(list(data.texts), list(data.labels), X, list(data.sources), list(data.decision_ids))
+
+
+def reencode(sets: dict[str, LabelledSet], embedder: Any) -> dict[str, LabelledSet]:
+    """``sets`` with their vectors made by ``embedder`` (same rows, same order); every
+    distinct text is encoded once. Every row must have its text."""
+    texts = [t for data in sets.values() for t in data.texts]
+    if any(not t for t in texts):
+        raise ValueError("a row without text cannot be re-encoded")
+    vectors = encode_texts(embedder, texts)
+    dim = int(embedder.dim)
+    return {name: _rows(data, vectors, dim) for name, data in sets.items()}
+
+
+def reencode_training_set(ts: TrainingSet, embedder: Any) -> TrainingSet:
+    """``ts`` encoded by ``embedder``: its training rows that have a text (rows without
+    one left out), ``eval``, ``recent`` and the synthetic negatives, in one ``encode``
+    call. The report, split and keys are ``ts``'s."""
+    keep = [i for i, t in enumerate(ts.texts) if t]
+    train = ts.select(keep)
+    neg_texts = list(synthetic_negatives(ts.fit_intents.synthetic_negatives)) if ts.negatives is not None else []
+    texts = list(train.texts) + list(ts.eval.texts) + list(ts.recent.texts) + neg_texts
+    vectors = encode_texts(embedder, texts)
+    dim = int(embedder.dim)
+    rows = _rows(train, vectors, dim)
+    negatives = np.stack([vectors[t] for t in neg_texts]).astype(np.float32, copy=False) if neg_texts else None
+    return replace(ts, texts=rows.texts, labels=rows.labels, vectors=rows.vectors, sources=rows.sources,
+                   decision_ids=rows.decision_ids, eval=_rows(ts.eval, vectors, dim),
+                   recent=_rows(ts.recent, vectors, dim), negatives=negatives)
