@@ -24,7 +24,6 @@ and :attr:`IntentModel.encoder_dir` points at them once loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from flywheel.classifier.encoders.version_format import file_sha256  # its one owner
 from flywheel.classifier.errors import EmbedderError, IntentFileError, ModelError
 from flywheel.classifier.intents import EmbedderSettings, IntentSet, load_intents
 
@@ -49,15 +49,6 @@ INTENTS_FILE = "intents.yaml"
 ENCODER_DIR = "encoder"            # a version's own encoder (classifier.encoders.version_encoder)
 _ENCODER_FILE = re.compile(rf"{ENCODER_DIR}/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str]:

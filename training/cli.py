@@ -7,6 +7,8 @@ Each command only parses its options, calls the library and prints the result.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -186,88 +188,91 @@ def eval_command(
     tune_encoder: bool = typer.Option(
         False, "--tune-encoder", help="Fine-tune the encoder on the training data first (training.finetune), "
                                       "then fit and score the head on the tuned vectors (the JSON gets 'tuning')."),
-    tune_budget: float = typer.Option(600.0, "--tune-budget", help="Wall-clock seconds the tuning may take."),
-    tune_objective: str = typer.Option("cross_entropy", "--tune-objective", help="cross_entropy | contrastive"),
-    tune_epochs: int = typer.Option(4, "--tune-epochs", help="Passes over the training rows (if the budget allows)."),
+    tune_budget: Optional[float] = typer.Option(
+        None, "--tune-budget", min=1.0, help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
+                                             "else 900)."),
+    tune_objective: Optional[str] = typer.Option(None, "--tune-objective", help="cross_entropy | contrastive"),
+    tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs", min=1,
+                                              help="Passes over the training rows (if the budget allows)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
-    from flywheel.classifier.intents import load_intents
-    from flywheel.classifier.model import IntentModel
-    from flywheel.classifier.pipeline import Classifier
-    from flywheel.classifier.trainer import fit_model
-    from flywheel.training.evaluate import evaluate, format_report, write_plots
-    from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
+    with contextlib.ExitStack() as stack:   # removes the tuning's work directory
+        from flywheel.classifier.intents import load_intents
+        from flywheel.classifier.model import IntentModel
+        from flywheel.classifier.pipeline import Classifier
+        from flywheel.classifier.trainer import fit_model
+        from flywheel.training.evaluate import evaluate, format_report, write_plots
+        from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
 
-    opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
-                lang_column=lang_column)
-    test_data = load_labelled(test, split="test", **opts)
-    tuner, embedder = None, None
-    if model is not None:
-        if tune_encoder:
-            raise typer.BadParameter("--tune-encoder tunes on --train or --intents, not on a saved --model")
-        m = IntentModel.load(model)
-    else:
-        base = load_intents(intents) if intents else None
-        if train is not None:
-            data = load_labelled(train, split="train", **opts)
-            intent_set = intent_set_from_data(data, name=train.stem, base=base)
-        elif base is not None:
-            intent_set = base
+        opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
+                    lang_column=lang_column)
+        test_data = load_labelled(test, split="test", **opts)
+        tuning, embedder = None, None
+        if model is not None:
+            if tune_encoder:
+                raise typer.BadParameter("--tune-encoder tunes on --train or --intents, not on a saved --model")
+            m = IntentModel.load(model)
         else:
-            raise typer.BadParameter("give --train, --intents or --model")
-        if tune_encoder:
-            m, tuner = _fit_tuned(intent_set, budget_s=tune_budget, objective=tune_objective, epochs=tune_epochs,
-                                  quiet=quiet)
-            embedder = tuner.embedder()
+            base = load_intents(intents) if intents else None
+            if train is not None:
+                data = load_labelled(train, split="train", **opts)
+                intent_set = intent_set_from_data(data, name=train.stem, base=base)
+            elif base is not None:
+                intent_set = base
+            else:
+                raise typer.BadParameter("give --train, --intents or --model")
+            if tune_encoder:
+                from flywheel.classifier.encoders import VersionEncoderEmbedder
+                from flywheel.training.tuned_encoder import settings_with
+
+                work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
+                stack.callback(shutil.rmtree, work, ignore_errors=True)
+                tune = settings_with(intent_set.embedder.tune, budget_s=tune_budget, objective=tune_objective,
+                                     epochs=tune_epochs)
+                m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
+                tuning = m.manifest.metrics["encoder_tuning"]
+                # scored as a version serves it: the exported (int8 where it holds) encoder
+                embedder = VersionEncoderEmbedder(m.encoder_dir, batch_size=intent_set.embedder.batch_size,
+                                                  max_chars=intent_set.embedder.max_chars)
+            else:
+                m = fit_model(intent_set, progress=not quiet)
+            if save is not None:
+                m.save(save)
+        if calibration is not None:
+            from flywheel.training.evaluate import calibrate_sets
+
+            m = calibrate_sets(m, load_labelled(calibration, split="val", **opts), embedder=embedder)
+        # a label the model cannot answer would count as an error: score without those rows, or refuse
+        test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
+        if skipped:
+            listed = ", ".join(f"{k} ({v})" for k, v in list(skipped.items())[:20])
+            listed += f", … ({len(skipped)} labels in all)" if len(skipped) > 20 else ""
+            what = f"{sum(skipped.values())} row(s) with labels the model does not know: {listed}"
+            if strict:
+                raise DatasetError(test, f"{what}; the model knows its {len(m.manifest.labels)} intents and out "
+                                         "of scope (OUT_OF_SCOPE, OOS, NONE or --oos-label)")
+            if not len(test_data):
+                raise DatasetError(test, f"nothing left to score: {what}")
+            typer.echo(f"flywheel: warning: {test}: {what}; left out of the scores", err=True)
+        clf = Classifier(m, teacher=None, embedder=embedder)
+        report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
+                          langs=test_data.langs)
+        report["skipped_unknown_labels"] = skipped
+        if tuning is not None:
+            report["tuning"] = tuning
+        if plots is not None:
+            report["plots"] = [str(p) for p in write_plots(report, plots)]
+        if as_json:
+            echo_json(report)
         else:
-            m = fit_model(intent_set, progress=not quiet)
-        if save is not None:
-            m.save(save)
-    if calibration is not None:
-        from flywheel.training.evaluate import calibrate_sets
-
-        m = calibrate_sets(m, load_labelled(calibration, split="val", **opts), embedder=embedder)
-    # a label the model cannot answer would count as an error: score without those rows, or refuse
-    test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
-    if skipped:
-        listed = ", ".join(f"{k} ({v})" for k, v in list(skipped.items())[:20])
-        listed += f", … ({len(skipped)} labels in all)" if len(skipped) > 20 else ""
-        what = f"{sum(skipped.values())} row(s) with labels the model does not know: {listed}"
-        if strict:
-            raise DatasetError(test, f"{what}; the model knows its {len(m.manifest.labels)} intents and out "
-                                     "of scope (OUT_OF_SCOPE, OOS, NONE or --oos-label)")
-        if not len(test_data):
-            raise DatasetError(test, f"nothing left to score: {what}")
-        typer.echo(f"flywheel: warning: {test}: {what}; left out of the scores", err=True)
-    clf = Classifier(m, teacher=None, embedder=embedder)
-    report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
-                      langs=test_data.langs)
-    report["skipped_unknown_labels"] = skipped
-    if tuner is not None:
-        report["tuning"] = tuner.report_
-    if plots is not None:
-        report["plots"] = [str(p) for p in write_plots(report, plots)]
-    if as_json:
-        echo_json(report)
-    else:
-        typer.echo(format_report(report))
-        if tuner is not None:
-            t = tuner.report_
-            typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
-                       f"epoch(s) in {t['seconds']:.0f} s" + (" (stopped by its budget)" if t["stopped_early"] else "")
-                       + f", loss {t['loss_first']} -> {t['loss_last']}")
-
-
-def _fit_tuned(intent_set, *, budget_s: float, objective: str, epochs: int, quiet: bool):
-    """Tune the intent set's own encoder on its examples, then fit layer 2 on the tuned
-    vectors (:func:`training.finetune.fit_model_tuned`); returns the model and the tuner."""
-    from flywheel.training.finetune import EncoderTuner, fit_model_tuned, tunable_base
-
-    say = None if quiet else (lambda line: typer.echo(f"tuning: {line}", err=True))
-    tuner = EncoderTuner(tunable_base(intent_set.embedder), objective=objective, epochs=epochs, budget_s=budget_s,
-                         progress=say)
-    return fit_model_tuned(intent_set, tuner, progress=not quiet), tuner
+            typer.echo(format_report(report))
+            if tuning is not None:
+                t = tuning
+                stopped = " (stopped by its budget)" if t["stopped_early"] else ""
+                typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
+                           f"epoch(s) in {t['seconds']:.0f} s{stopped}, loss {t['loss_first']} -> {t['loss_last']}; "
+                           f"served as {t['encoder_id']}" + (" (int8)" if t["quantized"] else " (fp32)"))
 
 
 def feedback_command(

@@ -34,6 +34,10 @@ head that follows fits vectors from an encoder that has learned the intents.
   Before each step it checks whether the step would end past the budget (elapsed time
   plus the mean step so far); if so it stops there, between steps, with a consistent
   model, and sets ``stopped_early_``.
+- **Then the head** (:func:`fit_model_tuned`, what ``flywheel eval --tune-encoder`` runs): the
+  tuner sees the intent examples but not the out-of-scope examples, which stay honest
+  evidence for the head's out-of-scope gate (an encoder tuned on them memorises them and
+  the gate, fitted out of fold, stops working on unseen out-of-scope queries; see there).
 - **Determinism**: ``seed`` seeds torch (inside a forked RNG state, so the caller's global
   torch RNG is untouched) and the numpy generator that shuffles the batches; the same
   data, seed and device give the same model.

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from flywheel.classifier.encoders.base import Runner
+from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
-from flywheel.classifier.model import file_sha256
 
 __all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
 

@@ -44,6 +44,16 @@ def _run(capsys, caplog, *args):
     return rc, out, err
 
 
+def _args_setting(monkeypatch, how, path):
+    """The command line that gives ``path`` as the intents setting ``how``."""
+    if how == "classify-env":
+        monkeypatch.setenv("FLYWHEEL_INTENTS", str(path))
+        return ["classify", "--no-log", "--teacher", "off", "show my invoices"]
+    if how == "classify-flag":
+        return ["classify", "--no-log", "--teacher", "off", "--intents", str(path), "show my invoices"]
+    return ["serve", "--teacher", "off", "--address", "127.0.0.1:0", "--intents", str(path)]
+
+
 def _one_error_line(err, words):
     assert err.startswith("flywheel: error: ") and err.count("\n") == 1, err
     assert words in err and "Traceback" not in err
@@ -57,14 +67,7 @@ def test_a_bad_intents_setting_is_one_line_and_exit_2(capsys, caplog, monkeypatc
     if promoted:
         _promote(_isolated_home)
     path, words = _bad_files(tmp_path)[kind]
-    if how == "classify-env":
-        monkeypatch.setenv("FLYWHEEL_INTENTS", str(path))
-        args = ["classify", "--no-log", "--teacher", "off", "show my invoices"]
-    elif how == "classify-flag":
-        args = ["classify", "--no-log", "--teacher", "off", "--intents", str(path), "show my invoices"]
-    else:
-        args = ["serve", "--teacher", "off", "--address", "127.0.0.1:0", "--intents", str(path)]
-    rc, out, err = _run(capsys, caplog, *args)
+    rc, out, err = _run(capsys, caplog, *_args_setting(monkeypatch, how, path))
     assert (rc, out) == (2, "")
     _one_error_line(err, words)
     assert "serving model" not in caplog.text
@@ -80,14 +83,7 @@ def test_an_intents_setting_the_promoted_model_was_not_trained_on_is_refused(cap
     other["rules"][0]["intent"] = "BILLING"
     path = tmp_path / "other.yaml"
     path.write_text(yaml.safe_dump(other))
-    if how == "classify-env":
-        monkeypatch.setenv("FLYWHEEL_INTENTS", str(path))
-        args = ["classify", "--no-log", "--teacher", "off", "show my invoices"]
-    elif how == "classify-flag":
-        args = ["classify", "--no-log", "--teacher", "off", "--intents", str(path), "show my invoices"]
-    else:
-        args = ["serve", "--teacher", "off", "--address", "127.0.0.1:0", "--intents", str(path)]
-    rc, out, err = _run(capsys, caplog, *args)
+    rc, out, err = _run(capsys, caplog, *_args_setting(monkeypatch, how, path))
     assert (rc, out) == (2, "")
     _one_error_line(err, f"{path}: not served: the models home ({_isolated_home / 'models'}) serves v1, "
                          "trained on another intent set (intents only in the file: BILLING; only in v1: PLATFORM)")
