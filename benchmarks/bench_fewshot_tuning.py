@@ -1,0 +1,98 @@
+"""Few-shot CLINC150 with and without encoder tuning (issue 22): ``flywheel eval --tune-encoder``.
+
+For each shot count and seed it writes a split to a temporary directory (``k`` rows per
+in-scope intent of CLINC150 ``train`` and ``oos`` rows of ``oos_train``, drawn with
+``random.Random(seed)``; the test set is the full ``test`` + ``oos_test``, 5,500 rows), then
+runs the two commands a user would run and reads their JSON::
+
+    flywheel eval --train T --test S --json --latency-sample 0
+    flywheel eval --train T --test S --json --latency-sample 0 --tune-encoder
+
+Run it alone (tuning time is part of what it reports)::
+
+    python benchmarks/bench_fewshot_tuning.py --data ../shared/datasets/clinc150/data_full.json \\
+        --shots 5 10 --seeds 0 --json-out .bench/fewshot-tuning.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Path, Path]:
+    rng = random.Random(seed)
+    by: dict[str, list] = collections.defaultdict(list)
+    for text, label in doc["train"]:
+        by[label].append([text, label])
+    train = [row for label in sorted(by) for row in rng.sample(by[label], k)]
+    oos = rng.sample(doc["oos_train"], n_oos)
+    out.mkdir(parents=True, exist_ok=True)
+    tr, te = out / f"train-{k}-{seed}.json", out / "test.json"
+    tr.write_text(json.dumps({"train": train, "oos_train": oos}))
+    te.write_text(json.dumps({"test": doc["test"], "oos_test": doc["oos_test"]}))
+    return tr, te
+
+
+def run_eval(train: Path, test: Path, home: Path, tune: bool) -> dict:
+    cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
+           "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else [])
+    env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rep = json.loads(proc.stdout)
+    rep["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
+    ap.add_argument("--shots", type=int, nargs="+", default=[5, 10])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--oos", type=int, default=60, help="out-of-scope training rows")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args(argv)
+    doc = json.loads(Path(args.data).read_text())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fewshot-") as tmp:
+        for k in args.shots:
+            for seed in args.seeds:
+                train, test = write_split(doc, k, args.oos, seed, Path(tmp))
+                for tune in (False, True):
+                    rep = run_eval(train, test, Path(tmp) / "home", tune)
+                    t = rep.get("tuning", {})
+                    row = {"shots": k, "seed": seed, "tuned": tune, "accuracy": rep["accuracy"],
+                           "in_scope_accuracy": rep["in_scope_accuracy"], "oos_recall": rep["oos_recall"],
+                           "top1": rep.get("top1_accuracy_layer2"), "encoder": rep.get("encoder"),
+                           "wall_seconds": rep["wall_seconds"], "tune_seconds": t.get("seconds"),
+                           "steps": t.get("steps"), "export_seconds": t.get("export_seconds")}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    print("\n| shots | seed | tuned | accuracy | in-scope | OOS recall | top-1 | wall s | tuning s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shots']} | {r['seed']} | {'yes' if r['tuned'] else 'no'} | {100 * r['accuracy']:.2f} | "
+              f"{100 * r['in_scope_accuracy']:.2f} | {100 * r['oos_recall']:.1f} | "
+              f"{100 * (r['top1'] or 0):.2f} | {r['wall_seconds']:.0f} | {r['tune_seconds'] or ''} |")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
