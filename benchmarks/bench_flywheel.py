@@ -169,6 +169,18 @@ def main() -> int:
                                 breaker=CircuitBreaker(intents.teacher.breaker_failures, 5.0))
         clf = Classifier.from_registry(models_home, embedder=embedder, teacher=teacher, log_sink=sink,
                                        interval_s=0.0)
+        by_encoder = {embedder.id: X_test}
+
+        def test_vectors(c: Classifier) -> np.ndarray:
+            """The test split as the served version's encoder sees it (a tuned version carries its own)."""
+            emb = c.embedder
+            if emb.id not in by_encoder:
+                t1 = time.perf_counter()
+                by_encoder.clear()   # one tuned encoder at a time: the base one is re-made if needed
+                by_encoder[emb.id] = emb.encode(test_texts)
+                print(f"embedded the test split with {emb.id} in {time.perf_counter() - t1:.1f}s", flush=True)
+            return by_encoder[emb.id]
+
         base = layer2_accuracy(clf.model, X_test, test_truth)
         print(f"window 0: layer-2 accuracy on test {base['accuracy']:.3f}", flush=True)
         rows.append({"window": 0, "queries": 0, "llm_share": None, "e2e_accuracy": None,
@@ -196,7 +208,7 @@ def main() -> int:
             except (IndexError, json.JSONDecodeError):
                 out = {"outcome": "error", "stderr": proc.stderr[-2000:], "rc": proc.returncode}
             clf.watcher.poll(force=True)
-            l2 = layer2_accuracy(clf.model, X_test, test_truth)
+            l2 = layer2_accuracy(clf.model, test_vectors(clf), test_truth)
             row = {"window": w, "queries": start + len(chunk), "llm_share": llm / len(chunk),
                    "e2e_accuracy": right / len(chunk), "serve_s": round(serve_s, 1),
                    "latency_ms_p50": float(np.percentile(lat, 50)), "retrain_s": round(re_s, 1),
