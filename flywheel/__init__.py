@@ -20,12 +20,14 @@ _ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 
 
 def _is_checkout(root: str) -> bool:
+    # a stat first: an installed wheel (no classifier/ beside flywheel/) reads no file
+    if not _os.path.isfile(_os.path.join(root, "classifier", "__init__.py")):
+        return False
     try:
         with open(_os.path.join(root, "pyproject.toml"), encoding="utf-8") as fh:
-            named = 'name = "flywheel-intent"' in fh.read()
+            return 'name = "flywheel-intent"' in fh.read()
     except OSError:
         return False
-    return named and _os.path.isfile(_os.path.join(root, "classifier", "__init__.py"))
 
 
 if _is_checkout(_ROOT) and _ROOT not in __path__:

@@ -63,7 +63,7 @@ from flywheel.classifier.encoders.base import check_texts
 from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_dir
 from flywheel.classifier.errors import TrainingError
 
-__all__ = ["EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "fit_model_tuned", "plan_batches",
+__all__ = ["EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "plan_batches",
            "tunable_base"]
 
 OBJECTIVES = ("cross_entropy", "contrastive")
@@ -589,35 +589,3 @@ class TunedEmbedder:
 
     def __repr__(self) -> str:
         return f"TunedEmbedder({self._id!r}, dim={self.dim})"
-
-
-def fit_model_tuned(intents: Any, tuner: EncoderTuner, *, tune_on_oos: bool = False, version: str | None = None,
-                    progress: bool = False) -> Any:
-    """Tune ``tuner`` (unfitted) on an intent set's examples, then fit layer 2 on the tuned
-    vectors (:func:`classifier.trainer.fit_model` with ``tuner.embedder()``); returns the
-    :class:`~classifier.model.IntentModel`, whose encoder id is the tuned encoder's.
-
-    The tuner sees the intent examples but not the out-of-scope examples (unless
-    ``tune_on_oos``). The head learns its out-of-scope gate from out-of-fold predictions,
-    which stand for unseen traffic only if the encoder has not seen those rows either. An
-    encoder tuned on the out-of-scope rows (as a class) memorises them: out of fold, every
-    one of them is recognised (out-of-fold out-of-scope recall 1.0), the gate learns to
-    trust the out-of-scope class and drops the nearest-example similarity (its weight went
-    from -4.8 to -0.04), and on unseen out-of-scope queries recall fell from 72.7% to 53.6%
-    (CLINC150, 10 per intent, .bench/finetune-notes.md). Kept out of the tuning, those rows
-    stay honest evidence for the gate, which then keeps its similarity feature.
-
-    Raises
-    ------
-    TuningError
-        Fewer than two intents to tune on (and ``tune_on_oos`` off), or what
-        :meth:`EncoderTuner.fit` raises.
-    """
-    from flywheel.classifier.trainer import fit_model
-
-    texts, labels = intents.training_pairs()
-    pick = [i for i, v in enumerate(labels) if tune_on_oos or v is not None]
-    if not tune_on_oos and len({labels[i] for i in pick}) < 2:
-        raise TuningError("tuning the encoder needs at least two intents (out-of-scope examples are kept out of it)")
-    tuner.fit([texts[i] for i in pick], [labels[i] for i in pick])
-    return fit_model(intents, embedder=tuner.embedder(), version=version, progress=progress)

@@ -70,8 +70,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         the tuning unless ``tune_on_oos``: the head learns its out-of-scope gate from
         out-of-fold predictions, which stand for unseen traffic only if the encoder has not
         memorised those rows (tuned on them, out-of-fold OOS recall was 1.0 and unseen OOS
-        recall fell from 72.7% to 53.6% on CLINC150 10-shot: see
-        :func:`training.finetune.fit_model_tuned`).
+        recall fell from 72.7% to 53.6% on CLINC150 10-shot: BENCHMARKS.md §14.1).
     settings : EmbedderSettings
         The intent set's encoder: its base weights (:func:`training.finetune.tunable_base`)
         and whether to serve int8 (``quantize``; ``auto``: as the base encoder would).

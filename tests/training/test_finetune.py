@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flywheel.classifier.errors import NotFittedError, TrainingError
-from flywheel.training.finetune import CHUNK, EncoderTuner, TuningError, fit_model_tuned, plan_batches, tunable_base
+from flywheel.training.finetune import CHUNK, EncoderTuner, TuningError, plan_batches, tunable_base
 
 CANCEL = ["cancel my order", "cancel the order", "cancel my last order", "please cancel order",
           "cancel orders", "cancel my orders now"]
@@ -250,16 +250,22 @@ def test_eval_tune_encoder_reports_the_tuned_model(tuned, tmp_path, capsys):
     assert rc == 2 and "not on a saved --model" in capsys.readouterr().err
 
 
-def test_fit_model_tuned_keeps_out_of_scope_rows_out_of_the_tuning(tiny):
-    from flywheel.classifier.intents import Intent, IntentSet
+@pytest.mark.slow   # exports the tuned tiny encoder to ONNX
+def test_tune_and_export_keeps_out_of_scope_rows_out_of_the_tuning(tiny, tmp_path, monkeypatch):
+    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.training import finetune
+    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
 
+    monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
     iset = IntentSet(name="tiny", intents=intents, oos_examples=tuple(OTHER), synthetic_negatives=0)
-    tuner = EncoderTuner(tiny, **{**FAST, "epochs": 2})
-    model = fit_model_tuned(iset, tuner)
-    assert tuner.report_["n_rows"] == len(CANCEL) + len(RESET) and tuner.classes_ == ["cancel", "reset"]
-    assert model.manifest.encoder["id"] == tuner.encoder_id_ and model.manifest.training_size == len(TEXTS)
+    settings, tune = EmbedderSettings(num_threads=1), TuneSettings(epochs=2, batch_size=FAST["batch_size"])
+    tuned = tune_and_export(*intent_pairs(iset), settings, tune, tmp_path / "a")
+    model = fit_model(iset, embedder=tuned.embedder)
+    assert tuned.report["n_rows"] == len(CANCEL) + len(RESET) and tuned.report["n_labels"] == 2
+    assert model.manifest.encoder["id"] == tuned.export.id and model.manifest.training_size == len(TEXTS)
     assert model.head.has_oos_      # the head still learns out of scope from them
     one = IntentSet(name="one", intents=(Intent("cancel", "cancel", tuple(CANCEL)),), oos_examples=tuple(OTHER))
     with pytest.raises(TuningError, match="at least two intents"):
-        fit_model_tuned(one, EncoderTuner(tiny, **FAST))
+        tune_and_export(*intent_pairs(one), settings, tune, tmp_path / "b")
