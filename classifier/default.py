@@ -23,7 +23,7 @@ from typing import Any
 from flywheel.classifier.config import Config, load_config, starter_intents_path
 from flywheel.classifier.errors import ConfigError, IntentFileError
 from flywheel.classifier.intents import IntentSet, load_intents
-from flywheel.classifier.model import MANIFEST
+from flywheel.classifier.model import DISTRIBUTION, MANIFEST
 from flywheel.classifier.registry import CURRENT
 
 log = logging.getLogger("flywheel.default")
@@ -35,7 +35,7 @@ def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        lib = version("flywheel")
+        lib = version(DISTRIBUTION)
     except PackageNotFoundError:
         lib = "dev"
     try:

@@ -51,11 +51,15 @@ _ENCODER_FILE = re.compile(rf"{ENCODER_DIR}/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+#: this project's distribution on PyPI (the import name stays ``flywheel``)
+DISTRIBUTION = "flywheel-intent"
+
+
 def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("flywheel-intent", "scikit-learn", "numpy", "torch", "transformers", "sentence-transformers"):
+    for pkg in (DISTRIBUTION, "scikit-learn", "numpy", "torch", "transformers", "sentence-transformers"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -60,3 +60,27 @@ def test_a_version_of_another_intent_set_refuses_the_setting(tmp_path, _isolated
     with pytest.raises(ConfigError, match=r"edited.yaml: not served: the model setting .* serves v1"):
         default_model_dir(load_config(intents=str(path), model=str(reg.version_dir("v1"))), progress=False)
     assert not (_isolated_home / "cache").exists()
+
+
+def test_the_cached_default_model_is_keyed_by_this_distributions_version(tmp_path, monkeypatch):
+    """An upgrade of flywheel-intent retrains the cached default model; another package's
+    version (the unrelated PyPI ``flywheel``) never keys it."""
+    import importlib.metadata
+
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import cached_model_dir
+
+    path = tmp_path / "intents.yaml"
+    path.write_text("intents: []\n")
+    cfg = load_config(home=tmp_path / "home")
+    asked: list[str] = []
+
+    def fake(name, *, release="1.0"):
+        asked.append(name)
+        return release
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: fake(name))
+    before = cached_model_dir(cfg, path)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: fake(name, release="2.0"))
+    assert cached_model_dir(cfg, path) != before
+    assert set(asked) == {"flywheel-intent"}
