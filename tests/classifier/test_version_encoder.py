@@ -34,6 +34,7 @@ from flywheel.classifier.trainer import fit_model
 from tests.support.docs import ALWAYS_SURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink
 from tests.support.paths import ROOT
+from tests.support.servers import wait_for
 from tests.support.tiny_encoder import TEXTS
 from tests.support.version_encoders import fit_with_encoder, flip_byte, save_tuned, tiny_export
 
@@ -287,10 +288,7 @@ def test_hot_reload_from_a_base_encoder_version_to_a_tuned_one_fails_no_request(
             t.start()
         save_tuned(reg, tuned, "v2")
         reg.promote("v2")
-        for _ in range(1000):   # bounded wait until a request was served by the tuned version
-            if "v2" in seen:
-                break
-            threading.Event().wait(0.01)
+        wait_for(lambda: "v2" in seen, 10.0, step_s=0.01)   # bounded: a request served by the tuned version
         done.set()
         for t in threads:
             t.join(timeout=60)
