@@ -44,9 +44,10 @@ def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Pa
     return tr, te
 
 
-def run_eval(train: Path, test: Path, home: Path, tune: bool) -> dict:
+def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
-           "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else [])
+           "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else []) \
+        + (["--tune-holdout", str(holdout)] if tune and holdout is not None else [])
     env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shots", type=int, nargs="+", default=[5, 10])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--oos", type=int, default=60, help="out-of-scope training rows")
+    ap.add_argument("--holdouts", type=float, nargs="+", default=[None],
+                    help="--tune-holdout values to run tuned (default: the command's own default)")
+    ap.add_argument("--no-frozen", action="store_true", help="skip the untuned run")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.data).read_text())
@@ -72,20 +76,23 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.shots:
             for seed in args.seeds:
                 train, test = write_split(doc, k, args.oos, seed, Path(tmp))
-                for tune in (False, True):
-                    rep = run_eval(train, test, Path(tmp) / "home", tune)
+                arms = ([] if args.no_frozen else [(False, None)]) + [(True, h) for h in args.holdouts]
+                for tune, holdout in arms:
+                    rep = run_eval(train, test, Path(tmp) / "home", tune, holdout)
                     t = rep.get("tuning", {})
-                    row = {"shots": k, "seed": seed, "tuned": tune, "accuracy": rep["accuracy"],
+                    row = {"shots": k, "seed": seed, "tuned": tune, "holdout": t.get("holdout"),
+                           "held_out_rows": t.get("held_out_rows"), "accuracy": rep["accuracy"],
                            "in_scope_accuracy": rep["in_scope_accuracy"], "oos_recall": rep["oos_recall"],
                            "top1": rep.get("top1_accuracy_layer2"), "encoder": rep.get("encoder"),
                            "wall_seconds": rep["wall_seconds"], "tune_seconds": t.get("seconds"),
                            "steps": t.get("steps"), "export_seconds": t.get("export_seconds")}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    print("\n| shots | seed | tuned | accuracy | in-scope | OOS recall | top-1 | wall s | tuning s |")
+    print("\n| shots | seed | tuned (holdout) | accuracy | in-scope | OOS recall | top-1 | wall s | tuning s |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['shots']} | {r['seed']} | {'yes' if r['tuned'] else 'no'} | {100 * r['accuracy']:.2f} | "
+        tuned = f"yes ({r['holdout']:g})" if r["tuned"] else "no"
+        print(f"| {r['shots']} | {r['seed']} | {tuned} | {100 * r['accuracy']:.2f} | "
               f"{100 * r['in_scope_accuracy']:.2f} | {100 * r['oos_recall']:.1f} | "
               f"{100 * (r['top1'] or 0):.2f} | {r['wall_seconds']:.0f} | {r['tune_seconds'] or ''} |")
     if args.json_out:

@@ -43,7 +43,7 @@ _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
                   "num_threads", "layers", "runtime", "tune"}
-_TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed"}
+_TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout"}
 #: what ``embedder.tune.objective`` may be (training.finetune.EncoderTuner)
 TUNE_OBJECTIVES = ("cross_entropy", "contrastive")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
@@ -97,6 +97,9 @@ class TuneSettings:
     learning_rate: float = 1e-4
     max_length: int = 64
     seed: int = 0
+    # share of each intent's rows kept out of the tuning, so the head's cutoffs and
+    # calibration are learned on rows the tuned encoder has not seen (BENCHMARKS.md §14.3)
+    holdout: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -460,6 +463,7 @@ def _tune(c: _Checker, value: Any) -> TuneSettings | None:
         learning_rate=c.number(t.get("learning_rate", d.learning_rate), "embedder.tune.learning_rate", 1e-8, 1.0),
         max_length=c.integer(t.get("max_length", d.max_length), "embedder.tune.max_length", 8),
         seed=c.integer(t.get("seed", d.seed), "embedder.tune.seed", 0),
+        holdout=c.number(t.get("holdout", d.holdout), "embedder.tune.holdout", 0.0, 0.5),
     )
 
 

@@ -36,14 +36,16 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
               extra_vectors: np.ndarray | None = None, version: str | None = None,
               parent: str | None = None, progress: bool = False,
               head: IntentHead | None = None, extra_weights: Sequence[float] | None = None,
-              extra_fit_only: Sequence[bool] | None = None) -> IntentModel:
+              extra_fit_only: Sequence[bool] | None = None,
+              examples_fit_only: Sequence[bool] | None = None) -> IntentModel:
     """Embed the intent examples (and extra labelled texts) and fit an :class:`IntentHead`.
 
     ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``.
     ``extra_weights`` and ``extra_fit_only`` (one per extra text) are passed to
     :meth:`IntentHead.fit` as ``sample_weight`` and ``fit_only``; intent examples have
-    weight 1 and are never fit-only. The rows are the intent examples first, then the
-    extras (see :func:`fit_from_vectors`).
+    weight 1 and are fit-only where ``examples_fit_only`` (one per row of
+    ``intents.training_pairs()``: the examples an encoder was tuned on) says so. The rows
+    are the intent examples first, then the extras (see :func:`fit_from_vectors`).
     """
     if len(extra_texts) != len(extra_labels):
         raise ValueError("extra_texts and extra_labels differ in length")
@@ -60,7 +62,13 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
         labels = list(labels) + list(extra_labels)
     n_ex = len(X) - len(extra_texts)
     weights = None if extra_weights is None else np.r_[np.ones(n_ex), np.asarray(extra_weights, float)]
-    fit_only = None if extra_fit_only is None else np.r_[np.zeros(n_ex, bool), np.asarray(extra_fit_only, bool)]
+    if examples_fit_only is not None and len(examples_fit_only) != n_ex:
+        raise ValueError(f"examples_fit_only has {len(examples_fit_only)} values for {n_ex} intent examples")
+    fit_only = None
+    if extra_fit_only is not None or examples_fit_only is not None:
+        fit_only = np.r_[np.zeros(n_ex, bool) if examples_fit_only is None else np.asarray(examples_fit_only, bool),
+                         np.zeros(len(extra_texts), bool) if extra_fit_only is None
+                         else np.asarray(extra_fit_only, bool)]
     negatives = embed_negatives(intents, embedder)
     t_embed = time.perf_counter() - t0
     return fit_from_vectors(intents, X, labels, encoder_id=embedder.id, sample_weight=weights, fit_only=fit_only,

@@ -126,7 +126,9 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
     say(f"encoder tuned ({r['objective']}, {r['device']}) in {r['seconds']:.0f} s"
         + (" (stopped by its budget)" if r["stopped_early"] else "")
         + f"; exported as {r['encoder_id']} ({r['encoder_bytes'] / 1e6:.1f} MB)")
-    model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet)
+    # the head calibrates only on the examples the tuner did not see (tuned.fit_only)
+    model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet,
+                      examples_fit_only=tuned.fit_only)
     model.manifest.metrics["encoder_tuning"] = r
     return replace(model, encoder_dir=tuned.export.path)
 
@@ -194,6 +196,10 @@ def eval_command(
     tune_objective: Optional[str] = typer.Option(None, "--tune-objective", help="cross_entropy | contrastive"),
     tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs", min=1,
                                               help="Passes over the training rows (if the budget allows)."),
+    tune_holdout: Optional[float] = typer.Option(
+        None, "--tune-holdout", min=0.0, max=0.5,
+        help="Share of each intent's rows kept out of the tuning to calibrate the head (default: "
+             "embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
@@ -229,7 +235,7 @@ def eval_command(
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
                 stack.callback(shutil.rmtree, work, ignore_errors=True)
                 tune = settings_with(intent_set.embedder.tune, budget_s=tune_budget, objective=tune_objective,
-                                     epochs=tune_epochs)
+                                     epochs=tune_epochs, holdout=tune_holdout)
                 m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
                 tuning = m.manifest.metrics["encoder_tuning"]
                 # scored as a version serves it: the exported (int8 where it holds) encoder

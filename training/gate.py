@@ -21,7 +21,13 @@ serving thresholds, so the comparison is paired. With ``tolerance`` (``--toleran
    queries), when there are at least :data:`MIN_OOS_FOR_GATE` of them;
 4. its **LLM share** (the share of queries layer 2 is not sure of, at each model's own
    serving cutoff, i.e. at the budget when one is set; on the same recent queries) is
-   higher than the champion's by more than ``tolerance``.
+   higher than the champion's by more than ``tolerance``, **unless its accuracy gain is
+   significant**: the exact one-sided 95% bound of rule 2, taken the other way, rules out
+   that it is no better (``drop_upper < 0``: of the ``d`` discordant queries, so many more
+   go its way that a coin could not have done it). Asking the teacher more often is then
+   what a measurably better model costs: a champion that defers less because it is
+   overconfident (BENCHMARKS.md §14.2: 3% LLM share at 86% accuracy, against challengers
+   that were right more often and asked more) must not keep every better model out.
 
 A champion or challenger that carries its own encoder scores the same gate rows encoded
 by that encoder (``champion_data``: same rows, same order), so the comparison stays paired.
@@ -34,7 +40,8 @@ promoted. Everything here is deterministic (no resampling).
 With encoder tuning on, two challengers are fitted (a head on the served encoder's vectors,
 and a head on a tuned encoder's), and :func:`pick_challenger` puts one forward to the gate
 above: the tuned one only when, on the same gate rows, its accuracy is at least the
-head-only one's, its LLM share is not higher by more than ``tolerance``, and, where the
+head-only one's, its LLM share is not higher by more than ``tolerance`` (unless, as in rule
+4, its accuracy gain is significant), and, where the
 rows carry a language, its accuracy is at least the head-only one's for every declared
 language (without per-row languages it is judged on all rows, and the choice says so).
 """
@@ -50,7 +57,8 @@ from flywheel.classifier.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
-__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "decide", "pick_challenger"]
+__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "significant_gain", "decide",
+           "pick_challenger"]
 
 MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
 CONFIDENCE = 0.95           # one-sided confidence of the drop's upper bound
@@ -111,6 +119,12 @@ def paired_drop(right_challenger: np.ndarray, right_champion: np.ndarray,
         p_hi = binomtest(worse, d, 0.5, alternative="less").proportion_ci(confidence_level=confidence).high
         upper = max(drop, (2.0 * float(p_hi) - 1.0) * d / n)
     return {"n": n, "worse": worse, "better": better, "drop": round(drop, 6), "drop_upper": round(upper, 6)}
+
+
+def significant_gain(pair: dict[str, Any]) -> bool:
+    """Whether a :func:`paired_drop` shows the challenger more accurate at the one-sided
+    :data:`CONFIDENCE` (its drop's upper bound is below zero)."""
+    return pair["n"] > 0 and pair["drop_upper"] < -_EPS
 
 
 def _f(x: Any) -> str:
@@ -176,18 +190,23 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     s_ch, s_cp, on = ch.get("llm_share"), cp.get("llm_share"), ch.get("llm_share_on", gate_name)
     n_share = (ch.get(on) or {}).get("n", 0)
     if s_ch is not None and s_cp is not None:
-        ok = s_ch <= s_cp + tolerance + _EPS
+        acc = checks[0]
+        gain = significant_gain(acc)
+        rose = s_ch > s_cp + tolerance + _EPS
         checks.append({"metric": "llm_share", "challenger": s_ch, "champion": s_cp, "n": n_share, "set": on,
-                       "rise": round(s_ch - s_cp, 6), "tolerance": tolerance, "ok": ok})
-        if not ok:
+                       "rise": round(s_ch - s_cp, 6), "tolerance": tolerance, "ok": not rose or gain,
+                       "traded_for_accuracy": rose and gain})
+        if rose and not gain:
             failed.append(f"LLM share {_pct(s_ch)} > champion {_pct(s_cp)} + tolerance {tolerance:g} "
-                          f"(n={n_share:,} {on} queries); keeping the champion")
+                          f"(n={n_share:,} {on} queries) without a significant accuracy gain "
+                          f"({acc['better']} better, {acc['worse']} worse); keeping the champion")
     if failed:
         return "kept", failed[0], checks
     parts = [f"{c['metric']} {_f(c['challenger'])} vs {_f(c['champion'])} ({c['worse']} worse, {c['better']} "
              f"better of {c['n']:,})" for c in checks if "worse" in c]
-    parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])}" for c in checks
-              if c["metric"] == "llm_share"]
+    parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])}"
+              + (" (a rise traded for a significant accuracy gain)" if c["traded_for_accuracy"] else "")
+              for c in checks if c["metric"] == "llm_share"]
     return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
                         f"queries: " + "; ".join(parts)), checks
 
@@ -233,7 +252,8 @@ def pick_challenger(head_only: IntentModel, tuned: IntentModel | None, ch_head: 
         out["reason"] = f"tuned accuracy {_f(a_tuned)} < head-only {_f(a_head)} ({counts})"
         return out
     s_head, s_tuned = ch_head.get("llm_share"), ch_tuned.get("llm_share")
-    if s_head is not None and s_tuned is not None and s_tuned > s_head + tolerance + _EPS:
+    if s_head is not None and s_tuned is not None and s_tuned > s_head + tolerance + _EPS \
+            and not significant_gain(pair):
         out["reason"] = (f"tuned LLM share {_pct(s_tuned)} > head-only {_pct(s_head)} + tolerance {tolerance:g} "
                          f"(accuracy {_f(a_tuned)} vs {_f(a_head)})")
         return out

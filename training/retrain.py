@@ -204,6 +204,7 @@ class _Tuned:
     export_path: Path             # the export, in the run's temporary directory
     report: dict[str, Any]        # the tuning step's report
     sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
+    fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
     fitted: IntentModel | None = None
     challenger: IntentModel | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
@@ -442,33 +443,38 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
             + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
             f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
-    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample), report
+    report.update(held_out_rows=out.report.get("held_out_rows"), held_out_intents=out.report.get("held_out_intents"))
+    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only), report
 
 
 def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
     """Fit the tuned challenger exactly as the head-only one (its rows, its vectors) and
     tune its thresholds the same way; it carries the tuned encoder."""
     job.say("the tuned challenger:")
-    fitted, tuned.t_fit = _timed(_fit_challenger, job, tuned.ts, champion.model, tuned.embedder.id)
+    fitted, tuned.t_fit = _timed(_fit_challenger, job, tuned.ts, champion.model, tuned.embedder.id,
+                                 tuned.fit_only)
     tuned.fitted = replace(fitted, encoder_dir=tuned.export_path)
     tuned.tuning, thresholds = _tune(job, tuned.fitted, tuned.ts, tuned.sample)
     tuned.challenger = with_thresholds(tuned.fitted, thresholds)
 
 
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
-                    encoder_id: str | None = None) -> IntentModel:
+                    encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors, made by
     ``encoder_id``, default the served encoder's; the held-out intent examples are not
-    among them); the model bundles the full intent set."""
+    among them); the model bundles the full intent set. ``tuned_fit_only``: the rows a
+    tuned encoder trained on, which never calibrate the head (see
+    :func:`training.tuned_encoder.tune_and_export`)."""
     from flywheel.classifier.trainer import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())
+    fit_only = layer2 if tuned_fit_only is None else layer2 | np.asarray(tuned_fit_only, dtype=bool)
     job.say(f"fitting the challenger on {len(ts):,} rows ...")
     try:
         model = fit_from_vectors(ts.fit_intents, ts.vectors, ts.labels, encoder_id=encoder_id or job.embedder.id,
                                  sample_weight=np.where(layer2, job.opts.self_training, 1.0) if weighted else None,
-                                 fit_only=layer2 if weighted else None, version=new_version_name(),
+                                 fit_only=fit_only if fit_only.any() else None, version=new_version_name(),
                                  parent=champion.version if champion else None,
                                  head=IntentHead(target_precision=job.target_precision,
                                                  coverage=job.intents.thresholds.coverage),

@@ -24,22 +24,53 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
 from flywheel.classifier.encoders.base import default_quantize, resolve_runtime
 from flywheel.classifier.encoders.version_encoder import EncoderExport, base_max_length
 from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
 
-__all__ = ["TunedEncoder", "tune_and_export", "intent_pairs", "settings_with"]
+__all__ = ["MIN_HELD_OUT", "TunedEncoder", "tune_and_export", "calibration_holdout", "intent_pairs",
+           "settings_with"]
+
+MIN_HELD_OUT = 2    # rows an intent must keep out of the tuning for them to be cross-validated
 
 
 @dataclass(frozen=True)
 class TunedEncoder:
     """A tuned, exported encoder: ``embedder`` serves ``export`` (what a version carries);
-    ``report`` is the tuner's report plus the export's figures."""
+    ``report`` is the tuner's report plus the export's figures; ``fit_only`` flags, per
+    input row, the rows the head must not calibrate on (rows the tuner trained on, of the
+    intents that have held-out rows): pass it as the head's ``fit_only`` (see
+    :func:`calibration_holdout`)."""
 
     embedder: VersionEncoderEmbedder
     export: EncoderExport
     report: dict[str, Any]
+    fit_only: np.ndarray
+
+
+def calibration_holdout(labels: Sequence[str | None], share: float, seed: int = 0) -> np.ndarray:
+    """Per row, whether it is kept out of the tuning to calibrate the head (``True``).
+
+    Of each intent's ``n`` rows, ``round(share * n)`` are held out (a seeded draw) when that
+    is at least :data:`MIN_HELD_OUT`, the fewest rows an intent needs to be cross-validated
+    (:meth:`classifier.head.IntentHead.fit`); an intent with fewer rows is tuned on all of
+    them and calibrated on them as before. Out-of-scope rows (``None``) are never held out:
+    they are kept out of the tuning anyway."""
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(labels), dtype=bool)
+    by_label: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        if label is not None:
+            by_label.setdefault(label, []).append(i)
+    for label in sorted(by_label):
+        rows = by_label[label]
+        k = int(round(share * len(rows)))
+        if k >= MIN_HELD_OUT and k < len(rows):
+            held[rng.choice(rows, size=k, replace=False)] = True
+    return held
 
 
 def intent_pairs(intents: IntentSet) -> tuple[list[str], list[str | None]]:
@@ -82,6 +113,13 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     sample_weight, hard_pairs, progress
         Passed to :class:`training.finetune.EncoderTuner`.
 
+    The tuner trains on every in-scope row except a calibration holdout
+    (:func:`calibration_holdout`, ``tune.holdout`` of each intent's rows): the head fitted
+    next must learn its cutoffs, calibration and deferral model only on the rows the encoder
+    has not seen (``TunedEncoder.fit_only``), since cross-validation
+    on memorised rows looks surer than unseen traffic (BENCHMARKS.md §14.2, §14.3). The held-out rows
+    still train the head's regression.
+
     Raises
     ------
     training.finetune.TuningError
@@ -98,13 +136,20 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                          batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
                          budget_s=tune.budget_s, seed=tune.seed, device=settings.device, progress=progress,
                          hard_pairs=hard_pairs, num_threads=settings.num_threads)
-    keep = [i for i, label in enumerate(labels) if tune_on_oos or label is not None]
+    held = calibration_holdout(labels, tune.holdout, tune.seed)
+    keep = [i for i, label in enumerate(labels) if (tune_on_oos or label is not None) and not held[i]]
     if len({labels[i] for i in keep}) < 2:
         raise TuningError("tuning the encoder needs labelled rows of at least two intents")
+    tuned_rows = np.zeros(len(labels), dtype=bool)
+    tuned_rows[keep] = True
+    # an intent without held-out rows is calibrated on its tuned rows, as before the holdout
+    calibrated = {labels[i] for i in np.flatnonzero(held)}
+    fit_only = tuned_rows & np.array([label in calibrated for label in labels], dtype=bool)
     weights = None if sample_weight is None else [sample_weight[i] for i in keep]
     if progress is not None:
-        progress(f"tuning the encoder on {len(keep):,} labelled rows ({len(labels) - len(keep):,} out-of-scope "
-                 f"rows kept out of it), budget {tune.budget_s:.0f} s ...")
+        progress(f"tuning the encoder on {len(keep):,} labelled rows ({int(held.sum()):,} of {len(calibrated):,} "
+                 f"intents held out to calibrate the head; out-of-scope rows kept out of it), "
+                 f"budget {tune.budget_s:.0f} s ...")
     tuner.fit([texts[i] for i in keep], [labels[i] for i in keep], sample_weight=weights)
     hf = Path(tempfile.mkdtemp(prefix="hf-", dir=work))
     try:
@@ -124,5 +169,6 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                                       num_threads=settings.num_threads)
     report = {**tuner.report_, "encoder_id": export.id, "quantized": export.quantized,
               "export_seconds": round(export.seconds, 2), "encoder_bytes": export.size_bytes,
-              "cosine_to_torch": export.cosine, "int8_cosine_to_fp32": export.int8_cosine}
-    return TunedEncoder(embedder, export, report)
+              "cosine_to_torch": export.cosine, "int8_cosine_to_fp32": export.int8_cosine,
+              "holdout": tune.holdout, "held_out_rows": int(held.sum()), "held_out_intents": len(calibrated)}
+    return TunedEncoder(embedder, export, report, fit_only)

@@ -266,6 +266,51 @@ def test_tune_and_export_keeps_out_of_scope_rows_out_of_the_tuning(tiny, tmp_pat
     assert tuned.report["n_rows"] == len(CANCEL) + len(RESET) and tuned.report["n_labels"] == 2
     assert model.manifest.encoder["id"] == tuned.export.id and model.manifest.training_size == len(TEXTS)
     assert model.head.has_oos_      # the head still learns out of scope from them
+    assert tuned.report["held_out_rows"] == 0 and not tuned.fit_only.any()   # 6 rows an intent: too few to hold out
     one = IntentSet(name="one", intents=(Intent("cancel", "cancel", tuple(CANCEL)),), oos_examples=tuple(OTHER))
     with pytest.raises(TuningError, match="at least two intents"):
         tune_and_export(*intent_pairs(one), settings, tune, tmp_path / "b")
+
+
+def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, monkeypatch):
+    # issue 22 (BENCHMARKS 14.2): cutoffs cross-validated on rows the encoder memorised are
+    # overconfident; the head calibrates on held-out rows only and still trains on them
+    from dataclasses import replace
+
+    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.training import finetune
+    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
+
+    monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
+    intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
+    iset = IntentSet(name="tiny", intents=intents, oos_examples=tuple(OTHER), synthetic_negatives=0)
+    tune = TuneSettings(epochs=2, batch_size=FAST["batch_size"], holdout=0.34)    # 2 of each intent's 6
+    texts, labels = intent_pairs(iset)
+    tuned = tune_and_export(texts, labels, EmbedderSettings(num_threads=1), tune, tmp_path / "a")
+    assert tuned.report["n_rows"] == 8 and tuned.report["held_out_rows"] == 4
+    assert tuned.report["held_out_intents"] == 2
+    fo = tuned.fit_only
+    assert fo.sum() == 8 and not any(fo[i] for i, y in enumerate(labels) if y is None)
+    model = fit_model(iset, embedder=tuned.embedder, examples_fit_only=fo)
+    assert model.head.metrics_["fit_only_rows"] == 8 and model.head.metrics_["cv_samples"] == 4 + len(OTHER)
+    assert model.manifest.training_size == len(TEXTS)        # the held-out rows still train the regression
+    with pytest.raises(ValueError, match="examples_fit_only has 3 values"):
+        fit_model(iset, embedder=tuned.embedder, examples_fit_only=[True] * 3)
+    # the same seed holds out the same rows
+    again = tune_and_export(texts, labels, EmbedderSettings(num_threads=1), replace(tune, epochs=1),
+                            tmp_path / "b")
+    assert (again.fit_only == fo).all()
+
+
+def test_calibration_holdout_takes_a_share_of_each_intent():
+    from flywheel.training.tuned_encoder import MIN_HELD_OUT, calibration_holdout
+
+    labels = ["a"] * 20 + ["b"] * 10 + ["c"] * 4 + [None] * 30
+    held = calibration_holdout(labels, 0.2, seed=3)
+    counts = {y: int(sum(h for h, v in zip(held, labels) if v == y)) for y in ("a", "b", "c", None)}
+    assert counts == {"a": 4, "b": 2, "c": 0, None: 0}      # c: round(0.8) = 1 < MIN_HELD_OUT
+    assert MIN_HELD_OUT == 2
+    assert (calibration_holdout(labels, 0.2, seed=3) == held).all()
+    assert (calibration_holdout(labels, 0.2, seed=4) != held).any()
+    assert not calibration_holdout(labels, 0.0).any()

@@ -111,10 +111,33 @@ def test_an_llm_share_rise_beyond_tolerance_is_kept(pair):
     ch["llm_share"], cp["llm_share"] = 5 / 45, 0.0
     outcome, reason, checks = gate(pair, data, ch=ch, cp=cp)
     assert outcome == "kept"
-    assert reason == "LLM share 11.1% > champion 0.0% + tolerance 0.01 (n=45 eval queries); keeping the champion"
+    assert reason == ("LLM share 11.1% > champion 0.0% + tolerance 0.01 (n=45 eval queries) without a significant "
+                      "accuracy gain (0 better, 0 worse); keeping the champion")
     assert [c["metric"] for c in checks if not c["ok"]] == ["llm_share"]
     ch["llm_share"] = 0.005                    # within tolerance: passes
     assert gate(pair, data, ch=ch, cp=cp)[0] == "promoted"
+
+
+def test_an_llm_share_rise_is_traded_only_for_a_significant_accuracy_gain(pair):
+    # issue 22 (BENCHMARKS 14.2): an overconfident champion defers little; a challenger right
+    # more often may ask the teacher more, when the gain is more than a coin could give
+    share = {"ch": 0.30, "cp": 0.03}
+
+    def run(n, worse, better):
+        data = gate_set(pair, n, worse=worse, better=better, oos=False)
+        ch, cp = metrics(pair[1], data), metrics(pair[0], data)
+        ch["llm_share"], cp["llm_share"] = share["ch"], share["cp"]
+        return gate(pair, data, ch=ch, cp=cp)
+
+    outcome, reason, checks = run(130, worse=1, better=9)       # 9 vs 1: sign test p ~ 0.011
+    assert outcome == "promoted", reason
+    llm = [c for c in checks if c["metric"] == "llm_share"][0]
+    assert llm["ok"] and llm["traded_for_accuracy"] and llm["rise"] == pytest.approx(0.27)
+    assert "LLM share 30.0% vs 3.0% (a rise traded for a significant accuracy gain)" in reason
+    # better on the point estimate, but 4 vs 2 could be chance: the rise keeps the champion
+    outcome, reason, checks = run(130, worse=2, better=4)
+    assert outcome == "kept" and "without a significant accuracy gain (4 better, 2 worse)" in reason
+    assert not [c for c in checks if c["metric"] == "llm_share"][0]["traded_for_accuracy"]
 
 
 def test_paired_drop_counts_disagreements_and_bounds_the_drop():

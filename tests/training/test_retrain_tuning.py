@@ -94,6 +94,9 @@ def test_a_better_tuned_challenger_is_put_forward_and_promoted_with_its_encoder(
     served = world.registry.load_current()
     assert served.version == res.version and served.encoder_dir == d / "encoder"
     assert t["rows_without_text"] == 0 and t["tuner"]["steps"] > 0
+    # the head calibrated on rows the tuner did not see; the tuned rows only trained it
+    assert t["held_out_rows"] > 0 and t["tuner"]["n_rows"] <= t["rows"] - t["held_out_rows"]
+    assert manifest["metrics"]["fit_only_rows"] > manifest["metrics"]["n_synthetic_negatives"]
     tm = res.report["timing"]
     assert tm["reencode_seconds"] >= 0 and tm["tune_seconds"] <= FAST.budget_s and tm["tuned_fit_seconds"] > 0
     md = (d / "report.md").read_text()
@@ -216,6 +219,12 @@ def test_pick_challenger_refuses_a_tuned_one_worse_for_a_declared_language(world
     assert choice["put_forward"] == "tuned" and choice["reason"].endswith("not worse for any declared language")
     choice = pick_challenger(model, model, m, {"llm_share": 0.2}, head, spoil([]), 0.01, ("en", "es"), langs)
     assert choice["put_forward"] == "head_only" and "LLM share" in choice["reason"]
+    # ... unless the tuned one's accuracy gain is significant (8 better, 0 worse: p ~ 0.004)
+    spoilable = [i for i, y in enumerate(data.labels) if y in other][:8]
+    assert len(spoilable) == 8
+    choice = pick_challenger(model, model, m, {"llm_share": 0.2}, spoil(spoilable), spoil([]), 0.01, ("en", "es"),
+                             langs)
+    assert choice["put_forward"] == "tuned", choice["reason"]
     choice = pick_challenger(model, model, m, m, head, spoil([]), 0.01, ("en", "es"), None)
     assert choice["put_forward"] == "tuned" and choice["languages"] == "none"
 
