@@ -42,6 +42,8 @@ _POINTER_NAMES = (CURRENT, HISTORY, SHADOW, LAST_RETRAIN)
 RETRAIN_LOCK = ".retrain.lock"     # the retrain lock (ModelRegistry.lock)
 POINTER_LOCK = ".current.lock"     # held for the moment CURRENT and HISTORY are compared and rewritten
 POINTER_LOCK_TIMEOUT_S = 30.0
+#: How often a :class:`ModelWatcher` checks its pointer (at most; the classifier's and the shadow's)
+WATCH_INTERVAL_S = 2.0
 # a version being deleted is first renamed to ``..pruning-<name>-<random>``: hidden, so
 # ``versions()`` no longer sees it, and recognisable, so a later prune can finish the job
 # (two dots: a save in progress is ``.<name>.<random>`` and a name never starts with a dot)
@@ -98,6 +100,15 @@ def _read_bytes(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
+
+
+def check_keep_counts(keep_promoted: Any, keep_recent: Any) -> None:
+    """:class:`InvalidInputError` unless both of a prune's keep counts are integers >= 0."""
+    for arg, value in (("keep_promoted", keep_promoted), ("keep_recent", keep_recent)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInputError(f"{arg} must be an integer >= 0, got {value!r}")
+        if value < 0:
+            raise InvalidInputError(f"{arg} must be >= 0, got {value}")
 
 
 def is_models_home(path: str | os.PathLike[str]) -> bool:
@@ -484,11 +495,7 @@ class ModelRegistry:
         ModelError
             If a version directory cannot be moved out of the way.
         """
-        for arg, value in (("keep_promoted", keep_promoted), ("keep_recent", keep_recent)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidInputError(f"{arg} must be an integer >= 0, got {value!r}")
-            if value < 0:
-                raise InvalidInputError(f"{arg} must be >= 0, got {value}")
+        check_keep_counts(keep_promoted, keep_recent)
         names = [v.name for v in self.versions()]
         protected = set(names[-keep_recent:]) if keep_recent else set()
         if keep_promoted:
@@ -559,7 +566,8 @@ class ModelWatcher:
     """
 
     def __init__(self, registry: ModelRegistry, on_change: Callable[[IntentModel | None], None],
-                 interval_s: float = 2.0, current: str | None = None, *, pointer: str = CURRENT) -> None:
+                 interval_s: float = WATCH_INTERVAL_S, current: str | None = None, *,
+                 pointer: str = CURRENT) -> None:
         if pointer not in (CURRENT, SHADOW):
             raise ValueError(f"pointer must be {CURRENT!r} or {SHADOW!r}, got {pointer!r}")
         self.registry = registry

@@ -232,13 +232,18 @@ class BucketRegistry:
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise ModelError(f"{self.objects.cfg.location(key)}: corrupt manifest: {exc}") from None
 
-    def versions(self) -> list[BucketVersion]:
-        """Every complete version (one with a manifest), by name; partial uploads are not listed."""
+    def _files_by_version(self) -> dict[str, set[str]]:
+        """Every version folder in the bucket (complete or not) and its files."""
         by_version: dict[str, set[str]] = {}
         for info in self.objects.list(MODELS):
             parts = info.key.split("/")
             if len(parts) >= 3:   # models/<version>/<file>, models/<version>/encoder/<file>
                 by_version.setdefault(parts[1], set()).add("/".join(parts[2:]))
+        return by_version
+
+    def versions(self) -> list[BucketVersion]:
+        """Every complete version (one with a manifest), by name; partial uploads are not listed."""
+        by_version = self._files_by_version()
         current = self.pointer().version
         out = []
         for name in sorted(n for n, files in by_version.items() if MANIFEST in files):
@@ -339,6 +344,55 @@ class BucketRegistry:
         except ModelError as exc:
             raise ModelError(f"cannot roll back to {prev!r}: {exc}") from None
         return self._swap(now.moved_to(prev, history, self.by), now.etag, prev, verb="rolled back to")
+
+    def prune(self, *, keep_promoted: int = 5, keep_recent: int = 3, dry_run: bool = False) -> list[str]:
+        """Delete the versions in the bucket that nothing needs any more; the names removed
+        (with ``dry_run``, that would be), oldest first.
+
+        The same rule as :meth:`classifier.registry.ModelRegistry.prune`: ``CURRENT``'s and
+        ``SHADOW``'s versions always stay, and so do the last ``keep_promoted`` names of
+        ``CURRENT``'s history (what :meth:`rollback` walks back through) and the
+        ``keep_recent`` newest complete versions by name, promoted or not. Only complete
+        versions (with a manifest) are candidates: a folder without one may be an upload in
+        progress and is never touched.
+
+        First the history in ``CURRENT`` drops the doomed names (compare-and-swap: if a
+        promotion moves ``CURRENT`` meanwhile, :class:`PromotionConflict` and nothing is
+        deleted), so a rollback never points at a deleted version. Then each version loses
+        its files with its manifest LAST: a prune that stops half way leaves a version that
+        still lists, fails to download (a missing file: :class:`ModelError`, as for any
+        tampered version) and is deleted by the next prune. Before each version is deleted
+        the pointers are read again, and a version promoted or shadowed meanwhile stays.
+        Store failures raise :class:`~fleet.errors.FleetError`."""
+        from flywheel.classifier.registry import check_keep_counts
+
+        check_keep_counts(keep_promoted, keep_recent)
+        by_version = self._files_by_version()
+        names = sorted(n for n, files in by_version.items() if MANIFEST in files)
+        now = self.pointer()
+        protected = set(names[-keep_recent:]) if keep_recent else set()
+        if keep_promoted:
+            protected.update(now.history[-keep_promoted:])
+        protected.update(n for n in (now.version, self.shadow()) if n is not None)
+        doomed = [n for n in names if n not in protected]
+        if dry_run or not doomed:
+            return doomed
+        gone = set(doomed)
+        if any(n in gone for n in now.history):
+            kept = [n for n in now.history if n not in gone]
+            kept = [n for i, n in enumerate(kept) if i == 0 or kept[i - 1] != n]
+            self._swap(now.moved_to(now.version, kept, self.by), now.etag, str(now.version), verb="pruned the rollback history; still serving")
+        removed = []
+        for name in doomed:
+            if name in (self.pointer().version, self.shadow()):   # promoted or shadowed meanwhile: leave it
+                log.warning("not pruning %s: it was promoted or shadowed while pruning", name)
+                continue
+            files = sorted(by_version[name] - {MANIFEST}) + [MANIFEST]
+            for fname in files:
+                self.objects.delete(self._key(name, fname))
+            removed.append(name)
+            log.info("pruned %s from %s", name, self.objects.cfg.location(self._key(name)))
+        return removed
 
     @contextmanager
     def lock(self, *, create: bool = True) -> Iterator[bool]:

@@ -247,6 +247,69 @@ def test_the_history_is_bounded(objects, bucket, trained, monkeypatch):
     assert bucket.history() == ["v2", "v3", "v4"]
 
 
+# ---------------------------------------------------------------- prune (issue 22: versions weigh megabytes)
+
+def test_prune_removes_old_versions_from_the_bucket_and_keeps_what_serving_needs(objects, tmp_path, bucket,
+                                                                                   trained):
+    publish(bucket, trained, *(f"v{i}" for i in range(1, 9)))
+    token = None
+    for name in ("v1", "v2", "v3", "v4"):
+        token = bucket.promote(name, expected=token, verify=False)
+    bucket.set_shadow("v5")
+    upload_raw(objects, save_version(ModelRegistry(tmp_path / "partial"), trained, "v0"))
+    objects.delete("models/v0/manifest.json")                      # an upload in progress: never touched
+    keys_before = {i.key for i in objects.list("models/v0")}
+    assert bucket.prune(keep_promoted=2, keep_recent=2, dry_run=True) == ["v1", "v2", "v6"]
+    assert [v.name for v in bucket.versions()] == [f"v{i}" for i in range(1, 9)]   # a dry run deletes nothing
+    # kept: CURRENT v4, SHADOW v5, the last 2 promoted (v3, v4), the 2 newest (v7, v8)
+    assert bucket.prune(keep_promoted=2, keep_recent=2) == ["v1", "v2", "v6"]
+    assert [v.name for v in bucket.versions()] == ["v3", "v4", "v5", "v7", "v8"]
+    assert not [i.key for i in objects.list("models/v1/")] and not [i.key for i in objects.list("models/v6/")]
+    assert {i.key for i in objects.list("models/v0")} == keys_before
+    assert bucket.current()[0] == "v4" and bucket.history() == ["v3", "v4"] and bucket.shadow() == "v5"
+    bucket.rollback()                                               # the history still rolls back
+    assert bucket.current()[0] == "v3"
+    # v4, rolled back from, is out of the history now: the next prune takes it
+    assert bucket.prune(keep_promoted=2, keep_recent=2) == ["v4"]
+    assert bucket.prune(keep_promoted=2, keep_recent=2) == []
+
+
+def test_an_interrupted_prune_leaves_a_version_that_is_refused_and_pruned_next_time(objects, tmp_path, bucket,
+                                                                                   trained):
+    publish(bucket, trained, "v1", "v2")
+    bucket.promote("v2", expected=None, verify=False)
+
+    class Crash(Exception):
+        pass
+
+    real_delete, deleted = objects.delete, []
+
+    def delete_once(key):
+        if deleted:
+            raise Crash(key)
+        deleted.append(key)
+        real_delete(key)
+
+    objects.delete = delete_once
+    with pytest.raises(Crash):
+        bucket.prune(keep_promoted=1, keep_recent=0)
+    objects.delete = real_delete
+    assert deleted and not deleted[0].endswith("manifest.json")   # the manifest goes last
+    other = BucketRegistry(objects, ModelRegistry(tmp_path / "fresh"))
+    with pytest.raises(ModelError):                                # half deleted: never installed
+        other.download("v1")
+    assert bucket.prune(keep_promoted=1, keep_recent=0) == ["v1"]
+    assert [v.name for v in bucket.versions()] == ["v2"]
+
+
+def test_prune_checks_its_counts(bucket):
+    from flywheel.classifier.errors import InvalidInputError
+
+    for bad in (-1, True, 1.5):
+        with pytest.raises(InvalidInputError, match="keep_recent must be an integer >= 0|keep_recent must be >= 0"):
+            bucket.prune(keep_recent=bad)
+
+
 # ---------------------------------------------------------------- download / load / list
 
 def test_a_fresh_host_downloads_and_verifies_a_version(objects, tmp_path, bucket, trained):
