@@ -128,14 +128,15 @@ def made_by_this_process(s: object) -> bool:
 class Decision:
     """The answer of :meth:`classifier.Classifier.classify`.
 
-    ``to_dict`` gives exactly the public fields: ``id``, ``label``, ``confidence``,
-    ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version``,
-    ``latency_ms`` (milliseconds per layer that ran) and ``metadata`` (the intent's
-    string map from the intent file, e.g. ``{"rag": "false"}``; empty for out of scope). ``teacher`` records the LLM
-    call, if any, ``pending`` whether the teacher was needed but unavailable, and
-    ``degraded`` why the answer did not get the layer it needed (one of
-    :data:`DEGRADED_REASONS`: layer 2 was unsure and the teacher did not answer); they are
-    for the traffic log and the metrics, not part of the public dict.
+    ``to_dict`` gives exactly the public fields, :data:`PUBLIC_FIELDS`: ``id``, ``label``,
+    ``confidence``, ``tier``, ``layer``, ``alternatives``, ``reason``, ``model_version``,
+    ``latency_ms`` (milliseconds per layer that ran), ``metadata`` (the intent's
+    string map from the intent file, e.g. ``{"rag": "false"}``; empty for out of scope) and
+    ``degraded`` (why the answer did not get the layer it needed, one of
+    :data:`DEGRADED_REASONS`: layer 2 was unsure and the teacher did not answer; ``None``
+    when it did). ``teacher`` records the LLM call, if any, and ``pending`` whether the
+    teacher was needed but unavailable; they are for the traffic log and the metrics, not
+    part of the public dict.
     """
 
     label: str | None
@@ -150,18 +151,28 @@ class Decision:
     metadata: dict[str, str] = field(default_factory=dict)
     teacher: TeacherCall | None = None
     pending: bool = False  # the teacher was needed but unavailable: label it later (log only)
-    degraded: str | None = None  # why this answer did not get the layer it needed (log and metrics only)
+    degraded: str | None = None  # why this answer did not get the layer it needed (public)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "label": self.label,
-            "confidence": round(float(self.confidence), 6),
-            "tier": self.tier.value,
-            "layer": self.layer.value,
-            "alternatives": [c.to_dict() for c in self.alternatives],
-            "reason": self.reason,
-            "model_version": self.model_version,
-            "latency_ms": {k: round(v, 4) for k, v in self.latency_ms.items()},
-            "metadata": dict(self.metadata),
-        }
+        """The public fields (:data:`PUBLIC_FIELDS`, in that order) as JSON-ready values."""
+        return {n: _PUBLIC_VALUE[n](self) if n in _PUBLIC_VALUE else getattr(self, n) for n in PUBLIC_FIELDS}
+
+
+#: The public fields of a :class:`Decision`, in order, defined once: the keys of
+#: :meth:`Decision.to_dict` (the command line's JSON) and the fields of the gRPC
+#: ``flywheel.v1.Decision`` message (same names; :func:`service.convert.decision_to_proto`
+#: fills each). A field added here must be added to the ``.proto`` too (with a new field
+#: number), and to the conversions; ``tests/service/test_decision_shape.py`` fails until it is.
+PUBLIC_FIELDS: tuple[str, ...] = ("id", "label", "confidence", "tier", "layer", "alternatives", "reason",
+                                  "model_version", "latency_ms", "metadata", "degraded")
+
+
+#: How :meth:`Decision.to_dict` writes the public fields that are not their attribute as is.
+_PUBLIC_VALUE = {
+    "confidence": lambda d: round(float(d.confidence), 6),
+    "tier": lambda d: d.tier.value,
+    "layer": lambda d: d.layer.value,
+    "alternatives": lambda d: [c.to_dict() for c in d.alternatives],
+    "latency_ms": lambda d: {k: round(v, 4) for k, v in d.latency_ms.items()},
+    "metadata": lambda d: dict(d.metadata),
+}

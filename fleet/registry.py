@@ -381,7 +381,8 @@ class BucketRegistry:
         if any(n in gone for n in now.history):
             kept = [n for n in now.history if n not in gone]
             kept = [n for i, n in enumerate(kept) if i == 0 or kept[i - 1] != n]
-            self._swap(now.moved_to(now.version, kept, self.by), now.etag, str(now.version), verb="pruned the rollback history; still serving")
+            self._swap(now.moved_to(now.version, kept, self.by), now.etag, str(now.version),
+                       verb="pruned the rollback history; still serving")
         removed = []
         for name in doomed:
             if name in (self.pointer().version, self.shadow()):   # promoted or shadowed meanwhile: leave it

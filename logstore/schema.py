@@ -3,7 +3,9 @@
 A column added by a migration is also a field of
 :data:`logstore.segments.SEGMENT_SCHEMA` (the Arrow schema of the spool segments,
 which mirrors the ``decisions`` table plus the ``embedding`` column) and is filled by
-:func:`logstore.segments.records_to_table`.
+:func:`logstore.segments.records_to_table` (by column name: it refuses a schema column
+that nothing fills). ``tests/logstore/test_segment_schema.py`` checks that the three agree
+(names and types, against a log made by these migrations).
 
 ``MIGRATIONS`` is an ordered list of ``(number, sql)``. :func:`apply_migrations`
 records each applied number in ``schema_version`` inside the same transaction as

@@ -1,8 +1,9 @@
 """Spool segments: the Arrow IPC files the sink writes, and how their rows get in.
 
 :data:`SEGMENT_SCHEMA` mirrors the ``decisions`` table (see :mod:`logstore.schema`)
-plus the ``embedding`` column; :func:`records_to_table` fills it from
-:class:`~classifier.protocols.DecisionRecord` objects. Label segments hold rows of
+plus the ``embedding`` column; :func:`records_to_table` fills it, column by name, from
+:class:`~classifier.protocols.DecisionRecord` objects (:class:`SegmentColumnError` for a
+column it cannot fill). Label segments hold rows of
 :data:`logstore.labels.LABEL_SCHEMA`. :func:`write_segment` writes one segment
 atomically: decisions as ``seg-<time_ns>-<pid>-<seq>.arrow``, labels as
 ``lab-<time_ns>-<pid>-<seq>.arrow`` (:func:`segment_kind` tells them apart);
@@ -17,6 +18,7 @@ and ``label_uid``). :func:`to_parquet` / :func:`from_parquet` are the wire forma
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -39,7 +41,8 @@ from flywheel.logstore.schema import SCHEMA_VERSION, utcnow
 
 __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
            "ingest_spool", "insert_objects", "insert_segments", "list_segments", "read_segment",
-           "records_to_table", "segment_kind", "spool_id", "spool_usage", "to_parquet", "write_segment"]
+           "records_to_table", "REQUIRED_COLUMNS", "SegmentColumnError", "segment_kind", "spool_id", "spool_usage",
+           "to_parquet", "write_segment"]
 
 log = logging.getLogger("flywheel.logstore")
 
@@ -79,14 +82,45 @@ def _v(x: Any) -> Any:
     return v if v is not None else getattr(x, "value", x)
 
 
-def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
-    """Flatten decision records into one Arrow table of :data:`SEGMENT_SCHEMA`."""
-    ds = [r.decision for r in records]
-    ts = [r.decision.teacher for r in records]
-    l2 = [r.layer2 for r in records]
+class SegmentColumnError(LogStoreError, ValueError):
+    """A decision record cannot fill a column of :data:`SEGMENT_SCHEMA`: it lacks the value
+    (no attribute, or ``None`` where the ``decisions`` table says ``NOT NULL``), or the
+    column has no builder in :func:`records_to_table` (a column added to the schema and
+    forgotten there). ``column`` names it."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        super().__init__(f"segment column {column!r}: {message}")
+
+
+class _Batch:
+    """The records of one table and what several columns read from them (each read once,
+    when a column first needs it, so a missing attribute names that column)."""
+
+    def __init__(self, records: Sequence[DecisionRecord]) -> None:
+        self.records = records
+
+    @functools.cached_property
+    def ds(self) -> list:
+        return [r.decision for r in self.records]
+
+    @functools.cached_property
+    def ts(self) -> list:
+        return [d.teacher for d in self.ds]
+
+    @functools.cached_property
+    def l2(self) -> list:
+        return [r.layer2 for r in self.records]
+
+
+def _created_at(b: _Batch, t: pa.DataType) -> pa.Array:
     created = np.fromiter(((time.time() if r.created_at is None else r.created_at)
-                           for r in records), dtype=np.float64, count=len(records))
-    embs = [r.embedding for r in records]
+                           for r in b.records), dtype=np.float64, count=len(b.records))
+    return pa.array((created * 1e6).astype(np.int64), t)
+
+
+def _embedding(b: _Batch, t: pa.DataType) -> pa.Array:
+    embs = [r.embedding for r in b.records]
     mask = np.fromiter((e is None for e in embs), dtype=bool, count=len(embs))
     vecs = [np.asarray(e, dtype=np.float32).reshape(-1) for e in embs if e is not None]
     lengths = np.zeros(len(embs), dtype=np.int64)
@@ -94,42 +128,75 @@ def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
     offsets = np.zeros(len(embs) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
-    emb = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.float32()),
-                                   mask=pa.array(mask) if mask.any() else None)
-    for r, d in zip(records, ds):
-        if d.id is None or r.text is None or d.layer is None:
-            raise ValueError("a decision record needs decision.id, text and decision.layer")
-    cols = [
-        pa.array([d.id for d in ds], pa.string()),
-        pa.array((created * 1e6).astype(np.int64), pa.timestamp("us")),
-        pa.array([r.session_id for r in records], pa.string()),
-        pa.array([r.text for r in records], pa.string()),
-        pa.array([[{"label": h.label, "snippet": h.snippet} for h in r.history]
-                  for r in records], _HISTORY_T),
-        pa.array([_v(r.declared_type) for r in records], pa.string()),
-        pa.array([_v(d.layer) for d in ds], pa.string()),
-        pa.array([d.label for d in ds], pa.string()),
-        pa.array([float(d.confidence) for d in ds], pa.float64()),
-        pa.array([_v(d.tier) for d in ds], pa.string()),
-        pa.array([d.reason for d in ds], pa.string()),
-        pa.array([[{"label": c.label, "confidence": float(c.confidence)} for c in d.alternatives]
-                  for d in ds], _ALTS_T),
-        pa.array([d.model_version for d in ds], pa.string()),
-        pa.array([r.encoder_id for r in records], pa.string()),
-        pa.array([list(d.latency_ms.items()) for d in ds], _LAT_T),
-        pa.array([t.model if t else None for t in ts], pa.string()),
-        pa.array([t.label if t else None for t in ts], pa.string()),
-        pa.array([bool(t.valid) if t else None for t in ts], pa.bool_()),
-        pa.array([float(t.latency_ms) if t else None for t in ts], pa.float64()),
-        pa.array([t.error if t else None for t in ts], pa.string()),
-        pa.array([bool(r.audit) for r in records], pa.bool_()),
-        pa.array([bool(r.pending) for r in records], pa.bool_()),
-        pa.array([a.label if a else None for a in l2], pa.string()),
-        pa.array([float(a.confidence) if a else None for a in l2], pa.float64()),
-        pa.array([_v(a.tier) if a else None for a in l2], pa.string()),
-        emb,
-        pa.array([d.degraded for d in ds], pa.string()),
-    ]
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, t.value_type),
+                                    mask=pa.array(mask) if mask.any() else None)
+
+
+#: How each column of :data:`SEGMENT_SCHEMA` is filled, by name: ``(batch, arrow type) ->
+#: array``. :func:`records_to_table` refuses a schema column missing here, and one here
+#: missing from the schema.
+_COLUMNS: dict[str, Any] = {
+    "decision_id": lambda b, t: pa.array([d.id for d in b.ds], t),
+    "created_at": _created_at,
+    "session_id": lambda b, t: pa.array([r.session_id for r in b.records], t),
+    "text": lambda b, t: pa.array([r.text for r in b.records], t),
+    "history": lambda b, t: pa.array([[{"label": h.label, "snippet": h.snippet} for h in r.history]
+                                      for r in b.records], t),
+    "declared_type": lambda b, t: pa.array([_v(r.declared_type) for r in b.records], t),
+    "layer": lambda b, t: pa.array([_v(d.layer) for d in b.ds], t),
+    "label": lambda b, t: pa.array([d.label for d in b.ds], t),
+    "confidence": lambda b, t: pa.array([float(d.confidence) for d in b.ds], t),
+    "tier": lambda b, t: pa.array([_v(d.tier) for d in b.ds], t),
+    "reason": lambda b, t: pa.array([d.reason for d in b.ds], t),
+    "alternatives": lambda b, t: pa.array([[{"label": c.label, "confidence": float(c.confidence)}
+                                            for c in d.alternatives] for d in b.ds], t),
+    "model_version": lambda b, t: pa.array([d.model_version for d in b.ds], t),
+    "encoder_id": lambda b, t: pa.array([r.encoder_id for r in b.records], t),
+    "latency_ms": lambda b, t: pa.array([list(d.latency_ms.items()) for d in b.ds], t),
+    "teacher_model": lambda b, t: pa.array([x.model if x else None for x in b.ts], t),
+    "teacher_label": lambda b, t: pa.array([x.label if x else None for x in b.ts], t),
+    "teacher_valid": lambda b, t: pa.array([bool(x.valid) if x else None for x in b.ts], t),
+    "teacher_latency_ms": lambda b, t: pa.array([float(x.latency_ms) if x else None for x in b.ts], t),
+    "teacher_error": lambda b, t: pa.array([x.error if x else None for x in b.ts], t),
+    "audit": lambda b, t: pa.array([bool(r.audit) for r in b.records], t),
+    "pending": lambda b, t: pa.array([bool(r.pending) for r in b.records], t),
+    "l2_label": lambda b, t: pa.array([a.label if a else None for a in b.l2], t),
+    "l2_confidence": lambda b, t: pa.array([float(a.confidence) if a else None for a in b.l2], t),
+    "l2_tier": lambda b, t: pa.array([_v(a.tier) if a else None for a in b.l2], t),
+    "embedding": _embedding,
+    "degraded": lambda b, t: pa.array([d.degraded for d in b.ds], t),
+}
+
+#: Columns a record must fill (``NOT NULL`` in ``decisions`` and not filled in for it, as
+#: ``created_at`` is with the time of writing and ``audit``/``pending`` with false).
+REQUIRED_COLUMNS = ("decision_id", "text", "layer")
+
+
+def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
+    """Flatten decision records into one Arrow table of :data:`SEGMENT_SCHEMA`, column by
+    column name.
+
+    Raises :class:`SegmentColumnError` (a ``ValueError``) for a record that lacks a
+    column's value (one of :data:`REQUIRED_COLUMNS` ``None``, or an attribute missing),
+    and for a schema column without a builder here (or a builder without a column)."""
+    extra = sorted(set(_COLUMNS) - set(SEGMENT_SCHEMA.names))
+    if extra:
+        raise SegmentColumnError(extra[0], "is built but not in SEGMENT_SCHEMA")
+    batch = _Batch(records)
+    cols = []
+    for f in SEGMENT_SCHEMA:
+        build = _COLUMNS.get(f.name)
+        if build is None:
+            raise SegmentColumnError(f.name, "is in SEGMENT_SCHEMA but nothing fills it")
+        try:
+            col = build(batch, f.type)
+        except AttributeError as exc:
+            raise SegmentColumnError(f.name, f"a decision record lacks its value: {exc}") from exc
+        if f.name in REQUIRED_COLUMNS and col.null_count:
+            i = col.is_null().to_numpy(zero_copy_only=False).argmax()
+            raise SegmentColumnError(f.name, f"decision record #{i + 1} of {len(records)} has none "
+                                             "(a decision record needs decision.id, text and decision.layer)")
+        cols.append(col)
     return pa.Table.from_arrays(cols, schema=SEGMENT_SCHEMA)
 
 

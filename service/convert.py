@@ -2,9 +2,10 @@
 ``service/protos/flywheel/v1/classifier.proto``. Pure functions: no I/O, no server logic.
 
 Out of scope is ``None`` in Python and ``""`` in the messages (a decision's label, an
-alternative's label, a history entry's label). A decision's ``model_version`` of
-``None`` is ``""`` too. ``Decision.teacher`` and ``Decision.pending`` are for the
-traffic log only and do not travel.
+alternative's label, a history entry's label). A decision's ``model_version`` and
+``degraded`` of ``None`` are ``""`` too. The message carries exactly the public fields,
+:data:`classifier.decision.PUBLIC_FIELDS`; ``Decision.teacher`` and ``Decision.pending``
+are for the traffic log only and do not travel.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _label_in(label: str) -> str | None:
 
 
 def decision_to_proto(d: Decision) -> pb.Decision:
-    """A :class:`~classifier.decision.Decision` as a ``flywheel.v1.Decision`` message."""
+    """A :class:`~classifier.decision.Decision` as a ``flywheel.v1.Decision`` message
+    (every field of :data:`~classifier.decision.PUBLIC_FIELDS`)."""
     return pb.Decision(
         id=d.id,
         label=_label_out(d.label),
@@ -62,6 +64,7 @@ def decision_to_proto(d: Decision) -> pb.Decision:
         model_version=d.model_version or "",
         latency_ms={str(k): float(v) for k, v in d.latency_ms.items()},
         metadata={str(k): str(v) for k, v in d.metadata.items()},
+        degraded=d.degraded or "",
     )
 
 
@@ -91,6 +94,7 @@ def decision_from_proto(m: pb.Decision) -> Decision:
         latency_ms=dict(m.latency_ms),
         id=m.id,
         metadata=dict(m.metadata),
+        degraded=m.degraded or None,
     )
 
 

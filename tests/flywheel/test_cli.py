@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from flywheel.classifier.decision import PUBLIC_FIELDS
 from flywheel.cli import main
 from tests.support.paths import DATA, ROOT
 
@@ -27,8 +28,7 @@ def test_classify_prints_one_json_decision_per_line_and_logs(capsys, home, monke
                        "What's the weather in Madrid tomorrow?")
     assert rc == 0, err
     lines = [json.loads(x) for x in out.splitlines()]
-    assert [set(d) for d in lines] == [{"id", "label", "confidence", "tier", "layer", "alternatives", "reason",
-                                         "model_version", "latency_ms", "metadata"}] * 3
+    assert [tuple(d) for d in lines] == [PUBLIC_FIELDS] * 3 and lines[0]["degraded"] is None
     assert lines[0]["label"] == "RETRIEVAL" and lines[0]["layer"] == "embedding"
     assert lines[0]["metadata"] == {"rag": "true", "model_slot": "retrieval"}      # the starter routes
     assert lines[1]["metadata"]["rag"] == "false" and lines[2]["metadata"] == {}

@@ -9,7 +9,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
+from flywheel.classifier.decision import PUBLIC_FIELDS, Candidate, Decision, Layer, Tier
 from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.protocols import HistoryEntry
 from flywheel.classifier.tiers import Thresholds
@@ -41,8 +41,7 @@ def _decision(**kw) -> Decision:
 
 
 def _public(d: Decision) -> tuple:
-    return (d.id, d.label, d.confidence, d.tier, d.layer, d.alternatives, d.reason, d.model_version,
-            d.latency_ms, d.metadata)
+    return tuple(getattr(d, n) for n in PUBLIC_FIELDS)
 
 
 def _round_trip(d: Decision) -> Decision:
