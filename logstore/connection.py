@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from flywheel.logstore.errors import LogStoreBusyError, LogStoreError
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "stats", "connect", "process_lock", "arrow_table"]
+__all__ = ["DEFAULT_BUSY_TIMEOUT_S", "stats", "connect", "process_lock", "arrow_table", "scalar"]
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 
@@ -46,7 +46,8 @@ def _is_lock_error(exc: BaseException) -> bool:
     return "lock" in msg and "permission denied" not in msg
 
 
-def connect(path: str | os.PathLike, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S):
+def connect(path: str | os.PathLike[str],
+            busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> duckdb.DuckDBPyConnection:
     """Open ``path`` read-write, retrying DuckDB's lock error with bounded backoff.
 
     ``busy_timeout_s=0`` tries once. Raises :class:`LogStoreBusyError` when the file
@@ -75,7 +76,16 @@ def connect(path: str | os.PathLike, busy_timeout_s: float = DEFAULT_BUSY_TIMEOU
             raise LogStoreError(f"cannot open log database {path}: {exc}") from exc
 
 
-def arrow_table(con, sql: str, params: Sequence[Any]) -> pa.Table:
+def scalar(con: duckdb.DuckDBPyConnection, sql: str, params: object = None) -> Any:
+    """The first value of the one row ``sql`` returns (a count, an aggregate, ``INSERT``'s
+    row count)."""
+    row = con.execute(sql, params).fetchone()
+    if row is None:
+        raise LogStoreError(f"log database: no row from {sql!r}")
+    return row[0]
+
+
+def arrow_table(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any]) -> pa.Table:
     """Run a read query into an Arrow table (``to_arrow_table`` is ``arrow`` before duckdb 1.4)."""
     rel = con.sql(sql, params=list(params))
     fetch = getattr(rel, "to_arrow_table", None) or rel.arrow

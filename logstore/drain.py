@@ -9,6 +9,7 @@ other drain, and :class:`~logstore.store.LogStore` and the sink are the two labe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -76,7 +77,7 @@ class LocalIngest:
     Any other failure raises :class:`LogStoreError`.
     """
 
-    def __init__(self, path: str, busy_timeout_s: float = 0.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], busy_timeout_s: float = 0.0) -> None:
         self.path = str(path)
         self.busy_timeout_s = float(busy_timeout_s)
 

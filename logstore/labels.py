@@ -30,14 +30,16 @@ LABEL_SOURCES = ("human", "teacher", "shadow")
 LABEL_COLUMNS_V3 = ("label_uid", "decision_id", "source", "label", "model", "valid", "latency_ms", "author",
                     "created_at")
 
-LABEL_SCHEMA = pa.schema([
+_LABEL_FIELDS: list[tuple[str, pa.DataType]] = [
     ("label_uid", pa.string()), ("decision_id", pa.string()), ("source", pa.string()),
     ("label", pa.string()), ("model", pa.string()), ("valid", pa.bool_()),
     ("latency_ms", pa.float64()), ("author", pa.string()), ("created_at", pa.timestamp("us")),
     # a shadow model's answer (source "shadow", model = its version): its confidence, its
     # tier, and whether it was sure (would have decided without the teacher)
     ("confidence", pa.float64()), ("tier", pa.string()), ("sure", pa.bool_()),
-], metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
+]
+LABEL_SCHEMA = pa.schema(_LABEL_FIELDS,
+                         metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
 
 
 def new_label_uid() -> str:
@@ -105,7 +107,7 @@ def conform_labels(table: pa.Table) -> pa.Table:
 def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
     """Label records as one Arrow table of :data:`LABEL_SCHEMA`."""
     created = np.fromiter((r.created_at for r in records), dtype=np.float64, count=len(records))
-    cols = [
+    cols: list[pa.Array] = [
         pa.array([r.label_uid for r in records], pa.string()),
         pa.array([r.decision_id for r in records], pa.string()),
         pa.array([r.source for r in records], pa.string()),

@@ -67,6 +67,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import duckdb
+
+from flywheel.logstore.connection import scalar
 from flywheel.logstore.errors import LogStoreError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "apply_migrations", "current_version", "utcnow"]
@@ -207,18 +210,17 @@ def _check_list() -> None:
 _check_list()
 
 
-def current_version(con) -> int:
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
     """The schema version recorded in the open database (0 for a new file)."""
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables "
-        "WHERE table_schema = 'main' AND table_name = 'schema_version'").fetchone()[0]
+    exists = scalar(con, "SELECT count(*) FROM information_schema.tables "
+                         "WHERE table_schema = 'main' AND table_name = 'schema_version'")
     if not exists:
         return 0
     row = con.execute("SELECT max(version) FROM schema_version").fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def apply_migrations(con, path: str = "<database>") -> list[int]:
+def apply_migrations(con: duckdb.DuckDBPyConnection, path: str = "<database>") -> list[int]:
     """Bring the database on ``con`` up to :data:`SCHEMA_VERSION`; return the numbers applied.
 
     Raises :class:`~logstore.errors.LogStoreError` when the file was written by a

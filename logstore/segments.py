@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 import duckdb
 import numpy as np
@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flywheel.classifier.decision import Layer, Tier
+from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.labels import conform_labels
@@ -45,6 +45,7 @@ __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_
            "to_parquet", "write_segment"]
 
 log = logging.getLogger("flywheel.logstore")
+_T = TypeVar("_T")
 
 SEGMENT_SUFFIX = ".arrow"
 SPOOL_ID_FILE = "SPOOL_ID"
@@ -57,7 +58,7 @@ _MAX_ROWS_PER_INGEST_TXN = 200_000
 _HISTORY_T = pa.list_(pa.struct([("label", pa.string()), ("snippet", pa.string())]))
 _ALTS_T = pa.list_(pa.struct([("label", pa.string()), ("confidence", pa.float64())]))
 _LAT_T = pa.map_(pa.string(), pa.float64())
-SEGMENT_SCHEMA = pa.schema([
+_SEGMENT_FIELDS: list[tuple[str, pa.DataType]] = [
     ("decision_id", pa.string()), ("created_at", pa.timestamp("us")),
     ("session_id", pa.string()), ("text", pa.string()), ("history", _HISTORY_T),
     ("declared_type", pa.string()), ("layer", pa.string()), ("label", pa.string()),
@@ -68,7 +69,8 @@ SEGMENT_SCHEMA = pa.schema([
     ("teacher_error", pa.string()), ("audit", pa.bool_()), ("pending", pa.bool_()),
     ("l2_label", pa.string()), ("l2_confidence", pa.float64()), ("l2_tier", pa.string()),
     ("embedding", pa.list_(pa.float32())), ("degraded", pa.string()),
-], metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
+]
+SEGMENT_SCHEMA = pa.schema(_SEGMENT_FIELDS, metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
 
 _ENUM_VALUES: dict[Any, str] = {m: m.value for e in (Tier, Layer) for m in e}
@@ -101,15 +103,15 @@ class _Batch:
         self.records = records
 
     @functools.cached_property
-    def ds(self) -> list:
+    def ds(self) -> list[Decision]:
         return [r.decision for r in self.records]
 
     @functools.cached_property
-    def ts(self) -> list:
+    def ts(self) -> list[TeacherCall | None]:
         return [d.teacher for d in self.ds]
 
     @functools.cached_property
-    def l2(self) -> list:
+    def l2(self) -> list[Layer2Answer | None]:
         return [r.layer2 for r in self.records]
 
 
@@ -128,14 +130,15 @@ def _embedding(b: _Batch, t: pa.DataType) -> pa.Array:
     offsets = np.zeros(len(embs) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, t.value_type),
+    value_type = cast(pa.ListType, t).value_type  # the column is a list<float>
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type),
                                     mask=pa.array(mask) if mask.any() else None)
 
 
 #: How each column of :data:`SEGMENT_SCHEMA` is filled, by name: ``(batch, arrow type) ->
 #: array``. :func:`records_to_table` refuses a schema column missing here, and one here
 #: missing from the schema.
-_COLUMNS: dict[str, Any] = {
+_COLUMNS: dict[str, Callable[[_Batch, pa.DataType], pa.Array]] = {
     "decision_id": lambda b, t: pa.array([d.id for d in b.ds], t),
     "created_at": _created_at,
     "session_id": lambda b, t: pa.array([r.session_id for r in b.records], t),
@@ -183,7 +186,7 @@ def records_to_table(records: Sequence[DecisionRecord]) -> pa.Table:
     if extra:
         raise SegmentColumnError(extra[0], "is built but not in SEGMENT_SCHEMA")
     batch = _Batch(records)
-    cols = []
+    cols: list[pa.Array] = []
     for f in SEGMENT_SCHEMA:
         build = _COLUMNS.get(f.name)
         if build is None:
@@ -224,7 +227,7 @@ def segment_kind(name: str) -> str:
 
 
 def write_segment(spool: Path, table: pa.Table, *, kind: str | None = None, fsync: bool = True,
-                  _seq=itertools.count()) -> Path:
+                  _seq: itertools.count[int] = itertools.count()) -> Path:
     """Write ``table`` atomically as a new segment in ``spool``; return its path.
 
     ``kind`` (``"decisions"``: ``seg-*``, ``"labels"``: ``lab-*``) defaults to what the
@@ -302,7 +305,9 @@ def to_parquet(table: pa.Table) -> bytes:
     # dictionary-encode only the string columns: on the float vectors it costs 4x the time
     # and makes the file larger (1,000 rows at 384-d: 41 ms and 2.0 MiB against 9 ms and 1.4 MiB)
     strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
-    pq.write_table(table, buf, compression="zstd", use_dictionary=strings, write_statistics=False)
+    # (pyarrow-stubs 20 type use_dictionary as a bool; pyarrow also takes a list of column names)
+    pq.write_table(table, buf, compression="zstd", use_dictionary=strings,  # type: ignore[arg-type]
+                   write_statistics=False)
     return buf.getvalue().to_pybytes()
 
 
@@ -366,7 +371,7 @@ _LABEL_COLUMNS = ("decision_id, source, label, model, valid, latency_ms, author,
                   "confidence, tier, sure")
 
 
-def _first_new(con, table: pa.Table, column: str, sql: str) -> pa.Table:
+def _first_new(con: duckdb.DuckDBPyConnection, table: pa.Table, column: str, sql: str) -> pa.Table:
     """The rows of ``table`` whose ``column`` value is not in the log yet (``sql`` selects
     those that are, from the registered ``_flywheel_ids(id)``), the first of each value."""
     index = pa.array(np.arange(table.num_rows, dtype=np.int64))
@@ -388,13 +393,13 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _new_labels(con, lab: pa.Table) -> pa.Table:
+def _new_labels(con: duckdb.DuckDBPyConnection, lab: pa.Table) -> pa.Table:
     lab = conform_labels(lab)
     return _first_new(con, lab, "label_uid", "SELECT DISTINCT label_uid FROM labels "
                       "WHERE label_uid IN (SELECT id FROM _flywheel_ids)")
 
 
-def _new_decisions(con, dec: pa.Table) -> pa.Table:
+def _new_decisions(con: duckdb.DuckDBPyConnection, dec: pa.Table) -> pa.Table:
     return _first_new(con, dec, "decision_id", "SELECT DISTINCT decision_id FROM decisions "
                       "WHERE decision_id IN (SELECT id FROM _flywheel_ids)")
 
@@ -408,7 +413,7 @@ _INSERT_LABELS = (f"INSERT INTO labels ({_LABEL_COLUMNS}, logged_at) "
                   f"SELECT {_LABEL_COLUMNS}, ?::TIMESTAMP FROM {{0}} ORDER BY created_at, label_uid")
 
 
-def _insert_rows(con, sql: str, table: pa.Table, params: list) -> int:
+def _insert_rows(con: duckdb.DuckDBPyConnection, sql: str, table: pa.Table, params: list[Any]) -> int:
     """Run ``sql`` on ``table`` (registered for the statement); return the rows inserted."""
     if table.num_rows == 0:
         return 0
@@ -419,13 +424,14 @@ def _insert_rows(con, sql: str, table: pa.Table, params: list) -> int:
         con.unregister("_flywheel_rows")
 
 
-def _split(items: Sequence[tuple[str, pa.Table]], kind_of) -> tuple[pa.Table | None, pa.Table | None]:
+def _split(items: Sequence[tuple[str, pa.Table]],
+           kind_of: Callable[[str], str]) -> tuple[pa.Table | None, pa.Table | None]:
     dec = [t for n, t in items if kind_of(n) == DECISIONS]
     lab = [t for n, t in items if kind_of(n) == LABELS]
     return (_concat(dec) if dec else None), (_concat(lab) if lab else None)
 
 
-def _transaction(con, tables: dict[str, pa.Table | None], body) -> Any:
+def _transaction(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table | None], body: Callable[[], _T]) -> _T:
     """Register ``tables`` (skipping ``None``), run ``body()`` in one transaction, clean up."""
     registered = [n for n, t in tables.items() if t is not None]
     for n in registered:
@@ -446,7 +452,8 @@ def _transaction(con, tables: dict[str, pa.Table | None], body) -> Any:
             con.unregister(n)
 
 
-def insert_segments(con, chunk: Sequence[tuple[str, pa.Table]], clear_names: bool = False) -> int:
+def insert_segments(con: duckdb.DuckDBPyConnection, chunk: Sequence[tuple[str, pa.Table]],
+                    clear_names: bool = False) -> int:
     """Insert spool segments' rows and names in one transaction (all or nothing); return
     the rows inserted. ``chunk`` holds ``(segment name, table)``; the name's kind
     (:func:`segment_kind`) says whether the rows are decisions (with their embeddings) or
@@ -472,7 +479,7 @@ def insert_segments(con, chunk: Sequence[tuple[str, pa.Table]], clear_names: boo
     return int(_transaction(con, {"_flywheel_seg": dec, "_flywheel_names": names}, body))
 
 
-def insert_objects(con, items: Sequence[tuple[str, str, pa.Table]]) -> int:
+def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, str, pa.Table]]) -> int:
     """Insert objects' rows and keys in ONE transaction, exactly once; return the rows
     inserted (decisions + labels).
 
@@ -531,7 +538,7 @@ def _quarantine(spool: Path, name: str, why: object) -> None:
         pass
 
 
-def ingest_spool(con, spool: Path) -> int:
+def ingest_spool(con: duckdb.DuckDBPyConnection, spool: Path) -> int:
     """Move finished segments (decisions and labels) from ``spool`` into the tables,
     exactly once. Returns rows.
 

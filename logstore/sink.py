@@ -20,6 +20,9 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING, Union, cast
+
+import pyarrow as pa
 
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S
@@ -27,6 +30,9 @@ from flywheel.logstore.drain import SpoolDrain
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.labels import LabelRecord, label_records_to_table
 from flywheel.logstore.segments import DECISIONS, LABELS, records_to_table, spool_id, spool_usage, write_segment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flywheel.classifier.shadow import ShadowAnswer
 
 log = logging.getLogger("flywheel.logstore")  # the same logger as before the split
 
@@ -43,6 +49,10 @@ DEFAULT_MAX_SPOOL_BYTES = 256 * 2**20
 DEFAULT_DRAIN_INTERVAL_S = 10.0
 _MAX_DRAIN_BACKOFF_S = 60.0     # a failing drain is retried at most this far apart
 _RESCAN_EVERY_S = 1.0           # over the bound, the writer re-reads the spool this often
+
+
+#: What the sink queues: decisions, and labels (the label methods).
+_Record = Union[DecisionRecord, LabelRecord]
 
 
 class _Marker:
@@ -82,13 +92,20 @@ class _Usage:
             return self.bytes, self.segments
 
 
-def _groups(items: list) -> list[tuple[str, list]]:
+def _groups(items: list[_Record]) -> list[tuple[str, list[_Record]]]:
     """Split a batch into its decisions and its labels (decisions first)."""
-    labels = [i for i in items if i.__class__ is LabelRecord]
+    labels: list[_Record] = [i for i in items if i.__class__ is LabelRecord]
     if not labels:
         return [(DECISIONS, items)]
     decisions = [i for i in items if i.__class__ is not LabelRecord]
     return ([(DECISIONS, decisions)] if decisions else []) + [(LABELS, labels)]
+
+
+def _convert(kind: str, records: list[_Record]) -> pa.Table:
+    """A group of :func:`_groups` as a segment table (all decisions or all labels)."""
+    if kind == DECISIONS:
+        return records_to_table(cast("list[DecisionRecord]", records))
+    return label_records_to_table(cast("list[LabelRecord]", records))
 
 
 class _Writer:
@@ -104,7 +121,7 @@ class _Writer:
         self.max_buffer = max_buffer
         self.max_spool_bytes = max_spool_bytes
         self.fsync = fsync
-        self.buf: deque = deque()
+        self.buf: deque[_Record | _Marker] = deque()
         self.wake = threading.Event()
         self.room = threading.Condition(threading.Lock())
         self.drain_lock = threading.Lock()
@@ -114,7 +131,7 @@ class _Writer:
         self.dropped = 0            # rows not written: the spool was over its bound
         self.dropping = 0           # rows dropped in the current episode (0: none)
         self.segments = 0
-        self.stuck: tuple[list[tuple[str, list]], _Marker | None] | None = None
+        self.stuck: tuple[list[tuple[str, list[_Record]]], _Marker | None] | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="flywheel-logsink", daemon=True)
         self.thread.start()
@@ -138,14 +155,15 @@ class _Writer:
                     return
                 time.sleep(retry)
 
-    def _take(self) -> tuple[list, _Marker | None]:
-        buf, out = self.buf, []
+    def _take(self) -> tuple[list[_Record], _Marker | None]:
+        buf = self.buf
+        out: list[_Record] = []
         while len(out) < self.batch_size:
             try:
                 item = buf.popleft()
             except IndexError:
                 break
-            if item.__class__ is _Marker:
+            if isinstance(item, _Marker):
                 return out, item
             out.append(item)
         return out, None
@@ -181,21 +199,20 @@ class _Writer:
             with self.room:
                 self.room.notify_all()
 
-    def _table(self, kind: str, records: list):
-        convert = records_to_table if kind == DECISIONS else label_records_to_table
+    def _table(self, kind: str, records: list[_Record]) -> pa.Table | None:
         try:
-            return convert(records)
+            return _convert(kind, records)
         except Exception:
             good = []
             for r in records:
                 try:
-                    convert([r])
+                    _convert(kind, [r])
                     good.append(r)
                 except Exception as exc:
                     self.rejected += 1
                     log.error("traffic log: dropping malformed record %r: %s",
                               getattr(getattr(r, "decision", r), "id", r), exc)
-            return convert(good) if good else None
+            return _convert(kind, good) if good else None
 
     def _over_bound(self) -> bool:
         limit, usage = self.max_spool_bytes, self.usage
@@ -205,7 +222,7 @@ class _Writer:
             usage.rescan()  # the drain or a reader may have emptied it meanwhile
         return usage.bytes > limit
 
-    def _write(self, kind: str, records: list) -> None:
+    def _write(self, kind: str, records: list[_Record]) -> None:
         table = self._table(kind, records)
         if table is None:
             return
@@ -421,8 +438,9 @@ class SpoolSink:
     def __repr__(self) -> str:
         return f"SpoolSink({str(self.spool)!r}, {None if self._d is None else self._d.drain!r})"
 
-    def write(self, record: DecisionRecord) -> None:
-        """Enqueue ``record`` (O(1)); blocks only while ``max_buffer`` records are queued."""
+    def write(self, record: DecisionRecord | LabelRecord) -> None:
+        """Enqueue ``record`` (O(1)); blocks only while ``max_buffer`` records are queued.
+        (A :class:`LabelRecord` too: what the label methods enqueue.)"""
         if self._w.stopping:  # closed, or flushed and stopped at interpreter exit
             raise LogStoreError(f"traffic log sink for {self.spool} is closed")
         buf = self._buf
@@ -435,17 +453,17 @@ class SpoolSink:
 
     def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None) -> None:
         """Enqueue a human label (``None`` = out of scope) for the spool; see :class:`LabelSink`."""
-        self.write(LabelRecord.human(decision_id, label, author=author))  # type: ignore[arg-type]
+        self.write(LabelRecord.human(decision_id, label, author=author))
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
                           latency_ms: float | None = None) -> None:
         """Enqueue a back-filled teacher answer for the spool; see :class:`LabelSink`."""
-        self.write(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))  # type: ignore[arg-type]
+        self.write(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))
 
-    def add_shadow_answer(self, answer) -> None:
+    def add_shadow_answer(self, answer: ShadowAnswer) -> None:
         """Enqueue a shadow version's answer (a :class:`classifier.shadow.ShadowAnswer`) for
         the spool, as a ``source='shadow'`` label record of the decision."""
-        self.write(LabelRecord.shadow(answer.decision_id, answer.version, answer.label,  # type: ignore[arg-type]
+        self.write(LabelRecord.shadow(answer.decision_id, answer.version, answer.label,
                                       answer.confidence, answer.tier, answer.sure))
 
     def flush(self, timeout: float | None = None) -> int:
@@ -533,7 +551,7 @@ class SpoolSink:
     def __enter__(self) -> "SpoolSink":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -74,14 +74,14 @@ import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, cast
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock
+from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock, scalar
 from flywheel.logstore.drain import LocalIngest
 from flywheel.logstore.errors import LogStoreError, UnknownDecisionError
 from flywheel.logstore.labels import LabelRecord
@@ -90,6 +90,7 @@ from flywheel.logstore.segments import ingest_spool, insert_objects
 from flywheel.logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
 
 log = logging.getLogger("flywheel.logstore")
+_T = TypeVar("_T")
 
 __all__ = ["LogStore", "LabelledRow"]
 
@@ -154,7 +155,12 @@ def _vectors(column: Any) -> list[np.ndarray]:
     return [values[offsets[i]:offsets[i + 1]] for i in range(len(vec))]
 
 
-def _history(items) -> tuple[HistoryEntry, ...]:
+def _strings(column: pa.ChunkedArray) -> list[str]:
+    """A string column its query keeps free of NULLs (ids, texts, labels it filters on)."""
+    return cast("list[str]", column.to_pylist())
+
+
+def _history(items: Iterable[Mapping[str, str]] | None) -> tuple[HistoryEntry, ...]:
     return tuple(HistoryEntry(h["label"], h["snippet"]) for h in (items or ()))
 
 
@@ -242,7 +248,7 @@ class LogStore:
         return f"LogStore({self.path!r})"
 
     # -- plumbing
-    def _run(self, fn, *, ingest: bool = True):
+    def _run(self, fn: Callable[[duckdb.DuckDBPyConnection], _T], *, ingest: bool = True) -> _T:
         """Open (with lock retries), ingest the spool, run ``fn(con)``, close."""
         with process_lock(self.path):
             con = connect(self.path, self.busy_timeout_s)
@@ -293,7 +299,7 @@ class LogStore:
         labels stay) and ``teacher_error`` its kind (the part before ``:``, which may quote
         an answer). Ids, answers, labels and embeddings stay. Returns the decisions
         changed. The old strings stay in the file's free blocks until :meth:`compact`."""
-        return int(self._run(lambda con: con.execute(_FORGET_SQL, [_to_utc(before)]).fetchone()[0]))
+        return int(self._run(lambda con: scalar(con, _FORGET_SQL, [_to_utc(before)])))
 
     def compact(self) -> int:
         """Rewrite the database file with only its live data, so that deleted and
@@ -305,9 +311,9 @@ class LogStore:
         Needs free disk space for one more copy. Returns the new file's size in bytes."""
         tmp = self.path + ".compact.tmp"
 
-        def op(con):
+        def op(con: duckdb.DuckDBPyConnection) -> int:
             con.execute("CHECKPOINT")
-            name = con.execute("SELECT current_database()").fetchone()[0]
+            name = scalar(con, "SELECT current_database()")
             for p in (tmp, tmp + ".wal"):  # left by a crash during an earlier compaction
                 _remove(p)
             con.execute(f"ATTACH {_sql_str(tmp)} AS _flywheel_compact")
@@ -334,9 +340,8 @@ class LogStore:
     def _add_label(self, rec: LabelRecord) -> None:
         decision_id = rec.decision_id
 
-        def op(con):
-            if not con.execute("SELECT count(*) FROM decisions WHERE decision_id = ?",
-                               [decision_id]).fetchone()[0]:
+        def op(con: duckdb.DuckDBPyConnection) -> bool:
+            if not scalar(con, "SELECT count(*) FROM decisions WHERE decision_id = ?", [decision_id]):
                 return False
             now = utcnow()
             con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, "
@@ -384,15 +389,16 @@ class LogStore:
         """Take decisions off :meth:`pending`; returns how many known ids were newly marked."""
         ids = pa.table({"decision_id": pa.array(list(dict.fromkeys(decision_ids)), pa.string())})
 
-        def op(con):
+        def op(con: duckdb.DuckDBPyConnection) -> int:
             con.register("_flywheel_ids", ids)
             try:
-                return con.execute(
+                return scalar(
+                    con,
                     "INSERT INTO resolutions SELECT i.decision_id, ?::TIMESTAMP "
                     "FROM _flywheel_ids i "
                     "WHERE i.decision_id IN (SELECT decision_id FROM decisions) "
                     "AND i.decision_id NOT IN (SELECT decision_id FROM resolutions)",
-                    [utcnow()]).fetchone()[0]
+                    [utcnow()])
             finally:
                 con.unregister("_flywheel_ids")
         return int(self._run(op) or 0)
@@ -444,7 +450,7 @@ class LogStore:
             keys = None
             sql = "SELECT decision_id AS k, vector AS v FROM embeddings WHERE encoder_id = ?"
 
-        def op(con):
+        def op(con: duckdb.DuckDBPyConnection) -> pa.Table:
             if keys is not None:
                 con.register("_flywheel_keys", keys)
             try:
@@ -453,7 +459,7 @@ class LogStore:
                 if keys is not None:
                     con.unregister("_flywheel_keys")
         table = self._run(op)
-        return dict(zip(table.column("k").to_pylist(), _vectors(table.column("v"))))
+        return dict(zip(_strings(table.column("k")), _vectors(table.column("v"))))
 
     def confident_layer2(self, encoder_id: str, limit: int
                          ) -> tuple[list[str], list[str], list[str], list[np.ndarray]]:
@@ -467,7 +473,7 @@ class LogStore:
                "WHERE d.layer = 'embedding' AND d.tier = 'confident' AND d.label IS NOT NULL "
                "AND d.encoder_id = ? ORDER BY d.created_at DESC, d.decision_id LIMIT ?")
         table = self._run(lambda con: arrow_table(con, sql, [encoder_id, int(limit)]))
-        return (table.column("i").to_pylist(), table.column("t").to_pylist(), table.column("l").to_pylist(),
+        return (_strings(table.column("i")), _strings(table.column("t")), _strings(table.column("l")),
                 _vectors(table.column("v")))
 
     def has_decision(self, decision_id: str) -> bool:
@@ -477,8 +483,7 @@ class LogStore:
 
     def count(self) -> int:
         """Number of logged decisions (after ingesting the spool)."""
-        return int(self._run(
-            lambda con: con.execute("SELECT count(*) FROM decisions").fetchone()[0]))
+        return int(self._run(lambda con: scalar(con, "SELECT count(*) FROM decisions")))
 
     def layer_counts(self) -> dict[str, int]:
         rows = self._run(lambda con: con.execute(
@@ -493,20 +498,20 @@ class LogStore:
         spooled while a model was trained counts as new; a label from when both it and its
         decision are in (a label whose decision is not in yet does not count)."""
         ts = _to_utc(since if since is not None else 0.0)
-        return int(self._run(lambda con: con.execute(
-            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
+        return int(self._run(lambda con: scalar(
+            con, "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
             "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels l "
             "JOIN decisions d ON d.decision_id = l.decision_id "
             "WHERE (l.source = 'human' OR (l.source = 'teacher' AND l.valid)) "
             "AND greatest(coalesce(l.logged_at, l.created_at), coalesce(d.logged_at, d.created_at)) > ?)",
-            [ts, ts]).fetchone()[0]))
+            [ts, ts])))
 
     def invalid_teacher_answers(self) -> int:
         """Teacher answers logged as invalid (inline or back-filled): never training data."""
-        return int(self._run(lambda con: con.execute(
-            "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
+        return int(self._run(lambda con: scalar(
+            con, "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid = false) + "
             "(SELECT count(*) FROM labels l WHERE source = 'teacher' AND NOT valid "
-            "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id))").fetchone()[0]))
+            "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id))")))
 
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``
