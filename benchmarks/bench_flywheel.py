@@ -11,7 +11,20 @@ version is hot-reloaded by the serving classifier.
 
 Per window it reports: LLM share, end-to-end accuracy on the window, layer-2
 accuracy on the CLINC150 test split (test + oos_test, out of scope counted as a
-class), the retrain outcome and its wall time.
+class), the retrain outcome and its wall time, and the retrain's teacher-noise
+estimate and what its teacher filter dropped (or would drop, when it is off).
+
+The teacher's errors (issue 24): ``--teacher-errors uniform`` (the default, the
+protocol of BENCHMARKS.md §4) answers a wrong label uniformly among the offered intents,
+or ``OUT_OF_SCOPE`` (``--wrong-oos-rate``, 0.3). ``--teacher-errors close`` errs on the
+same queries and says ``OUT_OF_SCOPE`` on the same ones, but a wrong intent is the
+offered intent closest to the query (cosine to the centroids of the seed intent
+examples, in the served encoder: roughly the intent layer 2 ranks next), as LLMs err on
+close intents (Sahu et al. 2022). ``--human-rate R`` gives that share of each window's
+LLM decisions a human label (the true one, as ``flywheel feedback`` would), so the
+retrain's noise estimate and its human-corrected-pair rule have something to read (0 by
+default: the §4 protocol has no human labels). Filter on against off:
+``--retrain-args "--llm-budget 0.05 --teacher-filter"`` and ``"... --no-teacher-filter"``.
 
     python benchmarks/bench_flywheel.py --data ../shared/datasets/clinc150/data_full.json \
         --json-out .bench/flywheel.json
@@ -26,8 +39,9 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +56,53 @@ from flywheel.classifier.encoders import make_embedder  # noqa: E402
 from flywheel.classifier.intents import load_intents  # noqa: E402
 from flywheel.classifier.pipeline import Classifier  # noqa: E402
 from flywheel.classifier.registry import ModelRegistry  # noqa: E402
-from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher  # noqa: E402
+from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher  # noqa: E402
 from flywheel.classifier.tiers import Thresholds, assign_tiers  # noqa: E402
 from flywheel.classifier.trainer import fit_model  # noqa: E402
-from flywheel.logstore import LogStore  # noqa: E402
-from tests.support.simulated_ollama import SimulatedOllama  # noqa: E402
+from flywheel.logstore import LabelRecord, LogStore, label_records_to_table  # noqa: E402
+from tests.support.simulated_ollama import OUT_OF_SCOPE, SimulatedOllama  # noqa: E402
+
+
+class CloseErrorsOllama(SimulatedOllama):
+    """The simulated teacher of ``--teacher-errors close``: right, wrong and out of scope on
+    exactly the queries the uniform one is (the same per-query draws), but a wrong intent
+    is the offered intent (other than the truth) whose seed-example centroid is closest
+    to the query. ``counts["close"]`` counts the answers it redirected."""
+
+    def __init__(self, truth: dict, *, embedder: Any, intents: Any, **kw: Any) -> None:
+        super().__init__(truth, **kw)
+        texts, labels = intents.training_pairs()
+        X = np.asarray(embedder.encode(list(texts)), dtype=np.float64)
+        by: dict[str, list[np.ndarray]] = defaultdict(list)
+        for v, lab in zip(X, labels):
+            if lab is not None:
+                by[lab].append(v / (np.linalg.norm(v) or 1.0))
+        self._centroids = {lab: np.mean(vs, axis=0) / (np.linalg.norm(np.mean(vs, axis=0)) or 1.0)
+                           for lab, vs in by.items()}
+        self._embedder = embedder
+        self._vectors: dict[str, np.ndarray] = {}
+        self._embed_lock = threading.Lock()
+
+    def _vector(self, text: str) -> np.ndarray:
+        with self._embed_lock:
+            v = self._vectors.get(text)
+            if v is None:
+                v = np.asarray(self._embedder.encode([text])[0], dtype=np.float64)
+                v = self._vectors[text] = v / (np.linalg.norm(v) or 1.0)
+            return v
+
+    def choose(self, text: str, offered: list[str]) -> tuple[str, str | None, bool]:
+        answer, truth, right = super().choose(text, offered)
+        if right or answer == OUT_OF_SCOPE:
+            return answer, truth, right
+        pool = [o for o in offered if o != OUT_OF_SCOPE and o != truth and o in self._centroids]
+        if not pool:
+            return answer, truth, right
+        v = self._vector(text)
+        close = max(sorted(pool), key=lambda lab: float(self._centroids[lab] @ v))
+        if close != answer:
+            self._count("close")
+        return close, truth, False
 
 
 def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int,
@@ -101,6 +157,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json-out", default=None)
 
 
+def add_teacher_arguments(ap: argparse.ArgumentParser) -> None:
+    """This benchmark's teacher-noise options (issue 24; see the module docs)."""
+    ap.add_argument("--teacher-errors", choices=("uniform", "close"), default="uniform",
+                    help="where a wrong teacher answer falls: a uniformly random offered intent, or the offered "
+                         "intent closest to the query (in both, --wrong-oos-rate of them are OUT_OF_SCOPE)")
+    ap.add_argument("--wrong-oos-rate", type=float, default=0.3,
+                    help="share of wrong answers on in-scope queries that are OUT_OF_SCOPE")
+    ap.add_argument("--human-rate", type=float, default=0.0,
+                    help="share of each window's LLM decisions that get a (true) human label")
+
+
 def setup(args: argparse.Namespace, prefix: str) -> tuple[dict, Path, Any]:
     """The data set, the work directory and the seed intent set written into it."""
     data = json.loads(Path(args.data).read_text())
@@ -133,6 +200,7 @@ def report(rows: list[dict], summary: dict, args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
+    add_teacher_arguments(ap)
     args = ap.parse_args()
     data, work, intents = setup(args, "flywheel-bench-")
     models_home, log_db = work / "models", work / "log.duckdb"
@@ -161,8 +229,12 @@ def main() -> int:
              for t, lab in data[split]}
 
     rows = []
-    with SimulatedOllama(truth, accuracy=args.accuracy, latency_s=args.latency_s,
-                         latency_scale=args.latency_scale, seed=args.seed) as sim:
+    sim_kw = dict(accuracy=args.accuracy, latency_s=args.latency_s, latency_scale=args.latency_scale,
+                  seed=args.seed, wrong_oos_rate=args.wrong_oos_rate)
+    simulator = (CloseErrorsOllama(truth, embedder=embedder, intents=intents, **sim_kw)
+                 if args.teacher_errors == "close" else SimulatedOllama(truth, **sim_kw))
+    human_rng = random.Random(args.seed ^ 0x4A11)
+    with simulator as sim:
         store = LogStore(log_db)
         sink = store.open_sink()
         teacher = OllamaTeacher("simulated", host=sim.url, timeout_s=5.0,
@@ -191,13 +263,18 @@ def main() -> int:
             t_serve = time.perf_counter()
             llm = right = 0
             lat = []
+            humans = []
             for text, lab in chunk:
                 d = clf.classify(text)
                 lat.append(d.latency_ms.get("total", 0.0))
                 llm += d.layer is Layer.LLM
                 right += d.label == (None if lab == "oos" else lab)
+                if d.layer is Layer.LLM and args.human_rate > 0 and human_rng.random() < args.human_rate:
+                    humans.append(LabelRecord.human(d.id, None if lab == "oos" else lab, author="bench"))
             serve_s = time.perf_counter() - t_serve
             sink.flush()
+            if humans:   # one transaction, as feedback arriving between two retrains
+                store.insert_objects([(f"bench-human-{w}", "labels", label_records_to_table(humans))])
             t_re = time.perf_counter()
             cmd = [sys.executable, "-m", "flywheel", "retrain", "--json", "--quiet",
                    "--models", str(models_home), "--log-db", str(log_db), *args.retrain_args.split()]
@@ -213,12 +290,18 @@ def main() -> int:
                    "e2e_accuracy": right / len(chunk), "serve_s": round(serve_s, 1),
                    "latency_ms_p50": float(np.percentile(lat, 50)), "retrain_s": round(re_s, 1),
                    "retrain": out.get("outcome"), "retrain_reason": out.get("reason"),
-                   "model": clf.model_version, "layer2_test": l2}
+                   "model": clf.model_version, "layer2_test": l2, "human_labels": len(humans),
+                   "teacher_noise": out.get("teacher_noise"), "teacher_filtered": out.get("teacher_filtered"),
+                   "teacher_would_drop": (out.get("teacher_filter") or {}).get("would_drop")}
             rows.append(row)
             print(f"window {w:2d} ({row['queries']:5d} q): LLM share {row['llm_share']:.3f}  "
                   f"e2e acc {row['e2e_accuracy']:.3f}  layer-2 test acc {l2['accuracy']:.3f} "
                   f"(in-scope {l2['in_scope_accuracy']:.3f}, oos recall {l2['oos_recall']:.3f})  "
-                  f"retrain: {row['retrain']} in {re_s:.0f}s", flush=True)
+                  f"retrain: {row['retrain']} in {re_s:.0f}s; teacher filter "
+                  f"{row['teacher_filtered'] if row['teacher_filtered'] is not None else '-'} "
+                  f"(would drop {row['teacher_would_drop'] or '-'}), noise "
+                  f"{(row['teacher_noise'] or {}).get('estimate')} (n={(row['teacher_noise'] or {}).get('n')})",
+                  flush=True)
             if row["retrain"] == "error":
                 print(out.get("stderr", ""), file=sys.stderr)
         clf.close()
@@ -239,6 +322,9 @@ def main() -> int:
     summary = {
         "queries": total_q,
         "teacher_accuracy_setting": args.accuracy,
+        "teacher_errors": args.teacher_errors,
+        "human_labels": sum(r.get("human_labels", 0) for r in rows[1:]),
+        "teacher_filtered_total": dict(sum((Counter(r.get("teacher_filtered") or {}) for r in rows[1:]), Counter())),
         "llm_share_last_window": rows[-1]["llm_share"],
         "llm_share_last_3000": tail / max(n_tail, 1),
         "stream_oos_share": oos_share,

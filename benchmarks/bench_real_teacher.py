@@ -2,7 +2,7 @@
 
 Runs the starter held-out sets (``tests/data/heldout_queries.jsonl``, English, and
 ``tests/data/heldout_queries_es.jsonl``, Spanish; ``label`` null means out of scope)
-through :class:`classifier.openai_teacher.OpenAITeacher` against any OpenAI-compatible
+through :class:`classifier.teachers.openai.OpenAITeacher` against any OpenAI-compatible
 server, offering every intent of the starter intent set (the prompt flywheel sends,
 options shuffled per text, ``OUT_OF_SCOPE`` last). For each query it asks twice:
 
@@ -58,10 +58,9 @@ sys.path.insert(0, str(ROOT))
 from flywheel.classifier.config import starter_intents_path  # noqa: E402
 from flywheel.classifier.errors import TeacherError  # noqa: E402
 from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
-from flywheel.classifier.labels import label_name  # noqa: E402
-from flywheel.classifier.openai_teacher import OpenAITeacher  # noqa: E402
+from flywheel.classifier.label_names import label_name  # noqa: E402
 from flywheel.classifier.protocols import HistoryEntry, LabelOption, TeacherRequest  # noqa: E402
-from flywheel.classifier.teacher import CircuitBreaker  # noqa: E402
+from flywheel.classifier.teachers import CircuitBreaker, OpenAITeacher  # noqa: E402
 
 DATASETS = (ROOT / "tests" / "data" / "heldout_queries.jsonl", ROOT / "tests" / "data" / "heldout_queries_es.jsonl")
 HISTORY_TURNS = 3

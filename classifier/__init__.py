@@ -17,9 +17,8 @@ Modules, by layer:
 - :mod:`~classifier.calibration`: softmax, temperature scaling, expected calibration error
 - :mod:`~classifier.tiers`: layer-2 scores to confident / ambiguous / weak / no_match
 - :mod:`~classifier.negatives`: synthetic nonsense that trains the out-of-scope class
-- :mod:`~classifier.teacher`: layer 3 on Ollama, behind a circuit breaker
-- :mod:`~classifier.openai_teacher`: layer 3 on an OpenAI-compatible server
-- :mod:`~classifier.budget`: the teacher's call budget (a minute, a UTC day)
+- :mod:`~classifier.teachers`: layer 3: the shared base and circuit breaker, Ollama, an
+  OpenAI-compatible server, the call budget (a minute, a UTC day) and the factory
 - :mod:`~classifier.audit`: background teacher audits with a bounded backlog
 - :mod:`~classifier.anchoring`: whether the teacher echoes the history instead of the query
 - :mod:`~classifier.history`: the compact per-session intent history
@@ -31,7 +30,7 @@ Modules, by layer:
 - :mod:`~classifier.default`: the default classifier behind :func:`classify`
 - :mod:`~classifier.config`: settings, flag > environment > config file > default
 - :mod:`~classifier.masking`: masking of personal data before logging
-- :mod:`~classifier.labels`: one meaning for "out of scope"
+- :mod:`~classifier.label_names`: a label as a string, one meaning for "out of scope"
 - :mod:`~classifier.errors`: the named exceptions
 - :mod:`~classifier.output`: the command line's JSON lines
 """

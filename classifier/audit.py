@@ -1,7 +1,10 @@
 """Background teacher audits with a bounded backlog.
 
 A share of confident layer-2 decisions is also sent to the teacher, off the request
-path, so ``flywheel stats`` can show how often layer 2 and the teacher agree. The
+path, so ``flywheel stats`` can show how often layer 2 and the teacher agree. An audit
+asks the question layer 3 would have asked for the same query (the pipeline builds both
+requests one way: :func:`~classifier.teachers.base.offered_options`, layer 2's top
+candidates with the decided label among them), so agreement measures layer 3's task. The
 teacher is slow (seconds) and traffic can be fast, so the backlog is bounded: when
 ``max_pending`` audits are already waiting or running, a new one is dropped and
 counted in :attr:`AuditQueue.dropped`, never queued without limit.

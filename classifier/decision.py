@@ -6,7 +6,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeGuard
 
 
 class Tier(str, Enum):
@@ -29,7 +29,7 @@ class Layer(str, Enum):
 
 #: Why a decision is degraded: the teacher's failure kinds
 #: (:class:`~classifier.errors.TeacherError`; ``budget``: the LLM call budget of
-#: :mod:`classifier.budget` was spent), the sidecar's reasons for not asking or not
+#: :mod:`classifier.teachers.budget` was spent), the sidecar's reasons for not asking or not
 #: waiting (``skipped_deadline``, ``pool_full``, ``timeout``), ``no_teacher`` (none
 #: configured) and ``error`` (a teacher that raised something unexpected).
 DEGRADED_REASONS = ("unavailable", "timeout", "circuit_open", "budget", "skipped_deadline", "pool_full",
@@ -106,22 +106,22 @@ def new_decision_id() -> str:
 _HEX = frozenset("0123456789abcdef")
 
 
-def looks_like_decision_id(s: object) -> bool:
+def looks_like_decision_id(s: object) -> TypeGuard[str]:
     """Whether ``s`` has the shape of a decision id: 32 lowercase hex chars."""
     return isinstance(s, str) and len(s) == 32 and _HEX.issuperset(s)
 
 
-def carries_this_process_tag(s: object) -> bool:
+def carries_this_process_tag(s: object) -> TypeGuard[str]:
     """Whether ``s`` starts with :data:`PROCESS_TAG`: an id this process made, or a
     corrupted or made-up one (see :func:`made_by_this_process`)."""
-    return looks_like_decision_id(s) and s[:8] == PROCESS_TAG  # type: ignore[index]
+    return looks_like_decision_id(s) and s[:8] == PROCESS_TAG
 
 
 def made_by_this_process(s: object) -> bool:
     """Whether ``s`` is a decision id this process made (its tag and keyed checksum match).
 
     False says nothing about whether the id exists: another process may have made it."""
-    return carries_this_process_tag(s) and _mac(s[:8], s[8:24]) == s[24:]  # type: ignore[index]
+    return carries_this_process_tag(s) and _mac(s[:8], s[8:24]) == s[24:]
 
 
 @dataclass

@@ -24,6 +24,7 @@ from flywheel.classifier.config import Config, load_config, starter_intents_path
 from flywheel.classifier.errors import ConfigError, IntentFileError
 from flywheel.classifier.intents import IntentSet, load_intents
 from flywheel.classifier.model import DISTRIBUTION, MANIFEST
+from flywheel.classifier.protocols import ManagedTeacher
 from flywheel.classifier.registry import CURRENT
 
 log = logging.getLogger("flywheel.default")
@@ -133,45 +134,6 @@ def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
                       f"promote a version of it, or drop the intents setting to serve {version_dir.name}")
 
 
-def build_teacher(cfg: Config, intents: IntentSet) -> Any:
-    """The teacher ``cfg`` and the intent set's ``teacher`` section describe (``None`` when
-    ``teacher = off``); flags, environment and config file win over the intent file. The
-    backend is ``cfg.teacher`` when that names one (``ollama``, ``openai``), else (``on``) the
-    intent file's ``teacher.backend``: ``ollama`` (host: ``ollama_host``,
-    else ``teacher.host``, else :func:`classifier.teacher.resolve_host`'s ``OLLAMA_HOST``
-    and default) or ``openai`` (host: ``teacher_host``, else ``teacher.host``; there is no
-    default, a missing one is a :class:`~classifier.errors.ConfigError`); ``teacher.host``
-    counts only for the backend the intent file names. The teacher is behind the intent
-    file's call budget when it sets one (:func:`classifier.budget.apply_budget`). No
-    connection is made."""
-    if cfg.teacher == "off":
-        return None
-    from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher
-
-    t = intents.teacher
-    model = cfg.teacher_model or t.model
-    timeout_s = cfg.teacher_timeout_s if cfg.teacher_timeout_s is not None else t.timeout_s
-    breaker = CircuitBreaker(t.breaker_failures, t.breaker_reset_s)
-    backend = t.backend if cfg.teacher == "on" else cfg.teacher
-    file_host = t.host if backend == t.backend else None   # the intent file's host is its own backend's
-    if backend == "openai":
-        from flywheel.classifier.openai_teacher import OpenAITeacher
-
-        host = cfg.teacher_host or file_host
-        if not host or not str(host).strip():
-            raise ConfigError(f"{intents.source}: the openai teacher needs the server's base URL: set "
-                              "teacher.host (e.g. http://127.0.0.1:8000/v1), FLYWHEEL_TEACHER_HOST or "
-                              "--teacher-host")
-        teacher: Any = OpenAITeacher(model=model, host=str(host), timeout_s=timeout_s, breaker=breaker,
-                                     response_format=t.response_format, system_prompt=t.system_prompt)
-    else:
-        teacher = OllamaTeacher(model=model, host=cfg.ollama_host or file_host, timeout_s=timeout_s,
-                                breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
-    from flywheel.classifier.budget import apply_budget
-
-    return apply_budget(teacher, t)   # max_calls_per_minute / daily_budget, per process
-
-
 def build_classifier(cfg: Config | None = None, *, progress: bool = True,
                      background_reload: bool = False, **kwargs: Any) -> Any:
     """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
@@ -180,6 +142,7 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True,
     ``background_reload``, else checked on the calling thread. The encoder keeps its
     caches under ``cfg``'s home."""
     from flywheel.classifier.pipeline import Classifier
+    from flywheel.classifier.teachers.factory import build_teacher
 
     cfg = cfg or load_config()
     path = default_model_dir(cfg, progress=progress)
@@ -213,6 +176,5 @@ def reset_default() -> None:
         try:
             old.close()
         finally:
-            close = getattr(old.teacher, "close", None)
-            if close is not None:
-                close()
+            if isinstance(old.teacher, ManagedTeacher):
+                old.teacher.close()

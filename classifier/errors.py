@@ -73,7 +73,7 @@ class TeacherError(FlywheelError):
 
     ``kind`` is a short machine-readable cause: ``unavailable``, ``timeout``,
     ``malformed``, ``unknown_label``, ``circuit_open``, ``budget`` (the call budget of
-    :mod:`classifier.budget` is spent) or ``error``.
+    :mod:`classifier.teachers.budget` is spent) or ``error``.
     """
 
     def __init__(self, kind: str, message: str) -> None:

@@ -8,7 +8,7 @@ with a trailing underscore.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence, overload
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -31,6 +31,37 @@ from flywheel.classifier.scoring import normalise_rows as _normalise
 
 OOS = "__oos__"
 OOS_CUTOFF = 0.5   # the out-of-scope cutoff on the (class-balanced) gate's probability
+
+
+class _Rows(NamedTuple):
+    """Training rows as :meth:`IntentHead.fit` uses them: normalised vectors, label indices
+    into ``lr_classes_`` (out of scope last), in-scope flags and sample weights."""
+
+    X: np.ndarray
+    yi: np.ndarray
+    in_scope: np.ndarray
+    w: np.ndarray
+
+    def take(self, mask: np.ndarray) -> _Rows:
+        return _Rows(self.X[mask], self.yi[mask], self.in_scope[mask], self.w[mask])
+
+
+class _Outcome(NamedTuple):
+    """The out-of-fold answers judged: each row's top intent, whether it is right, whether
+    the head rejects it as out of scope, and whether the answer is wrong (an in-scope row
+    rejected, or an accepted row whose top intent is not its label)."""
+
+    top: np.ndarray
+    correct: np.ndarray
+    answered_oos: np.ndarray
+    wrong: np.ndarray
+
+    @classmethod
+    def of(cls, oof: HeadScores, cv: _Rows, oos_cutoff: float) -> _Outcome:
+        top = oof.probs.argmax(axis=1)
+        correct = (top == cv.yi) & cv.in_scope
+        answered_oos = oof.rejected(oos_cutoff)
+        return cls(top, correct, answered_oos, np.where(answered_oos, cv.in_scope, ~correct))
 
 
 class IntentHead(ClassifierMixin, BaseEstimator):
@@ -128,16 +159,55 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             only (for rows that are not a sample of the traffic those must fit, such as
             pseudo-labels that are all easy queries).
         """
+        # the inputs checked, the labels encoded, the rows to predict out of fold
+        X, y_arr, w, fo = self._validate_fit_inputs(X, y, sample_weight, fit_only)
+        rows = _Rows(X, self._encode_labels(y_arr), y_arr != OOS, w)
+        cv, fixed, fo, k = self._cv_rows(rows, fo)
+        # out of fold: the temperature, the gate, the cutoffs, the risk, the prediction sets
+        logits, sim = self._oof_scores(cv, fixed, k)
+        self.temperature_ = fit_temperature(logits, cv.yi)
+        probs = softmax(logits, self.temperature_)
+        is_oos = ~cv.in_scope
+        p_oos = self._fit_gate(probs, sim, is_oos)
+        n_in = len(self.classes_)
+        # the out-of-fold scores as serving sees them: every rejection below is HeadScores.rejected,
+        # the rule classifier.tiers.assign_tiers builds on
+        oof = HeadScores(probs=probs[:, :n_in], oos_class=probs[:, n_in] if self.has_oos_ else np.zeros(len(probs)),
+                         p_oos=p_oos, similarity=sim)
+        self.thresholds_ = self._learn_thresholds(oof, cv.yi, is_oos)
+        outcome = _Outcome.of(oof, cv, self.thresholds_["oos"])
+        self.risk_ = fit_risk(oof.probs, p_oos, outcome.wrong)
+        self.thresholds_.update(conformal_cutoff(oof.probs[cv.in_scope], cv.yi[cv.in_scope], self.coverage),
+                                defer=float(1.0 - self.target_precision))
+        self.metrics_: dict[str, Any] = self._oof_metrics(oof, outcome, cv, logits, k, fit_only_rows=int(fo.sum()))
+        # the model that serves, on every row
+        self.lr_ = self._lr().fit(rows.X, rows.yi, sample_weight=rows.w)
+        self.ref_, self.ref_labels_ = self._references(rows.X[rows.in_scope], rows.yi[rows.in_scope])
+        self.n_features_in_ = rows.X.shape[1]
+        return self
+
+    @staticmethod
+    def _validate_fit_inputs(X: Any, y: Sequence[str | None], sample_weight: Any, fit_only: Any
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``fit``'s inputs checked and as arrays: the normalised rows, the labels (``OOS`` for
+        out of scope), the weights (1 when not given) and the fit-only flags (none when not
+        given). Raises ``ValueError`` where their lengths or the weights are wrong."""
         X = _normalise(X)
         y_arr = np.array([OOS if v is None else str(v) for v in y], dtype=object)
         if len(y_arr) != len(X):
             raise ValueError(f"X has {len(X)} rows but y has {len(y_arr)} labels")
-        w_all = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        if w_all.shape != (len(X),) or not np.all(np.isfinite(w_all)) or (w_all <= 0).any():
+        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        if w.shape != (len(X),) or not np.all(np.isfinite(w)) or (w <= 0).any():
             raise ValueError("sample_weight must be one positive finite number per row")
-        fo_all = np.zeros(len(X), bool) if fit_only is None else np.asarray(fit_only, dtype=bool)
-        if fo_all.shape != (len(X),):
+        fo = np.zeros(len(X), bool) if fit_only is None else np.asarray(fit_only, dtype=bool)
+        if fo.shape != (len(X),):
             raise ValueError(f"fit_only must have one flag per row ({len(X)})")
+        return X, y_arr, w, fo
+
+    def _encode_labels(self, y_arr: np.ndarray) -> np.ndarray:
+        """Set ``has_oos_``, ``classes_`` and ``lr_classes_`` (out of scope last) and return
+        each row's index into ``lr_classes_``. Raises ``ValueError`` for too few intents or a
+        label with fewer than 2 examples."""
         in_mask = y_arr != OOS
         classes = np.array(sorted(set(y_arr[in_mask])), dtype=object)
         if len(classes) == 0:
@@ -153,91 +223,91 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         if counts.min() < 2:
             bad = self.lr_classes_[int(counts.argmin())]
             raise ValueError(f"label {'out-of-scope' if bad == OOS else bad!r} has fewer than 2 examples")
-        X_all, yi_all, in_all = X, yi, in_mask
-        # out-of-fold predictions are made for the rows that are not fit-only
-        # (a label with fewer than 2 such rows cannot be cross-validated: its rows become fit-only)
-        cv_counts = np.bincount(yi[~fo_all], minlength=len(self.lr_classes_))
-        fo_all = fo_all | (cv_counts[yi] < 2)
-        if fo_all.all():
+        return yi
+
+    def _cv_rows(self, rows: _Rows, fit_only: np.ndarray) -> tuple[_Rows, _Rows, np.ndarray, int]:
+        """The rows predicted out of fold (at most ``cv_max_samples``, a stratified sample), the
+        fit-only rows that are in every training fold, the fit-only flags and the number of
+        folds. A label with fewer than 2 rows that are not fit-only cannot be cross-validated:
+        its rows become fit-only."""
+        cv_counts = np.bincount(rows.yi[~fit_only], minlength=len(self.lr_classes_))
+        fit_only = fit_only | (cv_counts[rows.yi] < 2)
+        if fit_only.all():
             raise ValueError("fit_only leaves no rows to cross-validate")
-        X, yi, in_mask, w = X[~fo_all], yi[~fo_all], in_mask[~fo_all], w_all[~fo_all]
-        X_fo, yi_fo, in_fo, w_fo = X_all[fo_all], yi_all[fo_all], in_all[fo_all], w_all[fo_all]
-        counts = np.bincount(yi, minlength=len(self.lr_classes_))
+        cv, fixed = rows.take(~fit_only), rows.take(fit_only)
+        counts = np.bincount(cv.yi, minlength=len(self.lr_classes_))
         counts = counts[counts > 0]
-        k = self.cv if isinstance(self.cv, int) else (5 if len(X) <= 5000 else 3)
+        k = self.cv if isinstance(self.cv, int) else (5 if len(cv.X) <= 5000 else 3)
         k = int(max(2, min(k, counts.min())))
-        if self.cv_max_samples is not None and len(X) > self.cv_max_samples:
-            X, yi, in_mask, w = self._subsample(X, yi, in_mask, w)
+        if self.cv_max_samples is not None and len(cv.X) > self.cv_max_samples:
+            cv = _Rows(*self._subsample(cv.X, cv.yi, cv.in_scope, cv.w, self.cv_max_samples))
+        return cv, fixed, fit_only, k
 
-        oof_logits = np.zeros((len(X), len(self.lr_classes_)))
-        oof_sim = np.zeros(len(X))
+    def _oof_scores(self, cv: _Rows, fixed: _Rows, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Out-of-fold logits over ``lr_classes_`` and similarities to the nearest in-scope
+        training example, for the rows of ``cv`` (stratified ``k``-fold)."""
+        logits = np.zeros((len(cv.X), len(self.lr_classes_)))
+        sim = np.zeros(len(cv.X))
         folds = StratifiedKFold(n_splits=k, shuffle=True, random_state=self.random_state)
-        for tr, va in folds.split(X, yi):
-            lr = self._lr().fit(np.vstack([X[tr], X_fo]), np.concatenate([yi[tr], yi_fo]),
-                                sample_weight=np.concatenate([w[tr], w_fo]))
-            z = np.full((len(va), len(self.lr_classes_)), -1e4)
-            z[:, lr.classes_] = lr.decision_function(X[va]) if len(lr.classes_) > 2 else \
-                binary_logits(lr.decision_function(X[va]))
-            oof_logits[va] = z
-            ref = np.vstack([X[tr][in_mask[tr]], X_fo[in_fo]])
-            oof_sim[va] = (X[va] @ ref.T).max(axis=1)
+        for tr, va in folds.split(cv.X, cv.yi):
+            logits[va], sim[va] = self._score_fold(cv, fixed, tr, va)
+        return logits, sim
 
-        self.temperature_ = fit_temperature(oof_logits, yi)
-        probs = softmax(oof_logits, self.temperature_)
-        raw = softmax(oof_logits, 1.0)
-        feats = gate_features(probs, oof_sim, len(classes))
-        is_oos = ~in_mask
+    def _score_fold(self, cv: _Rows, fixed: _Rows, tr: np.ndarray, va: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """One fold: fit on ``cv``'s rows ``tr`` and the fit-only rows, then the logits (-1e4 for
+        a label missing from the fold) and nearest-example similarities of the rows ``va``."""
+        lr = self._lr().fit(np.vstack([cv.X[tr], fixed.X]), np.concatenate([cv.yi[tr], fixed.yi]),
+                            sample_weight=np.concatenate([cv.w[tr], fixed.w]))
+        z = np.full((len(va), len(self.lr_classes_)), -1e4)
+        z[:, lr.classes_] = lr.decision_function(cv.X[va]) if len(lr.classes_) > 2 else \
+            binary_logits(lr.decision_function(cv.X[va]))
+        ref = np.vstack([cv.X[tr][cv.in_scope[tr]], fixed.X[fixed.in_scope]])
+        return z, (cv.X[va] @ ref.T).max(axis=1)
+
+    def _fit_gate(self, probs: np.ndarray, sim: np.ndarray, is_oos: np.ndarray) -> np.ndarray:
+        """Set the out-of-scope gate (``gate_``: a class-balanced logistic regression on
+        :func:`~classifier.scoring.gate_features`, or, without out-of-scope rows, ``None`` and
+        the similarity quantiles ``sim_quantiles_``); return its out-of-fold P(out of scope)."""
         if self.has_oos_ and is_oos.any():
+            feats = gate_features(probs, sim, len(self.classes_))
             self.gate_ = LogisticRegression(C=1.0, class_weight="balanced", max_iter=1000).fit(feats, is_oos)
-            p_oos = self.gate_.predict_proba(feats)[:, 1]
             self.sim_quantiles_ = None
-        else:
-            self.gate_ = None
-            self.sim_quantiles_ = np.quantile(oof_sim, np.linspace(0, 1, 201))
-            p_oos = p_oos_from_similarity(oof_sim, self.sim_quantiles_)
-        pin = probs[:, : len(classes)]
-        # the out-of-fold scores as serving sees them: every rejection below is HeadScores.rejected,
-        # the rule classifier.tiers.assign_tiers builds on
-        oof = HeadScores(probs=pin, oos_class=probs[:, len(classes)] if self.has_oos_ else np.zeros(len(probs)),
-                         p_oos=p_oos, similarity=oof_sim)
-        self.thresholds_ = self._learn_thresholds(oof, yi, is_oos)
+            return self.gate_.predict_proba(feats)[:, 1]
+        self.gate_ = None
+        self.sim_quantiles_ = np.quantile(sim, np.linspace(0, 1, 201))
+        return p_oos_from_similarity(sim, self.sim_quantiles_)
 
-        top = pin.argmax(axis=1)
-        correct = (top == yi) & in_mask
-        answered_oos = oof.rejected(self.thresholds_["oos"])
-        wrong = np.where(answered_oos, in_mask, ~correct)
-        self.risk_ = fit_risk(pin, p_oos, wrong)
-        self.thresholds_.update(conformal_cutoff(pin[in_mask], yi[in_mask], self.coverage),
-                                defer=float(1.0 - self.target_precision))
-        self.metrics_ = {
+    def _oof_metrics(self, oof: HeadScores, outcome: _Outcome, cv: _Rows, logits: np.ndarray, k: int,
+                     *, fit_only_rows: int) -> dict[str, Any]:
+        """``metrics_``: accuracy, calibration, out-of-scope recall, risk calibration, prediction
+        sets and the confident cutoff's precision, all out of fold."""
+        in_mask, correct, answered_oos = cv.in_scope, outcome.correct, outcome.answered_oos
+        raw = softmax(logits, 1.0)[:, : len(self.classes_)]
+        metrics: dict[str, Any] = {
             "cv_folds": k,
             "oof_top1_accuracy": float(correct[in_mask].mean()),
-            "oof_ece_raw": expected_calibration_error(raw[:, : len(classes)].max(1)[in_mask], correct[in_mask]),
-            "oof_ece": expected_calibration_error(pin.max(1)[in_mask], correct[in_mask]),
+            "oof_ece_raw": expected_calibration_error(raw.max(1)[in_mask], correct[in_mask]),
+            "oof_ece": expected_calibration_error(oof.probs.max(1)[in_mask], correct[in_mask]),
             "temperature": self.temperature_,
         }
         if self.gate_ is not None:
-            self.metrics_["oof_oos_recall"] = float(answered_oos[is_oos].mean())
-        self.metrics_["oof_in_scope_accuracy"] = float((correct & ~answered_oos)[in_mask].mean())
+            metrics["oof_oos_recall"] = float(answered_oos[~in_mask].mean())
+        metrics["oof_in_scope_accuracy"] = float((correct & ~answered_oos)[in_mask].mean())
+        metrics["oof_risk_ece"] = risk_ece_cross_fitted(oof.probs, oof.p_oos, outcome.wrong, self.random_state)
+        metrics["oof_set_coverage"], metrics["oof_mean_set_size"] = set_coverage(
+            oof.probs[in_mask], cv.yi[in_mask], self.thresholds_["set"])
+        metrics["cutoff_precision"] = cutoff_precision(
+            self.classes_, outcome.top, correct, oof.probs.max(axis=1), ~answered_oos, self.thresholds_["confident"])
+        metrics["cv_samples"] = int(len(cv.X))
+        metrics["fit_only_rows"] = fit_only_rows
+        return metrics
 
-        self.metrics_["oof_risk_ece"] = risk_ece_cross_fitted(pin, p_oos, wrong, self.random_state)
-        self.metrics_["oof_set_coverage"], self.metrics_["oof_mean_set_size"] = set_coverage(
-            pin[in_mask], yi[in_mask], self.thresholds_["set"])
-        self.metrics_["cutoff_precision"] = cutoff_precision(
-            self.classes_, top, correct, pin.max(axis=1), ~answered_oos,
-            self.thresholds_["confident"])
-        self.metrics_["cv_samples"] = int(len(X))
-        self.metrics_["fit_only_rows"] = int(fo_all.sum())
-        self.lr_ = self._lr().fit(X_all, yi_all, sample_weight=w_all)
-        self.ref_, self.ref_labels_ = self._references(X_all[in_all], yi_all[in_all])
-        self.n_features_in_ = X_all.shape[1]
-        return self
-
-    def _subsample(self, X: np.ndarray, yi: np.ndarray, in_mask: np.ndarray, w: np.ndarray
+    def _subsample(self, X: np.ndarray, yi: np.ndarray, in_mask: np.ndarray, w: np.ndarray, n_max: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """A stratified sample of ``cv_max_samples`` rows, keeping >= 2 of every label."""
+        """A stratified sample of ``n_max`` (``cv_max_samples``) rows, keeping >= 2 of every label."""
         rng = np.random.default_rng(self.random_state)
-        share = self.cv_max_samples / len(X)
+        share = n_max / len(X)
         keep = []
         for c in np.unique(yi):
             idx = np.flatnonzero(yi == c)
@@ -331,6 +401,12 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         return self._serving().predict(X)
 
 
+@overload
+def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, top_share: float = ...,
+                     min_top: int = ..., unreachable: float = ...) -> float: ...
+@overload
+def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, top_share: float = ...,
+                     min_top: int = ..., unreachable: float | None) -> float | None: ...
 def precision_cutoff(conf: np.ndarray, correct: np.ndarray, target: float, *, top_share: float = 0.1,
                      min_top: int = 10, unreachable: float | None = 1.0) -> float | None:
     """The lowest confidence t such that the precision of {conf >= t} reaches ``target``

@@ -23,7 +23,7 @@ EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformer
 EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
 TEACHER_BACKENDS = ("ollama", "openai")
 #: ``teacher.response_format`` (openai backend): ``auto`` starts with ``json_schema`` and moves
-#: down the list to ``json_object`` as the server refuses each (classifier.openai_teacher)
+#: down the list to ``json_object`` as the server refuses each (classifier.teachers.openai)
 TEACHER_RESPONSE_FORMATS = ("auto", "json_schema", "json_object_schema", "json_object", "none")
 #: ``teacher.system_prompt``: ``user`` folds the instructions into the user turn, for chat
 #: templates that drop the system role
@@ -49,7 +49,7 @@ TUNE_OBJECTIVES = ("cross_entropy", "contrastive")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
-                 "response_format"}
+                 "response_format", "cache_size", "cache_ttl_s"}
 log = logging.getLogger("flywheel.intents")
 
 _THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent",
@@ -138,9 +138,13 @@ class TeacherSettings:
     keep_alive: str = "30m"        # ollama: how long the model stays loaded after a call
     system_prompt: str = "system"  # "user": the instructions go in the user turn (SYSTEM_PROMPT_MODES)
     response_format: str = "auto"  # openai: how the answer is constrained (TEACHER_RESPONSE_FORMATS)
-    # the call budget of this process (classifier.budget); None: unlimited
+    # the call budget of this process (classifier.teachers.budget); None: unlimited
     max_calls_per_minute: int | None = None  # in any sliding 60 s window
     daily_budget: int | None = None          # per UTC day
+    # the answer cache of this process (classifier.teachers.cache): answers kept at most
+    # (0: no cache) and for how long, in seconds
+    cache_size: int = 10_000
+    cache_ttl_s: float = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -392,6 +396,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
                               SYSTEM_PROMPT_MODES),
         response_format=_choice(c, t.get("response_format", td.response_format), "teacher.response_format",
                                 TEACHER_RESPONSE_FORMATS),
+        cache_size=c.integer(t.get("cache_size", td.cache_size), "teacher.cache_size", 0),
+        cache_ttl_s=c.number(t.get("cache_ttl_s", td.cache_ttl_s), "teacher.cache_ttl_s", 1.0, 365 * 86400.0),
     )
 
     th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)

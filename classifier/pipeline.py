@@ -6,6 +6,14 @@ request in flight finishes on the model (and the encoder) it started with while 
 use the new one. A version that carries its own encoder brings it into the bundle
 (:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`), built and warmed
 before the swap.
+
+Layer 3 and the background audits build the teacher's request the same way
+(:meth:`Classifier._request`: :func:`~classifier.teachers.base.offered_options`, layer 2's
+top candidates with the decided label among them), so an audit asks the question layer 3
+would have asked. Layer 3 goes through the :class:`~classifier.teachers.cache.TeacherCache`
+(``teacher.cache_size`` / ``teacher.cache_ttl_s`` of the intent set): a repeated question
+is answered without an LLM call and logged as an ``llm`` decision whose reason says
+``cached``, with no teacher call (so it is not a second teacher label for the retrain).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answe
 from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, ModelError, TeacherError
 from flywheel.classifier.history import SessionHistory, coerce_history
 from flywheel.classifier.intents import IntentSet
-from flywheel.classifier.labels import label_name, parse_label
+from flywheel.classifier.label_names import label_name, parse_label
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import (
     DecisionRecord,
@@ -37,38 +45,55 @@ from flywheel.classifier.protocols import (
     Teacher,
     TeacherRequest,
 )
+from flywheel.classifier.registry import WATCH_INTERVAL_S, ModelWatcher
 from flywheel.classifier.rules import RuleEngine
+from flywheel.classifier.shadow import ShadowScorer
+from flywheel.classifier.teachers.base import offered_options
+from flywheel.classifier.teachers.cache import TeacherCache, intent_set_revision
 from flywheel.classifier.text import CleanText, clean_text
 from flywheel.classifier.tiers import Layer2Result, Thresholds, tier_rows
 
 log = logging.getLogger("flywheel.classifier")
 
 # Teacher failures that mean "ask again later" (the query is marked pending); ``budget``:
-# the LLM call budget (classifier.budget) was spent, ``flywheel label`` asks later.
+# the LLM call budget (classifier.teachers.budget) was spent, ``flywheel label`` asks later.
 RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open", "budget"})
 
 
 @dataclass(frozen=True)
-class _Runtime:
+class _ModelBundle:
     model: IntentModel
     rules: RuleEngine
     thresholds: Thresholds
     labels: tuple[str, ...]
-    options: dict[str, LabelOption]
+    options: dict[str, LabelOption]         # label -> what the teacher is shown, in ``labels`` order
     metadata: dict[str, dict[str, str]]     # label -> the intent's metadata
-    embedder: Embedder | None               # makes the vectors this model's head scores (the
-                                            # classifier always sets it; None: a bundle built only
-                                            # to read what it serves, e.g. its thresholds)
+    embedder: Embedder                      # makes the vectors this model's head scores
+    revision: str = ""                      # the intent set's content hash (the teacher cache's key)
 
     @classmethod
-    def build(cls, model: IntentModel, embedder: Embedder | None = None) -> "_Runtime":
+    def build(cls, model: IntentModel, embedder: Embedder) -> "_ModelBundle":
         intents = model.intents
         thresholds = Thresholds.for_model(model)
         n_ex = intents.teacher.examples_per_intent
-        options = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
+        by_name = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
+        labels = tuple(model.manifest.labels)
+        options = {n: by_name[n] for n in labels if n in by_name}
         metadata = {i.name: dict(i.metadata) for i in intents.intents}
-        return cls(model, RuleEngine(intents.rules), thresholds, tuple(model.manifest.labels), options, metadata,
-                   embedder)
+        return cls(model, RuleEngine(intents.rules), thresholds, labels, options, metadata, embedder,
+                   intent_set_revision(intents))
+
+
+def _encoded(p: "Pending") -> np.ndarray:
+    """``p``'s vector, once :meth:`Classifier._assign_layer2` has encoded it."""
+    assert p.vector is not None, "encoded before scoring"
+    return p.vector
+
+
+def _scored(p: "Pending") -> Layer2Result:
+    """``p``'s layer-2 result, once :meth:`Classifier._assign_layer2` has scored it."""
+    assert p.layer2 is not None, "scored by _assign_layer2"
+    return p.layer2
 
 
 @dataclass(frozen=True)
@@ -91,7 +116,7 @@ class Pending:
     it started with: a hot swap never changes a query in flight.
     """
 
-    rt: _Runtime
+    rt: _ModelBundle
     clean: CleanText
     history: tuple[HistoryEntry, ...] | None    # given by the caller (else the session's)
     declared: str | None                        # the declared type as logged
@@ -131,6 +156,17 @@ class Classifier:
         Where the encoder built from the model's settings keeps what it builds once (a
         resolved home's ``cache``: :attr:`classifier.config.Config.cache_root`); default
         the environment's home. Unused with ``embedder``.
+    watcher : ModelWatcher, optional
+        Follows a models home's ``CURRENT`` and hands each promoted version to
+        :meth:`swap_model` (see :meth:`watch`); polled before a request while no thread of
+        its own runs it, stopped by :meth:`close`.
+    shadow : ShadowScorer, optional
+        Offered every query that reached layer 2 (a shadow version scored beside this one).
+    teacher_cache : TeacherCache, None or "auto"
+        Layer 3's answer cache (:attr:`teacher_cache`). ``"auto"`` (the default): one built
+        from the model's intent set (``teacher.cache_size`` answers for
+        ``teacher.cache_ttl_s`` seconds; none when the size is 0), read once, here; ``None``:
+        no cache.
 
     Examples
     --------
@@ -147,7 +183,10 @@ class Classifier:
                  max_pending_audits: int = DEFAULT_MAX_PENDING,
                  rng: random.Random | None = None,
                  redact: Callable[[str], str] | None = None,
-                 cache_root: str | Path | None = None) -> None:
+                 cache_root: str | Path | None = None,
+                 watcher: ModelWatcher | None = None,
+                 shadow: ShadowScorer | None = None,
+                 teacher_cache: TeacherCache | None | str = "auto") -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
@@ -156,7 +195,7 @@ class Classifier:
         self._cache_root = cache_root
         if embedder is None:
             embedder = self._new_embedder(model)
-        self._rt = _Runtime.build(model, embedder)
+        self._rt = _ModelBundle.build(model, embedder)
         self.teacher = teacher
         self.log_sink = log_sink
         self.on_long = on_long
@@ -167,12 +206,19 @@ class Classifier:
         self._rng = rng or random.Random()
         self._audits = AuditQueue(max_pending_audits)
         self._lock = threading.Lock()
-        self.watcher: Any = None  # a registry.ModelWatcher when serving from a models home
-        self.shadow: Any = None   # a shadow.ShadowScorer: offered every query that reached layer 2
+        self.watcher = watcher    # set when serving from a models home (or by watch())
+        self.shadow = shadow
         # teacher audits of confident layer-2 decisions by outcome (read by the metrics)
         self.audit_outcomes: dict[str, int] = dict.fromkeys(AUDIT_OUTCOMES, 0)
         # history anchoring of the teacher's answers (ADR RC-03); None: not measured
         self.anchoring: AnchoringMonitor | None = AnchoringMonitor()
+        if isinstance(teacher_cache, str):
+            if teacher_cache != "auto":
+                raise ValueError(f"teacher_cache must be a TeacherCache, None or 'auto', got {teacher_cache!r}")
+            ts = model.intents.teacher
+            teacher_cache = TeacherCache(ts.cache_size, ts.cache_ttl_s) if ts.cache_size > 0 else None
+        # layer 3's answers by question (a hit is no LLM call); read by the metrics
+        self.teacher_cache: TeacherCache | None = teacher_cache
 
     # ----------------------------------------------------------- model access
     @classmethod
@@ -181,7 +227,7 @@ class Classifier:
         return cls(IntentModel.load(path), **kwargs)
 
     @classmethod
-    def from_registry(cls, home: str | Path, *, watch: bool = True, interval_s: float = 2.0,
+    def from_registry(cls, home: str | Path, *, watch: bool = True, interval_s: float = WATCH_INTERVAL_S,
                       background: bool = False, **kwargs: Any) -> "Classifier":
         """Serve the ``CURRENT`` version of a models home; with ``watch``, a newly promoted
         version is swapped in without a restart (checked at most every ``interval_s``;
@@ -194,7 +240,7 @@ class Classifier:
             clf.watch(reg, interval_s, background=background)
         return clf
 
-    def watch(self, registry: Any, interval_s: float = 2.0, *, background: bool = False) -> None:
+    def watch(self, registry: Any, interval_s: float = WATCH_INTERVAL_S, *, background: bool = False) -> None:
         """Follow ``registry``'s CURRENT pointer (hot reload on promotion).
 
         ``background=False``: the check runs on the calling thread, rate-limited, at the
@@ -202,11 +248,9 @@ class Classifier:
         ``background=True``: a watcher thread checks every ``interval_s`` and loads a new
         version there, so no request ever pays for a reload (long-running processes).
         """
-        from flywheel.classifier.registry import ModelWatcher
-
         if self.watcher is not None:
             self.watcher.stop()
-        self.watcher = ModelWatcher(registry, self.swap_model, interval_s, current=self.model_version)
+        self.watcher = ModelWatcher(registry, self._swap_promoted, interval_s, current=self.model_version)
         if background:
             self.watcher.start()
 
@@ -252,6 +296,11 @@ class Classifier:
                 return known
         return self._new_embedder(model)
 
+    def _swap_promoted(self, model: IntentModel | None) -> None:
+        """The ``CURRENT`` watcher's callback (it reports ``None`` only for a cleared ``SHADOW``)."""
+        if model is not None:
+            self.swap_model(model)
+
     def swap_model(self, model: IntentModel) -> None:
         """Serve ``model`` from now on, with its encoder.
 
@@ -269,7 +318,7 @@ class Classifier:
                 raise ModelError(f"model {model.version} was trained with encoder {enc.get('id')!r} "
                                  f"({enc.get('dim')}-d), its settings make {embedder.id!r}")
             model.check_encoder(embedder.id, embedder.dim)
-            rt = _Runtime.build(model, embedder)
+            rt = _ModelBundle.build(model, embedder)
             rt.model.head.scores(embedder.encode(["warm-up"]))
         except ModelError:
             raise
@@ -385,10 +434,11 @@ class Classifier:
             if load > 0:
                 p.latency["load"] = load
             p.latency["embedding"] = per_item
-            if p.layer2.sure:
-                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency)
+            res = _scored(p)
+            if res.sure:
+                p.decision = self._from_layer2(p.rt, res, p.clean, p.latency)
             elif self.teacher is None:
-                p.decision = self._from_layer2(p.rt, p.layer2, p.clean, p.latency, "; no LLM teacher configured")
+                p.decision = self._from_layer2(p.rt, res, p.clean, p.latency, "; no LLM teacher configured")
                 p.decision.degraded = "no_teacher"  # keeps layer 2's tier: there is no teacher to fail
 
     def _assign_layer2(self, todo: Sequence["Pending"]) -> None:
@@ -402,7 +452,7 @@ class Classifier:
             if missing:   # each bundle's own encoder: its head scores that encoder's vectors
                 for p, v in zip(missing, rt.embedder.encode([p.clean.text for p in missing])):
                     p.vector = v
-            s = rt.model.head.scores(np.stack([p.vector for p in group]))
+            s = rt.model.head.scores(np.stack([_encoded(p) for p in group]))
             for p, res in zip(group, tier_rows(s, rt.labels, rt.thresholds)):
                 p.layer2 = res
 
@@ -434,14 +484,14 @@ class Classifier:
         if total:
             d.latency_ms["total"] = _ms(p.t_start)
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None
-        self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2)
+        self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2, p.layer2)
         shadow = self.shadow
         if shadow is not None and p.vector is not None and l2 is not None:   # a deque append; scored off this thread
-            shadow.offer(d.id, p.vector, p.rt.model.version, p.rt.embedder.id)
+            shadow.offer(d.id, p.vector, p.rt.model.version, p.rt.embedder.id, p.clean.text)
         return d
 
     # ------------------------------------------------------------- internals
-    def _decision(self, rt: _Runtime, label: str | None, confidence: float, tier: Tier, layer: Layer,
+    def _decision(self, rt: _ModelBundle, label: str | None, confidence: float, tier: Tier, layer: Layer,
                   reason: str, c: CleanText, latency: dict[str, float],
                   alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None) -> Decision:
         if c.truncated:
@@ -451,7 +501,7 @@ class Classifier:
                         latency_ms=latency, teacher=teacher,
                         metadata=dict(rt.metadata.get(label, {})) if label is not None else {})
 
-    def _from_layer2(self, rt: _Runtime, res: Layer2Result, c: CleanText, lat: dict[str, float],
+    def _from_layer2(self, rt: _ModelBundle, res: Layer2Result, c: CleanText, lat: dict[str, float],
                      suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None) -> Decision:
         """Layer 2's answer as the decision; ``degraded`` (a reason) when layer 2 was unsure
         and the teacher did not answer."""
@@ -466,16 +516,22 @@ class Classifier:
         d.degraded = degraded
         return d
 
-    def _layer3(self, rt: _Runtime, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
+    def _layer3(self, rt: _ModelBundle, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
                 lat: dict[str, float]) -> Decision:
-        assert self.teacher is not None
+        teacher = self.teacher
+        assert teacher is not None
         req = self._request(rt, c.text, res, history)
+        cache = self.teacher_cache
         t0 = time.perf_counter()
         try:
-            ans = self.teacher.label(req)
+            if cache is None:
+                ans, cached = teacher.label(req), False
+            else:   # one LLM call per question, also for repeats asked at the same time
+                key = cache.key(req, revision=rt.revision, model=teacher.model)
+                ans, cached = cache.answer(key, lambda: teacher.label(req))
         except TeacherError as exc:
             lat["llm"] = _ms(t0)
-            call = TeacherCall(model=self.teacher.model, label=None, valid=False, latency_ms=lat["llm"],
+            call = TeacherCall(model=teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind not in NOT_CALLED_KINDS else None  # no call made
             d = self._from_layer2(rt, res, c, lat, f"; {exc.reason()}", call, degraded=exc.kind)
             d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
@@ -483,16 +539,23 @@ class Classifier:
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
             lat["llm"] = _ms(t0)
             log.exception("teacher raised an unexpected error")
-            call = TeacherCall(self.teacher.model, None, False, lat["llm"], f"error: {exc}")
+            call = TeacherCall(teacher.model, None, False, lat["llm"], f"error: {exc}")
             return self._from_layer2(rt, res, c, lat, f"; llm failed: {type(exc).__name__}", call, degraded="error")
-        lat["llm"] = _ms(t0)
-        call = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"])
         conf = rt.model.intents.teacher.confidence
+        if cached:
+            # served from the cache: no LLM call, so no TeacherCall. The log's teacher label
+            # comes from a decision's valid call; the answer is the training label of the
+            # decision that asked, never a second one (the retrain merges texts anyway).
+            lat["llm_cache"] = _ms(t0)
+            call, how = None, "cached; "
+        else:
+            lat["llm"] = _ms(t0)
+            call, how = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"]), ""
         if ans.label is None:
             return self._decision(rt, None, conf, Tier.NO_MATCH, Layer.LLM,
-                                  f"llm {ans.model}: out of scope (layer 2: {res.reason})", c, lat, [], call)
+                                  f"llm {ans.model}: out of scope ({how}layer 2: {res.reason})", c, lat, [], call)
         return self._decision(rt, ans.label, conf, Tier.CONFIDENT, Layer.LLM,
-                              f"llm {ans.model} chose {ans.label} (layer 2: {res.reason})", c, lat, [], call)
+                              f"llm {ans.model} chose {ans.label} ({how}layer 2: {res.reason})", c, lat, [], call)
 
     def teacher_requests(self, texts: Sequence[str],
                          histories: Sequence[tuple[HistoryEntry, ...]] | None = None) -> list[TeacherRequest]:
@@ -503,26 +566,30 @@ class Classifier:
         pending = [Pending(rt, clean_text(t, rt.model.intents.embedder.max_chars), None, None, None, now)
                    for t in texts]
         self._assign_layer2(pending)
-        return [self._request(rt, t, p.layer2, tuple(histories[j]) if histories else ())
+        return [self._request(rt, t, _scored(p), tuple(histories[j]) if histories else ())
                 for j, (t, p) in enumerate(zip(texts, pending))]
 
-    def _request(self, rt: _Runtime, text: str, res: Layer2Result,
-                 history: tuple[HistoryEntry, ...]) -> TeacherRequest:
-        k = rt.model.intents.teacher.max_candidates
-        names = list(rt.labels) if len(rt.labels) <= k else [c.label for c in res.candidates[:k]]
-        return TeacherRequest(text=text, options=tuple(rt.options[n] for n in names if n is not None),
-                              history=history, allow_out_of_scope=True)
+    def _request(self, rt: _ModelBundle, text: str, res: Layer2Result, history: tuple[HistoryEntry, ...],
+                 decided: str | None = None) -> TeacherRequest:
+        """The teacher's request for ``text``: the one way layer 3, the audits and the
+        back-fill build it. The options are :func:`~classifier.teachers.base.offered_options`
+        of layer 2's ranking (``res.candidates``) with ``decided`` (default: layer 2's own
+        label) among them; the prompt's order then follows from them and the text."""
+        options = offered_options(rt.options, [c_.label for c_ in res.candidates],
+                                  rt.model.intents.teacher.max_candidates,
+                                  res.label if decided is None else decided)
+        return TeacherRequest(text=text, options=options, history=history, allow_out_of_scope=True)
 
-    def _after(self, rt: _Runtime, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
+    def _after(self, rt: _ModelBundle, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
                declared: str | None, session_id: str | None, vector: np.ndarray | None,
-               layer2: Layer2Answer | None) -> None:
+               layer2: Layer2Answer | None, ranked: Layer2Result | None = None) -> None:
         history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
         if self.anchoring is not None and d.layer is Layer.LLM and layer2 is not None:  # the teacher answered
             self.anchoring.observe(d.label, layer2.label, [h.label for h in history])
         if session_id:
             self.sessions.add(session_id, d.label, c.text)
         audit = (self.audit_rate > 0 and self.teacher is not None and d.layer is Layer.EMBEDDING
-                 and d.tier is Tier.CONFIDENT and self._rng.random() < self.audit_rate
+                 and d.tier is Tier.CONFIDENT and ranked is not None and self._rng.random() < self.audit_rate
                  and self._audits.reserve())
         if self.log_sink is None and not audit:
             return
@@ -542,22 +609,21 @@ class Classifier:
             except FlywheelError as exc:  # the log must never fail a request
                 log.error("decision %s not logged: %s", d.id, exc)
         if audit:
-            self._submit_audit(rt, record, c.text, raw_history)
+            assert ranked is not None
+            self._submit_audit(rt, record, c.text, raw_history, ranked)
 
     @property
     def audits_dropped(self) -> int:
         """Audits dropped because the backlog was full."""
         return self._audits.dropped
 
-    def _submit_audit(self, rt: _Runtime, record: DecisionRecord, text: str,
-                      history: tuple[HistoryEntry, ...]) -> None:
-        """Queue a teacher audit of ``record``; the teacher sees the raw ``text`` and
-        ``history`` even when the logged copy is masked."""
-        labels = rt.labels
-        k = rt.model.intents.teacher.max_candidates
-        cand = record.decision.label
-        names = list(labels) if len(labels) <= k else ([cand] + [n for n in labels if n != cand])[:k]
-        req = TeacherRequest(text, tuple(rt.options[n] for n in names), history, True)
+    def _submit_audit(self, rt: _ModelBundle, record: DecisionRecord, text: str,
+                      history: tuple[HistoryEntry, ...], ranked: Layer2Result) -> None:
+        """Queue a teacher audit of ``record``: the request layer 3 would have sent for this
+        query (:meth:`_request`: layer 2's top candidates, the decided label among them).
+        The teacher sees the raw ``text`` and ``history`` even when the logged copy is
+        masked. Audits bypass the answer cache: each is a real teacher call."""
+        req = self._request(rt, text, ranked, history, record.decision.label)
         self._audits.submit(self._run_audit, record, req)
 
     def _run_audit(self, record: DecisionRecord, req: TeacherRequest) -> None:

@@ -1,7 +1,9 @@
 """The pluggable parts of the pipeline, as :class:`typing.Protocol` types.
 
 - :class:`Embedder`: text -> L2-normalised float32 vectors (layer 2's encoder).
-- :class:`Teacher`: the LLM that labels what layer 2 is unsure of (layer 3).
+- :class:`Teacher`: the LLM that labels what layer 2 is unsure of (layer 3);
+  :class:`ManagedTeacher`, one with a server behind it that the process checks, watches
+  and closes (the backends in :mod:`classifier.teachers`).
 - :class:`LogSink`: where every decision goes (the DuckDB traffic log in ``logstore``).
 - :class:`Registry`: the model versions and which one is served (a local models home,
   :class:`classifier.registry.ModelRegistry`, or a shared one).
@@ -112,15 +114,66 @@ class TeacherAnswer:
     raw: str = ""
 
 
+@dataclass(frozen=True)
+class TeacherStatus:
+    """What a teacher's ``check()`` found: ``ok`` when its server answered and has the
+    model (or cannot say, see the backend), ``detail`` a one-line explanation for logs."""
+
+    ok: bool
+    detail: str
+
+
 @runtime_checkable
 class Teacher(Protocol):
     """Labels one query. Raises :class:`classifier.errors.TeacherError` on any failure
-    (unreachable, timeout, malformed answer, unknown label, circuit open)."""
+    (unreachable, timeout, malformed answer, unknown label, circuit open).
+
+    All the pipeline needs; a teacher with a server behind it is a :class:`ManagedTeacher`."""
 
     @property
     def model(self) -> str: ...
 
     def label(self, request: TeacherRequest) -> TeacherAnswer: ...
+
+
+class Breaker(Protocol):
+    """A teacher's circuit breaker, as the process watches it: ``state`` is ``"closed"``
+    (calls go through), ``"open"`` (calls fail at once with ``circuit_open``, no server
+    call) or ``"half_open"`` (the cool-down is over: one probe call may go through).
+    Reading it never raises and changes nothing."""
+
+    @property
+    def state(self) -> str: ...
+
+
+@runtime_checkable
+class ManagedTeacher(Teacher, Protocol):
+    """A :class:`Teacher` with a server behind it, which the serving process checks,
+    watches and closes (the backends of :mod:`classifier.teachers`, and a
+    :class:`~classifier.teachers.budget.BudgetedTeacher` around one of them).
+
+    Contract:
+
+    - ``check()`` says whether the server answers and serves ``model``, as a
+      :class:`TeacherStatus`. It never raises (a failure is ``ok=False`` with the reason in
+      ``detail``), is bounded by the teacher's own timeout, is not a labelling call (no
+      budget is spent) and does not touch the breaker.
+    - ``close()`` releases what the teacher holds open (its HTTP client). It may be called
+      more than once; a later ``label()`` or ``check()`` opens what it needs again.
+    - ``breaker`` is the :class:`Breaker` that ``label()`` calls go through, ``None`` when
+      there is none; the same object for the teacher's lifetime (the server reads it
+      once, when it starts).
+
+    A teacher that is only a :class:`Teacher` is labelled with and nothing else: nothing
+    checks it at startup, watches a breaker or closes it.
+    """
+
+    @property
+    def breaker(self) -> Breaker | None: ...
+
+    def check(self) -> TeacherStatus: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass

@@ -55,6 +55,10 @@ class PromotionConflict(ModelError):
     promotion or rollback was refused and changed nothing. ``expected`` and ``found``
     are the tokens (for a local home, the version names; ``None``: nothing promoted)."""
 
+    #: the version served when the conflict was seen, where ``found`` is not one (the fleet
+    #: registry's tokens are etags); declared only, so it exists only where it was set
+    found_version: str | None
+
     def __init__(self, expected: str | None, found: str | None, where: str = "") -> None:
         self.expected, self.found, self.where = expected, found, where
         super().__init__(f"{where + ': ' if where else ''}the served version moved: expected "
@@ -201,7 +205,7 @@ class ModelRegistry:
         with self._pointer_lock():
             found = self.shadow_name()
             if expected is not UNCHECKED and found != expected:
-                raise PromotionConflict(expected, found, f"{self.home / SHADOW}")  # type: ignore[arg-type]
+                raise PromotionConflict(expected, found, f"{self.home / SHADOW}")
             if name is not None:
                 _atomic_write(self.home / SHADOW, name + "\n")
             else:

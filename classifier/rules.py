@@ -69,7 +69,7 @@ class RuleEngine:
         """Return (check(text, lowered, words), needs_words)."""
         if r.kind == "keywords":
             sets = tuple(r.patterns)
-            return (lambda _t, _l, words: any(s <= words for s in sets)), True  # type: ignore[operator]
+            return (lambda _t, _l, words: any(s <= words for s in sets)), True
         if r.kind == "regex":
             # compiled one by one: a pattern with inline global flags such as "(?i)..." is
             # valid alone but not inside an alternation

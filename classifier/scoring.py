@@ -139,8 +139,10 @@ def score(X: np.ndarray, *, coef: np.ndarray, intercept: np.ndarray, temperature
     if gate_coef is not None:
         g = gate_features(probs, sim, n_in) @ gate_coef + gate_intercept
         p_oos = 1.0 / (1.0 + np.exp(-g))
-    else:
+    elif sim_quantiles is not None:
         p_oos = p_oos_from_similarity(sim, sim_quantiles)
+    else:  # ServingHead refuses this at construction
+        raise ModelError("a head needs a gate or similarity quantiles")
     oos_class = probs[:, n_in] if has_oos else np.zeros(len(X))
     pin = probs[:, :n_in]
     return HeadScores(probs=pin, oos_class=oos_class, p_oos=p_oos, similarity=sim,
@@ -192,15 +194,18 @@ class ServingHead:
     def predict(self, X: Any) -> np.ndarray:
         """Top label per row, or ``None`` where layer 2 says out of scope."""
         s = self.scores(X)
-        return np.where(s.rejected(self.thresholds_["oos"]), None, self.classes_[s.probs.argmax(axis=1)])
+        labels = self.classes_[s.probs.argmax(axis=1)]   # a new object array: None fits in
+        labels[s.rejected(self.thresholds_["oos"])] = None
+        return labels
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike[str]) -> None:
         """One ``.npz`` (no pickle): the arrays, plus the scalars and dicts as JSON."""
         meta = {"temperature": self.temperature_, "has_oos": self.has_oos_, "gate_intercept": self._gate_intercept,
                 "thresholds": self.thresholds_, "metrics": self.metrics_}
-        arrays = {"coef": self._coef, "intercept": self._intercept, "ref": self._ref.astype(np.float16),
-                  "classes": np.asarray([str(c) for c in self.classes_], dtype=str)}
+        arrays: dict[str, np.ndarray] = {
+            "coef": self._coef, "intercept": self._intercept, "ref": self._ref.astype(np.float16),
+            "classes": np.asarray([str(c) for c in self.classes_], dtype=str)}
         if self._gate_coef is not None:
             arrays["gate_coef"] = self._gate_coef
         if self._sim_quantiles is not None:
@@ -208,8 +213,8 @@ class ServingHead:
         if self.risk_ is not None:
             arrays.update(risk_coef=self.risk_.coef, risk_x=self.risk_.x, risk_y=self.risk_.y)
             meta["risk_intercept"] = self.risk_.intercept
-        with open(path, "wb") as f:
-            np.savez(f, meta=np.asarray(json.dumps(meta, default=float)), **arrays)
+        with open(path, "wb") as f:   # allow_pickle: savez's default, named so **arrays cannot be it
+            np.savez(f, allow_pickle=True, meta=np.asarray(json.dumps(meta, default=float)), **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "ServingHead":

@@ -11,12 +11,15 @@ append to a deque, nothing else on the request thread). One worker thread wakes 
 ``on_answer`` (the traffic log). It enforces nothing: the caller
 never sees a shadow answer, and a shadow that raises is counted, never surfaced.
 
-The shadow must use the champion's encoder (the vector is shared; a shadow with another
-encoder is refused by :meth:`ShadowScorer.set_model`, which the watcher counts). That holds
-for a shadow version that carries its own fine-tuned encoder too: it is refused for now
-(encoding its share of traffic itself, off the request path, is issue 22 item 4). When the
-champion later swaps to another encoder, the shadow loaded against the earlier one is
-offered no more vectors (:meth:`ShadowScorer.offer`) until a shadow of the new encoder is set.
+A shadow on the champion's encoder scores the champion's vectors (shared: nothing is
+encoded twice); one with another encoder is refused by :meth:`ShadowScorer.set_model`,
+which the watcher counts, **unless it carries its own encoder** (a fine-tuned export in its
+``encoder/``, issue 22): then the worker encodes its sampled share of the queries itself,
+with that export on ``shadow_threads`` onnxruntime threads, off the request path (the
+request thread only queues the text). That costs the sidecar CPU: BENCHMARKS.md §14.4
+measures it. When the champion later swaps to another encoder, a shadow loaded against the
+earlier one is offered no more vectors (:meth:`ShadowScorer.offer`) until a shadow of the
+new encoder is set; a shadow with its own encoder does not depend on the champion's.
 
 Outcomes, counted in :attr:`ShadowScorer.counts` (:data:`SHADOW_OUTCOMES`):
 
@@ -40,7 +43,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from flywheel.classifier.errors import ModelError
 from flywheel.classifier.model import IntentModel
+from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 
 __all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
@@ -69,10 +74,11 @@ class _Bundle:
     model: IntentModel
     thresholds: Thresholds
     labels: tuple[str, ...]
+    embedder: Embedder | None = None     # the version's own encoder (None: the champion's vectors)
 
     @classmethod
-    def build(cls, model: IntentModel) -> "_Bundle":
-        return cls(model, Thresholds.for_model(model), tuple(model.manifest.labels))
+    def build(cls, model: IntentModel, embedder: Embedder | None = None) -> "_Bundle":
+        return cls(model, Thresholds.for_model(model), tuple(model.manifest.labels), embedder)
 
 
 class ShadowScorer:
@@ -94,19 +100,23 @@ class ShadowScorer:
     check_encoder : callable, optional
         Raises :class:`~classifier.errors.ModelError` for a model whose encoder is not the
         champion's (:meth:`classifier.pipeline.Classifier.check_encoder`): the shadow
-        scores the champion's vectors.
+        scores the champion's vectors, unless it carries its own encoder.
+    shadow_threads : int
+        onnxruntime threads of a shadow's own encoder (1: it takes at most one core from
+        the sidecar).
     """
 
     def __init__(self, on_answer: Callable[[ShadowAnswer], None], *, fraction: float = 1.0,
                  max_pending: int = 1024, batch: int = 256, interval_s: float = 0.05,
                  check_encoder: Callable[[IntentModel], None] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, shadow_threads: int = 1) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"shadow fraction must be in (0, 1], got {fraction!r}")
         if max_pending < 1 or batch < 1 or not interval_s > 0:
             raise ValueError("max_pending and batch must be >= 1, interval_s > 0")
         self.on_answer = on_answer
         self.check_encoder = check_encoder
+        self.shadow_threads = int(shadow_threads)
         self.fraction = float(fraction)
         self.batch = int(batch)
         self.counts: dict[str, int] = dict.fromkeys(SHADOW_OUTCOMES, 0)
@@ -137,16 +147,41 @@ class ShadowScorer:
             self._bundle = None
             log.info("shadow cleared")
             return
+        embedder = None
         if self.check_encoder is not None:
-            self.check_encoder(model)
-        bundle = _Bundle.build(model)
-        bundle.model.head.scores(np.zeros((1, int(model.manifest.encoder["dim"])), dtype=np.float32))
+            try:
+                self.check_encoder(model)
+            except ModelError:
+                if model.encoder_dir is None:
+                    raise
+                embedder = self._own_encoder(model)
+        bundle = _Bundle.build(model, embedder)
+        warm = embedder.encode(["warm-up"]) if embedder is not None else \
+            np.zeros((1, int(model.manifest.encoder["dim"])), dtype=np.float32)
+        bundle.model.head.scores(warm)
         with self._lock:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="flywheel-shadow", daemon=True)
                 self._thread.start()
         self._bundle = bundle
         log.info("shadow version %s loaded", model.version)
+
+    def _own_encoder(self, model: IntentModel) -> Embedder:
+        """``model``'s own encoder export (checked against its manifest by loading it);
+        :class:`ModelError` when it cannot be built."""
+        from flywheel.classifier.encoders import VersionEncoderEmbedder
+
+        assert model.encoder_dir is not None
+        s = model.encoder_settings
+        try:
+            embedder = VersionEncoderEmbedder(model.encoder_dir, s.batch_size, max_chars=s.max_chars,
+                                              num_threads=self.shadow_threads)
+        except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal, named
+            raise ModelError(f"shadow version {model.version}: its own encoder cannot be loaded: {exc}") from None
+        if embedder.id != model.manifest.encoder.get("id"):
+            raise ModelError(f"shadow version {model.version}: its encoder/ is {embedder.id}, its head was "
+                             f"trained on {model.manifest.encoder.get('id')}")
+        return embedder
 
     def count_load(self, version: str, error: str | None) -> None:
         """A :class:`~classifier.registry.ModelWatcher` listener: count a load or a refusal."""
@@ -158,15 +193,20 @@ class ShadowScorer:
 
     # ------------------------------------------------------------ the request path
     def offer(self, decision_id: str, vector: np.ndarray, champion_version: str | None = None,
-              encoder_id: str | None = None) -> None:
+              encoder_id: str | None = None, text: str | None = None) -> None:
         """Queue one layer-2 query for scoring, or count why not. Never blocks, never raises:
         an append to a deque (no lock, no thread wake-up; the worker drains it on a timer).
         A vector made by another encoder than the shadow's (``encoder_id``, when given: the
-        champion moved to another encoder after the shadow was loaded) is not offered."""
+        champion moved to another encoder after the shadow was loaded) is not offered. A
+        shadow with its own encoder queues ``text`` (the text the champion encoded) and
+        encodes it on the worker; without a text it is not offered."""
         b = self._bundle
         if b is None or self._closed or b.model.version == champion_version:
             return
-        if encoder_id is not None and b.model.manifest.encoder.get("id") != encoder_id:
+        if b.embedder is not None:
+            if text is None:
+                return
+        elif encoder_id is not None and b.model.manifest.encoder.get("id") != encoder_id:
             return
         if self.fraction < 1.0 and self._rng.random() >= self.fraction:
             self._count("sampled_out")
@@ -174,7 +214,7 @@ class ShadowScorer:
         if len(self._pending) >= self.max_pending:
             self._count("busy")
             return
-        self._pending.append((b, decision_id, vector))
+        self._pending.append((b, decision_id, text if b.embedder is not None else vector))
 
     @property
     def pending(self) -> int:
@@ -188,7 +228,7 @@ class ShadowScorer:
 
     def _take(self) -> list:
         """Up to ``batch`` queued items, oldest first."""
-        items = []
+        items: list = []
         pop = self._pending.popleft
         while len(items) < self.batch:
             try:
@@ -267,9 +307,14 @@ def _one_blas_thread() -> Any:
 
 
 def _answers(group: list) -> list[ShadowAnswer]:
-    """Score one batch of ``(bundle, decision_id, vector)`` that share a bundle."""
+    """Score one batch of ``(bundle, decision_id, vector or text)`` that share a bundle (a
+    text when the bundle has its own encoder: encoded here, on the worker)."""
     b: _Bundle = group[0][0]
-    s = b.model.head.scores(np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for _, _, v in group]))
+    if b.embedder is not None:
+        X = np.asarray(b.embedder.encode([t for _, _, t in group]), dtype=np.float32)
+    else:
+        X = np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for _, _, v in group])
+    s = b.model.head.scores(X)
     t = assign_tiers(s, b.labels, b.thresholds)
     return [ShadowAnswer(decision_id, b.model.version, label, float(t.confidence[j]), t.tier[j].value, bool(t.sure[j]))
             for j, ((_, decision_id, _), label) in enumerate(zip(group, t.labels(b.labels)))]

@@ -226,12 +226,11 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
     order = np.argsort(-np.asarray(probs), kind="stable")
     cands = [Candidate(labels[i], float(probs[i])) for i in order]
     top, tier, sure = cands[0], Tier(batch.tier[j]), bool(batch.sure[j])
-    by_risk = th.defer is not None and risk is not None
-    if by_risk:
+    by_risk, why_risk = False, ""
+    if th.defer is not None and risk is not None:
+        by_risk = True
         r_txt, d_txt = fmt_probs(risk, th.defer)
         why_risk = f"; P(wrong) {r_txt} {'<=' if sure else '>'} cutoff {d_txt}"
-    else:
-        why_risk = ""
     if batch.rejected[j]:
         if p_oos >= th.oos:
             why = "out of scope: probability {} >= cutoff {}".format(*fmt_probs(p_oos, th.oos))
@@ -240,11 +239,11 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
             why = f"out-of-scope class most likely ({o_txt} >= {top.label} {t_txt})"
         return Layer2Result(None, float(batch.confidence[j]), Tier.NO_MATCH, [], why + why_risk, cands,
                             float(p_oos), sure)
-    cutoff = th.confident_for(top.label)
+    cutoff = th.confident_for(labels[order[0]])   # top.label, never None here
     if tier is Tier.CONFIDENT:
         why = why_risk[2:] if by_risk else "confidence {} >= cutoff {}".format(*fmt_probs(top.confidence, cutoff))
         return Layer2Result(top.label, top.confidence, tier, [], why, cands, float(p_oos), True)
-    if batch.in_set is not None:
+    if batch.in_set is not None and th.set_cutoff is not None:   # in_set is there only with set_cutoff
         alts = [c for c in cands if c.confidence >= th.set_cutoff][:10] or cands[:1]
     else:
         alts = cut_at_drop(cands, th.ambiguous_ratio)

@@ -16,16 +16,16 @@ The fleet's log: :mod:`~fleet.shipper` (:class:`~fleet.shipper.ObjectShipper`, t
 drain that ships segments as Parquet objects, create-only), :mod:`~fleet.mirror`
 (:func:`fleet.mirror.mirror`: the bucket's log into a local DuckDB, exactly once; not
 re-exported here, where its name would hide the module),
-:mod:`~fleet.labels` (:class:`~fleet.labels.BucketLabels`: labels from the command line)
+:mod:`~fleet.bucket_labels` (:class:`~fleet.bucket_labels.BucketLabels`: labels from the command line)
 and :mod:`~fleet.retention` (:func:`~fleet.retention.prune_log`: raw text past N days
 removed from the bucket and the local file).
 """
 
 from __future__ import annotations
 
+from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.config import StoreConfig
 from flywheel.fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
-from flywheel.fleet.labels import BucketLabels
 from flywheel.fleet.mirror import MirrorReport
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectInfo, ObjectStore
 from flywheel.fleet.registry import BucketRegistry

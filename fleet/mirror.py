@@ -34,7 +34,7 @@ import pyarrow as pa
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 from flywheel.fleet.parallel import ordered_map
 from flywheel.fleet.shipper import LOG_PREFIX
-from flywheel.logstore.labels import LABEL_COLUMNS_V3, LABEL_SCHEMA
+from flywheel.logstore.label_records import LABEL_COLUMNS_V3, LABEL_SCHEMA
 from flywheel.logstore.segments import DECISIONS, LABELS, SEGMENT_SCHEMA, from_parquet
 from flywheel.logstore.store import LogStore
 

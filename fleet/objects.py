@@ -27,7 +27,7 @@ import enum
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from flywheel.fleet.config import StoreConfig
 from flywheel.fleet.errors import FleetError, PreconditionFailed, StoreConfigError, StoreUnavailable
@@ -36,8 +36,12 @@ try:  # the optional extra flywheel-intent[fleet]
     import obstore
     from obstore import exceptions as obx
     from obstore.store import S3Store
+    _HAVE_OBSTORE = True
 except ImportError:  # pragma: no cover - exercised only without the extra
-    obstore = None
+    _HAVE_OBSTORE = False
+if TYPE_CHECKING:  # typing-only names in obstore's stubs (not importable at runtime)
+    from obstore import GetOptions, PutMode
+    from obstore.store import S3Credential
 
 __all__ = ["NOT_MODIFIED", "NotModified", "ObjectInfo", "ObjectStore"]
 
@@ -69,7 +73,7 @@ class ObjectStore:
 
     def __init__(self, cfg: StoreConfig, timeout_s: float = 10.0, *, connect_timeout_s: float | None = None,
                  max_retries: int = 3) -> None:
-        if obstore is None:
+        if not _HAVE_OBSTORE:
             raise StoreConfigError("fleet mode needs the optional extra: pip install 'flywheel-intent[fleet]'")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -77,7 +81,7 @@ class ObjectStore:
         self.timeout_s = float(timeout_s)
         connect = min(self.timeout_s, 5.0) if connect_timeout_s is None else connect_timeout_s
 
-        def credentials() -> dict:  # read once; keeps the secrets out of the client's config
+        def credentials() -> S3Credential:  # read once; keeps the secrets out of the client's config
             return {"access_key_id": cfg.access_key_id, "secret_access_key": cfg.secret_access_key,
                     "token": cfg.session_token, "expires_at": None}
 
@@ -114,20 +118,23 @@ class ObjectStore:
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
         """Write ``key`` only if its current etag is ``etag`` (``None``: only if it does not
         exist); return the new etag. Raises :class:`PreconditionFailed` when that does not hold."""
-        path, mode = _checked(key), "create" if etag is None else {"e_tag": etag}
+        path = _checked(key)
+        mode: PutMode = "create" if etag is None else {"e_tag": etag}
         try:
             result = obstore.put(self._store, path, data, mode=mode)
         except Exception as exc:  # every client error is mapped
             raise self._error("put", key, exc) from None
-        if not result.get("e_tag"):
+        new_etag = result.get("e_tag")
+        if not new_etag:
             raise FleetError(f"put {self.cfg.location(key)}: the store returned no etag")
-        return result["e_tag"]
+        return new_etag
 
     def get(self, key: str, if_none_match: str | None = None
             ) -> tuple[bytes, str] | Literal[NotModified.NOT_MODIFIED] | None:
         """``(data, etag)``; ``None`` when ``key`` does not exist; :data:`NOT_MODIFIED` when its
         etag equals ``if_none_match``."""
-        path, options = _checked(key), {"if_none_match": if_none_match} if if_none_match else {}
+        path = _checked(key)
+        options: GetOptions = {"if_none_match": if_none_match} if if_none_match else {}
         try:
             result = obstore.get(self._store, path, options=options)
             return bytes(result.bytes()), result.meta.get("e_tag") or ""
@@ -138,7 +145,8 @@ class ObjectStore:
                 return self.get(key)
             raise self._error("get", key, exc) from None
         except FileNotFoundError as exc:
-            return self._missing("get", key, exc)
+            self._missing("get", key, exc)
+            return None
         except Exception as exc:
             raise self._error("get", key, exc) from None
 
@@ -148,7 +156,8 @@ class ObjectStore:
         try:
             return obstore.head(self._store, path).get("e_tag") or ""
         except FileNotFoundError as exc:
-            return self._missing("head", key, exc)
+            self._missing("head", key, exc)
+            return None
         except Exception as exc:
             raise self._error("head", key, exc) from None
 
@@ -174,9 +183,9 @@ class ObjectStore:
             raise self._error("delete", key, exc) from None
 
     def _missing(self, op: str, key: str, exc: Exception) -> None:
+        """A missing key is not an error (the caller returns ``None``); a missing bucket is."""
         if "NoSuchBucket" in str(exc):
             raise self._error(op, key, exc) from None
-        return None
 
     def _error(self, op: str, key: str, exc: Exception) -> FleetError:
         """The named error for a client exception; its text is redacted and cut short."""

@@ -20,13 +20,14 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int, name:
     if workers < 1:
         raise ValueError("workers must be >= 1")
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) as pool:
-        pending: deque[Future] = deque()
+        pending: deque[Future[R]] = deque()
         it = iter(items)
         try:
             while True:
                 while len(pending) < 2 * workers:
-                    item = next(it, _END)
-                    if item is _END:
+                    try:
+                        item = next(it)
+                    except StopIteration:
                         break
                     pending.append(pool.submit(fn, item))
                 if not pending:
@@ -35,6 +36,3 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], *, workers: int, name:
         finally:
             for f in pending:
                 f.cancel()
-
-
-_END = object()

@@ -113,8 +113,9 @@ class Pointer:
         return cls(version or None, tuple(history), str(doc.get("updated_at", "")), str(doc.get("by", "")), etag,
                    generation if isinstance(generation, int) and not isinstance(generation, bool) else 0)
 
-    def moved_to(self, version: str, history: list[str], by: str) -> bytes:
-        """The document that serves ``version`` with ``history`` (cut to :data:`HISTORY_LIMIT`),
+    def moved_to(self, version: str | None, history: list[str], by: str) -> bytes:
+        """The document that serves ``version`` (``None``: nothing, as a prune of a pointer that
+        serves nothing keeps) with ``history`` (cut to :data:`HISTORY_LIMIT`),
         one generation on: every write has new bytes, so a new etag even where the store's
         etag is the content's MD5 (the same version promoted twice in a second)."""
         doc = {"version": version, "history": history[-HISTORY_LIMIT:], "updated_at": _utcnow(), "by": by,
@@ -193,7 +194,7 @@ class BucketRegistry:
             self._check_promotable(name)
         now = self.shadow_pointer()
         if expected is not UNCHECKED and now.version != expected:
-            raise PromotionConflict(expected, now.version, self.objects.cfg.location(SHADOW_KEY))  # type: ignore[arg-type]
+            raise PromotionConflict(expected, now.version, self.objects.cfg.location(SHADOW_KEY))
         doc = {"version": name, "updated_at": _utcnow(), "by": self.by, "generation": now.generation + 1}
         data = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
         try:
@@ -523,7 +524,7 @@ class BucketRegistry:
         where = f"{self.objects.cfg.location(CURRENT_KEY)} (now serving {now.version or 'nothing'}" \
                 f"{', promoted by ' + now.by if now.by else ''})"
         exc = PromotionConflict(expected, now.etag, where)
-        exc.found_version = now.version   # type: ignore[attr-defined]
+        exc.found_version = now.version
         return exc
 
     def _remove_stale_downloads(self) -> None:

@@ -129,21 +129,22 @@ def _newest(table: pa.Table) -> datetime | None:
 
 
 def _prune_object(objects: ObjectStore, key: str, cutoff: datetime
-                  ) -> tuple[str, str | None, pa.Table | None, bool]:
-    """Redact one decision object: ``(outcome, redacted key, redacted table, created)``;
-    outcome ``"done"``, ``"waiting"`` (newer rows) or ``"gone"``."""
+                  ) -> tuple[str, tuple[str, pa.Table, bool] | None]:
+    """Redact one decision object: ``(outcome, done)``; outcome ``"done"`` (``done``: the
+    redacted key, the redacted table and whether this call created it), ``"waiting"`` (newer
+    rows) or ``"gone"`` (``done`` ``None`` for both)."""
     got = objects.get(key)
     if got is None or got is NOT_MODIFIED:
-        return "gone", None, None, False
+        return "gone", None
     table = from_parquet(got[0])
     newest = _newest(table)
     if newest is not None and newest >= cutoff:
-        return "waiting", None, None, False
+        return "waiting", None
     red = redact_table(table)
     rkey = LOG_PREFIX["redacted"] + key[len(LOG_PREFIX[DECISIONS]):]
     created = objects.put_if_absent(rkey, to_parquet(red))
     objects.delete(key)
-    return "done", rkey, red, created
+    return "done", (rkey, red, created)
 
 
 def _prune_bucket(objects: ObjectStore, store: LogStore | None, cutoff: datetime, workers: int) -> dict[str, int]:
@@ -163,11 +164,12 @@ def _prune_bucket(objects: ObjectStore, store: LogStore | None, cutoff: datetime
             store.insert_objects(local)
         local, local_rows = [], 0
 
-    for outcome, rkey, red, created in ordered_map(lambda k: _prune_object(objects, k, cutoff), keys,
+    for outcome, done in ordered_map(lambda k: _prune_object(objects, k, cutoff), keys,
                                                    workers=workers, name="flywheel-prune"):
         if outcome == "waiting":
             counts["waiting"] += 1
-        elif outcome == "done":
+        elif done is not None:   # outcome "done"
+            rkey, red, created = done
             counts["deleted"] += 1
             counts["redacted"] += int(created)
             local.append((rkey, DECISIONS, red))

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.registry import ModelRegistry, PromotionConflict
@@ -58,7 +59,8 @@ class RegistrySync:
     is the bounded first poll of a starting replica. Nothing here raises from a poll.
     """
 
-    def __init__(self, objects: ObjectStore, local: ModelRegistry, *, interval_s: float = 5.0) -> None:
+    def __init__(self, objects: ObjectStore, local: ModelRegistry, *, interval_s: float = 5.0,
+                 on_new: Callable[[], object] | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.objects = objects
@@ -71,9 +73,9 @@ class RegistrySync:
         self.serving: str | None = None
         self.fleet_version: str | None = None     # what models/CURRENT named at the last read
         self.fleet_shadow: str | None = None      # what models/SHADOW named at the last read
-        # called (no arguments) after a version was promoted locally: the runtime hands it the
-        # classifier's watcher, so the swap follows at once instead of at its next check
-        self.on_new: Callable[[], object] | None = None
+        # called (no arguments) after a version was promoted locally: the runtime passes one that
+        # polls the classifier's watcher, so the swap follows at once instead of at its next check
+        self.on_new = on_new
         self._etag: str | None = None
         self._side_etags: dict[str, str | None] = {SHADOW_KEY: None, LAST_RETRAIN_KEY: None}
         self._failing = False
@@ -124,7 +126,7 @@ class RegistrySync:
             return quiet
         return self._follow(name, local)
 
-    def _read_side(self, key: str) -> tuple[bytes, str] | None | bool:
+    def _read_side(self, key: str) -> tuple[bytes, str] | None | Literal[False]:
         """``models/SHADOW`` or ``models/LAST_RETRAIN`` if it changed since the last read
         (``None``: gone), ``False`` when it did not."""
         got = self.objects.get(key, if_none_match=self._side_etags[key])

@@ -7,7 +7,7 @@ through a :class:`LogStore`). It depends on :mod:`classifier` only for the recor
 
 Modules: :mod:`~logstore.errors`, :mod:`~logstore.connection` (opening the file, lock
 retries), :mod:`~logstore.schema` (migrations and the ``decision_labels`` view),
-:mod:`~logstore.labels` (label records), :mod:`~logstore.segments` (the spool's Arrow
+:mod:`~logstore.label_records` (label records), :mod:`~logstore.segments` (the spool's Arrow
 segments, their wire format and how their rows get in, exactly once),
 :mod:`~logstore.drain` (the :class:`SpoolDrain` and :class:`LabelSink` seams and
 :class:`LocalIngest`), :mod:`~logstore.sink` (the non-blocking write path) and
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from flywheel.logstore.drain import LabelSink, LocalIngest, SpoolDrain
 from flywheel.logstore.errors import LogStoreBusyError, LogStoreError, UnknownDecisionError
-from flywheel.logstore.labels import LABEL_SCHEMA, LabelRecord, label_records_to_table
+from flywheel.logstore.label_records import LABEL_SCHEMA, LabelRecord, label_records_to_table
 from flywheel.logstore.schema import SCHEMA_VERSION
 from flywheel.logstore.segments import (
     SEGMENT_SCHEMA,

@@ -36,7 +36,7 @@ Tables (all timestamps are naive UTC ``TIMESTAMP``):
   (:func:`logstore.segments.insert_objects`), because a key can be mirrored again.
 
 Migration 3 also gives ``labels`` a ``label_uid`` (the id of a
-:class:`~logstore.labels.LabelRecord`, which makes a label shipped or mirrored twice
+:class:`~logstore.label_records.LabelRecord`, which makes a label shipped or mirrored twice
 count once; NULL for older rows) and ``logged_at`` (when the label reached this
 database; NULL for older rows, read as ``created_at``).
 

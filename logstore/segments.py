@@ -4,7 +4,7 @@
 plus the ``embedding`` column; :func:`records_to_table` fills it, column by name, from
 :class:`~classifier.protocols.DecisionRecord` objects (:class:`SegmentColumnError` for a
 column it cannot fill). Label segments hold rows of
-:data:`logstore.labels.LABEL_SCHEMA`. :func:`write_segment` writes one segment
+:data:`logstore.label_records.LABEL_SCHEMA`. :func:`write_segment` writes one segment
 atomically: decisions as ``seg-<time_ns>-<pid>-<seq>.arrow``, labels as
 ``lab-<time_ns>-<pid>-<seq>.arrow`` (:func:`segment_kind` tells them apart);
 :func:`spool_id` is the spool's own random id (``<spool>/SPOOL_ID``).
@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore.errors import LogStoreError
-from flywheel.logstore.labels import conform_labels
+from flywheel.logstore.label_records import conform_labels
 from flywheel.logstore.schema import SCHEMA_VERSION, utcnow
 
 __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
@@ -485,7 +485,7 @@ def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, st
 
     ``items`` holds ``(key, kind, table)`` with ``kind`` ``"decisions"`` (rows of
     :data:`SEGMENT_SCHEMA`, any older version of it) or ``"labels"`` (rows of
-    :data:`~logstore.labels.LABEL_SCHEMA`). A key already in ``ingested_objects`` (or
+    :data:`~logstore.label_records.LABEL_SCHEMA`). A key already in ``ingested_objects`` (or
     repeated in ``items``) is skipped whole; of the rest, a decision whose
     ``decision_id`` is already in the log (or earlier in ``items``) is skipped with its
     embedding, and so is a label whose ``label_uid`` is; labels of decisions not in the

@@ -28,7 +28,7 @@ from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S
 from flywheel.logstore.drain import SpoolDrain
 from flywheel.logstore.errors import LogStoreError
-from flywheel.logstore.labels import LabelRecord, label_records_to_table
+from flywheel.logstore.label_records import LabelRecord, label_records_to_table
 from flywheel.logstore.segments import DECISIONS, LABELS, records_to_table, spool_id, spool_usage, write_segment
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -84,7 +84,7 @@ from flywheel.classifier.protocols import HistoryEntry
 from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, connect, process_lock, scalar
 from flywheel.logstore.drain import LocalIngest
 from flywheel.logstore.errors import LogStoreError, UnknownDecisionError
-from flywheel.logstore.labels import LabelRecord
+from flywheel.logstore.label_records import LabelRecord
 from flywheel.logstore.schema import apply_migrations, current_version, utcnow
 from flywheel.logstore.segments import ingest_spool, insert_objects
 from flywheel.logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink

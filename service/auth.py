@@ -5,7 +5,7 @@ a way to poison training data)."""
 from __future__ import annotations
 
 import hmac
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import grpc
 
@@ -22,14 +22,18 @@ class AdminTokenInterceptor(grpc.ServerInterceptor):
         self._token = token.encode("utf-8")
         self.methods = frozenset(methods)
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         if handler_call_details.method not in self.methods:
             return continuation(handler_call_details)
         if self._authorized(handler_call_details.invocation_metadata or ()):
             return continuation(handler_call_details)
         return grpc.unary_unary_rpc_method_handler(_refuse)
 
-    def _authorized(self, metadata) -> bool:
+    def _authorized(self, metadata: Iterable[tuple[str, str | bytes]]) -> bool:
         for key, value in metadata:
             if key == "authorization":
                 text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
@@ -39,6 +43,6 @@ class AdminTokenInterceptor(grpc.ServerInterceptor):
         return False
 
 
-def _refuse(request, context: grpc.ServicerContext):
+def _refuse(request: object, context: grpc.ServicerContext) -> None:
     context.abort(grpc.StatusCode.UNAUTHENTICATED,
                   "Feedback needs 'authorization: Bearer <admin token>' in the call's metadata")

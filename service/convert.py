@@ -25,14 +25,14 @@ __all__ = [
     "model_info_to_proto", "model_info_to_dict",
 ]
 
-TIER_TO_PROTO: dict[Tier, int] = {
+TIER_TO_PROTO: dict[Tier, pb.Tier] = {
     Tier.CONFIDENT: pb.TIER_CONFIDENT,
     Tier.AMBIGUOUS: pb.TIER_AMBIGUOUS,
     Tier.WEAK: pb.TIER_WEAK,
     Tier.NO_MATCH: pb.TIER_NO_MATCH,
 }
 TIER_FROM_PROTO: dict[int, Tier] = {v: k for k, v in TIER_TO_PROTO.items()}
-LAYER_TO_PROTO: dict[Layer, int] = {
+LAYER_TO_PROTO: dict[Layer, pb.Layer] = {
     Layer.DECLARED: pb.LAYER_DECLARED,
     Layer.RULES: pb.LAYER_RULES,
     Layer.EMBEDDING: pb.LAYER_EMBEDDING,

@@ -33,7 +33,7 @@ from flywheel.classifier.decision import (
     made_by_this_process,
 )
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.labels import parse_label
+from flywheel.classifier.label_names import parse_label
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Pending, Query
 from flywheel.logstore.errors import UnknownDecisionError
@@ -198,6 +198,8 @@ class SidecarCore:
         return self.classifier.without_teacher(p, why, reason=outcome)
 
     def _count_teacher(self, d: Decision) -> None:
+        if d.layer is Layer.LLM and d.teacher is None:   # a teacher-cache hit: no call (the cache's metric counts it)
+            return
         if d.layer is Layer.LLM:
             outcome = "ok"
         elif d.teacher is not None and d.teacher.error:

@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from flywheel.classifier.audit import AUDIT_OUTCOMES
-from flywheel.classifier.budget import BudgetedTeacher
 from flywheel.classifier.decision import DEGRADED_REASONS, Decision
-from flywheel.classifier.labels import OUT_OF_SCOPE, label_name
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
+from flywheel.classifier.teachers.budget import BudgetedTeacher
+from flywheel.classifier.teachers.cache import CACHE_OUTCOMES
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -264,10 +265,14 @@ class ServerMetrics:
         (``flywheel_audit_answers_total{outcome}``), the shadow scorer's outcomes and loads
         (``flywheel_shadow_decisions_total{outcome}``, ``flywheel_shadow_loads_total{outcome}``,
         ``flywheel_shadow_info{version}``), the models home's last retrain
-        (``flywheel_last_retrain_timestamp_seconds``, absent until one has run) and, when the
-        classifier's teacher is a :class:`~classifier.budget.BudgetedTeacher`, the calls its
+        (``flywheel_last_retrain_timestamp_seconds``, absent until one has run; and its teacher-noise
+        estimate, ``flywheel_teacher_noise_ratio``, absent until a run had a decision with both a
+        teacher and a human label) and, when the
+        classifier's teacher is a :class:`~classifier.teachers.budget.BudgetedTeacher`, the calls its
         budget has left (``flywheel_teacher_budget_remaining{window}``, ``minute`` and ``day``,
-        each only when that limit is set)."""
+        each only when that limit is set), and the teacher answer cache's lookups
+        (``flywheel_teacher_cache_total{outcome}``, ``hit`` or ``miss``; 0 without a cache) and
+        size (``flywheel_teacher_cache_entries``)."""
         self.registry.register(_ServingCollector(classifier, shadow, registry))
 
     def bind_log_buffered(self, fn: Callable[[], float]) -> None:
@@ -337,7 +342,11 @@ class MetricsInterceptor(grpc.ServerInterceptor):
             child = self._handled[key] = self._m.grpc_handled.labels("unary", service, method, code)
         return child
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.response_streaming:
             return handler
@@ -347,7 +356,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         full_method = handler_call_details.method
         service, method, started, seconds = self._method_children(full_method)
 
-        def observed(request, context):
+        def observed(request: Any, context: grpc.ServicerContext) -> Any:
             started.inc()
             t0 = time.perf_counter()
             try:
@@ -402,7 +411,7 @@ class _FleetCollector:
     def __init__(self, spool: Any, sync: Any) -> None:
         self.spool, self.sync = spool, sync
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         s = self.spool
         if s is not None:
             yield _counter("flywheel_log_shipped_rows", "Traffic-log rows acknowledged by the log's destination "
@@ -428,13 +437,13 @@ class _FleetCollector:
 
 
 class _ServingCollector:
-    """Audit outcomes, the shadow scorer, the last retrain and the teacher's call budget,
-    read when Prometheus scrapes."""
+    """Audit outcomes, the shadow scorer, the last retrain, the teacher's call budget and
+    its answer cache, read when Prometheus scrapes."""
 
     def __init__(self, classifier: Any, shadow: Any, registry: Any) -> None:
         self.classifier, self.shadow, self.models = classifier, shadow, registry
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield _labelled_counter("flywheel_audit_answers", "Teacher audits of confident layer-2 decisions by "
                                 "outcome (agree, disagree, failed).", "outcome",
                                 dict(getattr(self.classifier, "audit_outcomes", {})), AUDIT_OUTCOMES)
@@ -455,6 +464,12 @@ class _ServingCollector:
         if isinstance(when, (int, float)) and not isinstance(when, bool):
             yield _gauge("flywheel_last_retrain_timestamp_seconds", "Unix time the last retrain run finished "
                          "(promoted, shadowed or kept), as recorded in the models registry.", when)
+        noise = last.get("teacher_noise") if last else None
+        ratio = noise.get("estimate") if isinstance(noise, dict) else None
+        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+            yield _gauge("flywheel_teacher_noise_ratio", "Share of the teacher's labels a human label on the same "
+                         "decision contradicts, as the last retrain estimated it (its 95% interval and count are "
+                         "in the retrain report's teacher_noise).", ratio)
         teacher = getattr(self.classifier, "teacher", None)   # read now: the teacher may be replaced
         if isinstance(teacher, BudgetedTeacher):
             left = {w: n for w, n in teacher.budget.remaining().items() if n is not None}
@@ -466,6 +481,12 @@ class _ServingCollector:
                 for window in sorted(left):
                     fam.add_metric([window], float(left[window]))
                 yield fam
+        cache = getattr(self.classifier, "teacher_cache", None)
+        yield _labelled_counter("flywheel_teacher_cache", "Layer-3 lookups in this process's teacher answer "
+                                "cache: hit (answered without an LLM call) or miss (the teacher was asked).",
+                                "outcome", cache.counts if cache is not None else {}, CACHE_OUTCOMES)
+        yield _gauge("flywheel_teacher_cache_entries", "Teacher answers held in this process's answer cache "
+                     "(at most teacher.cache_size).", len(cache) if cache is not None else 0)
 
 
 def _labelled_counter(name: str, doc: str, label: str, counts: dict[str, int],
@@ -491,7 +512,7 @@ class _AnchoringCollector:
     def __init__(self, monitor: Any) -> None:
         self.monitor = monitor
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         r = self.monitor.report()
         rate = GaugeMetricFamily("flywheel_anchoring_rate", "Share of teacher answers anchored on the history: "
                                  "with a history, the answer is the history's dominant label and layer 2's is "

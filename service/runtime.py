@@ -1,7 +1,8 @@
 """The runtime wiring shared by ``flywheel classify``, the gRPC sidecar and Python callers.
 
 :func:`open_runtime` opens the classifier that ``cfg`` describes together with what
-serving needs around it, and :class:`Runtime` owns all of it and closes it in order:
+serving needs around it, and :class:`Runtime` owns all of it and closes it in order. Where
+the log and the registry live is the site's to say (:func:`fleet.site.open_site`):
 
 - **Local mode** (no ``store`` configured): the DuckDB traffic log's non-blocking sink
   (:class:`logstore.SpoolSink` draining into the local database), labels (``Feedback`` and
@@ -15,52 +16,60 @@ serving needs around it, and :class:`Runtime` owns all of it and closes it in or
   A fresh replica syncs once before it loads a model, so it starts on the fleet's version.
   No local DuckDB is opened: raw text stays on the replica only until it has shipped.
 
-A long-running process (the sidecar) passes ``background_reload=True``: the watcher and the
+The parts are built first (log, model sync, model, teacher, watchers, shadow), then joined
+in one :class:`~classifier.pipeline.Classifier`; the parts built before it that call into it
+(the watcher's hot swap, the sync's "swap it now", the shadow's encoder check) reach it
+through a :class:`_ClassifierSlot`, filled once, right after it is built.
+
+A long-running process (the sidecar) passes ``background_reload=True``: the watchers and the
 sync then run on their own threads, never on a request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from flywheel.classifier.config import Config
 from flywheel.classifier.decision import TeacherCall
-from flywheel.classifier.default import build_classifier, default_model_dir
+from flywheel.classifier.default import default_model_dir
 from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Classifier
-from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import CURRENT, ModelRegistry
+from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teacher
+from flywheel.classifier.registry import CURRENT, SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
+from flywheel.classifier.shadow import ShadowScorer
+from flywheel.classifier.teachers import build_teacher
+from flywheel.fleet.site import FIRST_SYNC_TIMEOUT_S, ServingLog, Site, open_site
+from flywheel.fleet.sync import RegistrySync
 from flywheel.logstore import LabelSink, LogStore, SpoolSink
 
 __all__ = ["Runtime", "open_runtime", "FIRST_SYNC_TIMEOUT_S"]
 
 log = logging.getLogger("flywheel.serving")
 
-#: How long a starting replica waits for the fleet's current model before it serves what
-#: it has (the store may be down: serving never waits for it longer than this).
-FIRST_SYNC_TIMEOUT_S = 30.0
 
-
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
     """A classifier and what was opened around it, closed by :meth:`close` in order.
 
     ``labels`` takes human labels and audit answers (``None`` without a traffic log);
     ``store`` is the local DuckDB log (``None`` in fleet mode or without a log); ``sink`` is
     the log sink this runtime opened (``None`` when the caller brought one); ``sync`` follows
-    the fleet's model (fleet mode only); ``teacher`` is closed when this runtime built it."""
+    the fleet's model (fleet mode only); ``teacher`` is closed when this runtime built it;
+    ``shadow`` scores the models home's shadow version and ``shadow_watcher`` follows its
+    ``SHADOW`` pointer (serving from a models home, with a log)."""
 
     classifier: Classifier
     labels: LabelSink | None = None
     store: LogStore | None = None
     sink: SpoolSink | None = None
-    sync: Any = None
-    teacher: Any = None
-    shadow: Any = None            # a classifier.shadow.ShadowScorer (serving from a models home, with a log)
-    shadow_watcher: Any = None    # the ModelWatcher on the models home's SHADOW pointer
+    sync: RegistrySync | None = None
+    teacher: Teacher | None = None
+    shadow: ShadowScorer | None = None
+    shadow_watcher: ModelWatcher | None = None
 
     @property
     def fleet(self) -> bool:
@@ -83,124 +92,135 @@ class Runtime:
                 if self.sink is not None:
                     self.sink.close(grace_s=grace_s)
             finally:
-                close = getattr(self.teacher, "close", None)
-                if close is not None:
-                    close()
+                if isinstance(self.teacher, ManagedTeacher):
+                    self.teacher.close()
+
+
+class _ClassifierSlot:
+    """Where the classifier will be, for the parts built before it that call into it: the
+    watcher hands it each promoted version (:meth:`swap_model`), the fleet's sync asks for
+    that at once (:meth:`reload_now`), the shadow checks a version's encoder against the
+    serving one (:meth:`check_encoder`). :meth:`fill` puts the classifier in, once, right
+    after it is built; nothing calls these before (the first sync, which comes earlier,
+    finds nothing to reload: the model is loaded after it)."""
+
+    def __init__(self) -> None:
+        self._classifier: Classifier | None = None
+
+    def fill(self, classifier: Classifier) -> Classifier:
+        if self._classifier is not None:
+            raise RuntimeError("the classifier slot is filled once")
+        self._classifier = classifier
+        return classifier
+
+    @property
+    def classifier(self) -> Classifier:
+        if self._classifier is None:
+            raise RuntimeError("the classifier is not built yet")
+        return self._classifier
+
+    def swap_model(self, model: IntentModel | None) -> None:
+        if model is not None:     # the CURRENT pointer never clears
+            self.classifier.swap_model(model)
+
+    def check_encoder(self, model: IntentModel) -> None:
+        self.classifier.check_encoder(model)
+
+    def reload_now(self) -> None:
+        watcher = self._classifier.watcher if self._classifier is not None else None
+        if watcher is not None:   # swap a version in as soon as the sync has installed it
+            watcher.poll(force=True)
 
 
 def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = True,
-                 background_reload: bool = False, **kwargs: Any) -> Runtime:
+                 background_reload: bool = False, site: Site | None = None, **kwargs: Any) -> Runtime:
     """Build the default classifier for ``cfg`` with its traffic log, labels and audits.
 
-    ``kwargs`` go to :class:`~classifier.pipeline.Classifier` (an ``embedder``, a
+    ``site`` is where the log and the registry live (default: :func:`fleet.site.open_site`
+    of ``cfg``). ``kwargs`` go to :class:`~classifier.pipeline.Classifier` (an ``embedder``, a
     ``teacher``, a ``log_sink`` of the caller's, ...). Raises
     :class:`~logstore.LogStoreError` when the log is not writable and
     :class:`fleet.errors.StoreConfigError` for a bad store URL or missing credentials,
     before any model is loaded.
+
+    The parts come first, in this order: the site, the log (store, sink, labels), the
+    fleet's model sync (which syncs once), the served model, the teacher, the model watcher
+    and the shadow; then one ``Classifier`` joins them, and then the threads start. A part
+    that fails closes what was opened before it.
     """
     if cfg.mask_pii:
         from flywheel.classifier.masking import mask_pii
 
         kwargs.setdefault("redact", mask_pii)
-    if cfg.store:
-        return _open_fleet(cfg, log_decisions, progress, background_reload, kwargs)
-    store = LogStore(cfg.log_path) if log_decisions else None
-    sink = None
-    if store is not None and "log_sink" not in kwargs:  # a caller's own sink is used as is
-        sink = kwargs["log_sink"] = store.open_sink()
-    return _build(cfg, kwargs, progress, background_reload,
-                  Runtime(None, labels=store, store=store, sink=sink))  # type: ignore[arg-type]
+    site = site if site is not None else open_site(cfg)
+    slot = _ClassifierSlot()
+    with contextlib.ExitStack() as undo:       # closes what is open if a later part fails
+        served = site.serving_log(own_sink="log_sink" not in kwargs) if log_decisions else ServingLog()
+        if served.sink is not None:
+            undo.callback(served.sink.close)
+            kwargs.setdefault("log_sink", served.sink)   # a caller's own sink is used as is
+        sync = site.follow(slot.reload_now, progress=progress)
+        model, home = _served_model(cfg, progress)
+        own_teacher = "teacher" not in kwargs
+        teacher: Teacher | None = build_teacher(cfg, model.intents) if own_teacher else kwargs.pop("teacher")
+        watcher = (ModelWatcher(home, slot.swap_model, WATCH_INTERVAL_S, current=model.version)
+                   if home is not None else None)
+        shadow_sink = served.sink if served.sink is not None else kwargs.get("log_sink")
+        shadow, shadow_watcher = _shadow_parts(cfg, home, shadow_sink, slot)
+        if served.labels is not None:
+            kwargs.setdefault("audit_rate", cfg.audit_rate)
+            kwargs.setdefault("audit_callback", _audit_recorder(served.labels))
+        kwargs.setdefault("cache_root", cfg.cache_root)
+        classifier = slot.fill(Classifier(model, teacher=teacher, watcher=watcher, shadow=shadow, **kwargs))
+        undo.pop_all()
+    _start(watcher, shadow_watcher, sync, background_reload)
+    return Runtime(classifier, labels=served.labels, store=served.store, sink=served.sink, sync=sync,
+                   teacher=teacher if own_teacher else None, shadow=shadow, shadow_watcher=shadow_watcher)
 
 
-def _open_fleet(cfg: Config, log_decisions: bool, progress: bool, background_reload: bool,
-                kwargs: dict[str, Any]) -> Runtime:
-    from flywheel.fleet.config import StoreConfig
-    from flywheel.fleet.objects import ObjectStore
-    from flywheel.fleet.shipper import ObjectShipper
-    from flywheel.fleet.sync import RegistrySync
-
-    objects = ObjectStore(StoreConfig.parse(cfg.store))
-    local = ModelRegistry(cfg.models_dir)
-    sync = RegistrySync(objects, local, interval_s=cfg.store_poll_s)
-    if cfg.model is None:
-        sync.sync_once(FIRST_SYNC_TIMEOUT_S)
-        _serve_from_models_home(cfg, local, progress)
-    sink = None
-    if log_decisions:
-        spool = Path(str(cfg.log_path) + ".spool")
-        sink = SpoolSink(spool, drain=ObjectShipper(objects), drain_interval_s=cfg.ship_interval_s,
-                         max_spool_bytes=int(cfg.spool_max_mb * 2**20))
-        if "log_sink" not in kwargs:
-            kwargs["log_sink"] = sink
-    rt = Runtime(None, labels=sink, sink=sink, sync=sync)  # type: ignore[arg-type]
-    rt = _build(cfg, kwargs, progress, background_reload, rt)
-    watcher = rt.classifier.watcher
-    if watcher is not None:  # swap a version in as soon as the sync has installed it
-        sync.on_new = lambda: watcher.poll(force=True)
-    if background_reload:
-        sync.start()
-    return rt
-
-
-def _serve_from_models_home(cfg: Config, local: ModelRegistry, progress: bool) -> None:
-    """Before the fleet has promoted anything, serve the default model from the local models
-    home (installed there once), so that the watcher follows the fleet's first promotion."""
-    if (local.home / CURRENT).is_file():
-        return
+def _served_model(cfg: Config, progress: bool) -> tuple[IntentModel, ModelRegistry | None]:
+    """The version to serve (:func:`~classifier.default.default_model_dir`), and the models
+    home it was promoted in (``None``: a version directory, nothing to follow)."""
     path = default_model_dir(cfg, progress=progress)
-    if (path / CURRENT).is_file():
-        return
-    name = local.publish(path)
-    local.promote(name)
-    log.info("replica: the fleet has promoted no model yet; serving %s locally until it does", name)
+    if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
+        home = ModelRegistry(path)
+        return home.load_current(), home
+    return IntentModel.load(path), None
 
 
-def _build(cfg: Config, kwargs: dict[str, Any], progress: bool, background_reload: bool,
-           rt: Runtime) -> Runtime:
-    """Build the classifier into ``rt``; on failure close what ``rt`` opened."""
-    if rt.labels is not None:
-        kwargs.setdefault("audit_rate", cfg.audit_rate)
-        kwargs.setdefault("audit_callback", _audit_recorder(rt.labels))
-    own_teacher = "teacher" not in kwargs
-    try:
-        rt.classifier = build_classifier(cfg, progress=progress, background_reload=background_reload, **kwargs)
-    except BaseException:
-        if rt.sink is not None:
-            rt.sink.close()
-        raise
-    rt.teacher = rt.classifier.teacher if own_teacher else None
-    _attach_shadow(cfg, rt, background_reload)
-    return rt
-
-
-def _attach_shadow(cfg: Config, rt: Runtime, background_reload: bool) -> None:
+def _shadow_parts(cfg: Config, home: ModelRegistry | None, sink: object,
+                  slot: _ClassifierSlot) -> tuple[ShadowScorer | None, ModelWatcher | None]:
     """Score the models home's shadow version (``SHADOW``, see ``flywheel models shadow``)
     beside the champion, when the classifier is served from a models home and its decisions
-    are logged (shadow answers are logged as ``source='shadow'`` labels): a
-    :class:`~classifier.shadow.ShadowScorer` fed by the pipeline, and a watcher on the pointer
-    (polled once now; on its own thread with ``background_reload``)."""
-    clf = rt.classifier
-    sink = rt.sink if rt.sink is not None else clf.log_sink
-    add = getattr(sink, "add_shadow_answer", None)
-    if cfg.shadow_fraction <= 0 or clf.watcher is None or add is None:
-        return
-    from flywheel.classifier.registry import SHADOW, ModelWatcher
-    from flywheel.classifier.shadow import ShadowScorer
-
-    scorer = ShadowScorer(add, fraction=cfg.shadow_fraction, check_encoder=clf.check_encoder)
-    watcher = ModelWatcher(clf.watcher.registry, scorer.set_model, clf.watcher.interval_s, pointer=SHADOW)
+    are logged to a sink that takes shadow answers (logged as ``source='shadow'`` labels):
+    a :class:`~classifier.shadow.ShadowScorer` and a watcher on the pointer."""
+    add = getattr(sink, "add_shadow_answer", None)   # a caller's own sink may not take them
+    if cfg.shadow_fraction <= 0 or home is None or add is None:
+        return None, None
+    scorer = ShadowScorer(add, fraction=cfg.shadow_fraction, check_encoder=slot.check_encoder)
+    watcher = ModelWatcher(home, scorer.set_model, WATCH_INTERVAL_S, pointer=SHADOW)
     watcher.listeners.append(scorer.count_load)
-    rt.shadow, rt.shadow_watcher = scorer, watcher
-    clf.shadow = scorer
-    try:
-        watcher.poll(force=True)
-    except Exception:  # noqa: BLE001 - a shadow never stops serving
-        log.exception("loading the shadow version failed; serving without it")
-    if background_reload:
+    return scorer, watcher
+
+
+def _start(watcher: ModelWatcher | None, shadow_watcher: ModelWatcher | None, sync: RegistrySync | None,
+           background: bool) -> None:
+    """Load the shadow version now, and with ``background`` run the watchers and the sync
+    on their own threads (else the classifier polls its watcher before a request)."""
+    if watcher is not None and background:
         watcher.start()
+    if shadow_watcher is not None:
+        try:
+            shadow_watcher.poll(force=True)
+        except Exception:  # noqa: BLE001 - a shadow never stops serving
+            log.exception("loading the shadow version failed; serving without it")
+        if background:
+            shadow_watcher.start()
+    if sync is not None and background:
+        sync.start()
 
 
-def _audit_recorder(labels: LabelSink):
+def _audit_recorder(labels: LabelSink) -> Callable[[DecisionRecord, TeacherCall], None]:
     """The audit callback: the teacher's answer becomes a teacher label of the decision."""
     def on_audit(record: DecisionRecord, call: TeacherCall) -> None:
         try:

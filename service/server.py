@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import grpc
@@ -35,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from flywheel.classifier.config import Config
 from flywheel.classifier.errors import ConfigError
+from flywheel.classifier.protocols import ManagedTeacher
 from flywheel.service.auth import AdminTokenInterceptor
 from flywheel.service.core import SidecarCore
 from flywheel.service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
@@ -176,19 +178,19 @@ class SidecarServer:
         m.bind_anchoring(clf.anchoring)  # the teacher's history anchoring (ADR RC-03)
         m.bind_serving(classifier=clf, shadow=self.runtime.shadow,
                        registry=clf.watcher.registry if clf.watcher is not None else None)
-        breaker = getattr(clf.teacher, "breaker", None)
+        breaker = clf.teacher.breaker if isinstance(clf.teacher, ManagedTeacher) else None
         if breaker is not None:
             m.bind_breaker_open(lambda: breaker.state == "open")
         if clf.watcher is not None:
             clf.watcher.listeners.append(self._on_reload)
 
     def _start_teacher_check(self) -> None:
-        """Run the teacher's ``check()`` (when it has one) on a daemon thread: serving never
-        waits for it, and the teacher's own timeout bounds it."""
-        check = getattr(self.runtime.classifier.teacher, "check", None)
-        if check is None:
+        """Run the teacher's ``check()`` (when it is a :class:`~classifier.protocols.ManagedTeacher`)
+        on a daemon thread: serving never waits for it, and the teacher's own timeout bounds it."""
+        teacher = self.runtime.classifier.teacher
+        if not isinstance(teacher, ManagedTeacher):
             return
-        self.teacher_check = threading.Thread(target=self._check_teacher, args=(check,),
+        self.teacher_check = threading.Thread(target=self._check_teacher, args=(teacher.check,),
                                               name="flywheel-teacher-check", daemon=True)
         self.teacher_check.start()
 
@@ -247,7 +249,7 @@ def serve(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decision
     server = create_server(cfg, options, log_decisions=log_decisions)
     stop = threading.Event()
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s: shutting down (grace %.1fs)", signal.Signals(signum).name, options.grace_s)
         stop.set()
 

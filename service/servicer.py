@@ -22,9 +22,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import grpc
+from google.protobuf.message import Message
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.labels import label_name
+from flywheel.classifier.label_names import label_name
 from flywheel.classifier.pipeline import Query
 from flywheel.logstore.errors import LogStoreBusyError, UnknownDecisionError
 from flywheel.service.convert import decision_to_proto, history_from_proto, model_info_to_proto
@@ -90,7 +91,7 @@ class IntentClassifierServicer(pb_grpc.IntentClassifierServicer):
             return model_info_to_proto(self.core.model())
 
     @contextmanager
-    def _mapped(self, context: grpc.ServicerContext, request) -> Iterator[None]:
+    def _mapped(self, context: grpc.ServicerContext, request: Message) -> Iterator[None]:
         try:
             size = request.ByteSize()
             if size > self.max_message_bytes:

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from flywheel.classifier.errors import TeacherError
-from flywheel.classifier.labels import OUT_OF_SCOPE
+from flywheel.classifier.label_names import OUT_OF_SCOPE
 from flywheel.classifier.protocols import HistoryEntry, LabelOption, TeacherRequest
-from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher
+from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher
 from tests.support.paths import ROOT
 from tests.support.simulated_ollama import SimulatedOllama, load_clinc_truth, offered_labels, query_from_messages
 

@@ -8,19 +8,24 @@ Each command only parses its options, calls the library and prints the result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
 from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.intents import IntentSet, TuneSettings
-from flywheel.classifier.labels import label_name
+from flywheel.classifier.label_names import label_name
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.output import echo_json
+
+if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
+    from flywheel.fleet.site import Site
+    from flywheel.logstore import LogStore
 
 __all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
 
@@ -57,9 +62,9 @@ def train_command(
         _refuse_models_home(out, cfg, models)
     registry = None
     if promote:
-        from flywheel.training.fleetlog import open_registry
+        from flywheel.fleet.site import open_site
 
-        registry = open_registry(cfg, models)   # the bucket's registry in fleet mode
+        registry = open_site(cfg).registry(models)   # the bucket's registry in fleet mode
         if out is not None:
             registry.staging_dir(out.name)      # a valid version name, before training
     intent_set = load_intents(intents)
@@ -70,7 +75,11 @@ def train_command(
             model = fit_model(intent_set, version=version, progress=not quiet)
         else:
             model = _train_tuned(intent_set, tune, Path(work), version=version, quiet=quiet)
-        target = out if out is not None else registry.staging_dir(model.version)
+        if out is not None:
+            target = out
+        else:
+            assert registry is not None, "--promote without --out, checked above"
+            target = registry.staging_dir(model.version)
         model.save(target)   # copies the tuned encoder (if any) out of the work directory
     m = model.manifest
     if registry is not None:
@@ -128,7 +137,7 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
         + f"; exported as {r['encoder_id']} ({r['encoder_bytes'] / 1e6:.1f} MB)")
     # the head calibrates only on the examples the tuner did not see (tuned.fit_only)
     model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet,
-                      examples_fit_only=tuned.fit_only)
+                      examples_fit_only=tuned.fit_only.tolist())
     model.manifest.metrics["encoder_tuning"] = r
     return replace(model, encoder_dir=tuned.export.path)
 
@@ -211,9 +220,9 @@ def eval_command(
         from flywheel.training.evaluate import evaluate, format_report, write_plots
         from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
 
-        opts = dict(fmt=dataset_format, text_column=text_column, label_column=label_column, oos_label=oos_label,
-                    lang_column=lang_column)
-        test_data = load_labelled(test, split="test", **opts)
+        load = functools.partial(load_labelled, fmt=dataset_format, text_column=text_column,
+                                 label_column=label_column, oos_label=oos_label, lang_column=lang_column)
+        test_data = load(test, split="test")
         tuning, embedder = None, None
         if model is not None:
             if tune_encoder:
@@ -222,7 +231,7 @@ def eval_command(
         else:
             base = load_intents(intents) if intents else None
             if train is not None:
-                data = load_labelled(train, split="train", **opts)
+                data = load(train, split="train")
                 intent_set = intent_set_from_data(data, name=train.stem, base=base)
             elif base is not None:
                 intent_set = base
@@ -237,6 +246,7 @@ def eval_command(
                 tune = settings_with(intent_set.embedder.tune, budget_s=tune_budget, objective=tune_objective,
                                      epochs=tune_epochs, holdout=tune_holdout)
                 m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
+                assert m.encoder_dir is not None, "a tuned version carries its encoder"
                 tuning = m.manifest.metrics["encoder_tuning"]
                 # scored as a version serves it: the exported (int8 where it holds) encoder
                 embedder = VersionEncoderEmbedder(m.encoder_dir, batch_size=intent_set.embedder.batch_size,
@@ -248,7 +258,7 @@ def eval_command(
         if calibration is not None:
             from flywheel.training.evaluate import calibrate_sets
 
-            m = calibrate_sets(m, load_labelled(calibration, split="val", **opts), embedder=embedder)
+            m = calibrate_sets(m, load(calibration, split="val"), embedder=embedder)
         # a label the model cannot answer would count as an error: score without those rows, or refuse
         test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
         if skipped:
@@ -290,19 +300,18 @@ def feedback_command(
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
     from flywheel.classifier.decision import looks_like_decision_id
+    from flywheel.fleet.site import open_site
     from flywheel.training.feedback import record_feedback
-    from flywheel.training.fleetlog import label_sink, open_log, open_objects
 
     cfg = load_config(home=home, log_db=log_db)
-    objects = open_objects(cfg)
-    if objects is None:
+    site = open_site(cfg)
+    if not site.fleet:
         stored = record_feedback(cfg, decision_id, label, author=author)
     else:  # fleet mode: the decision may be on a replica's spool still; checked at retrain
         if not looks_like_decision_id(decision_id):
             raise InvalidInputError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
-        store = open_log(cfg, objects=objects)
-        stored = record_feedback(cfg, decision_id, label, author=author,
-                                 labels=label_sink(cfg, store, objects=objects))
+        store = site.open_log()
+        stored = record_feedback(cfg, decision_id, label, author=author, labels=site.labels(store))
         if not store.has_decision(decision_id):
             typer.echo(f"flywheel: note: decision {decision_id} is not in the fleet's log yet; the label "
                        f"is kept and counts once the decision arrives", err=True)
@@ -321,18 +330,18 @@ def label_command(
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
     from flywheel.classifier.default import build_classifier
-    from flywheel.training.fleetlog import label_sink, open_log, open_objects
+    from flywheel.fleet.site import open_site
     from flywheel.training.labeling import backfill_pending
 
     cfg = load_config(home=home, log_db=log_db, teacher=teacher, ollama_host=teacher_host, teacher_host=teacher_host)
     if cfg.teacher == "off":
         raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
-    objects = open_objects(cfg)
-    store = open_log(cfg, progress=not quiet, objects=objects)
+    site = open_site(cfg)
+    store = site.open_log(progress=not quiet)
     clf = build_classifier(cfg, progress=not quiet)
     try:
         counts = backfill_pending(store, clf, batch_size=batch_size, limit=limit, progress=not quiet,
-                                  labels=label_sink(cfg, store, objects=objects))
+                                  labels=site.labels(store))
     finally:
         clf.close()
     if as_json:
@@ -368,16 +377,18 @@ def stats_command(
     window_v = check_options(window, last_n, top_n)
     if shadow is not None and not shadow.strip():
         raise InvalidInputError("--shadow needs a version name")
+    from flywheel.fleet.site import open_site
+
     cfg = load_config(home=home, log_db=log_db)
-    open_store = None
-    if cfg.store:  # fleet mode: every replica's decisions, mirrored into the local log first
-        from flywheel.training.fleetlog import open_log
+    site = open_site(cfg)
+    open_store: Callable[[], LogStore] | None = None
+    if site.fleet:  # every replica's decisions, mirrored into the local log first
+        mirrored = site.open_log(progress=not as_json)   # a store that is down fails here, in one line
 
-        mirrored = open_log(cfg, progress=not as_json)   # a store that is down fails here, in one line
-
-        def open_store():
+        def open_mirrored() -> LogStore:
             return mirrored
-    shadow_version = shadow.strip() if shadow is not None else _registry_shadow(cfg)
+        open_store = open_mirrored
+    shadow_version = shadow.strip() if shadow is not None else _registry_shadow(site)
     result = stats_for_path(cfg.log_path, window=window_v, last=last_n, top=top_n, open_store=open_store,
                             shadow_version=shadow_version)
     if result.get("missing"):
@@ -389,18 +400,12 @@ def stats_command(
         typer.echo(format_table(result))
 
 
-def _registry_shadow(cfg: Config) -> str | None:
-    """The shadow version the registry names (``SHADOW``: the local models home, or in fleet
-    mode the bucket's), or ``None``. Stats must work while the store is down: a registry
-    that cannot be read leaves the section out, with a warning on stderr."""
+def _registry_shadow(site: Site) -> str | None:
+    """The shadow version the site's registry names (``SHADOW``: the local models home, or
+    in fleet mode the bucket's), or ``None``. Stats must work while the store is down: a
+    registry that cannot be read leaves the section out, with a warning on stderr."""
     try:
-        if not cfg.store:
-            from flywheel.classifier.registry import ModelRegistry
-
-            return ModelRegistry(cfg.models_dir).shadow_name()
-        from flywheel.training.fleetlog import open_registry
-
-        return open_registry(cfg).shadow()
+        return site.registry().shadow()
     except (FlywheelError, OSError) as exc:
         typer.echo(f"flywheel: warning: cannot read the shadow version ({exc}); no shadow section",
                    err=True)
@@ -417,12 +422,12 @@ def prune_log_command(
 
     Labels, layer-2 vectors and every other field stay, so the retrain still trains on those
     decisions with the same encoder; the bytes of the text are gone, not only its rows."""
-    from flywheel.training.fleetlog import open_log, open_objects, prune_log_now
+    from flywheel.fleet.site import open_site
 
     cfg = load_config(home=home, log_db=log_db)
-    objects = open_objects(cfg)
-    store = open_log(cfg, progress=not as_json, objects=objects)
-    rep = prune_log_now(cfg, store, days, objects=objects, progress=False)
+    site = open_site(cfg)
+    store = site.open_log(progress=not as_json)
+    rep = site.prune_log(store, days)
     out = {"cutoff": rep.cutoff.isoformat() + "Z", "objects_redacted": rep.redacted, "objects_deleted": rep.deleted,
            "objects_waiting": rep.waiting, "local_rows": rep.local_rows, "compacted_bytes": rep.compacted_bytes,
            "spool_files": rep.spool_files, "seconds": round(rep.seconds, 3)}
@@ -431,5 +436,5 @@ def prune_log_command(
         return
     typer.echo(f"removed query text older than {out['cutoff']}: {rep.local_rows:,} local rows"
                + (f", {rep.redacted} store objects rewritten without text ({rep.deleted} originals deleted)"
-                  if objects is not None else "")
+                  if site.fleet else "")
                + (f"; {rep.waiting} objects of the cutoff day wait for the next run" if rep.waiting else ""))

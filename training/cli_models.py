@@ -2,8 +2,8 @@
 
 With a store configured (fleet mode) ``list``, ``push``, ``promote``, ``rollback`` and
 ``shadow`` act on the fleet's registry in the bucket (``promote``/``rollback`` switch
-``models/CURRENT`` by compare-and-swap, and every replica follows); ``prune`` always cleans
-the local models home.
+``models/CURRENT`` by compare-and-swap, and every replica follows); ``prune`` cleans the
+bucket, then the local models home (``--local-only``: the home alone).
 
 ``shadow VERSION`` makes every replica score VERSION beside the served one on live layer-2
 traffic, enforcing nothing (``--clear`` stops it); ``flywheel stats`` reports how it
@@ -13,7 +13,7 @@ compares, and ``promote --from-shadow`` promotes it once it has answered at leas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -21,6 +21,12 @@ from flywheel.classifier.config import HOME_HELP, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
 from flywheel.classifier.output import echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
+
+if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
+    from collections.abc import Callable
+
+    from flywheel.classifier.protocols import Registry
+    from flywheel.fleet.site import Site
 
 __all__ = ["DEFAULT_MIN_SHADOW", "models_app", "push_version"]
 
@@ -39,14 +45,15 @@ def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
     return ModelRegistry(models or load_config(home=home).models_dir)
 
 
-def _fleet_or_local(models: Optional[Path], home: Optional[Path]) -> Any:
-    from flywheel.training.fleetlog import open_registry
+def _site(home: Optional[Path]) -> Site:
+    """Where the registry and the log live: the local home, or the fleet's store."""
+    from flywheel.fleet.site import open_site
 
-    return open_registry(load_config(home=home), models)
+    return open_site(load_config(home=home))
 
 
-def _where(reg: Any) -> str:
-    return str(getattr(reg, "home", None) or reg)
+def _where(reg: Registry) -> str:
+    return str(reg.home if isinstance(reg, ModelRegistry) else reg)   # a local home by its path, the bucket by its repr
 
 
 @models_app.command("list")
@@ -54,7 +61,7 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
                 as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
     """List versions (the served one marked with *)."""
-    reg = _fleet_or_local(models, home)
+    reg = _site(home).registry(models)
     vs = reg.versions()
     if as_json:
         echo_json([{"version": v.name, "current": v.current, "created_at": v.created_at,
@@ -83,9 +90,11 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
     fleet-wide with a store)."""
     if from_shadow == (version is not None):
         raise InvalidInputError("give a VERSION or --from-shadow, not both and not neither")
-    reg = _fleet_or_local(models, home)
+    site = _site(home)
+    reg = site.registry(models)
     if from_shadow:
-        version = _ready_shadow(reg, min_shadow, force, home)
+        version = _ready_shadow(site, reg, min_shadow, force)
+    assert version is not None, "a VERSION or --from-shadow, checked above"
     _, token = reg.current()
     reg.promote(version, expected=token)   # refused if another promotion lands meanwhile
     typer.echo(f"promoted {version} in {_where(reg)}")
@@ -97,9 +106,8 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
             typer.echo(f"flywheel: warning: the shadow was not cleared: {exc}", err=True)
 
 
-def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) -> str:
+def _ready_shadow(site: Site, reg: Registry, min_shadow: int, force: bool) -> str:
     """The shadow version, if it answered at least ``min_shadow`` logged decisions (or ``force``)."""
-    from flywheel.training.fleetlog import open_log
     from flywheel.training.shadow_stats import count_shadow
 
     name = reg.shadow()
@@ -107,7 +115,7 @@ def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) 
         raise ModelError(f"no shadow version in {_where(reg)} (set one with flywheel models shadow VERSION)")
     if force:
         return name
-    n = count_shadow(open_log(load_config(home=home)), name)
+    n = count_shadow(site.open_log(), name)
     if n < min_shadow:
         raise InvalidInputError(f"shadow {name} has answered {n} logged decisions, fewer than --min-shadow "
                                 f"{min_shadow}; wait for more traffic or pass --force")   # exit 2
@@ -115,11 +123,15 @@ def _ready_shadow(reg: Any, min_shadow: int, force: bool, home: Optional[Path]) 
     return name
 
 
-def _check_same_encoder(reg: Any, version: str, current: Optional[str]) -> None:
-    """A shadow scores the champion's vectors: refuse one trained with another encoder."""
+def _check_same_encoder(reg: Registry, version: str, current: Optional[str]) -> None:
+    """A shadow scores the champion's vectors, or encodes its share itself with the encoder
+    it carries: refuse one trained with another encoder that it does not carry."""
     if current is None:
         return
-    mine, theirs = reg.load(version).manifest.encoder, reg.load(current).manifest.encoder
+    shadow = reg.load(version)
+    if shadow.encoder_dir is not None:
+        return
+    mine, theirs = shadow.manifest.encoder, reg.load(current).manifest.encoder
     if (mine.get("id"), mine.get("dim")) != (theirs.get("id"), theirs.get("dim")):
         raise InvalidInputError(f"{version} was trained with encoder {mine.get('id')!r} ({mine.get('dim')}-d), "
                                 f"the served {current} with {theirs.get('id')!r} ({theirs.get('dim')}-d): a shadow "
@@ -136,7 +148,7 @@ def models_shadow(version: Optional[str] = typer.Argument(
     with a store); --clear stops it. Without arguments, print the shadow version."""
     if clear and version is not None:
         raise InvalidInputError("give a VERSION or --clear, not both")
-    reg = _fleet_or_local(models, home)
+    reg = _site(home).registry(models)
     if clear:
         reg.set_shadow(None)
         typer.echo(f"shadow cleared in {_where(reg)}")
@@ -157,13 +169,13 @@ def models_push(directory: Path = typer.Argument(..., help="A saved version dire
                 models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Publish a locally trained version to the registry (create-only, manifest last)."""
-    reg = _fleet_or_local(models, home)
+    reg = _site(home).registry(models)
     if not Path(directory).is_dir():
         raise InvalidInputError(f"{directory}: not a directory")
     push_version(reg, Path(directory), promote=promote)
 
 
-def push_version(reg: Any, directory: Path, *, promote: bool, say: bool = True) -> str:
+def push_version(reg: Registry, directory: Path, *, promote: bool, say: bool = True) -> str:
     """Publish the saved version ``directory`` to ``reg`` (create-only) and, with ``promote``,
     serve it through ``reg.promote`` (verified, compare-and-swap against the pointer as read
     after publishing); returns its name. ``models push`` and ``train --promote`` share it."""
@@ -183,7 +195,7 @@ def models_rollback(models: Optional[Path] = typer.Option(None, "--models", help
                     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve the previously promoted version again, checked as promote checks it
     (fleet-wide with a store)."""
-    reg = _fleet_or_local(models, home)
+    reg = _site(home).registry(models)
     _, token = reg.current()
     new_token = reg.rollback(expected=token)   # the token is opaque (an etag in fleet mode): print the name
     name, now = reg.current()
@@ -200,22 +212,50 @@ def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
                  keep_recent: int = typer.Option(3, "--keep-recent",
                                                  help="Keep the N newest versions, promoted or not."),
                  dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+                 local_only: bool = typer.Option(False, "--local-only",
+                                                 help="With a store: prune only the local models home, "
+                                                      "not the bucket."),
                  models: Optional[Path] = typer.Option(None, "--models", help=_LOCAL_MODELS_HELP),
                  home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
-    """Delete old versions from the local models home (never the store's); the served one,
-    the last promoted and the newest stay."""
+    """Delete old versions (fleet-wide with a store: the bucket's, then the local home's);
+    the served one, the shadow, the last promoted and the newest stay."""
+    cfg = load_config(home=home)
+    if cfg.store and not local_only:
+        from flywheel.fleet.registry import BucketRegistry
+
+        if keep_recent < 1:   # a retrain on another host may have published and not yet promoted it
+            raise InvalidInputError("--keep-recent must be at least 1 with a store: the newest version may be "
+                                    "one a retrain on another host has published and is about to promote")
+        bucket = _site(home).registry(models)
+        if not isinstance(bucket, BucketRegistry):   # open_site gives the bucket whenever a store is set
+            raise FlywheelError(f"expected the fleet's registry with store {cfg.store}, got {bucket!r}")
+        total = len(bucket.versions())
+        _locked(bucket.local, dry_run, lambda: _report_pruned(
+            bucket.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run), total, dry_run,
+            _where(bucket)))
     reg = _registry(models, home)
     total = len(reg.versions())
+    _locked(reg, dry_run, lambda: _report_pruned(
+        reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run), total, dry_run,
+        str(reg.home)))
+
+
+def _locked(reg: ModelRegistry, dry_run: bool, run: "Callable[[], None]") -> None:
+    """``run`` under the local home's retrain lock: never delete beside a running retrain
+    (it saves, publishes, then promotes a new version); a dry run or a missing home needs none."""
     if dry_run or not reg.home.is_dir():
-        removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent, dry_run=dry_run)
-    else:  # never delete beside a running retrain (it saves, then promotes, a new version)
-        with reg.lock() as taken:
-            if not taken:
-                raise FlywheelError(f"a retrain is running ({reg.home / RETRAIN_LOCK} is held); "
-                                    "try again when it is done")
-            removed = reg.prune(keep_promoted=keep_promoted, keep_recent=keep_recent)
+        run()
+        return
+    with reg.lock() as taken:
+        if not taken:
+            raise FlywheelError(f"a retrain is running ({reg.home / RETRAIN_LOCK} is held); "
+                                "try again when it is done")
+        run()
+
+
+def _report_pruned(removed: list[str], total: int, dry_run: bool, where: str) -> None:
     verb = "would remove" if dry_run else "removed"
     for name in removed:
         typer.echo(f"{verb} {name}")
     typer.echo(f"{'dry run: ' if dry_run else ''}{verb} {len(removed)} of {total} versions, "
-               f"{total - len(removed)} kept, in {reg.home}")
+               f"{total - len(removed)} kept, in {where}")

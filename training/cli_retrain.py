@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -21,8 +21,8 @@ from flywheel.training.options import RetrainOptions, resolve_tune
 from flywheel.training.report import RetrainResult, challenger_lines, fmt_share, fmt_value
 
 if TYPE_CHECKING:
-    from flywheel.classifier.intents import IntentSet
-    from flywheel.classifier.protocols import Registry
+    from flywheel.classifier.intents import EmbedderSettings, IntentSet
+    from flywheel.classifier.protocols import Embedder, Registry
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 
@@ -60,13 +60,17 @@ def retrain_command(
              "(default: the intent file's embedder.tune)."),
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s, 900)."),
+    teacher_filter: bool = typer.Option(
+        _DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter",
+        help="Drop teacher labels the evidence contradicts before training (out of scope deep inside an "
+             "intent, labels humans keep correcting); off, the report says what it would drop."),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
         options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
-                                 shadow=shadow)
+                                 shadow=shadow, teacher_filter=teacher_filter)
         if tune_budget is not None:   # a bad budget, or one with --no-tune-encoder: exit 2 before any work
             resolve_tune(None, tune_encoder is not False, tune_budget)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,
@@ -93,8 +97,9 @@ def retrain_command(
         typer.echo(result.markdown)
 
 
-def make_embedder(settings: Any, cache_root: Path | None = None) -> Any:
-    """The embedder for an intent set's settings, its caches under ``cache_root`` (tests replace this)."""
+def make_embedder(settings: EmbedderSettings, cache_root: Path | None = None) -> Embedder:
+    """The embedder for an intent set's settings, its caches under ``cache_root`` (the seam tests replace
+    with a fake embedder: :func:`run_from_config` builds its embedder only through this)."""
     from flywheel.classifier.encoders import make_embedder
 
     return make_embedder(settings, cache_root=cache_root)
@@ -117,24 +122,24 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     from flywheel.classifier.config import load_config, starter_intents_path
     from flywheel.classifier.default import existing_model_dir
     from flywheel.classifier.intents import load_intents
-    from flywheel.training.fleetlog import apply_retention, open_log, open_objects, open_registry
+    from flywheel.fleet.site import open_site
 
     cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
-    objects = open_objects(cfg)
-    registry = open_registry(cfg, models, objects=objects)
+    site = open_site(cfg)
+    registry = site.registry(models)
     if intents is not None:
         intent_set = load_intents(intents)
     else:
-        intent_set = _champion_intents(registry)
-        if intent_set is None:
-            intent_set = load_intents(Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
+        bundled = _champion_intents(registry)
+        intent_set = bundled if bundled is not None else load_intents(
+            Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     if options.tune is None:
         tune = resolve_tune(intent_set.embedder.tune, tune_encoder, tune_budget)
         if tune is not None:
             options = replace(options, tune=tune)
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
-    store = open_log(cfg, progress=options.progress, objects=objects)
-    apply_retention(cfg, store, objects=objects, progress=options.progress)
+    store = site.open_log(progress=options.progress)
+    site.apply_retention(store, progress=options.progress)
     from flywheel.training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
     served_default = existing_model_dir(cfg) if registry.current()[0] is None else None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,7 +48,7 @@ import numpy as np
 from flywheel.classifier.calibration import expected_calibration_error, reliability_bins
 from flywheel.classifier.decision import Decision, Layer, Tier
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.labels import OUT_OF_SCOPE, label_name
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.protocols import DelegatingEmbedder
 from flywheel.classifier.text import clean_text
 from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
@@ -277,6 +278,49 @@ class _CutoffTally:
         return out
 
 
+class _Layer2Tally:
+    """Layer 2 alone on the in-scope queries, chunk by chunk (the head's calibrated
+    in-scope probabilities, without the out-of-scope gate): its top probability, whether
+    that is the true intent, and whether the true intent is among its top 3."""
+
+    def __init__(self, classes: list[str]) -> None:
+        self.index = {c: i for i, c in enumerate(classes)}
+        self.conf: list[float] = []
+        self.correct: list[bool] = []
+        self.top3: list[bool] = []
+
+    def add(self, probs: np.ndarray, truth: list[str | None]) -> None:
+        rows = [(j, y) for j, y in enumerate(truth) if y is not None]
+        if not rows:
+            return
+        p = probs[[j for j, _ in rows]]
+        top = np.argsort(-p, axis=1)[:, :min(3, p.shape[1])]
+        for row, (_, y) in enumerate(rows):
+            true_i = self.index.get(y, -1)
+            self.conf.append(float(p[row, top[row, 0]]))
+            self.correct.append(bool(top[row, 0] == true_i))
+            self.top3.append(bool(true_i in top[row]))
+
+    def report(self) -> dict[str, Any]:
+        conf = np.array(self.conf, dtype=np.float64)
+        ok = np.array(self.correct, dtype=bool)
+        bins = reliability_bins(conf, ok, RELIABILITY_BINS) if conf.size else []
+        return {"top1_accuracy_layer2": _r(float(ok.mean())) if ok.size else None,
+                "top3_accuracy": _r(float(np.mean(self.top3))) if self.top3 else None,
+                "ece": expected_calibration_error(conf, ok, RELIABILITY_BINS) if conf.size else None,
+                "reliability": [{"confidence": _r(c), "accuracy": _r(a), "count": k} for c, a, k in bins]}
+
+
+@dataclass
+class _Scored:
+    """What the batch pass gives: the decisions, its seconds, and the layer-2 tallies."""
+
+    decisions: list[Decision]
+    batch_s: float
+    layer2: _Layer2Tally
+    cuts: _CutoffTally
+
+
 def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
              latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE,
              langs: Sequence[str | None] | None = None) -> dict[str, Any]:
@@ -314,98 +358,105 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
     InvalidInputError
         A text is unusable (the message gives its 1-based position).
     """
-    from tqdm.auto import tqdm
-
     from flywheel.classifier.pipeline import Classifier
 
+    texts, truth = _check_inputs(texts, labels, langs, chunk_size)
+    model = clf.model
+    on_long = getattr(clf, "on_long", "truncate")
+    cleaned = _clean_texts(texts, model.intents.embedder.max_chars, on_long)
+    emb = _EvalEmbedder(_uncached(clf.embedder))
+    twin = Classifier(model, embedder=emb, teacher=getattr(clf, "teacher", None), log_sink=None, on_long=on_long)
+    classes = [str(c) for c in model.head.classes_]
+    scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress)
+    latency = _latency(twin, texts, latency_sample, seed)
+    return _report(model.version, emb.id, classes, truth, langs, scored, latency)
+
+
+def _check_inputs(texts: Sequence[str], labels: Sequence[str | None], langs: Sequence[str | None] | None,
+                  chunk_size: int) -> tuple[list[str], list[str | None]]:
+    """The texts and labels (``str`` or ``None``) as lists, once their lengths, the
+    languages' and ``chunk_size`` are checked (:class:`ValueError`)."""
     texts = list(texts)
-    labels = [None if v is None else str(v) for v in labels]
-    if len(texts) != len(labels):
-        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    truth = [None if v is None else str(v) for v in labels]
+    if len(texts) != len(truth):
+        raise ValueError(f"{len(texts)} texts but {len(truth)} labels")
     if langs is not None and len(langs) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(langs)} languages")
     if not texts:
         raise ValueError("nothing to evaluate: no texts")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
-    model = clf.model
-    head = model.head
-    max_chars = model.intents.embedder.max_chars
-    on_long = getattr(clf, "on_long", "truncate")
+    return texts, truth
+
+
+def _clean_texts(texts: list[str], max_chars: int, on_long: str) -> list[str]:
+    """Each query as the pipeline cleans it (its vector's key in the batch pass); an
+    unusable one is an :class:`InvalidInputError` that gives its 1-based position."""
     cleaned: list[str] = []
     for i, t in enumerate(texts):
         try:
             cleaned.append(clean_text(t, max_chars, on_long=on_long).text)
         except InvalidInputError as exc:
             raise InvalidInputError(f"query #{i + 1}: {exc}") from None
+    return cleaned
 
-    emb = _EvalEmbedder(_uncached(clf.embedder))
-    twin = Classifier(model, embedder=emb, teacher=getattr(clf, "teacher", None), log_sink=None, on_long=on_long)
-    classes = [str(c) for c in head.classes_]
-    class_index = {c: i for i, c in enumerate(classes)}
+
+def _score(twin: Any, emb: _EvalEmbedder, texts: list[str], cleaned: list[str], truth: list[str | None],
+           classes: list[str], *, chunk_size: int, progress: bool) -> _Scored:
+    """The batch pass: ``twin`` classifies ``texts`` chunk by chunk (timed), and layer 2's
+    scores of each chunk go to the tallies, from the vectors the chunk was encoded to."""
+    from tqdm.auto import tqdm
 
     n = len(texts)
-    decisions: list[Decision] = []
-    conf_l2: list[float] = []          # head's top in-scope probability, per in-scope query
-    correct_l2: list[bool] = []
-    top3_l2: list[bool] = []
-    cuts = _CutoffTally(Thresholds.for_model(model), classes)
-    batch_s = 0.0
+    scored = _Scored([], 0.0, _Layer2Tally(classes), _CutoffTally(Thresholds.for_model(twin.model), classes))
     with tqdm(total=n, desc="evaluating", unit="query", disable=not progress) as bar:
         for start in range(0, n, chunk_size):
             stop = min(n, start + chunk_size)
             emb.seen = {}
             emb.recording = True
             t0 = time.perf_counter()
-            decisions.extend(twin.classify_many(texts[start:stop]))
-            batch_s += time.perf_counter() - t0
+            scored.decisions.extend(twin.classify_many(texts[start:stop]))
+            scored.batch_s += time.perf_counter() - t0
             emb.recording = False
-            rows = list(range(start, stop))
-            missing = list(dict.fromkeys(cleaned[i] for i in rows if cleaned[i] not in emb.seen))
-            if missing:  # decided by a rule: layer 2 never saw them
-                emb.seen.update(zip(missing, emb.inner.encode(missing)))
-            scores = head.scores(np.stack([emb.seen[cleaned[i]] for i in rows]))
-            cuts.add(scores, [labels[i] for i in rows])
-            idx = [i for i in rows if labels[i] is not None]
-            if idx:
-                probs = scores.probs[[i - start for i in idx]]
-                k = min(3, probs.shape[1])
-                top = np.argsort(-probs, axis=1)[:, :k]
-                for row, i in enumerate(idx):
-                    truth = class_index.get(labels[i], -1)
-                    conf_l2.append(float(probs[row, top[row, 0]]))
-                    correct_l2.append(bool(top[row, 0] == truth))
-                    top3_l2.append(bool(truth in top[row]))
+            scores = twin.model.head.scores(_chunk_vectors(emb, cleaned[start:stop]))
+            scored.cuts.add(scores, truth[start:stop])
+            scored.layer2.add(scores.probs, truth[start:stop])
             bar.update(stop - start)
     emb.seen = {}
+    return scored
 
+
+def _chunk_vectors(emb: _EvalEmbedder, cleaned: list[str]) -> np.ndarray:
+    """The vectors of a chunk's cleaned queries: those the pass encoded, and the others
+    (decided by a rule: layer 2 never saw them) encoded now."""
+    missing = list(dict.fromkeys(t for t in cleaned if t not in emb.seen))
+    if missing:
+        emb.seen.update(zip(missing, emb.inner.encode(missing)))
+    return np.stack([emb.seen[t] for t in cleaned])
+
+
+def _report(version: str, encoder: str, classes: list[str], truth: list[str | None],
+            langs: Sequence[str | None] | None, scored: _Scored, latency: dict[str, Any] | None) -> dict[str, Any]:
+    """The report, in its order: the model, the label metrics (and their slices by
+    language), layer 2 alone, the cutoffs, the tier and layer shares, speed, the details."""
+    decisions = scored.decisions
     preds = [d.label for d in decisions]
-    report: dict[str, Any] = {"model_version": model.version, "encoder": emb.id,
-                              "n_labels": len(classes)}
-    metrics = classification_metrics(labels, preds)
-    report.update({k: metrics[k] for k in ("n", "n_in_scope", "n_out_of_scope", "accuracy",
-                                           "in_scope_accuracy", "oos_recall", "oos_precision", "macro_f1")})
-    by_language = language_slices(labels, preds, langs)
+    metrics = classification_metrics(truth, preds)
+    report: dict[str, Any] = {"model_version": version, "encoder": encoder, "n_labels": len(classes)}
+    report.update({k: metrics[k] for k in SLICE_FIELDS})
+    by_language = language_slices(truth, preds, langs)
     if by_language:
         report["by_language"] = by_language
-    conf = np.array(conf_l2, dtype=np.float64)
-    ok = np.array(correct_l2, dtype=bool)
-    report["top1_accuracy_layer2"] = _r(ok.mean()) if ok.size else None
-    report["top3_accuracy"] = _r(np.mean(top3_l2)) if top3_l2 else None
-    report["ece"] = expected_calibration_error(conf, ok, RELIABILITY_BINS) if conf.size else None
-    report["reliability"] = [{"confidence": _r(c), "accuracy": _r(a), "count": k}
-                             for c, a, k in (reliability_bins(conf, ok, RELIABILITY_BINS) if conf.size else [])]
-    report.update(cuts.report())
+    report.update(scored.layer2.report())
+    report.update(scored.cuts.report())
     report["tier_share"] = _share([d.tier.value for d in decisions], [t.value for t in Tier])
     report["layer_share"] = _share([d.layer.value for d in decisions], [x.value for x in Layer])
-    report["throughput_qps"] = round(n / batch_s, 2) if batch_s > 0 else None
-    report["batch_seconds"] = round(batch_s, 4)
-    report["latency_ms"] = _latency(twin, texts, latency_sample, seed)
+    report["throughput_qps"] = round(len(truth) / scored.batch_s, 2) if scored.batch_s > 0 else None
+    report["batch_seconds"] = round(scored.batch_s, 4)
+    report["latency_ms"] = latency
     report["torch_threads"] = _torch_threads()
-    report["unknown_labels"] = sorted({v for v in labels if v is not None and v not in class_index})
-    report["per_intent"] = metrics["per_intent"]
-    report["confused_pairs"] = metrics["confused_pairs"]
-    report["confusion"] = metrics["confusion"]
+    report["unknown_labels"] = sorted({v for v in truth if v is not None and v not in scored.layer2.index})
+    report.update({k: metrics[k] for k in ("per_intent", "confused_pairs", "confusion")})
     return report
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flywheel.classifier.config import Config
-from flywheel.classifier.labels import parse_label
+from flywheel.classifier.label_names import parse_label
 from flywheel.logstore import LabelSink, LogStore
 
 __all__ = ["known_labels", "record_feedback"]
@@ -33,9 +33,9 @@ def record_feedback(cfg: Config, decision_id: str, label: str, *, author: str | 
                     store: LogStore | None = None, labels: LabelSink | None = None) -> str | None:
     """Store a human label for ``decision_id``; returns the stored label (None = out of scope).
 
-    The label is parsed by :func:`classifier.labels.parse_label` against the served
+    The label is parsed by :func:`classifier.label_names.parse_label` against the served
     model's labels. It goes to ``labels`` when given (in fleet mode a
-    :class:`fleet.labels.BucketLabels`, which accepts a decision another replica has not
+    :class:`fleet.bucket_labels.BucketLabels`, which accepts a decision another replica has not
     shipped yet), else to ``store`` (default: the configured log), where an unknown
     decision id raises :class:`logstore.UnknownDecisionError`.
     """

@@ -430,11 +430,13 @@ class EncoderTuner:
         F = torch.nn.functional
         y_t = torch.as_tensor(y, device=device)
         w_t = torch.as_tensor(w, dtype=torch.float32, device=device)
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for name, p in model.named_parameters():
             (no_decay if p.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(p)
-        groups = [{"params": decay, "weight_decay": float(self.weight_decay), "lr": float(self.learning_rate)},
-                  {"params": no_decay, "weight_decay": 0.0, "lr": float(self.learning_rate)}]
+        groups: list[dict[str, Any]] = [
+            {"params": decay, "weight_decay": float(self.weight_decay), "lr": float(self.learning_rate)},
+            {"params": no_decay, "weight_decay": 0.0, "lr": float(self.learning_rate)}]
         weights = None
         if self.objective == "cross_entropy":
             # the classifier starts at the frozen encoder's class centroids, centred (less the
@@ -475,6 +477,7 @@ class EncoderTuner:
                     if len(weights) == len(classes):
                         per_row = F.cross_entropy(logits, y_t[it], reduction="none")
                     else:  # out-of-scope rows: cross-entropy against the uniform distribution
+                        assert oos_index is not None, "fewer class weights than classes: no out-of-scope class"
                         yb = y_t[it]
                         is_oos = yb == oos_index
                         logp = F.log_softmax(logits, dim=-1)

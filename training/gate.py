@@ -268,6 +268,7 @@ def pick_challenger(head_only: IntentModel, tuned: IntentModel | None, ch_head: 
                 continue
             lh, lt = _accuracy(r_head[mask]), _accuracy(r_tuned[mask])
             out["by_language"][lang] = {"n": int(mask.sum()), "head_only": lh, "tuned": lt}
+            assert lh is not None and lt is not None, "the mask has rows"
             if lt < lh - _EPS:
                 worse_langs.append(f"{lang} {_f(lt)} < {_f(lh)} (n={int(mask.sum()):,})")
     if worse_langs:

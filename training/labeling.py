@@ -36,7 +36,7 @@ def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, 
         for start in range(0, len(todo), batch_size):
             batch = todo[start:start + batch_size]
             requests = clf.teacher_requests([t for _, t, _ in batch], [h for _, _, h in batch])
-            resolved = []
+            resolved: list[str] = []
             for (did, _, _), req in zip(batch, requests):
                 try:
                     ans = clf.teacher.label(req)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from flywheel.classifier.labels import label_name
+from flywheel.classifier.label_names import label_name
 from flywheel.classifier.scoring import HeadScores, normalise_rows
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet

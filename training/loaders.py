@@ -20,7 +20,7 @@ Formats
 
 A language is any non-empty string (``"en"``, ``"es"``, ...); CLINC150 has none.
 
-In every format a label is read by :func:`classifier.labels.parse_label`: ``OUT_OF_SCOPE``,
+In every format a label is read by :func:`classifier.label_names.parse_label`: ``OUT_OF_SCOPE``,
 ``OOS`` and ``NONE`` (any case) mean out of scope, and so does ``oos_label`` (default
 ``"oos"``, any case). :func:`drop_unknown_labels` sets aside the rows whose label a model
 does not know (``flywheel eval`` scores without them, or refuses them with ``--strict``).
@@ -34,11 +34,11 @@ import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings
-from flywheel.classifier.labels import parse_label
+from flywheel.classifier.label_names import parse_label
 
 __all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
            "drop_unknown_labels", "intent_set_from_data"]
@@ -131,7 +131,7 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
         CSV columns / JSONL keys holding the text and the label.
     oos_label : str or None
         A label that also means out of scope (compared in any case), besides
-        ``OUT_OF_SCOPE``, ``OOS`` and ``NONE`` (:func:`classifier.labels.parse_label`).
+        ``OUT_OF_SCOPE``, ``OOS`` and ``NONE`` (:func:`classifier.label_names.parse_label`).
     lang_column : str or None
         CSV column / JSONL key holding the row's language, when present (``None``:
         ignore languages). Languages end up in :attr:`LabelledData.langs`.
@@ -155,7 +155,8 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
         raise DatasetError(p, f"unknown split {split!r} (known: {', '.join(SPLITS)})")
     oos_key = None if oos_label is None else oos_label.strip().upper()
     raw = _read_text(p)
-    reader = {"clinc150": _read_clinc150, "csv": _read_csv, "jsonl": _read_jsonl}[fmt]
+    readers: dict[str, Callable[..., Row]] = {"clinc150": _read_clinc150, "csv": _read_csv, "jsonl": _read_jsonl}
+    reader = readers[fmt]
     texts: list[str] = []
     labels: list[str | None] = []
     langs: list[str | None] = []

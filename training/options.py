@@ -66,6 +66,13 @@ class RetrainOptions:
         encoder competes with the head-only one and the champion (see
         :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it from the
         intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`).
+    teacher_filter : bool
+        Drop the teacher labels the evidence contradicts before fitting
+        (:mod:`training.teacher_noise`: out-of-scope labels deep inside an intent's cluster,
+        labels humans keep correcting to the row's runner-up). Off by default until the
+        flywheel benchmark shows it helps (BENCHMARKS.md §4: a precise out-of-scope guard
+        still made layer 2 worse); off, the report still says what it would drop. The noise
+        estimate is made either way.
     """
 
     min_new_labels: int = 0
@@ -79,6 +86,7 @@ class RetrainOptions:
     self_training_max: int = SELF_TRAINING_MAX
     shadow: bool = False
     tune: TuneSettings | None = None
+    teacher_filter: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +107,8 @@ class RetrainOptions:
             raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
         if self.tune is not None:
             _check_tune(self.tune)
+        if not isinstance(self.teacher_filter, bool):
+            raise RetrainOptionError(f"teacher_filter must be true or false, got {self.teacher_filter!r}")
 
     def run_at(self) -> float:
         """The run's time for the report (unix seconds)."""

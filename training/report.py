@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown", "challenger_lines"]
+__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown", "challenger_lines",
+           "teacher_markdown"]
 
 
 @dataclass
@@ -38,7 +39,8 @@ class RetrainResult:
                "summary": self.summary_line(), "dry_run": self.dry_run,
                "report_path": str(self.report_path) if self.report_path else None,
                "challenger": self.challenger, "champion": self.champion}
-        for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning"):
+        for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning", "teacher_noise",
+                  "teacher_noise_by_intent", "teacher_filtered", "teacher_filter"):
             if k in self.report:
                 out[k] = self.report[k]
         return jsonable(out)
@@ -192,6 +194,36 @@ def _challenger_markdown(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def teacher_markdown(r: dict[str, Any]) -> list[str]:
+    """The report's "Teacher labels" section: the noise estimate (overall and per teacher
+    label) and what the teacher filter dropped, or would drop when it is off."""
+    from flywheel.training.teacher_noise import format_noise
+
+    if "teacher_noise" not in r:
+        return []
+    noise, by = r["teacher_noise"], r.get("teacher_noise_by_intent") or {}
+    lines = ["", "## Teacher labels", "", "- " + format_noise(noise, by)]
+    if by:
+        lines += ["", "| teacher label | decisions with a human label | wrong | 95% CI |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['n']:,} | {100 * v['estimate']:.1f}% | {100 * v['low']:.1f}-{100 * v['high']:.1f}% |"
+                  for k, v in by.items()]
+        lines.append("")
+    f = r.get("teacher_filter")
+    if f:
+        counts = f["dropped"] if f["enabled"] else f.get("would_drop", {})
+        what = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in counts.items())
+        lines.append(f"- teacher filter {'on' if f['enabled'] else 'off (--teacher-filter turns it on)'}: "
+                     f"{sum(counts.values()):,} of {f['checked']:,} teacher rows "
+                     f"{'dropped' if f['enabled'] else 'would be dropped'} ({what}); held back: "
+                     f"{f['held_back']['oos_cap']:,} out-of-scope rows kept for the gate, "
+                     f"{f['held_back']['last_rows_of_label']:,} last rows of a label; runner-up from "
+                     f"{f['runner_up_from']}")
+        for p in f.get("pairs") or []:
+            lines.append(f"- humans corrected the teacher's {p['teacher']} to {p['human']} on {p['n']:,} of "
+                         f"{p['of']:,} checked decisions")
+    return lines
+
+
 def render_markdown(result: RetrainResult) -> str:
     """The readable ``report.md``."""
     r = result.report
@@ -245,6 +277,7 @@ def render_markdown(result: RetrainResult) -> str:
                   + (f" ({nt['reason']})" if nt.get("active") else f" (guard off: {nt.get('inactive_because')})"),
                   f"- evaluation: {d['eval']['n']:,} fixed eval rows, {d['recent']['n']:,} recent-traffic rows "
                   f"(split {d['split']['id']})"]
+    lines += teacher_markdown(r)
     th = r.get("thresholds", {})
     if th:
         t = th["tuning"]

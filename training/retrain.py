@@ -13,12 +13,21 @@ function here):
    from the home's cache, e.g. the starter model) is the champion like any other, with
    no token (unloadable or trained with another encoder: no champion, and the report
    says why);
+2b. ``_estimate_teacher_noise``: the teacher's noise, from its agreement with human labels on
+   the same decisions (:func:`training.teacher_noise.estimate_from_log`; reported as
+   ``teacher_noise`` and ``teacher_noise_by_intent``, also by a skipped run, and recorded with
+   the run for ``flywheel_teacher_noise_ratio``);
 3. ``_should_skip``: with ``min_new_labels``, counts the labels (valid teacher answers +
    human labels) newer than the champion's training data and skips when there are
    fewer (unless the intent set changed; without a usable champion the job always
    trains);
 4. ``_build_data``: the training set and the fixed evaluation split
    (:func:`training.trainset.build_training_set`);
+4a. ``_filter_teacher``: drops the teacher rows the evidence contradicts
+   (:func:`training.teacher_noise.check_training_set`: out-of-scope labels deep inside an
+   intent's cluster, labels humans keep correcting to the row's runner-up; out-of-scope
+   drops capped for the gate's sake), only with ``RetrainOptions.teacher_filter``; off, it
+   reports what it would drop. ``teacher_filtered`` in the report: ``{reason: count}``;
 4b. ``_tune_encoder`` (only with ``RetrainOptions.tune``): fine-tunes the intent set's base
    encoder (:func:`training.tuned_encoder.tune_and_export`, within ``tune.budget_s``) on the
    training rows' texts, labels and weights (:func:`training.tuned_trial.tuning_rows`: rows
@@ -99,7 +108,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -115,12 +124,15 @@ from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.report import RetrainResult, jsonable, render_markdown
 from flywheel.training.rows import LabelledSet, TrainingSet
+from flywheel.training.teacher_noise import NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import SPLIT_ID, build_training_set
 from flywheel.training.tuned_trial import confusion_pairs, reencode, reencode_training_set, tuning_rows
 from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
+
+_T = TypeVar("_T")
 
 MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
 PROMOTE_TRIES = 3           # refused promotions (the champion moved) before the challenger is kept
@@ -154,6 +166,7 @@ class _Job:
     opts: RetrainOptions
     notes: list[str] = field(default_factory=list)
     served_default: Path | None = None
+    teacher: dict[str, Any] = field(default_factory=dict)   # steps 2b and 4a: noise estimate, filter report
 
     @property
     def target_precision(self) -> float:
@@ -209,6 +222,11 @@ class _Tuned:
     challenger: IntentModel | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
     t_fit: float = 0.0
+
+    def made(self) -> tuple[IntentModel, IntentModel]:
+        """``(fitted, challenger)``, once :func:`_fit_tuned` has made them."""
+        assert self.fitted is not None and self.challenger is not None, "the tuned challenger is fitted first"
+        return self.fitted, self.challenger
 
 
 @dataclass
@@ -270,6 +288,8 @@ def _record(job: _Job, result: RetrainResult) -> None:
     ``flywheel_last_retrain_timestamp_seconds``); a failure to record is only a warning."""
     status = {"finished_at": time.time(), "outcome": result.outcome, "version": result.version,
               "reason": result.reason[:300]}
+    if result.report.get("teacher_noise") is not None:   # flywheel_teacher_noise_ratio
+        status["teacher_noise"] = result.report["teacher_noise"]
     try:
         job.registry.record_retrain(status)
     except FlywheelError as exc:
@@ -288,10 +308,14 @@ def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
     run_at = job.opts.run_at()
     champion = _load_champion(job)
     job.say(f"champion: {champion.model.version if champion.model else 'none'}")
+    _estimate_teacher_noise(job)
     skip = _should_skip(job, champion.model)
     if skip is not None:
-        return _skip(skip, job.opts.dry_run, job.notes)
+        result = _skip(skip, job.opts.dry_run, job.notes)
+        result.report.update(_teacher_fields(job))
+        return result
     ts, t_data = _timed(_build_data, job, champion.model)
+    ts = _filter_teacher(job, ts, champion.model)
     tuned, tune_report = _tune_encoder(job, ts, champion, workdir) if workdir is not None else (None, None)
     fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
     tuning, thresholds = _tune(job, fitted, ts)
@@ -305,7 +329,7 @@ def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
     return result
 
 
-def _timed(step, *args) -> tuple[Any, float]:
+def _timed(step: Callable[..., _T], *args: Any) -> tuple[_T, float]:
     t0 = time.perf_counter()
     out = step(*args)
     return out, time.perf_counter() - t0
@@ -320,6 +344,7 @@ def _load_champion(job: _Job) -> _Champion:
         return _Champion(None, token, None)
     try:
         if name is None:
+            assert job.served_default is not None, "no champion at all returned above"
             champ = IntentModel.load(job.served_default)
             job.notes.append(f"nothing promoted yet: the served default model {champ.version} "
                              f"({job.served_default}) is the champion")
@@ -346,6 +371,7 @@ def _with_own_encoder(job: _Job, name: str | None, token: str | None, champ: Int
     from flywheel.classifier.encoders import VersionEncoderEmbedder
 
     settings = champ.intents.embedder
+    assert champ.encoder_dir is not None, "called for a champion that carries its encoder"
     try:
         own = VersionEncoderEmbedder(champ.encoder_dir, batch_size=settings.batch_size, max_chars=settings.max_chars,
                                      num_threads=settings.num_threads)
@@ -396,6 +422,38 @@ def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
     o = job.opts
     return build_training_set(job.store, job.intents, embedder=job.embedder, champion=champion,
                               progress=o.progress, self_training_max=o.self_training_max if o.self_training > 0 else 0)
+
+
+def _estimate_teacher_noise(job: _Job) -> None:
+    """Step 2b: how often the teacher's label differs from a human label on the same
+    decision (:mod:`training.teacher_noise`)."""
+    est = estimate_from_log(job.store)
+    job.teacher["estimate"] = est
+    job.teacher.update(est.report())
+    job.say(format_noise(job.teacher["teacher_noise"], job.teacher["teacher_noise_by_intent"]))
+
+
+def _filter_teacher(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> TrainingSet:
+    """Step 4a: the training set without the teacher rows the evidence contradicts (with
+    ``teacher_filter`` on; off, the report says what it would drop)."""
+    est = job.teacher.get("estimate") or NoiseEstimate()
+    ts, info = check_training_set(ts, est, champion=champion, encoder_id=job.embedder.id,
+                                  enabled=job.opts.teacher_filter)
+    job.teacher["teacher_filter"] = info
+    job.teacher["teacher_filtered"] = {k: v for k, v in info["dropped"].items() if v}
+    counts = info["dropped"] if info["enabled"] else info["would_drop"]
+    what = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in counts.items())
+    job.say(f"teacher filter {'on' if info['enabled'] else 'off'}: {sum(counts.values()):,} of "
+            f"{info['checked']:,} teacher rows {'dropped' if info['enabled'] else 'would be dropped'} ({what}; "
+            f"{info['held_back']['oos_cap']:,} out-of-scope drops held back for the gate)")
+    return ts
+
+
+def _teacher_fields(job: _Job) -> dict[str, Any]:
+    """The report's ``teacher_noise``, ``teacher_noise_by_intent``, ``teacher_filtered``
+    and ``teacher_filter`` (the last two only once step 4a ran)."""
+    return {k: job.teacher[k] for k in ("teacher_noise", "teacher_noise_by_intent", "teacher_filtered",
+                                        "teacher_filter") if k in job.teacher}
 
 
 def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
@@ -470,11 +528,13 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())
     fit_only = layer2 if tuned_fit_only is None else layer2 | np.asarray(tuned_fit_only, dtype=bool)
+    # per-row lists, as fit_from_vectors takes them (the head reads them back into arrays)
+    weights = np.where(layer2, job.opts.self_training, 1.0).tolist() if weighted else None
     job.say(f"fitting the challenger on {len(ts):,} rows ...")
     try:
         model = fit_from_vectors(ts.fit_intents, ts.vectors, ts.labels, encoder_id=encoder_id or job.embedder.id,
-                                 sample_weight=np.where(layer2, job.opts.self_training, 1.0) if weighted else None,
-                                 fit_only=fit_only if fit_only.any() else None, version=new_version_name(),
+                                 sample_weight=weights, fit_only=fit_only.tolist() if fit_only.any() else None,
+                                 version=new_version_name(),
                                  parent=champion.version if champion else None,
                                  head=IntentHead(target_precision=job.target_precision,
                                                  coverage=job.intents.thresholds.coverage),
@@ -513,14 +573,14 @@ def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult,
     put forward as saved (its metrics do not depend on the champion)."""
     ev, t_eval = _timed(_evaluate, job, trial, champion)
     tuned = trial.tuned if ev.choice.get("put_forward") == "tuned" else None
-    chosen = tuned.challenger if tuned is not None else trial.challenger
+    fitted, chosen = tuned.made() if tuned is not None else (trial.fitted, trial.challenger)
     outcome, reason, checks = _decide(job, chosen, champion.model, ev)
     if job.opts.dry_run and outcome == "promoted":     # nothing is promoted in a dry run
         outcome = "would_shadow" if job.opts.shadow else "would_promote"
     model = _with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
     timing = _timing(trial, champion, model, t_eval)
     report = _report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
-                     timing, {"cross_validation": learned_thresholds(tuned.fitted if tuned else trial.fitted),
+                     timing, {"cross_validation": learned_thresholds(fitted),
                               "tuning": tuned.tuning if tuned else trial.tuning,
                               "saved": dict(model.manifest.thresholds)}, trial)
     return _result(job, report), model
@@ -691,6 +751,7 @@ def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, chec
         "thresholds": thresholds,
         "dataset": ts.report,
         "timing": timing,
+        **_teacher_fields(job),
         **extra,
     }
 

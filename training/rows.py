@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class LabelledSet:
                            self.vectors[np.asarray(idx, dtype=np.int64)] if idx else self.vectors[:0],
                            [self.sources[i] for i in idx], [self.decision_ids[i] for i in idx])
 
-    def where(self, pred) -> "LabelledSet":
+    def where(self, pred: Callable[[str], bool]) -> "LabelledSet":
         return self.select(i for i, s in enumerate(self.sources) if pred(s))
 
     def concat(self, other: "LabelledSet") -> "LabelledSet":

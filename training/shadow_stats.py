@@ -140,8 +140,10 @@ def shadow_section(store: "LogStore", version: str | None) -> dict[str, Any] | N
     if version is None:
         return None
     row = store.query(SHADOW_SQL, [version])[0]
-    counts = [int(x or 0) for x in row[:9]]
-    return _section(version, *counts, row[9], row[10])
+    (n, permissive, abstaining, flips, n_dis_labelled, champion_right, shadow_right, champion_unsure,
+     shadow_unsure) = (int(x or 0) for x in row[:9])
+    return _section(version, n, permissive, abstaining, flips, n_dis_labelled, champion_right, shadow_right,
+                    champion_unsure, shadow_unsure, row[9], row[10])
 
 
 def empty_shadow(version: str) -> dict[str, Any]:

@@ -37,6 +37,10 @@ Definitions (every count is over the ``decisions`` table, windows included):
   there is no teacher); ``degraded_share`` = ``degraded / n`` and ``degraded_reasons``
   the counts by reason (:data:`classifier.decision.DEGRADED_REASONS`). Rows logged before
   migration 4 are never counted as degraded.
+- ``teacher_noise``: how often the teacher's label differs from a human label on the same
+  decision, over the whole log, with an exact 95% interval and ``by_intent`` (per teacher
+  label with at least 10 such decisions), by :mod:`training.teacher_noise` (its own
+  statement; the same figures the retrain reports and exports as ``flywheel_teacher_noise_ratio``).
 - ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
   :mod:`training.anchoring_stats` (its own statement; definition in :mod:`classifier.anchoring`).
 - ``shadow``: a shadow model version against the champion over the whole log (agreement,
@@ -75,9 +79,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.labels import label_name
+from flywheel.classifier.label_names import label_name
 from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
 from flywheel.training.shadow_stats import empty_shadow, format_shadow, shadow_section
+from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_section
 
 if TYPE_CHECKING:  # pragma: no cover
     from flywheel.logstore import LogStore
@@ -266,7 +271,7 @@ def empty_stats(window: str | int = "day", shadow_version: str | None = None) ->
     out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
-            "anchoring": empty_anchoring(),
+            "teacher_noise": {**NoiseEstimate().overall(), "by_intent": {}}, "anchoring": empty_anchoring(),
             "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
 
@@ -311,10 +316,10 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
         r = dict(zip(_COLUMNS, row))
         if r["scope"] == "total":
             s = total_slot
+        elif r["w"] in per:
+            s = per[r["w"]]
         else:
-            s = per.get(r["w"])
-            if s is None:
-                s = per[r["w"]] = _slot()
+            s = per[r["w"]] = _slot()
         kind = r["kind"]
         if kind == "window":
             s["n"], s["first"], s["last"] = int(r["n"]), r["first_at"], r["last_at"]
@@ -351,7 +356,7 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     summary.pop("n")
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
-            "n_windows": n_windows, "anchoring": anchoring_section(store),
+            "n_windows": n_windows, "teacher_noise": noise_section(store), "anchoring": anchoring_section(store),
             "shadow": shadow_section(store, shadow_version), "windows": windows}
 
 
@@ -422,6 +427,8 @@ def format_table(stats: dict[str, Any]) -> str:
     reasons = ", ".join(f"{k} {v}" for k, v in stats.get("degraded_reasons", {}).items())
     lines.append(f"  degraded: {_pct(stats.get('degraded_share'))} of decisions did not get the layer they needed"
                  + (f" ({reasons})" if reasons else ""))
+    if stats.get("teacher_noise"):
+        lines.append("  " + format_noise(stats["teacher_noise"], stats["teacher_noise"].get("by_intent")))
     if stats.get("anchoring"):
         lines.append("  " + format_anchoring(stats["anchoring"]))
     if stats.get("shadow"):

@@ -74,7 +74,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -132,7 +132,7 @@ class _Group:
 
 
 # ------------------------------------------------------------------- building
-def _say(progress: bool):
+def _say(progress: bool) -> Callable[[str], None]:
     def say(msg: str) -> None:
         if progress:
             print(f"flywheel retrain: {msg}", file=sys.stderr, flush=True)

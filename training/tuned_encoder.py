@@ -143,7 +143,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     tuned_rows = np.zeros(len(labels), dtype=bool)
     tuned_rows[keep] = True
     # an intent without held-out rows is calibrated on its tuned rows, as before the holdout
-    calibrated = {labels[i] for i in np.flatnonzero(held)}
+    calibrated = {labels[int(i)] for i in np.flatnonzero(held)}
     fit_only = tuned_rows & np.array([label in calibrated for label in labels], dtype=bool)
     weights = None if sample_weight is None else [sample_weight[i] for i in keep]
     if progress is not None:

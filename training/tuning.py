@@ -127,7 +127,7 @@ def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
 def layer2_state(model: IntentModel, th: Any, classes: np.ndarray, X: np.ndarray) -> tuple:
     """Scores, top/second probabilities, out-of-scope and near-tie flags, top labels."""
     s = model.head.scores(X)
-    t = assign_tiers(s, classes, th)      # the one tier rule
+    t = assign_tiers(s, classes.tolist(), th)      # the one tier rule
     return s, t.p1, t.p2, t.rejected, t.close, classes[t.top]
 
 
@@ -220,6 +220,7 @@ def _relax_allowed(recent: LabelledSet, s: Any, conf: np.ndarray, second: np.nda
     ok_rej = a_rej is not None and a_rej > RELAX_MIN_ACCURACY
     ok_acc = a_acc is not None and a_acc > RELAX_MIN_ACCURACY and not fixed["oos"]
     if ok_rej and ok_acc:   # both right more often than not: the more accurate; a tie keeps the rejection
+        assert a_rej is not None and a_acc is not None, "ok_rej and ok_acc say both were measured"
         oos_mode: str | None = "accept" if a_acc > a_rej else "reject"
     else:
         oos_mode = "reject" if ok_rej else "accept" if ok_acc else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -109,7 +110,8 @@ class CachedEmbedder(DelegatingEmbedder):
                         self._rows.move_to_end(t)
                 while len(self._rows) > self.maxsize:
                     self._rows.popitem(last=False)
-        return np.stack(rows).astype(np.float32, copy=False)  # type: ignore[arg-type]
+        # every row is set by now: a hit above, or a miss just encoded (zip(strict=True))
+        return np.stack(cast("list[np.ndarray]", rows)).astype(np.float32, copy=False)
 
     def __repr__(self) -> str:
         return f"CachedEmbedder({self.inner!r}, size={len(self._rows)}/{self.maxsize})"

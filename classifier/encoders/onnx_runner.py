@@ -287,6 +287,8 @@ def _export(tmp: Path, source: Path, reference: Runner, hf_model: Any, hf_tokeni
             program = torch.onnx.export(module, (), kwargs=kwargs, dynamo=True, input_names=inputs,
                                         output_names=outputs, dynamic_shapes={n: {0: dim_b, 1: dim_s} for n in inputs},
                                         verbose=False)
+            if program is None:  # only the legacy exporter (dynamo=False) returns None
+                raise RuntimeError("torch.onnx.export returned no program")
             program.save(str(tmp / "model.onnx"))
     finally:
         for q, level in zip(quiet, levels, strict=True):

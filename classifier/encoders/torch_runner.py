@@ -219,6 +219,10 @@ class MeanPoolRunner(Runner):
 class SentenceTransformerRunner(Runner):
     """Any sentence-transformers model directory, through ``SentenceTransformer.encode``."""
 
+    #: the model's max sequence length, where known: set on the ONNX export's reference
+    #: (embedders.py), which records it in the export's manifest (onnx_runner._export)
+    max_length: int | None = None
+
     def __init__(self, path: Path, device: str | None, use_fp16: bool, quantize: bool, pack: bool) -> None:
         hub_offline()
         from sentence_transformers import SentenceTransformer

@@ -1,4 +1,4 @@
-"""The LLM teacher as a budgeted resource (classifier.budget): the per-minute window, the
+"""The LLM teacher as a budgeted resource (classifier.teachers.budget): the per-minute window, the
 UTC day, thread safety, the wrapper, the pipeline's degraded answer, the metrics and the
 intent-file settings."""
 
@@ -12,15 +12,14 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client import generate_latest
 
-from flywheel.classifier.budget import BudgetedTeacher, CallBudget, apply_budget
 from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import DEGRADED_REASONS, Layer, Tier
 from flywheel.classifier.errors import IntentFileError, TeacherError
 from flywheel.classifier.intents import TeacherSettings, parse_intents
 from flywheel.classifier.model import intents_to_doc
 from flywheel.classifier.pipeline import RETRYABLE_TEACHER_ERRORS, Classifier
-from flywheel.classifier.protocols import LabelOption, Teacher, TeacherRequest
-from flywheel.classifier.teacher import CircuitBreaker
+from flywheel.classifier.protocols import LabelOption, ManagedTeacher, Teacher, TeacherRequest
+from flywheel.classifier.teachers import BudgetedTeacher, CallBudget, CircuitBreaker, apply_budget
 from flywheel.classifier.trainer import fit_model
 from flywheel.logstore import LogStore
 from flywheel.service.client import FlywheelClient
@@ -190,7 +189,16 @@ def test_the_wrapper_passes_close_check_and_breaker_through():
     t.close()
     assert (inner.checked, inner.closed, t.breaker) == (2, True, inner.breaker)
     assert t.budget.remaining()["minute"] == 1
-    plain = BudgetedTeacher(ScriptedTeacher(), budget(per_minute=1)[0])
+    assert isinstance(t, ManagedTeacher)              # the wrapper of a ManagedTeacher is one
+
+    class Bare:                                       # a Teacher and nothing more
+        model = "bare"
+
+        def label(self, request):
+            raise AssertionError("not called")
+
+    plain = BudgetedTeacher(Bare(), budget(per_minute=1)[0])
+    assert isinstance(plain, Teacher) and not isinstance(plain, ManagedTeacher)
     assert getattr(plain, "check", None) is None and plain.breaker is None
     plain.close()                                     # an inner teacher without close()
 
@@ -213,7 +221,7 @@ def test_an_exhausted_budget_degrades_to_a_pending_weak_answer():
     budgeted(c, inner)
     first = c.classify("explain addparam")
     assert first.layer is Layer.LLM and first.degraded is None
-    d = c.classify("explain addparam")
+    d = c.classify("what is addvar")                  # another question: a repeat is answered from the cache
     assert (d.layer, d.tier, d.degraded, d.pending) == (Layer.EMBEDDING, Tier.WEAK, "budget", True)
     assert "llm budget exhausted: max_calls_per_minute (1 calls per minute)" in d.reason
     assert d.teacher is None                          # no call was made: none is recorded
@@ -269,8 +277,8 @@ def test_the_remaining_budget_and_budget_degradations_are_exposed():
     budgeted(c, ScriptedTeacher(), mono=mono)
     assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) == 2
     assert get("flywheel_teacher_budget_remaining", {"window": "day"}) is None      # no daily limit
-    for _ in range(3):
-        m.observe_decision(c.classify("explain addparam"))
+    for text in ("explain addparam", "what is addvar", "how do loops work"):   # no repeat: the cache would answer it
+        m.observe_decision(c.classify(text))
     assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) == 0
     assert get("flywheel_degraded_decisions_total", {"reason": "budget"}) == 1
     mono.t += 60
@@ -303,7 +311,7 @@ def test_the_sidecar_counts_budget_refusals_and_serves_the_gauges(tmp_path):
     try:
         server.start()
         fw = FlywheelClient(server.target, timeout_s=5.0)
-        first, second = fw.classify("explain addparam"), fw.classify("explain addparam")
+        first, second = fw.classify("explain addparam"), fw.classify("what is addvar")   # a repeat: the cache
         fw.close()
         get = server.metrics.registry.get_sample_value
         assert first.layer is Layer.LLM
@@ -341,8 +349,7 @@ def test_a_bad_budget_names_the_key(key, bad):
 
 
 def test_build_teacher_puts_the_intent_files_budget_in_front_of_the_teacher():
-    from flywheel.classifier.default import build_teacher
-    from flywheel.classifier.teacher import OllamaTeacher
+    from flywheel.classifier.teachers import OllamaTeacher, build_teacher
 
     limited = parse_intents({**DOC, "teacher": {"max_calls_per_minute": 30, "daily_budget": 1000}})
     t = build_teacher(load_config(ollama_host="http://127.0.0.1:9"), limited)

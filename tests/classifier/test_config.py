@@ -6,6 +6,7 @@ import pytest
 from flywheel.classifier.config import load_config
 from flywheel.classifier.errors import ConfigError
 from flywheel.classifier.intents import parse_intents
+from tests.support.fakes import ScriptedTeacher
 
 
 def test_fleet_keys_default_to_one_machine(monkeypatch):
@@ -90,7 +91,7 @@ def test_reset_default_closes_the_default_classifier_and_its_teacher(monkeypatch
 
     closed: list[str] = []
 
-    class Teacher:
+    class Teacher(ScriptedTeacher):                  # a ManagedTeacher: what reset_default closes
         def close(self) -> None:
             closed.append("teacher")
 

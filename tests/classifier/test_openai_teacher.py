@@ -11,9 +11,9 @@ import pytest
 from werkzeug import Request, Response
 
 from flywheel.classifier.errors import ConfigError, TeacherError
-from flywheel.classifier.openai_teacher import API_KEY_ENV, OpenAITeacher
-from flywheel.classifier.protocols import LabelOption, Teacher, TeacherRequest
-from flywheel.classifier.teacher import OUT_OF_SCOPE, CircuitBreaker, TeacherStatus, build_messages, option_order
+from flywheel.classifier.label_names import OUT_OF_SCOPE
+from flywheel.classifier.protocols import LabelOption, ManagedTeacher, Teacher, TeacherRequest, TeacherStatus
+from flywheel.classifier.teachers import API_KEY_ENV, CircuitBreaker, OpenAITeacher, build_messages, option_order
 from tests.support.servers import free_port
 
 MODEL = "gemma-3-270m-it"
@@ -60,7 +60,7 @@ def _no_key(monkeypatch):
 def test_right_answer(httpserver):
     answer(httpserver)
     t = make_teacher(httpserver)
-    assert isinstance(t, Teacher)
+    assert isinstance(t, Teacher) and isinstance(t, ManagedTeacher)
     a = t.label(REQUEST)
     assert (a.label, a.model, a.raw) == ("RETRIEVAL", MODEL, '{"label": "RETRIEVAL"}')
     assert a.latency_ms > 0
@@ -400,8 +400,8 @@ INTENTS = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n i
 
 def test_build_teacher_builds_an_openai_teacher_from_the_intent_file(monkeypatch):
     from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import build_teacher
     from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.teachers import build_teacher
 
     doc = {**INTENTS, "teacher": {"backend": "openai", "model": MODEL, "host": "http://127.0.0.1:8000/v1/",
                                   "timeout_s": 30, "breaker_failures": 4, "response_format": "json_object",
@@ -420,8 +420,8 @@ def test_build_teacher_builds_an_openai_teacher_from_the_intent_file(monkeypatch
 
 def test_build_teacher_without_a_host_names_teacher_host():
     from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import build_teacher
     from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.teachers import build_teacher
 
     with pytest.raises(ConfigError, match="teacher.host"):
         build_teacher(load_config(), parse_intents({**INTENTS, "teacher": {"backend": "openai"}}))
@@ -440,9 +440,8 @@ def test_the_intent_file_refuses_an_api_key():
 
 def test_the_teacher_setting_picks_the_backend_over_the_intent_file(monkeypatch):
     from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import build_teacher
     from flywheel.classifier.intents import parse_intents
-    from flywheel.classifier.teacher import OllamaTeacher
+    from flywheel.classifier.teachers import OllamaTeacher, build_teacher
 
     monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:11434")
     ollama_file = parse_intents({**INTENTS, "teacher": {"model": MODEL, "host": "http://10.0.0.9:11434"}})

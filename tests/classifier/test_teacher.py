@@ -10,14 +10,20 @@ import pytest
 from werkzeug import Request, Response
 
 from flywheel.classifier.errors import ConfigError, TeacherError
-from flywheel.classifier.protocols import HistoryEntry, LabelOption, Teacher, TeacherRequest
-from flywheel.classifier.teacher import (
+from flywheel.classifier.label_names import OUT_OF_SCOPE
+from flywheel.classifier.protocols import (
+    HistoryEntry,
+    LabelOption,
+    ManagedTeacher,
+    Teacher,
+    TeacherRequest,
+    TeacherStatus,
+)
+from flywheel.classifier.teachers import (
     DEFAULT_HOST,
     HISTORY_RULE,
-    OUT_OF_SCOPE,
     CircuitBreaker,
     OllamaTeacher,
-    TeacherStatus,
     build_messages,
     option_order,
     resolve_host,
@@ -70,7 +76,7 @@ def _no_env_host(monkeypatch):
 def test_valid_answer(httpserver):
     answer(httpserver, '{"label": "RETRIEVAL"}')
     t = make_teacher(httpserver)
-    assert isinstance(t, Teacher)
+    assert isinstance(t, Teacher) and isinstance(t, ManagedTeacher)
     a = t.label(REQUEST)
     assert a.label == "RETRIEVAL"
     assert a.model == MODEL
@@ -471,9 +477,9 @@ def test_construction_makes_no_connection(httpserver, monkeypatch):
 
 def test_build_teacher_reads_the_intent_file_and_the_config_wins():
     from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import build_teacher
     from flywheel.classifier.errors import IntentFileError
     from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.teachers import build_teacher
 
     doc = {"intents": [{"name": n, "examples": [f"{n} one", f"{n} two"]} for n in ("A", "B")],
            "teacher": {"model": "m:1", "host": "http://127.0.0.1:9", "timeout_s": 1.5,

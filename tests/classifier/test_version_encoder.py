@@ -118,6 +118,38 @@ def test_the_shadow_is_not_offered_vectors_of_another_encoder() -> None:
         scorer.close()
 
 
+@pytest.mark.slow   # an ONNX export
+def test_a_shadow_with_its_own_encoder_encodes_its_share_on_the_worker(tuned, exported, tmp_path: Path) -> None:
+    # issue 22 item 4: a shadow that carries a tuned encoder is no longer refused; the request
+    # thread only queues the text, and the worker encodes it with the shadow's own export
+    got: list = []
+    champion = HashEmbedder()
+    scorer = ShadowScorer(got.append, interval_s=0.01,
+                          check_encoder=lambda m: m.check_encoder(champion.id, champion.dim))
+    clf = Classifier(_hash_model("v1", **ALWAYS_SURE), embedder=champion, teacher=None, shadow=scorer)
+    try:
+        scorer.set_model(tuned)
+        assert scorer.version == "v-tuned"
+        queries = ["show my invoices", "write a function that adds two numbers", "how much quota is left"]
+        decisions = [clf.classify(q) for q in queries]
+        layer2 = [d for d in decisions if d.layer == "embedding"]
+        assert layer2 and wait_for(lambda: len(got) == len(layer2), 10.0)
+        own = VersionEncoderEmbedder(exported.path)
+        want = {d.id: tuned.head.predict(own.encode([q]))[0] for d, q in zip(decisions, queries)
+                if d.layer == "embedding"}
+        assert {a.decision_id: a.label for a in got} == want and {a.version for a in got} == {"v-tuned"}
+        assert scorer.counts["scored"] == len(layer2) and scorer.counts["error"] == 0
+        scorer.offer("no-text", np.ones(256, np.float32) / 16, "v1", champion.id)   # no text: not offered
+        assert scorer.pending == 0
+        broken = dataclasses.replace(tuned, encoder_dir=tmp_path / "missing")   # an export that is not there
+        with pytest.raises(ModelError, match="its own encoder cannot be loaded"):
+            scorer.set_model(broken)
+        assert scorer.version == "v-tuned"                 # the old shadow keeps scoring
+    finally:
+        clf.close()
+        scorer.close()
+
+
 # ------------------------------------------------------------------------ the export
 
 @pytest.mark.slow   # an ONNX export (shared by the module)

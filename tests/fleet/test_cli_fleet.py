@@ -85,3 +85,23 @@ def test_models_rollback_names_the_version_and_refuses_a_corrupt_one(objects, tm
     assert rc == 0, err
     name, etag = trainer.current()
     assert name == "v3" and out.startswith("rolled back to v3 ") and etag.strip('"') not in out
+
+
+def test_models_prune_cleans_the_bucket_then_the_local_home(objects, tmp_path, capsys):
+    # issue 22: versions carry their encoder and weigh megabytes; prune works on the bucket too
+    trainer = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))
+    publish(trainer, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1", "v2", "v3", "v4")
+    trainer.promote("v2", expected=None)
+    rc, out, err = run(capsys, "models", "prune", "--keep-promoted", "1", "--keep-recent", "1", "--dry-run")
+    assert rc == 0, err
+    assert "would remove v1\nwould remove v3\ndry run: would remove 2 of 4 versions, 2 kept, in" in out
+    assert [v.name for v in trainer.versions()] == ["v1", "v2", "v3", "v4"]
+    rc, out, err = run(capsys, "models", "prune", "--keep-promoted", "1", "--keep-recent", "1")
+    assert rc == 0, err
+    assert "removed v1\nremoved v3\nremoved 2 of 4 versions, 2 kept, in BucketRegistry(" in out
+    assert [v.name for v in trainer.versions()] == ["v2", "v4"] and trainer.current()[0] == "v2"
+    rc, out, err = run(capsys, "models", "prune", "--keep-recent", "0")
+    assert rc == 2 and "--keep-recent must be at least 1 with a store" in err and "Traceback" not in err
+    rc, out, err = run(capsys, "models", "prune", "--keep-recent", "0", "--local-only")
+    assert rc == 0 and "BucketRegistry" not in out, err
+    assert [v.name for v in trainer.versions()] == ["v2", "v4"]

@@ -1,4 +1,4 @@
-"""fleet.mirror and fleet.labels against a real S3 server: the fleet's log into a local
+"""fleet.mirror and fleet.bucket_labels against a real S3 server: the fleet's log into a local
 DuckDB, every decision and label exactly once; labels from the command line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flywheel.classifier.decision import TeacherCall
-from flywheel.fleet.labels import BucketLabels
+from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.mirror import MirrorReport, mirror
 from flywheel.fleet.retention import redact_table
 from flywheel.logstore import LabelRecord, LabelSink, LogStore, from_parquet, label_records_to_table, to_parquet

@@ -18,7 +18,7 @@ import pytest
 
 from flywheel.classifier.decision import TeacherCall
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.fleet.labels import BucketLabels
+from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.mirror import mirror
 from flywheel.fleet.retention import PruneReport, prune_log, redact_table
 from flywheel.logstore import LogStore, SpoolSink, from_parquet, to_parquet

@@ -10,7 +10,7 @@ import pytest
 from flywheel.classifier import Classifier, Layer
 from flywheel.classifier.config import load_config
 from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.teacher import CircuitBreaker, OllamaTeacher
+from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
 from flywheel.logstore import LogStore

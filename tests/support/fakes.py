@@ -2,7 +2,8 @@
 records in a list, and a classifier built from them.
 
 - :class:`HashEmbedder` stands in for every encoder (no model, no download).
-- :class:`ScriptedTeacher` answers from a function of the request, or raises.
+- :class:`ScriptedTeacher` answers from a function of the request, or raises (a
+  :class:`~classifier.protocols.ManagedTeacher`: always ready, no breaker, nothing to close).
 - :class:`ListSink` is a ``log_sink`` that keeps what it was given.
 - :func:`make_classifier` fits :data:`tests.support.docs.DOC` (or another intent
   document) on a HashEmbedder and wraps it in a real :class:`classifier.Classifier`.
@@ -22,7 +23,7 @@ import numpy as np
 from flywheel.classifier import Classifier
 from flywheel.classifier.errors import TeacherError
 from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.protocols import TeacherAnswer, TeacherRequest
+from flywheel.classifier.protocols import TeacherAnswer, TeacherRequest, TeacherStatus
 from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
 
@@ -82,7 +83,12 @@ class HashEmbedder:
 
 class ScriptedTeacher:
     """Answers from a function of the request (default: the first option offered), or
-    raises a scripted TeacherError; ``delay_s`` before answering. Remembers every request."""
+    raises a scripted TeacherError; ``delay_s`` before answering. Remembers every request.
+
+    A :class:`~classifier.protocols.ManagedTeacher`: ``check()`` is always ready, ``close()``
+    does nothing and ``breaker`` is ``None`` (a test may set one)."""
+
+    breaker = None
 
     def __init__(self, answer=None, error: TeacherError | None = None, delay_s: float = 0.0,
                  model: str = "fake-llm") -> None:
@@ -105,6 +111,12 @@ class ScriptedTeacher:
         if self.error is not None:
             raise self.error
         return TeacherAnswer(self.answer(request), self._model, self.delay_s * 1000)
+
+    def check(self) -> TeacherStatus:
+        return TeacherStatus(True, f"scripted teacher {self._model!r}: no server to check")
+
+    def close(self) -> None:
+        pass
 
 
 class ListSink:

@@ -1,14 +1,14 @@
 """A simulated Ollama server: a teacher LLM with a known accuracy, for benchmarks and tests.
 
 :class:`SimulatedOllama` speaks enough of Ollama's HTTP API for
-:class:`classifier.teacher.OllamaTeacher` (``POST /api/chat`` without streaming,
+:class:`classifier.teachers.ollama.OllamaTeacher` (``POST /api/chat`` without streaming,
 ``GET /api/tags``, ``GET /api/version``, ``GET /``). It runs on a stdlib
 :class:`http.server.ThreadingHTTPServer` bound to ``127.0.0.1`` (no new dependencies).
 
 How it answers
 --------------
 The query is read from the last ``user`` message: the line ``Query: "<json string>"``
-that :func:`classifier.teacher.build_messages` writes (falling back to the whole
+that :func:`classifier.teachers.base.build_messages` writes (falling back to the whole
 message when there is no such line). The offered labels are the ``enum`` of the
 ``label`` property in the request's ``format`` JSON schema (falling back to the
 "exactly one of: A, B, OUT_OF_SCOPE." list in the system prompt). The *true* label
@@ -97,7 +97,7 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["MODES", "OUT_OF_SCOPE", "SimulatedOllama", "load_clinc_truth", "main"]
 
-OUT_OF_SCOPE = "OUT_OF_SCOPE"  # the name classifier.teacher uses (kept literal: no import cycle)
+OUT_OF_SCOPE = "OUT_OF_SCOPE"  # the name classifier.teachers uses (kept literal: no import cycle)
 MODES = ("ok", "down", "slow", "garbage", "http500", "unknown_label")
 _OOS_VALUES = {None, "oos", OUT_OF_SCOPE}
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")

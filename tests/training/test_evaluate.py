@@ -11,7 +11,7 @@ import pytest
 from flywheel.classifier.encoders import CachedEmbedder
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
-from flywheel.classifier.labels import OUT_OF_SCOPE as OOS_NAME
+from flywheel.classifier.label_names import OUT_OF_SCOPE as OOS_NAME
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.trainer import fit_model

@@ -260,21 +260,23 @@ def test_cli_explicit_shadow_and_errors(log_path, tmp_path):
     assert json.loads(r.stdout)["shadow"] is None and "cannot read the shadow version" in r.stderr
 
 
-def test_fleet_registry_down_leaves_the_section_out(monkeypatch, capsys):
-    import flywheel.training.fleetlog
+def test_fleet_registry_down_leaves_the_section_out(capsys):
     from flywheel.fleet.errors import StoreUnavailable
     from flywheel.training.cli import _registry_shadow
 
-    def down(cfg, models=None, **kw):
-        raise StoreUnavailable("store unreachable")
+    class Down:   # a fleet site whose store does not answer
+        fleet = True
 
-    monkeypatch.setattr(flywheel.training.fleetlog, "open_registry", down)
-    assert _registry_shadow(SimpleNamespace(store="s3://bucket/prefix")) is None
+        def registry(self, models=None):
+            raise StoreUnavailable("store unreachable")
+
+    assert _registry_shadow(Down()) is None
     assert "cannot read the shadow version (store unreachable)" in capsys.readouterr().err
 
     class Up:
-        def shadow(self):
-            return "v7"
+        fleet = True
 
-    monkeypatch.setattr(flywheel.training.fleetlog, "open_registry", lambda cfg, models=None, **kw: Up())
-    assert _registry_shadow(SimpleNamespace(store="s3://bucket/prefix")) == "v7"
+        def registry(self, models=None):
+            return SimpleNamespace(shadow=lambda: "v7")
+
+    assert _registry_shadow(Up()) == "v7"

@@ -19,10 +19,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from flywheel.classifier.errors import NOT_CALLED_KINDS, TeacherError
-from flywheel.classifier.protocols import Teacher, TeacherAnswer, TeacherRequest
+from flywheel.classifier.protocols import Breaker, ManagedTeacher, Teacher, TeacherAnswer, TeacherRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from flywheel.classifier.intents import TeacherSettings
@@ -163,8 +163,11 @@ class BudgetedTeacher:
       an LLM call. Only an inner refusal that never called the LLM (the breaker's
       ``circuit_open``, :data:`~classifier.errors.NOT_CALLED_KINDS`) gives the slot back,
       so an outage does not drain the day's budget.
-    - ``model`` and ``close()`` are the inner teacher's; so are ``check()`` (not budgeted:
-      a readiness check is not a labelling call) and ``breaker``, when it has them.
+    - ``model`` is the inner teacher's. When the inner teacher is a
+      :class:`~classifier.protocols.ManagedTeacher`, so is the wrapper: ``check()`` (not
+      budgeted: a readiness check is not a labelling call), ``close()`` and ``breaker`` are
+      the inner teacher's. Around a plain :class:`~classifier.protocols.Teacher` it has no
+      ``check()``, ``close()`` does nothing and ``breaker`` is ``None``.
 
     Safe to share between threads when the inner teacher is.
     """
@@ -172,18 +175,17 @@ class BudgetedTeacher:
     def __init__(self, inner: Teacher, budget: CallBudget) -> None:
         self.inner = inner
         self.budget = budget
-        check = getattr(inner, "check", None)
-        if check is not None:
-            self.check = check
+        if isinstance(inner, ManagedTeacher):   # then the wrapper is one too
+            self.check = inner.check
 
     @property
     def model(self) -> str:
         return self.inner.model
 
     @property
-    def breaker(self) -> Any:
+    def breaker(self) -> Breaker | None:
         """The inner teacher's circuit breaker (``None`` when it has none)."""
-        return getattr(self.inner, "breaker", None)
+        return self.inner.breaker if isinstance(self.inner, ManagedTeacher) else None
 
     def __repr__(self) -> str:
         return f"BudgetedTeacher({self.inner!r}, {self.budget!r})"
@@ -198,9 +200,8 @@ class BudgetedTeacher:
             raise
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.inner, ManagedTeacher):
+            self.inner.close()
 
 
 def apply_budget(teacher: Teacher | None, settings: TeacherSettings, *,

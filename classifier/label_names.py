@@ -1,4 +1,4 @@
-"""One meaning for "out of scope".
+"""Label names: a label as a string, and one meaning for "out of scope".
 
 Inside flywheel, out of scope is ``None`` (a decision's ``label``, a training row's
 label, a logged label). Where a label is a string given by someone else (a declared

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +20,8 @@ import pyarrow as pa
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.schema import SCHEMA_VERSION
 
-__all__ = ["LABEL_COLUMNS_V3", "LABEL_SCHEMA", "LABEL_SOURCES", "LabelRecord", "conform_labels",
-           "label_records_to_table", "new_label_uid"]
+__all__ = ["LABEL_COLUMNS_V3", "LABEL_SCHEMA", "LABEL_SOURCES", "LabelColumnError", "LabelRecord",
+           "conform_labels", "label_records_to_table", "new_label_uid"]
 
 LABEL_SOURCES = ("human", "teacher", "shadow")
 
@@ -40,6 +40,16 @@ _LABEL_FIELDS: list[tuple[str, pa.DataType]] = [
 ]
 LABEL_SCHEMA = pa.schema(_LABEL_FIELDS,
                          metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
+
+
+class LabelColumnError(LogStoreError, ValueError):
+    """A column of :data:`LABEL_SCHEMA` has no builder in :func:`label_records_to_table` (a
+    column added to the schema and forgotten there), or a builder has no column. ``column``
+    names it."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        super().__init__(f"label column {column!r}: {message}")
 
 
 def new_label_uid() -> str:
@@ -104,21 +114,42 @@ def conform_labels(table: pa.Table) -> pa.Table:
     return table
 
 
-def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
-    """Label records as one Arrow table of :data:`LABEL_SCHEMA`."""
+def _created_at(records: Sequence[LabelRecord], t: pa.DataType) -> pa.Array:
     created = np.fromiter((r.created_at for r in records), dtype=np.float64, count=len(records))
-    cols: list[pa.Array] = [
-        pa.array([r.label_uid for r in records], pa.string()),
-        pa.array([r.decision_id for r in records], pa.string()),
-        pa.array([r.source for r in records], pa.string()),
-        pa.array([r.label for r in records], pa.string()),
-        pa.array([r.model for r in records], pa.string()),
-        pa.array([bool(r.valid) for r in records], pa.bool_()),
-        pa.array([None if r.latency_ms is None else float(r.latency_ms) for r in records], pa.float64()),
-        pa.array([r.author for r in records], pa.string()),
-        pa.array((created * 1e6).astype(np.int64), pa.timestamp("us")),
-        pa.array([r.confidence for r in records], pa.float64()),
-        pa.array([r.tier for r in records], pa.string()),
-        pa.array([r.sure for r in records], pa.bool_()),
-    ]
+    return pa.array((created * 1e6).astype(np.int64), t)
+
+
+#: How each column of :data:`LABEL_SCHEMA` is filled, by name: ``(records, arrow type) ->
+#: array``. :func:`label_records_to_table` refuses a schema column missing here, and one
+#: here missing from the schema.
+_COLUMNS: dict[str, Callable[[Sequence[LabelRecord], pa.DataType], pa.Array]] = {
+    "label_uid": lambda rs, t: pa.array([r.label_uid for r in rs], t),
+    "decision_id": lambda rs, t: pa.array([r.decision_id for r in rs], t),
+    "source": lambda rs, t: pa.array([r.source for r in rs], t),
+    "label": lambda rs, t: pa.array([r.label for r in rs], t),
+    "model": lambda rs, t: pa.array([r.model for r in rs], t),
+    "valid": lambda rs, t: pa.array([bool(r.valid) for r in rs], t),
+    "latency_ms": lambda rs, t: pa.array([None if r.latency_ms is None else float(r.latency_ms) for r in rs], t),
+    "author": lambda rs, t: pa.array([r.author for r in rs], t),
+    "created_at": _created_at,
+    "confidence": lambda rs, t: pa.array([r.confidence for r in rs], t),
+    "tier": lambda rs, t: pa.array([r.tier for r in rs], t),
+    "sure": lambda rs, t: pa.array([r.sure for r in rs], t),
+}
+
+
+def label_records_to_table(records: Sequence[LabelRecord]) -> pa.Table:
+    """Label records as one Arrow table of :data:`LABEL_SCHEMA`, column by column name.
+
+    Raises :class:`LabelColumnError` (a ``ValueError``) for a schema column without a
+    builder here, or a builder without a column."""
+    extra = sorted(set(_COLUMNS) - set(LABEL_SCHEMA.names))
+    if extra:
+        raise LabelColumnError(extra[0], "is built but not in LABEL_SCHEMA")
+    cols: list[pa.Array] = []
+    for f in LABEL_SCHEMA:
+        build = _COLUMNS.get(f.name)
+        if build is None:
+            raise LabelColumnError(f.name, "is in LABEL_SCHEMA but nothing fills it")
+        cols.append(build(records, f.type))
     return pa.Table.from_arrays(cols, schema=LABEL_SCHEMA)

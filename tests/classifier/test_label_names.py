@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flywheel.classifier.errors import InvalidInputError, TeacherError, UnknownLabelError
-from flywheel.classifier.labels import OUT_OF_SCOPE, label_name, parse_label
-from flywheel.classifier.teacher import OllamaTeacher
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
+from flywheel.classifier.teachers import OllamaTeacher
 from tests.support.fakes import make_classifier
 
 LABELS = ("RETRIEVAL", "PLATFORM")

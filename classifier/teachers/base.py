@@ -1,22 +1,21 @@
-"""Layer 3: an LLM teacher served by Ollama, behind a circuit breaker.
+"""What every teacher backend shares, one copy of it: which intents a query offers the
+teacher (:func:`offered_options`, for layer 3 and the audits alike), the prompt
+(:func:`build_messages`, options in a per-text shuffled order, :func:`option_order`), the answer schema
+(:func:`response_schema`), the answer parser (:func:`parse_answer`), the
+:class:`CircuitBreaker`, the helpers for errors and logs (:func:`shorten`,
+:func:`redact_url`) and :class:`ChatTeacher`, the base that runs one call through the
+breaker. A backend (:mod:`~classifier.teachers.ollama`, :mod:`~classifier.teachers.openai`)
+implements the call itself, ``check()`` and ``close()``.
 
-:class:`OllamaTeacher` implements :class:`classifier.protocols.Teacher`. It asks the
-model for ``{"label": ...}`` constrained by a JSON schema whose ``label`` is an enum
-of the offered intent names, then validates the answer anyway. Every failure is a
-:class:`~classifier.errors.TeacherError` with one of the kinds ``unavailable``,
-``timeout``, ``malformed``, ``unknown_label``, ``circuit_open`` or ``error``; no raw
-``httpx``/``ollama`` exception ever escapes.
+Every failure is a :class:`~classifier.errors.TeacherError` with one of the kinds
+``unavailable``, ``timeout``, ``malformed``, ``unknown_label``, ``circuit_open`` or
+``error``; no raw ``httpx``/``ollama`` exception ever escapes.
 
 A :class:`CircuitBreaker` stops calling a dead server: after a few consecutive
 transport failures (unreachable, timeout, HTTP 5xx, model not found) calls fail at once
 with ``circuit_open`` until a cool-down has passed, then one probe is let through.
 
-What every backend shares lives here, so there is one copy of it: the prompt
-(:func:`build_messages`, options in a per-text shuffled order, :func:`option_order`),
-the answer schema (:func:`response_schema`), the answer parser (:func:`parse_answer`),
-the breaker, and :class:`ChatTeacher`, the base that runs one call through the breaker.
-:mod:`classifier.openai_teacher` is the other backend. A teacher's ``check()`` says,
-without raising, whether its server answers and has the model (:class:`TeacherStatus`).
+Imports nothing but the standard library and :mod:`classifier`; no client is created here.
 """
 
 from __future__ import annotations
@@ -24,59 +23,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from flywheel.classifier.errors import ConfigError, InvalidInputError, TeacherError
 from flywheel.classifier.intents import SYSTEM_PROMPT_MODES
-from flywheel.classifier.labels import OUT_OF_SCOPE, parse_label
+from flywheel.classifier.label_names import OUT_OF_SCOPE, parse_label
 from flywheel.classifier.protocols import LabelOption, TeacherAnswer, TeacherRequest
 
-if TYPE_CHECKING:  # pragma: no cover
-    import ollama
-
-
-DEFAULT_HOST = "http://127.0.0.1:11434"
 HISTORY_RULE = ("the history only resolves references such as 'this' or 'that function' "
                 "in the query; it must not bias the label")
 
-__all__ = ["DEFAULT_HOST", "HISTORY_RULE", "ChatTeacher", "CircuitBreaker", "OllamaTeacher",
-           "TeacherStatus", "build_messages", "option_order", "parse_answer", "redact_url",
-           "resolve_host", "response_schema", "shorten"]
-
-
-@dataclass(frozen=True)
-class TeacherStatus:
-    """What a teacher's ``check()`` found: ``ok`` when its server answered and has the
-    model (or cannot say, see the backend), ``detail`` a one-line explanation for logs."""
-
-    ok: bool
-    detail: str
-
-
-def resolve_host(explicit: str | None) -> str:
-    """Return the Ollama host to use.
-
-    Parameters
-    ----------
-    explicit : str or None
-        A host given in configuration or on the command line.
-
-    Returns
-    -------
-    str
-        ``explicit`` when non-empty, else the ``OLLAMA_HOST`` environment variable
-        when non-empty, else ``http://127.0.0.1:11434``.
-    """
-    if explicit and explicit.strip():
-        return explicit.strip()
-    env = os.environ.get("OLLAMA_HOST", "").strip()
-    return env or DEFAULT_HOST
+__all__ = ["HISTORY_RULE", "ChatTeacher", "CircuitBreaker", "build_messages", "offered_options", "option_order",
+           "parse_answer", "redact_url", "response_schema", "shorten"]
 
 
 class CircuitBreaker:
@@ -160,6 +122,49 @@ class CircuitBreaker:
             if self._state == "half_open" or self._consecutive >= self.failures:
                 self._state = "open"
                 self._opened_at = self._clock()
+
+
+def offered_options(options: Mapping[str, LabelOption], ranking: Iterable[str | None], max_candidates: int,
+                    decided: str | None = None) -> tuple[LabelOption, ...]:
+    """The intents one query offers the teacher: the one rule for layer 3, the background
+    audits and the back-fill, so an audit asks the teacher the question layer 3 would have.
+
+    With at most ``max_candidates`` intents, all of them (in the intent set's order).
+    With more, layer 2's top ``max_candidates`` (``ranking``: its in-scope labels, best
+    first; ``None`` entries, out of scope, are skipped), and ``decided`` (the label the
+    pipeline decided, e.g. the confident layer-2 answer an audit checks) always among them:
+    when it is not in the top ones it takes the last place. Out of scope is never an option
+    here (a request allows it separately). The order returned is the one the request
+    carries; the prompt then lists them in :func:`option_order`, which depends only on
+    this tuple and the text, so the same query gets the same prompt from either caller.
+
+    Parameters
+    ----------
+    options : mapping of str to LabelOption
+        Every intent of the set, by name, in the intent set's order.
+    ranking : iterable of str or None
+        Layer 2's labels for this query, best first.
+    max_candidates : int
+        ``teacher.max_candidates``.
+    decided : str or None
+        A label that must be offered (``None``: none; out of scope needs no place).
+
+    Examples
+    --------
+    >>> opts = {n: LabelOption(n, "") for n in "ABCDE"}
+    >>> [o.name for o in offered_options(opts, ["C", "A", "E", "B", "D"], 2)]
+    ['C', 'A']
+    >>> [o.name for o in offered_options(opts, ["C", "A", "E", "B", "D"], 2, decided="D")]
+    ['C', 'D']
+    """
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}")
+    if len(options) <= max_candidates:
+        return tuple(options.values())
+    top = [n for n in dict.fromkeys(ranking) if n is not None and n in options][:max_candidates]
+    if decided is not None and decided in options and decided not in top:
+        top = top[: max_candidates - 1] + [decided]
+    return tuple(options[n] for n in top)
 
 
 def option_order(request: TeacherRequest) -> tuple[LabelOption, ...]:
@@ -328,7 +333,8 @@ def parse_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -
 
 class ChatTeacher:
     """The part every chat-model teacher shares: settings, the breaker around one call,
-    the prompt, the answer check. A backend implements :meth:`_call` (and ``check()``).
+    the prompt, the answer check. A backend implements :meth:`_call`, ``check()`` and
+    ``close()`` (a :class:`~classifier.protocols.ManagedTeacher`).
 
     Parameters
     ----------
@@ -430,118 +436,3 @@ class ChatTeacher:
     def _call(self, request: TeacherRequest) -> str:
         """One chat call; returns the answer content or raises a classified TeacherError."""
         raise NotImplementedError
-
-
-class OllamaTeacher(ChatTeacher):
-    """A :class:`~classifier.protocols.Teacher` backed by an Ollama server.
-
-    Parameters
-    ----------
-    model : str
-        Ollama model name, e.g. ``llama3.1:8b``.
-    host : str or None
-        Server URL; resolved with :func:`resolve_host`.
-    timeout_s : float
-        HTTP timeout (connect, read, write) of one call, in seconds.
-    breaker : CircuitBreaker or None
-        Shared breaker; a default ``CircuitBreaker()`` when ``None``.
-    temperature : float
-        Sampling temperature sent in ``options``.
-    keep_alive : str, float or None
-        How long Ollama keeps the model loaded after a call (``"30m"``; ``"-1s"``:
-        forever; ``None``: the server's default, 5 minutes), so bursts do not pay a reload.
-    system_prompt : {"system", "user"}
-        Where the instructions go (:func:`build_messages`).
-
-    Notes
-    -----
-    ``__init__`` makes no connection: the ``ollama.Client`` is created on the first
-    :meth:`label` or :meth:`check` call. Instances are safe to share between threads.
-    HTTP 404 (the model is not pulled) is ``unavailable``: the decision is pending and
-    ``flywheel label`` asks again once the model is there.
-    """
-
-    def __init__(self, model: str, host: str | None = None, timeout_s: float = 5.0,
-                 breaker: CircuitBreaker | None = None, temperature: float = 0.0,
-                 keep_alive: str | float | None = "30m", system_prompt: str = "system") -> None:
-        super().__init__(model, timeout_s, breaker, temperature, system_prompt)
-        self.host = resolve_host(host)
-        self.keep_alive = keep_alive
-        self._client: ollama.Client | None = None
-        self._client_lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"OllamaTeacher(model={self._model!r}, host={self.where!r}, timeout_s={self.timeout_s})"
-
-    _parse = staticmethod(parse_answer)
-
-    def _get_client(self) -> ollama.Client:
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    import httpx
-                    import ollama
-
-                    self._client = ollama.Client(host=self.host,
-                                                 timeout=httpx.Timeout(self.timeout_s))
-                client = self._client
-        return client
-
-    def close(self) -> None:
-        """Close the underlying HTTP client, if one was created."""
-        with self._client_lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-
-    def check(self) -> TeacherStatus:
-        """Whether the server answers and has the model (``POST /api/show``); never raises.
-
-        Bounded by ``timeout_s`` per HTTP phase; does not touch the breaker.
-        """
-        try:
-            self._get_client().show(self._model)
-        except Exception as exc:  # noqa: BLE001 - a check reports, it never raises
-            return TeacherStatus(False, f"teacher {self._model!r} at {self.where}: {self._error(exc)}")
-        return TeacherStatus(True, f"teacher {self._model!r} is available at {self.where}")
-
-    def _call(self, request: TeacherRequest) -> str:
-        messages, schema = self.prompt(request)
-        try:
-            resp = self._get_client().chat(
-                model=self._model, messages=messages, format=schema,
-                options={"temperature": self.temperature}, stream=False, keep_alive=self.keep_alive)
-        except Exception as exc:  # every client failure becomes a classified TeacherError
-            raise self._error(exc) from None
-        content = resp.message.content if resp.message is not None else None
-        if not isinstance(content, str):
-            raise TeacherError("malformed", "answer has no message content")
-        return content
-
-    def _error(self, exc: Exception) -> TeacherError:
-        """The :class:`TeacherError` for an exception of the ollama client."""
-        import httpx
-        import ollama
-        from pydantic import ValidationError
-
-        if isinstance(exc, ollama.ResponseError):
-            status = exc.status_code
-            reason = shorten(exc.error) or "no reason given"
-            if status == 404:  # Ollama: model "x" not found, try pulling it first
-                return TeacherError("unavailable", f"model {self._model!r} not found on {self.where} "
-                                    f"(HTTP 404: {reason}); pull it first: ollama pull {self._model}")
-            if status >= 500:
-                return TeacherError("unavailable", f"HTTP {status} {reason}")
-            return TeacherError("error", f"HTTP {status} {reason}")
-        if isinstance(exc, httpx.ConnectTimeout):
-            return TeacherError("unavailable", f"no connection to {self.where} within {self.timeout_s} s")
-        if isinstance(exc, httpx.TimeoutException):
-            return TeacherError("timeout", f"no answer within {self.timeout_s} s")
-        if isinstance(exc, ConnectionError):  # ollama turns httpx.ConnectError into the builtin
-            return TeacherError("unavailable", f"connection refused by {self.where}")
-        if isinstance(exc, (httpx.TransportError, OSError)):
-            return TeacherError("unavailable", f"{type(exc).__name__}: {shorten(exc)}")
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError, ValidationError)):
-            return TeacherError("malformed", "the server's reply is not an Ollama response")
-        return TeacherError("error", f"{type(exc).__name__}: {shorten(exc)}")  # never leak it raw

@@ -2,7 +2,7 @@
 
 ``flywheel feedback`` and ``flywheel label`` run where no replica's spool is at hand,
 so their labels go straight to the bucket: each call writes one Parquet object of
-:data:`~logstore.labels.LABEL_SCHEMA` rows, create-only, under
+:data:`~logstore.label_records.LABEL_SCHEMA` rows, create-only, under
 ``log/labels/date=YYYY-MM-DD/cli-<label_uid>.parquet`` (the first record's uid and UTC
 date). When a local :class:`~logstore.store.LogStore` is given, the same table is then
 inserted into it under that key (:meth:`~logstore.store.LogStore.insert_objects`), so
@@ -25,7 +25,7 @@ from typing import Sequence
 from flywheel.fleet.objects import ObjectStore
 from flywheel.fleet.shipper import LOG_PREFIX
 from flywheel.logstore.errors import LogStoreError
-from flywheel.logstore.labels import LabelRecord, label_records_to_table
+from flywheel.logstore.label_records import LabelRecord, label_records_to_table
 from flywheel.logstore.segments import LABELS, to_parquet
 from flywheel.logstore.store import LogStore
 

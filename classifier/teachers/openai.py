@@ -1,9 +1,10 @@
 """Layer 3 on an OpenAI-compatible server: vLLM, llama.cpp's server, llama-cpp-python,
 LM Studio, a hosted API.
 
-:class:`OpenAITeacher` implements :class:`classifier.protocols.Teacher` with the same
-prompt, answer schema, answer parser, circuit breaker and error kinds as
-:class:`classifier.teacher.OllamaTeacher` (it is a :class:`~classifier.teacher.ChatTeacher`).
+:class:`OpenAITeacher` implements :class:`classifier.protocols.ManagedTeacher` with the
+same prompt, answer schema, answer parser, circuit breaker and error kinds as
+:class:`classifier.teachers.ollama.OllamaTeacher` (it is a
+:class:`~classifier.teachers.base.ChatTeacher`).
 It posts ``{host}/chat/completions`` with ``httpx``; ``host`` is the API's base URL
 (``http://127.0.0.1:8000/v1``).
 
@@ -35,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from flywheel.classifier.errors import ConfigError, TeacherError
 from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS
-from flywheel.classifier.protocols import TeacherRequest
-from flywheel.classifier.teacher import ChatTeacher, CircuitBreaker, TeacherStatus, shorten
+from flywheel.classifier.protocols import TeacherRequest, TeacherStatus
+from flywheel.classifier.teachers.base import ChatTeacher, CircuitBreaker, shorten
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -74,7 +75,7 @@ class _Secret:
 
 
 class OpenAITeacher(ChatTeacher):
-    """A :class:`~classifier.protocols.Teacher` on an OpenAI-compatible chat API.
+    """A :class:`~classifier.protocols.ManagedTeacher` on an OpenAI-compatible chat API.
 
     Parameters
     ----------

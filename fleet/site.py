@@ -1,0 +1,250 @@
+"""Where this process's traffic log and model registry live: one machine, or a fleet.
+
+:func:`open_site` decides it once, from ``cfg.store``, and every entry point (the serving
+runtime, the offline commands) asks the site it returns instead of deciding again:
+
+- :class:`LocalSite` (no store): the models home ``<home>/models`` and the DuckDB log at
+  ``cfg.log_path``; nothing here touches the network.
+- :class:`FleetSite` (``store = s3://BUCKET/PREFIX``): one :class:`~fleet.objects.ObjectStore`
+  for the bucket, opened here and shared by all the parts: the bucket's registry in front
+  of the local home (:class:`~fleet.registry.BucketRegistry`), the log mirrored from the
+  bucket before it is read (:func:`fleet.mirror.mirror`), labels written to the bucket
+  (:class:`~fleet.bucket_labels.BucketLabels`), a serving sink whose spool an
+  :class:`~fleet.shipper.ObjectShipper` empties, and a :class:`~fleet.sync.RegistrySync`
+  that makes a replica follow the fleet's ``models/CURRENT``.
+
+Both offer the :class:`Site` Protocol. Tests pass a fake site where a command takes one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from flywheel.classifier.config import Config
+from flywheel.classifier.default import default_model_dir
+from flywheel.classifier.protocols import Registry
+from flywheel.classifier.registry import CURRENT, ModelRegistry, VersionInfo
+from flywheel.fleet.bucket_labels import BucketLabels
+from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.mirror import mirror
+from flywheel.fleet.objects import ObjectStore
+from flywheel.fleet.registry import BucketRegistry, BucketVersion
+from flywheel.fleet.retention import PruneReport, prune_log
+from flywheel.fleet.shipper import ObjectShipper
+from flywheel.fleet.sync import RegistrySync
+from flywheel.logstore import LabelSink, LocalIngest, LogStore, SpoolDrain, SpoolSink
+
+__all__ = ["FIRST_SYNC_TIMEOUT_S", "FleetSite", "ListedRegistry", "LocalSite", "ServingLog", "Site",
+           "mirror_progress", "open_site"]
+
+log = logging.getLogger("flywheel.serving")
+
+#: How long a starting replica waits for the fleet's current model before it serves what
+#: it has (the store may be down: serving never waits for it longer than this).
+FIRST_SYNC_TIMEOUT_S = 30.0
+
+
+class ListedRegistry(Registry, Protocol):
+    """A :class:`~classifier.protocols.Registry` that also lists its versions, by name
+    (``flywheel models list``): the local home's, or the bucket's (same field names)."""
+
+    def versions(self) -> Sequence[VersionInfo | BucketVersion]: ...
+
+
+@dataclass(frozen=True)
+class ServingLog:
+    """What a serving process logs to: ``store`` is the local DuckDB log (``None`` in fleet
+    mode: a replica opens none), ``sink`` the decision sink this site opened (``None`` when
+    the caller brings its own, locally), ``labels`` where human labels and audit answers go."""
+
+    store: LogStore | None = None
+    sink: SpoolSink | None = None
+    labels: LabelSink | None = None
+
+
+class Site(Protocol):
+    """Where the log and the registry live (see the module docs)."""
+
+    @property
+    def fleet(self) -> bool:
+        """Whether the log and the registry are the fleet's, in an object store."""
+        ...
+
+    def registry(self, models: Path | None = None) -> ListedRegistry:
+        """The registry to read and promote in; ``models`` overrides the local home."""
+        ...
+
+    def open_log(self, *, progress: bool = False) -> LogStore:
+        """The traffic log for offline work, brought up to date with the fleet's first."""
+        ...
+
+    def labels(self, store: LogStore) -> LabelSink:
+        """Where an offline command's labels of ``store``'s decisions go."""
+        ...
+
+    def serving_log(self, *, own_sink: bool = True) -> ServingLog:
+        """The log a serving process writes; ``own_sink=False``: the caller brings its own
+        decision sink (a fleet site opens one all the same: labels go through it)."""
+        ...
+
+    def drain(self) -> SpoolDrain:
+        """Where a serving spool's finished segments go."""
+        ...
+
+    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> RegistrySync | None:
+        """What makes the local models home follow the fleet's (``None``: nothing to
+        follow); ``on_new`` is called after it installed a newly promoted version."""
+        ...
+
+    def prune_log(self, store: LogStore | None, days: float, *, progress: bool = False) -> PruneReport:
+        """Delete raw query text older than ``days`` days from the log (and the bucket's)."""
+        ...
+
+    def apply_retention(self, store: LogStore, *, progress: bool = False) -> PruneReport | None:
+        """:meth:`prune_log` with ``cfg.log_retention_days`` (``None``: keep all, nothing run)."""
+        ...
+
+
+def open_site(cfg: Config) -> LocalSite | FleetSite:
+    """The site ``cfg`` describes. Raises :class:`~fleet.errors.StoreConfigError` for a bad
+    store URL, missing credentials or a missing ``flywheel-intent[fleet]`` extra; connects
+    to nothing."""
+    if not cfg.store:
+        return LocalSite(cfg)
+    return FleetSite(cfg, ObjectStore(StoreConfig.parse(cfg.store)))
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"flywheel: {msg}", file=sys.stderr, flush=True)
+
+
+def mirror_progress(every_s: float = 5.0) -> Callable[[int, int, int], None]:
+    """A :func:`fleet.mirror.mirror` progress callback that prints a line at most every ``every_s``."""
+    last = [time.monotonic()]
+
+    def report(done: int, total: int, rows: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s or done == total:
+            last[0] = now
+            _say(True, f"  mirrored {done:,} of {total:,} new objects ({rows:,} rows)")
+    return report
+
+
+class _SiteBase:
+    """What both sites share: the local home and log, and retention."""
+
+    objects: ObjectStore | None = None
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def _local(self, models: Path | None = None) -> ModelRegistry:
+        return ModelRegistry(Path(models).expanduser() if models else self.cfg.models_dir)
+
+    def prune_log(self, store: LogStore | None, days: float, *, progress: bool = False) -> PruneReport:
+        rep = prune_log(self.objects, store, days=days)
+        _say(progress, f"retention {days:g} days: text before {rep.cutoff:%Y-%m-%d %H:%M} UTC removed from "
+                       f"{rep.redacted} objects ({rep.deleted} originals deleted) and {rep.local_rows:,} local rows")
+        return rep
+
+    def apply_retention(self, store: LogStore, *, progress: bool = False) -> PruneReport | None:
+        if self.cfg.log_retention_days is None:
+            return None
+        return self.prune_log(store, self.cfg.log_retention_days, progress=progress)
+
+
+class LocalSite(_SiteBase):
+    """One machine: the models home and the DuckDB log under the configured home."""
+
+    fleet = False
+
+    def __repr__(self) -> str:
+        return f"LocalSite({self.cfg.models_dir}, {self.cfg.log_path})"
+
+    def registry(self, models: Path | None = None) -> ModelRegistry:
+        return self._local(models)
+
+    def open_log(self, *, progress: bool = False) -> LogStore:
+        return LogStore(self.cfg.log_path)
+
+    def labels(self, store: LogStore) -> LabelSink:
+        return store
+
+    def serving_log(self, *, own_sink: bool = True) -> ServingLog:
+        store = LogStore(self.cfg.log_path)
+        return ServingLog(store=store, sink=store.open_sink() if own_sink else None, labels=store)
+
+    def drain(self) -> SpoolDrain:
+        return LocalIngest(self.cfg.log_path, busy_timeout_s=0.0)
+
+    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> None:
+        return None
+
+
+class FleetSite(_SiteBase):
+    """A fleet: the log and the registry in the bucket of ``objects``, the configured home
+    as their local copy."""
+
+    fleet = True
+
+    def __init__(self, cfg: Config, objects: ObjectStore) -> None:
+        super().__init__(cfg)
+        self.objects: ObjectStore = objects
+
+    def __repr__(self) -> str:
+        return f"FleetSite({self.objects})"
+
+    def registry(self, models: Path | None = None) -> BucketRegistry:
+        return BucketRegistry(self.objects, self._local(models))
+
+    def open_log(self, *, progress: bool = False) -> LogStore:
+        store = LogStore(self.cfg.log_path)
+        _say(progress, f"mirroring the fleet's log from {self.objects} ...")
+        rep = mirror(self.objects, store, progress=mirror_progress() if progress else None)
+        _say(progress, f"mirrored {rep.objects:,} new objects ({rep.rows:,} rows, {rep.bytes / 2**20:.1f} MiB) "
+                       f"in {rep.seconds:.1f}s" + (f"; {rep.bad} unreadable, left for the next run" if rep.bad
+                                                   else ""))
+        return store
+
+    def labels(self, store: LogStore) -> LabelSink:
+        return BucketLabels(self.objects, store)
+
+    def serving_log(self, *, own_sink: bool = True) -> ServingLog:
+        spool = Path(str(self.cfg.log_path) + ".spool")
+        sink = SpoolSink(spool, drain=self.drain(), drain_interval_s=self.cfg.ship_interval_s,
+                         max_spool_bytes=int(self.cfg.spool_max_mb * 2**20))
+        return ServingLog(sink=sink, labels=sink)
+
+    def drain(self) -> SpoolDrain:
+        return ObjectShipper(self.objects)
+
+    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> RegistrySync:
+        """A :class:`RegistrySync` into the local models home, not started. When the model
+        comes from that home (no ``cfg.model``), a fresh replica first waits (at most
+        :data:`FIRST_SYNC_TIMEOUT_S`) for the fleet's current version, so it starts on it;
+        before the fleet has promoted anything, the default model is installed there."""
+        local = self._local()
+        sync = RegistrySync(self.objects, local, interval_s=self.cfg.store_poll_s, on_new=on_new)
+        if self.cfg.model is None:
+            sync.sync_once(FIRST_SYNC_TIMEOUT_S)
+            self._serve_from_models_home(local, progress)
+        return sync
+
+    def _serve_from_models_home(self, local: ModelRegistry, progress: bool) -> None:
+        """Before the fleet has promoted anything, serve the default model from the local models
+        home (installed there once), so that the watcher follows the fleet's first promotion."""
+        if (local.home / CURRENT).is_file():
+            return
+        path = default_model_dir(self.cfg, progress=progress)
+        if (path / CURRENT).is_file():
+            return
+        name = local.publish(path)
+        local.promote(name)
+        log.info("replica: the fleet has promoted no model yet; serving %s locally until it does", name)

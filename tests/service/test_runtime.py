@@ -1,0 +1,107 @@
+"""service.runtime.open_runtime: the parts are built first and joined once, in one
+Classifier; the runtime is frozen; a part that fails closes what was opened before it; in
+fleet mode the sync swaps a promoted version in at once (against the real S3 server)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from flywheel.classifier.config import load_config
+from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.trainer import fit_model
+from flywheel.fleet.site import LocalSite, ServingLog
+from flywheel.logstore import LogStoreError
+from flywheel.service.runtime import Runtime, open_runtime
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
+from tests.support.fakes import HashEmbedder, ScriptedTeacher
+
+
+def _fitted(name: str, thresholds: dict):
+    d = copy.deepcopy(DOC)
+    d["thresholds"] = thresholds
+    return fit_model(parse_intents(d), embedder=HashEmbedder(), version=name)
+
+
+def _home(tmp_path) -> ModelRegistry:
+    """A models home serving v1, with v2 beside it as the shadow version."""
+    reg = ModelRegistry(tmp_path / "models")
+    for name, th in (("v1", ALWAYS_UNSURE), ("v2", ALWAYS_SURE)):
+        _fitted(name, th).save(reg.version_dir(name))
+    reg.promote("v1")
+    reg.set_shadow("v2")
+    return reg
+
+
+def test_the_parts_are_joined_in_one_classifier_and_the_runtime_is_frozen(tmp_path):
+    reg = _home(tmp_path)
+    cfg = load_config(home=tmp_path, model=str(reg.home))
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder())
+    try:
+        clf = rt.classifier
+        assert rt.teacher is not None and clf.teacher is rt.teacher       # built from v1's intents, owned
+        assert clf.shadow is rt.shadow and rt.shadow.version == "v2"      # the shadow loaded against v1
+        assert clf.watcher is not None and clf.watcher.serving == "v1"
+        assert clf.log_sink is rt.sink and rt.labels is rt.store and not rt.fleet
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            rt.teacher = None  # type: ignore[misc]
+        reg.promote("v2")                      # the watcher, built before the classifier, swaps it in
+        assert clf.watcher.poll(force=True) and clf.model_version == "v2"
+    finally:
+        rt.close()
+
+
+def test_a_teacher_of_the_callers_is_used_and_not_owned(tmp_path):
+    reg = _home(tmp_path)
+    cfg = load_config(home=tmp_path, model=str(reg.home))
+    teacher = ScriptedTeacher()
+    rt = open_runtime(cfg, progress=False, log_decisions=False, embedder=HashEmbedder(), teacher=teacher)
+    try:
+        assert rt.classifier.teacher is teacher and rt.teacher is None   # the caller closes it
+        assert rt.sink is None and rt.labels is None and rt.shadow is None  # no log: no shadow either
+    finally:
+        rt.close()
+
+
+class _Site(LocalSite):
+    """A local site that records the sink it opened."""
+
+    served: ServingLog | None = None
+
+    def serving_log(self, *, own_sink: bool = True) -> ServingLog:
+        self.served = super().serving_log(own_sink=own_sink)
+        return self.served
+
+
+def test_a_part_that_fails_closes_what_was_opened_before_it(tmp_path):
+    cfg = load_config(home=tmp_path, model=str(tmp_path / "no-such-version"))
+    site = _Site(cfg)
+    with pytest.raises(FlywheelError):            # the model does not load, after the log was opened
+        open_runtime(cfg, progress=False, site=site, embedder=HashEmbedder())
+    assert site.served is not None and site.served.sink is not None
+    with pytest.raises(LogStoreError, match="is closed"):
+        site.served.sink.write(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow   # talks to the real server
+def test_a_replica_swaps_in_what_the_fleet_promotes_at_once(objects, store_env, tmp_path):
+    from flywheel.fleet.registry import BucketRegistry
+    from tests.support.bucket import publish
+
+    fleet = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))
+    publish(fleet, _fitted("base", ALWAYS_SURE), "v1", "v2")
+    token = fleet.promote("v1", expected=None)
+    cfg = load_config(home=tmp_path / "replica", teacher="off")
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder())
+    try:
+        assert isinstance(rt, Runtime) and rt.fleet and rt.store is None and rt.labels is rt.sink
+        assert rt.classifier.model_version == "v1"                  # the first sync came before the model
+        fleet.promote("v2", expected=token)
+        assert rt.sync is not None and rt.sync.poll() == "new"
+        assert rt.classifier.model_version == "v2"                  # swapped by the sync, not the watcher's clock
+    finally:
+        rt.close()

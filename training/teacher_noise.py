@@ -1,0 +1,426 @@
+"""Checked before training: how noisy the teacher's labels are, and a filter for the
+teacher labels the evidence contradicts (issue 24, item 3).
+
+The noise estimate
+------------------
+A decision can carry a teacher label (layer 3's inline answer, an audit's background
+answer, or one back-filled by ``flywheel label``) and a human label (``flywheel
+feedback``) at once; the log's ``decision_labels`` view holds both. Over every decision
+with a valid teacher label and a human label, the teacher's latest valid answer is
+*wrong* when it differs from the latest human label (out of scope equals out of scope).
+:class:`NoiseEstimate` counts these ``(teacher, human)`` pairs;
+
+- ``teacher_noise``: ``{"estimate", "low", "high", "n", "wrong"}``: the share of wrong
+  teacher labels among the ``n`` decisions with both labels, with an exact
+  (Clopper-Pearson) 95% interval; ``estimate``/``low``/``high`` are ``None`` when ``n`` is 0;
+- ``teacher_noise_by_intent``: the same per *teacher* label (what the teacher said, so
+  each number is the share of that label's training rows a human would change;
+  out of scope is ``OUT_OF_SCOPE``), for labels with at least :data:`MIN_INTENT_ROWS`
+  such decisions.
+
+The humans' decisions are not a random sample: feedback is given where someone saw a
+mistake, so the estimate is an upper bound on the noise of the teacher labels nobody
+checked when most human labels come from feedback, and close to unbiased when they come
+from reviewing a random sample (audits).
+
+The filter
+----------
+:func:`check_training_set` drops *teacher* rows of a training set (never intent
+examples, human labels or self-training rows) for one of two reasons, each evidence
+that does not come from the teacher:
+
+- ``oos_inside_intent``: the teacher said out of scope, but the query's vector lies deep
+  inside one intent's cluster of authoritative rows (its intent examples and human
+  labels): its mean cosine similarity to that intent's ``k`` nearest rows reaches the
+  median of the same measure for the intent's own rows (leave one out), i.e. it is closer
+  to the intent than most of its own examples are, and beats every other intent, and the
+  authoritative out-of-scope rows, by ``inside_margin``. The champion is not consulted
+  (BENCHMARKS.md §4: the earlier guard leaned on the champion's own top intent).
+- ``human_corrected_pair``: humans corrected the teacher's label ``A`` to ``B`` on at
+  least ``pair_min`` decisions and on at least ``pair_share`` of the decisions where they
+  checked an ``A`` label, and the row's label is ``A`` while layer 2's runner-up is ``B``:
+  the champion's most probable intent other than ``A``, and at least ``runner_up_ratio``
+  times as probable as ``A`` (a close second or preferred: a query the champion is sure
+  is ``A`` keeps its label); without a usable champion the nearest intent by the
+  similarity above, at most ``inside_margin`` less similar than ``A``.
+
+What §4 taught: a guard that dropped out-of-scope teacher labels when the nearest intent
+examples and the champion agreed on an in-scope intent dropped mostly wrong labels, and
+still made layer 2 worse. The out-of-scope gate is fitted, out of fold, on the few real
+out-of-scope rows of the training set (64–75 in a flywheel run, most of them teacher
+labels); dropping most of them left it a few dozen rows, and those wrong labels were also
+the uncertain in-scope queries that taught the gate where to reject. So here out-of-scope
+drops are capped: at most ``oos_max_drop_share`` of the teacher's out-of-scope rows, and
+never below ``oos_floor`` out-of-scope rows left for the gate; the strongest evidence
+goes first and the rest is counted as ``held_back``. Whether the filter helps is measured
+on layer-2 accuracy (``benchmarks/bench_flywheel.py --teacher-errors close``, filter on
+against ``--no-teacher-filter``), not on how many of its drops were wrong labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from flywheel.classifier.label_names import label_name
+from flywheel.classifier.scoring import normalise_rows
+
+__all__ = ["CONFIDENCE", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
+           "NoiseEstimate", "Ranker", "champion_ranker", "check_training_set", "clopper_pearson", "estimate_from_log",
+           "filter_teacher_rows", "format_noise", "noise_interval", "noise_section", "profile_ranker"]
+
+CONFIDENCE = 0.95           # of every interval here
+MIN_INTENT_ROWS = 10        # per-label estimates only with at least this many decisions
+REASONS = ("oos_inside_intent", "human_corrected_pair")
+
+#: ``(teacher label, human label, decisions)`` over decisions with a valid teacher label
+#: and a human label (the latest of each; NULL = out of scope).
+PAIRS_SQL = """
+SELECT l.teacher_label, l.human_label, count(*) AS n
+FROM decisions d JOIN decision_labels l ON l.decision_id = d.decision_id
+WHERE l.has_teacher AND l.has_human
+GROUP BY ALL
+"""
+
+
+# ------------------------------------------------------------------ the estimate
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact two-sided ``confidence`` interval of a binomial share ``k / n`` (``n`` > 0).
+
+    >>> clopper_pearson(0, 10)[0], round(clopper_pearson(0, 10)[1], 4)
+    (0.0, 0.3085)
+    """
+    from scipy.stats import beta
+
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    a = (1.0 - confidence) / 2.0
+    low = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1.0 - a, k + 1, n - k))
+    return low, high
+
+
+def noise_interval(wrong: int, n: int) -> dict[str, Any]:
+    """``{"estimate", "low", "high", "n", "wrong"}`` for ``wrong`` of ``n`` (rounded to 6
+    digits; the three shares ``None`` when ``n`` is 0)."""
+    if n == 0:
+        return {"estimate": None, "low": None, "high": None, "n": 0, "wrong": 0}
+    low, high = clopper_pearson(wrong, n)
+    return {"estimate": round(wrong / n, 6), "low": round(low, 6), "high": round(high, 6), "n": int(n),
+            "wrong": int(wrong)}
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The teacher's agreement with human labels: ``pairs[(teacher, human)]`` decisions
+    (``None`` = out of scope)."""
+
+    pairs: dict[tuple[str | None, str | None], int] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> "NoiseEstimate":
+        """From ``(teacher, human)`` or ``(teacher, human, count)`` rows."""
+        c: Counter = Counter()
+        for r in rows:
+            c[(r[0], r[1])] += int(r[2]) if len(r) > 2 else 1
+        return cls(dict(c))
+
+    @property
+    def n(self) -> int:
+        return int(sum(self.pairs.values()))
+
+    @property
+    def wrong(self) -> int:
+        return int(sum(v for (t, h), v in self.pairs.items() if t != h))
+
+    def overall(self) -> dict[str, Any]:
+        """``teacher_noise``."""
+        return noise_interval(self.wrong, self.n)
+
+    def by_intent(self, min_rows: int = MIN_INTENT_ROWS) -> dict[str, dict[str, Any]]:
+        """``teacher_noise_by_intent``: per teacher label with at least ``min_rows``
+        decisions, noisiest first (ties by name)."""
+        n: Counter = Counter()
+        bad: Counter = Counter()
+        for (t, h), v in self.pairs.items():
+            n[t] += v
+            bad[t] += v if t != h else 0
+        out = {label_name(t): noise_interval(bad[t], n[t]) for t in n if n[t] >= min_rows}
+        return dict(sorted(out.items(), key=lambda kv: (-(kv[1]["estimate"] or 0.0), kv[0])))
+
+    def corrections(self) -> list[dict[str, Any]]:
+        """Every ``(teacher A -> human B)`` correction with its count and the share of the
+        human-checked ``A`` labels it is, most frequent first."""
+        n_a: Counter = Counter()
+        for (t, _), v in self.pairs.items():
+            n_a[t] += v
+        out = [{"teacher": t, "human": h, "n": int(v), "of": int(n_a[t]), "share": round(v / n_a[t], 6)}
+               for (t, h), v in self.pairs.items() if t != h]
+        return sorted(out, key=lambda c: (-c["n"], label_name(c["teacher"]), label_name(c["human"])))
+
+    def report(self, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
+        """``{"teacher_noise": ..., "teacher_noise_by_intent": ...}``."""
+        return {"teacher_noise": self.overall(), "teacher_noise_by_intent": self.by_intent(min_rows)}
+
+
+def estimate_from_log(store: Any) -> NoiseEstimate:
+    """The estimate over the whole traffic log: one grouped SQL statement on a store that
+    runs SQL (:meth:`logstore.LogStore.query`), else its labelled rows."""
+    if store is None:
+        return NoiseEstimate()
+    query = getattr(store, "query", None)
+    if callable(query):
+        return NoiseEstimate.from_rows(query(PAIRS_SQL))
+    return NoiseEstimate.from_rows((r.teacher_label, r.human_label) for r in store.labelled_rows()
+                                   if r.has_teacher_label and r.has_human_label)
+
+
+def noise_section(store: Any, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
+    """``flywheel stats``' ``teacher_noise``: the overall figures plus ``by_intent``."""
+    est = estimate_from_log(store)
+    return {**est.overall(), "by_intent": est.by_intent(min_rows)}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.1f}%"
+
+
+def format_noise(noise: dict[str, Any] | None, by_intent: dict[str, Any] | None = None, top: int = 3) -> str:
+    """One line, e.g. ``teacher noise: 12.0% (95% CI 8.1-17.0%) wrong on 150 decisions with a
+    teacher and a human label; noisiest: OUT_OF_SCOPE 60.0% (n=20)``."""
+    if not noise or not noise.get("n"):
+        return "teacher noise: no decision has both a teacher and a human label yet"
+    line = (f"teacher noise: {_pct(noise['estimate'])} (95% CI {_pct(noise['low'])}-{_pct(noise['high'])}) wrong "
+            f"on {noise['n']:,} decisions with a teacher and a human label")
+    noisy = [(k, v) for k, v in (by_intent or {}).items() if v.get("estimate")][:top]
+    if noisy:
+        line += "; noisiest: " + ", ".join(f"{k} {_pct(v['estimate'])} (n={v['n']})" for k, v in noisy)
+    return line
+
+
+# ------------------------------------------------------------------ the filter
+@dataclass(frozen=True)
+class FilterRules:
+    """The filter's settings (see the module docs); the defaults are deliberately strict."""
+
+    k: int = 3                          # nearest authoritative rows of an intent
+    inside_quantile: float = 0.5        # closer to the intent than this share of its own rows
+    inside_margin: float = 0.05         # and closer to it than to any other intent by this much
+    min_rows: int = 3                   # authoritative rows an intent needs to judge "inside"
+    pair_min: int = 3                   # human corrections A -> B needed
+    pair_share: float = 0.5             # ... and this share of the human-checked A labels
+    runner_up_ratio: float = 0.5        # B is the runner-up only when P(B) >= this x P(A) (layer 2)
+    oos_max_drop_share: float = 0.5     # at most this share of the teacher's out-of-scope rows dropped
+    oos_floor: int = 20                 # never fewer out-of-scope training rows left for the gate
+    max_refs: int = 200                 # authoritative rows per intent consulted (the first ones)
+
+
+@dataclass(frozen=True)
+class IntentProfile:
+    """Each intent's authoritative rows (intent examples, human labels) and how close its
+    own rows are to one another: ``inside[c]``, the ``inside_quantile`` of the mean
+    similarity of each row to its ``k`` nearest fellow rows. ``oos``: the authoritative
+    out-of-scope rows (out-of-scope examples, human out-of-scope labels), a competitor
+    like any intent."""
+
+    labels: list[str]
+    refs: list[np.ndarray]              # per intent, unit vectors
+    inside: np.ndarray
+    k: int
+    oos: np.ndarray | None = None
+
+    @classmethod
+    def build(cls, vectors: np.ndarray, labels: Sequence[str | None], rules: FilterRules) -> "IntentProfile":
+        by: dict[str, list[int]] = {}
+        for i, lab in enumerate(labels):
+            if lab is not None:
+                by.setdefault(lab, []).append(i)
+        names, refs, inside = [], [], []
+        V = normalise_rows(np.asarray(vectors, dtype=np.float32)) if len(vectors) else vectors
+        oos = [i for i, lab in enumerate(labels) if lab is None][:rules.max_refs]
+        for lab in sorted(by):
+            idx = by[lab][:rules.max_refs]
+            if len(idx) < max(rules.min_rows, 2):
+                continue
+            R = V[idx]
+            sims = R @ R.T
+            np.fill_diagonal(sims, -np.inf)
+            k = min(rules.k, len(idx) - 1)
+            own = np.sort(sims, axis=1)[:, -k:].mean(axis=1)
+            names.append(lab)
+            refs.append(R)
+            inside.append(float(np.quantile(own, rules.inside_quantile)))
+        return cls(names, refs, np.asarray(inside, dtype=np.float64), rules.k, V[oos] if oos else None)
+
+    def oos_scores(self, X: np.ndarray) -> np.ndarray:
+        """Mean similarity of each row to its ``k`` nearest authoritative out-of-scope rows
+        (``-inf`` without any)."""
+        if self.oos is None or not len(X):
+            return np.full(len(X), -np.inf)
+        sims = normalise_rows(np.asarray(X, dtype=np.float32)) @ self.oos.T
+        return np.sort(sims, axis=1)[:, -min(self.k, len(self.oos)):].mean(axis=1)
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        """``(n, intents)``: mean similarity of each row to each intent's nearest rows
+        (the same ``k`` as the intent's own measure)."""
+        out = np.full((len(X), len(self.labels)), -np.inf)
+        if not len(X):
+            return out
+        Q = normalise_rows(np.asarray(X, dtype=np.float32))
+        for j, R in enumerate(self.refs):
+            k = min(self.k, len(R) - 1)
+            sims = Q @ R.T
+            out[:, j] = np.sort(sims, axis=1)[:, -k:].mean(axis=1)
+        return out
+
+
+#: ``(vectors, row labels) -> runner-up label per row`` (``None``: none close enough)
+Ranker = Callable[[np.ndarray, Sequence[str | None]], list]
+
+
+def champion_ranker(champion: Any, ratio: float = FilterRules.runner_up_ratio) -> Ranker:
+    """Layer 2's runner-up to the row's label ``A``: the champion's most probable intent
+    ``B`` other than ``A``, when ``P(B) >= ratio * P(A)`` (a close second, or preferred;
+    ``P(A)`` is 0 for out of scope); else ``None``."""
+    from flywheel.training.layer2 import layer2_predict
+
+    def rank(X: np.ndarray, own: Sequence[str | None]) -> list:
+        if not len(X):
+            return []
+        pred = layer2_predict(champion, X)
+        at = {c: j for j, c in enumerate(pred.classes)}
+        out = []
+        for p, a in zip(pred.probs, own):
+            order = [j for j in np.argsort(-p)[:2] if pred.classes[j] != a]
+            pa = p[at[a]] if a in at else 0.0
+            out.append(pred.classes[order[0]] if order and p[order[0]] >= ratio * pa else None)
+        return out
+    return rank
+
+
+def profile_ranker(profile: IntentProfile, margin: float = FilterRules.inside_margin) -> Ranker:
+    """Without a champion: the nearest intent ``B`` other than the row's label ``A`` by
+    :meth:`IntentProfile.scores`, when it is at most ``margin`` less similar than ``A``."""
+    def rank(X: np.ndarray, own: Sequence[str | None]) -> list:
+        s = profile.scores(X)
+        at = {c: j for j, c in enumerate(profile.labels)}
+        out = []
+        for row, a in zip(s, own):
+            order = [j for j in np.argsort(-row) if profile.labels[j] != a]
+            sa = row[at[a]] if a in at else -np.inf
+            ok = order and np.isfinite(row[order[0]]) and row[order[0]] >= sa - margin
+            out.append(profile.labels[order[0]] if ok else None)
+        return out
+    return rank
+
+
+def filter_teacher_rows(vectors: np.ndarray, labels: Sequence[str | None], sources: Sequence[str],
+                        estimate: NoiseEstimate, *, ranker: Ranker | None = None,
+                        rules: FilterRules = FilterRules(), texts: Sequence[str] | None = None
+                        ) -> tuple[list[int], dict[str, Any]]:
+    """Which rows to drop and why (see the module docs). Rows are a training set's
+    (``sources``: ``"intent_example"``, ``"human"``, ``"teacher"``, ``"layer2"``); only
+    ``"teacher"`` rows are ever dropped. Returns ``(dropped row indices, info)``, where
+    ``info["dropped"]`` is ``{reason: count}``."""
+    labels = list(labels)
+    authoritative = [i for i, s in enumerate(sources) if s in ("intent_example", "human")]
+    profile = IntentProfile.build(vectors[authoritative], [labels[i] for i in authoritative], rules)
+    rank = ranker if ranker is not None else profile_ranker(profile, rules.inside_margin)
+    teacher = [i for i, s in enumerate(sources) if s == "teacher"]
+    info: dict[str, Any] = {"checked": len(teacher), "dropped": {r: 0 for r in REASONS},
+                            "held_back": {"oos_cap": 0, "last_rows_of_label": 0}, "pairs": [], "examples": []}
+    cand: dict[int, tuple[str, float, str | None]] = {}     # row -> (reason, strength, evidence label)
+
+    # rule 1: out of scope deep inside one intent's cluster
+    oos = [i for i in teacher if labels[i] is None]
+    if oos and profile.labels:
+        s = profile.scores(vectors[oos])
+        s_oos = profile.oos_scores(vectors[oos])
+        for i, row, so in zip(oos, s, s_oos):
+            order = np.argsort(-row)
+            best = order[0]
+            second = max(row[order[1]] if len(order) > 1 else -np.inf, so)   # the next intent, or out of scope
+            if row[best] >= profile.inside[best] and row[best] - second >= rules.inside_margin:
+                cand[i] = ("oos_inside_intent", float(row[best] - profile.inside[best]), profile.labels[best])
+
+    # rule 2: a label humans keep correcting to the row's runner-up
+    pairs = [c for c in estimate.corrections() if c["n"] >= rules.pair_min and c["share"] >= rules.pair_share]
+    info["pairs"] = [{"teacher": label_name(c["teacher"]), "human": label_name(c["human"]), "n": c["n"],
+                      "of": c["of"], "share": c["share"]} for c in pairs]
+    to_b: dict[str | None, set] = {}
+    for c in pairs:
+        to_b.setdefault(c["teacher"], set()).add(c["human"])
+    rows2 = [i for i in teacher if labels[i] in to_b and i not in cand]
+    if rows2:
+        runner = rank(vectors[rows2], [labels[i] for i in rows2])
+        for i, b in zip(rows2, runner):
+            if b is not None and b in to_b[labels[i]]:
+                share = next(c["share"] for c in pairs if c["teacher"] == labels[i] and c["human"] == b)
+                cand[i] = ("human_corrected_pair", float(share), b)
+
+    drop = _cap(cand, labels, sources, rules, info)
+    for i in sorted(drop, key=lambda j: -cand[j][1]):
+        reason, _, ev = cand[i]
+        info["dropped"][reason] += 1
+        if len(info["examples"]) < 10:
+            info["examples"].append({"text": (texts[i] if texts is not None else "")[:200],
+                                     "teacher": label_name(labels[i]), "reason": reason, "evidence": label_name(ev)})
+    return sorted(drop), info
+
+
+def _cap(cand: dict[int, tuple[str, float, str | None]], labels: list, sources: Sequence[str], rules: FilterRules,
+         info: dict[str, Any]) -> set[int]:
+    """The candidates actually dropped: out-of-scope drops within the gate's caps, and no
+    label left with fewer than 2 rows (the head needs 2), strongest evidence first."""
+    n_oos = sum(1 for lab in labels if lab is None)
+    t_oos = sum(1 for lab, s in zip(labels, sources) if lab is None and s == "teacher")
+    oos_budget = max(0, min(int(math.floor(rules.oos_max_drop_share * t_oos)), n_oos - rules.oos_floor))
+    left = Counter(labels)
+    drop: set[int] = set()
+    for i in sorted(cand, key=lambda j: (-cand[j][1], j)):
+        lab = labels[i]
+        if lab is None:
+            if oos_budget <= 0:
+                info["held_back"]["oos_cap"] += 1
+                continue
+            oos_budget -= 1
+        elif left[lab] <= 2:
+            info["held_back"]["last_rows_of_label"] += 1
+            continue
+        left[lab] -= 1
+        drop.add(i)
+    return drop
+
+
+def check_training_set(ts: Any, estimate: NoiseEstimate, *, champion: Any = None, encoder_id: str | None = None,
+                       enabled: bool = True, rules: FilterRules = FilterRules()) -> tuple[Any, dict[str, Any]]:
+    """The retrain's filter step on a :class:`training.rows.TrainingSet`: the training set
+    without the dropped teacher rows (unchanged when ``enabled`` is false) and
+    ``teacher_filter``, the step's report: ``enabled``, ``checked`` (teacher rows),
+    ``dropped`` (``{reason: count}``; all 0 when off), ``would_drop`` (when off: what it
+    would have dropped), ``held_back``, the human-corrected ``pairs``, ``runner_up_from``,
+    ``examples`` and the settings. ``champion`` gives layer 2's runner-up when it was
+    trained on ``encoder_id`` (the training set's vectors), else the intent examples do."""
+    dim = ts.vectors.shape[1] if ts.vectors.ndim == 2 else 0
+    usable = (champion is not None and encoder_id is not None and champion.encoder_dir is None
+              and champion.encoder_matches(encoder_id, dim))
+    ranker = champion_ranker(champion, rules.runner_up_ratio) if usable else None
+    drop, info = filter_teacher_rows(ts.vectors, ts.labels, ts.sources, estimate, ranker=ranker, rules=rules,
+                                     texts=ts.texts)
+    info = {"enabled": bool(enabled), **info,
+            "runner_up_from": f"champion {champion.version}" if usable else "intent examples and human labels",
+            "rules": {k: getattr(rules, k) for k in rules.__dataclass_fields__}}
+    if not enabled:
+        info["would_drop"], info["dropped"] = info["dropped"], {r: 0 for r in REASONS}
+        return ts, info
+    if not drop:
+        return ts, info
+    gone = set(drop)
+    kept = ts.select(i for i in range(len(ts)) if i not in gone)
+    report = {**ts.report, "train": {"n": len(kept), "by_source": kept.counts(), "n_out_of_scope": kept.n_out_of_scope}}
+    return replace(ts, texts=kept.texts, labels=kept.labels, vectors=kept.vectors, sources=kept.sources,
+                   decision_ids=kept.decision_ids, report=report), info
