@@ -26,7 +26,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from flywheel.classifier.errors import ConfigError, InvalidInputError, TeacherError
@@ -331,10 +331,18 @@ def parse_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -
                        f"{shorten(label, 60)!r} is not one of {', '.join(offered)}")
 
 
-class ChatTeacher:
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closeable)
+
+
+class ChatTeacher(Generic[C]):
     """The part every chat-model teacher shares: settings, the breaker around one call,
-    the prompt, the answer check. A backend implements :meth:`_call`, ``check()`` and
-    ``close()`` (a :class:`~classifier.protocols.ManagedTeacher`).
+    the prompt, the answer check, and one HTTP client ``C`` made on first use (thread-safe;
+    :meth:`close` closes it). A backend implements :meth:`_call`, :meth:`_new_client` and
+    ``check()`` (a :class:`~classifier.protocols.ManagedTeacher`).
 
     Parameters
     ----------
@@ -371,6 +379,28 @@ class ChatTeacher:
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.temperature = float(temperature)
         self.system_prompt = system_prompt
+        self._client: C | None = None
+        self._client_lock = threading.Lock()
+
+    def _new_client(self) -> C:
+        """A new HTTP client for this backend (called once, under the lock)."""
+        raise NotImplementedError
+
+    def _get_client(self) -> C:
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._new_client()
+                client = self._client
+        return client
+
+    def close(self) -> None:
+        """Close the underlying HTTP client, if one was created."""
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     @property
     def model(self) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from typing import TYPE_CHECKING
 
 from flywheel.classifier.errors import TeacherError
@@ -45,7 +44,7 @@ def resolve_host(explicit: str | None) -> str:
     return env or DEFAULT_HOST
 
 
-class OllamaTeacher(ChatTeacher):
+class OllamaTeacher(ChatTeacher["ollama.Client"]):
     """A :class:`~classifier.protocols.ManagedTeacher` backed by an Ollama server.
 
     Parameters
@@ -80,33 +79,17 @@ class OllamaTeacher(ChatTeacher):
         super().__init__(model, timeout_s, breaker, temperature, system_prompt)
         self.host = resolve_host(host)
         self.keep_alive = keep_alive
-        self._client: ollama.Client | None = None
-        self._client_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"OllamaTeacher(model={self._model!r}, host={self.where!r}, timeout_s={self.timeout_s})"
 
     _parse = staticmethod(parse_answer)
 
-    def _get_client(self) -> ollama.Client:
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    import httpx
-                    import ollama
+    def _new_client(self) -> ollama.Client:
+        import httpx
+        import ollama
 
-                    self._client = ollama.Client(host=self.host,
-                                                 timeout=httpx.Timeout(self.timeout_s))
-                client = self._client
-        return client
-
-    def close(self) -> None:
-        """Close the underlying HTTP client, if one was created."""
-        with self._client_lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        return ollama.Client(host=self.host, timeout=httpx.Timeout(self.timeout_s))
 
     def check(self) -> TeacherStatus:
         """Whether the server answers and has the model (``POST /api/show``); never raises.

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from flywheel.classifier.errors import ConfigError, TeacherError
@@ -74,7 +73,7 @@ class _Secret:
     __str__ = __repr__
 
 
-class OpenAITeacher(ChatTeacher):
+class OpenAITeacher(ChatTeacher["httpx.Client"]):
     """A :class:`~classifier.protocols.ManagedTeacher` on an OpenAI-compatible chat API.
 
     Parameters
@@ -124,8 +123,6 @@ class OpenAITeacher(ChatTeacher):
         self._format = "json_schema" if response_format == "auto" else response_format
         key = os.environ.get(API_KEY_ENV, "").strip()
         self._api_key = _Secret(key) if key else None
-        self._client: httpx.Client | None = None
-        self._client_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"OpenAITeacher(model={self._model!r}, host={self.where!r}, timeout_s={self.timeout_s}, "
@@ -137,23 +134,10 @@ class OpenAITeacher(ChatTeacher):
         return self._format
 
     # -- HTTP
-    def _get_client(self) -> httpx.Client:
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                if self._client is None:
-                    import httpx
+    def _new_client(self) -> httpx.Client:
+        import httpx
 
-                    self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
-                client = self._client
-        return client
-
-    def close(self) -> None:
-        """Close the underlying HTTP client, if one was created."""
-        with self._client_lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        return httpx.Client(timeout=httpx.Timeout(self.timeout_s))
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
