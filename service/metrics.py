@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -40,7 +40,7 @@ from flywheel.classifier.decision import DEGRADED_REASONS, Decision
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 from flywheel.classifier.teachers.budget import BudgetedTeacher
-from flywheel.classifier.teachers.cache import CACHE_OUTCOMES
+from flywheel.classifier.teachers.cache import CACHE_OUTCOMES, TeacherCache
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -260,7 +260,7 @@ class ServerMetrics:
         sync (``sync``: a :class:`fleet.sync.RegistrySync`), read at scrape time."""
         self.registry.register(_FleetCollector(spool, sync))
 
-    def bind_serving(self, *, classifier: Any, shadow: Any = None, registry: Any = None) -> None:
+    def bind_serving(self, *, classifier: ServedClassifier, shadow: Any = None, registry: Any = None) -> None:
         """Expose, read at scrape time: the classifier's audit outcomes
         (``flywheel_audit_answers_total{outcome}``), the shadow scorer's outcomes and loads
         (``flywheel_shadow_decisions_total{outcome}``, ``flywheel_shadow_loads_total{outcome}``,
@@ -436,17 +436,31 @@ class _FleetCollector:
             yield polls
 
 
+class ServedClassifier(Protocol):
+    """What the serving metrics read of the classifier, at each scrape
+    (:class:`classifier.pipeline.Classifier` has it)."""
+
+    @property
+    def audit_outcomes(self) -> Mapping[str, int]: ...
+
+    @property
+    def teacher(self) -> Any: ...
+
+    @property
+    def teacher_cache(self) -> TeacherCache | None: ...
+
+
 class _ServingCollector:
     """Audit outcomes, the shadow scorer, the last retrain, the teacher's call budget and
     its answer cache, read when Prometheus scrapes."""
 
-    def __init__(self, classifier: Any, shadow: Any, registry: Any) -> None:
+    def __init__(self, classifier: ServedClassifier, shadow: Any, registry: Any) -> None:
         self.classifier, self.shadow, self.models = classifier, shadow, registry
 
     def collect(self) -> Iterator[Metric]:
         yield _labelled_counter("flywheel_audit_answers", "Teacher audits of confident layer-2 decisions by "
                                 "outcome (agree, disagree, failed).", "outcome",
-                                dict(getattr(self.classifier, "audit_outcomes", {})), AUDIT_OUTCOMES)
+                                dict(self.classifier.audit_outcomes), AUDIT_OUTCOMES)
         sh = self.shadow
         counts = dict(sh.counts) if sh is not None else {}
         yield _labelled_counter("flywheel_shadow_decisions", "Layer-2 queries offered to the shadow version, by "
@@ -470,7 +484,7 @@ class _ServingCollector:
             yield _gauge("flywheel_teacher_noise_ratio", "Share of the teacher's labels a human label on the same "
                          "decision contradicts, as the last retrain estimated it (its 95% interval and count are "
                          "in the retrain report's teacher_noise).", ratio)
-        teacher = getattr(self.classifier, "teacher", None)   # read now: the teacher may be replaced
+        teacher = self.classifier.teacher
         if isinstance(teacher, BudgetedTeacher):
             left = {w: n for w, n in teacher.budget.remaining().items() if n is not None}
             if left:
@@ -481,7 +495,7 @@ class _ServingCollector:
                 for window in sorted(left):
                     fam.add_metric([window], float(left[window]))
                 yield fam
-        cache = getattr(self.classifier, "teacher_cache", None)
+        cache = self.classifier.teacher_cache
         yield _labelled_counter("flywheel_teacher_cache", "Layer-3 lookups in this process's teacher answer "
                                 "cache: hit (answered without an LLM call) or miss (the teacher was asked).",
                                 "outcome", cache.counts if cache is not None else {}, CACHE_OUTCOMES)

@@ -232,6 +232,7 @@ def test_serving_metrics_expose_shadow_audits_and_last_retrain(tmp_path):
 
     class Clf:
         audit_outcomes = {"agree": 3, "disagree": 1, "failed": 0}
+        teacher = teacher_cache = None
 
     scorer = ShadowScorer(lambda a: None)
     scorer.set_model(fitted("v2", ALWAYS_SURE))

@@ -302,6 +302,7 @@ def test_the_metric_follows_the_last_retrain(tmp_path):
 
     class Clf:
         audit_outcomes: dict = {}
+        teacher = teacher_cache = None
 
     m.bind_serving(classifier=Clf(), registry=reg)
     get = m.registry.get_sample_value
