@@ -4,7 +4,9 @@ lower confident cutoff, so it disagrees) set (``on``) or not (``off``), alternat
 ``--rounds`` times, each time the same number of distinct CLINC150 queries at concurrency
 32; the ratio of the median throughputs (target >= 0.9). Also the share of layer-2 queries
 the shadow scored (the rest were skipped as busy or never offered) and the shadow answers
-logged, read from the ``on`` server's traffic log after it stopped.
+logged, read from the ``on`` server's traffic log after it stopped. With ``--own-encoder``
+the shadow is a version that carries its own tuned MiniLM (``flywheel train --tune-encoder``
+on the starter intents in English), so the shadow's worker encodes its share itself.
 
     python benchmarks/bench_shadow.py --json-out .bench/shadow.json
 """
@@ -48,16 +50,30 @@ def _version(src: Path, dst: Path, name: str, confident: float | None = None) ->
     (dst / "manifest.json").write_text(json.dumps(m))
 
 
-def setup(work: Path) -> None:
-    """A home per mode, each a models home with v1 (served) and v2; ``on`` shadows v2."""
+def tuned_version(work: Path) -> Path:
+    """``flywheel train --tune-encoder`` on the starter intents in English (MiniLM, tuned and
+    exported into the version's ``encoder/``): a shadow that carries its own encoder."""
+    en = work / "starter_en.yaml"
+    en.write_text(starter_intents_path().read_text(encoding="utf-8").replace("languages: [en, es]", "languages: [en]"),
+                  encoding="utf-8")
+    out = work / "tuned-src"
+    subprocess.run([sys.executable, "-m", "flywheel", "train", "--intents", str(en), "--out", str(out),
+                    "--tune-encoder", "--tune-budget", "300", "--quiet"], cwd=ROOT, check=True, capture_output=True)
+    return out
+
+
+def setup(work: Path, own_encoder: bool = False) -> None:
+    """A home per mode, each a models home with v1 (served) and v2; ``on`` shadows v2 (with
+    ``own_encoder``, v2 carries a tuned MiniLM: the shadow encodes its share itself)."""
     starter = cached_model_dir(load_config(home=work / "home"), starter_intents_path())
+    shadow_src = tuned_version(work) if own_encoder else starter
     for mode in MODES:
         home = work / mode
         home.mkdir()
         os.symlink(work / "home" / "cache", home / "cache")
         reg = ModelRegistry(home / "models")
         _version(starter, reg.version_dir("v1"), "v1")
-        _version(starter, reg.version_dir("v2"), "v2", confident=0.3)
+        _version(shadow_src, reg.version_dir("v2"), "v2", confident=None if own_encoder else 0.3)
         reg.promote("v1")
         if mode == "on":
             reg.set_shadow("v2")
@@ -76,6 +92,8 @@ def main() -> int:
     ap.add_argument("--data", default=str(ROOT.parent / "shared/datasets/clinc150/data_full.json"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=2500)
+    ap.add_argument("--own-encoder", action="store_true",
+                    help="the shadow carries its own tuned encoder (it encodes its share of the queries itself)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -83,7 +101,7 @@ def main() -> int:
     os.environ["FLYWHEEL_HOME"] = str(work / "home")
     subprocess.run([sys.executable, "-m", "flywheel", "classify", "--no-log", "--teacher", "off", "warm"],
                    cwd=ROOT, check=True, capture_output=True)          # trains the starter model once
-    setup(work)
+    setup(work, own_encoder=args.own_encoder)
     texts = queries(args.data)
     runs: dict[str, list[float]] = {m: [] for m in MODES}
     cursor = 0
@@ -100,7 +118,7 @@ def main() -> int:
     med = {m: float(np.median(v)) for m, v in runs.items()}
     result = {"machine": f"{platform.node()} {os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d"),
               "python": platform.python_version(), "rounds": args.rounds, "queries_per_round": args.per_round,
-              "concurrency": 32, **{f"qps_{m}": v for m, v in runs.items()},
+              "concurrency": 32, "own_encoder": args.own_encoder, **{f"qps_{m}": v for m, v in runs.items()},
               **{f"median_{m}": v for m, v in med.items()},
               "ratio_on_over_off": round(med["on"] / med["off"], 3),
               "shadow": shadow_coverage(work / "on")}

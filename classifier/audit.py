@@ -22,8 +22,9 @@ log = logging.getLogger("flywheel.audit")
 __all__ = ["AUDIT_OUTCOMES", "AuditQueue", "DEFAULT_MAX_PENDING"]
 
 DEFAULT_MAX_PENDING = 1000
-#: What a teacher audit of a confident layer-2 decision found (``Classifier.audit_outcomes``).
-AUDIT_OUTCOMES = ("agree", "disagree", "failed")
+#: What a teacher audit of a confident layer-2 decision found (``Classifier.audit_outcomes``);
+#: ``unsure``: the teacher answered with a candidate set or "cannot tell" (no teacher label).
+AUDIT_OUTCOMES = ("agree", "disagree", "failed", "unsure")
 
 
 class AuditQueue:

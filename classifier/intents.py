@@ -49,7 +49,7 @@ TUNE_OBJECTIVES = ("cross_entropy", "contrastive")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
-                 "response_format", "cache_size", "cache_ttl_s"}
+                 "response_format", "cache_size", "cache_ttl_s", "ask_twice"}
 log = logging.getLogger("flywheel.intents")
 
 _THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent",
@@ -145,6 +145,10 @@ class TeacherSettings:
     # (0: no cache) and for how long, in seconds
     cache_size: int = 10_000
     cache_ttl_s: float = 86_400.0
+    # layer 3 asks again, options in another order, when the teacher and layer 2 disagree;
+    # two different answers make a candidate set (never a training label). Off until the
+    # flywheel benchmark weighs the extra calls against the labels saved.
+    ask_twice: bool = False
 
 
 @dataclass(frozen=True)
@@ -398,6 +402,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
                                 TEACHER_RESPONSE_FORMATS),
         cache_size=c.integer(t.get("cache_size", td.cache_size), "teacher.cache_size", 0),
         cache_ttl_s=c.number(t.get("cache_ttl_s", td.cache_ttl_s), "teacher.cache_ttl_s", 1.0, 365 * 86400.0),
+        ask_twice=_flag(c, t.get("ask_twice", td.ask_twice), "teacher.ask_twice"),
     )
 
     th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)
@@ -471,6 +476,12 @@ def _tune(c: _Checker, value: Any) -> TuneSettings | None:
         seed=c.integer(t.get("seed", d.seed), "embedder.tune.seed", 0),
         holdout=c.number(t.get("holdout", d.holdout), "embedder.tune.holdout", 0.0, 0.5),
     )
+
+
+def _flag(c: _Checker, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise c.fail(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _quantize(c: _Checker, value: Any) -> bool | None:

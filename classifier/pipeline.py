@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -43,6 +43,7 @@ from flywheel.classifier.protocols import (
     LabelOption,
     LogSink,
     Teacher,
+    TeacherAnswer,
     TeacherRequest,
 )
 from flywheel.classifier.registry import WATCH_INTERVAL_S, ModelWatcher
@@ -167,6 +168,11 @@ class Classifier:
         from the model's intent set (``teacher.cache_size`` answers for
         ``teacher.cache_ttl_s`` seconds; none when the size is 0), read once, here; ``None``:
         no cache.
+    ask_twice : bool or None
+        Whether layer 3 asks the teacher a second time, the options in another order, when
+        its answer differs from layer 2's label; two different answers make a candidate
+        set, never a training label (:attr:`second_asks` counts the extra calls). ``None``
+        (the default): the served intent set's ``teacher.ask_twice`` (default off).
 
     Examples
     --------
@@ -186,7 +192,8 @@ class Classifier:
                  cache_root: str | Path | None = None,
                  watcher: ModelWatcher | None = None,
                  shadow: ShadowScorer | None = None,
-                 teacher_cache: TeacherCache | None | str = "auto") -> None:
+                 teacher_cache: TeacherCache | None | str = "auto",
+                 ask_twice: bool | None = None) -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
@@ -219,6 +226,10 @@ class Classifier:
             teacher_cache = TeacherCache(ts.cache_size, ts.cache_ttl_s) if ts.cache_size > 0 else None
         # layer 3's answers by question (a hit is no LLM call); read by the metrics
         self.teacher_cache: TeacherCache | None = teacher_cache
+        # ask the teacher again when it disagrees with layer 2 (None: the served intent set's
+        # teacher.ask_twice); second_asks counts those extra calls (read by the metrics)
+        self.ask_twice = ask_twice
+        self.second_asks = 0
 
     # ----------------------------------------------------------- model access
     @classmethod
@@ -522,13 +533,21 @@ class Classifier:
         assert teacher is not None
         req = self._request(rt, c.text, res, history)
         cache = self.teacher_cache
+        twice = self.ask_twice if self.ask_twice is not None else rt.model.intents.teacher.ask_twice
+
+        def ask() -> TeacherAnswer:
+            first = teacher.label(req)
+            if not twice or first.unsure or first.label == res.label:
+                return first
+            return self._ask_again(teacher, req, first)
+
         t0 = time.perf_counter()
         try:
             if cache is None:
-                ans, cached = teacher.label(req), False
+                ans, cached = ask(), False
             else:   # one LLM call per question, also for repeats asked at the same time
                 key = cache.key(req, revision=rt.revision, model=teacher.model)
-                ans, cached = cache.answer(key, lambda: teacher.label(req))
+                ans, cached = cache.answer(key, ask)
         except TeacherError as exc:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=teacher.model, label=None, valid=False, latency_ms=lat["llm"],
@@ -551,11 +570,58 @@ class Classifier:
         else:
             lat["llm"] = _ms(t0)
             call, how = TeacherCall(model=ans.model, label=ans.label, valid=True, latency_ms=lat["llm"]), ""
+        if ans.asks > 1:
+            how += "asked twice; "
+        if ans.unsure:
+            return self._unsure(rt, c, res, ans, call, how, lat)
         if ans.label is None:
             return self._decision(rt, None, conf, Tier.NO_MATCH, Layer.LLM,
                                   f"llm {ans.model}: out of scope ({how}layer 2: {res.reason})", c, lat, [], call)
         return self._decision(rt, ans.label, conf, Tier.CONFIDENT, Layer.LLM,
                               f"llm {ans.model} chose {ans.label} ({how}layer 2: {res.reason})", c, lat, [], call)
+
+    def _ask_again(self, teacher: Teacher, req: TeacherRequest, first: TeacherAnswer) -> TeacherAnswer:
+        """``teacher.ask_twice``: the teacher disagreed with layer 2, so ask again with the
+        options in another order (``order_seed=1``). The same label: ``first`` (``asks=2``);
+        another one: a candidate set of both; an unsure second answer: that one. When the
+        second call fails, the first answer stands."""
+        with self._lock:
+            self.second_asks += 1
+        try:
+            second = teacher.label(replace(req, order_seed=1))
+        except Exception as exc:  # noqa: BLE001 - the first answer stands
+            log.info("second teacher ask failed (%s); keeping the first answer", exc)
+            return first
+        latency, raw = first.latency_ms + second.latency_ms, f"{first.raw}\n{second.raw}"
+        if second.unsure:
+            return replace(second, latency_ms=latency, raw=raw, asks=2)
+        if second.label == first.label:
+            return replace(first, latency_ms=latency, raw=raw, asks=2)
+        return replace(first, candidates=(first.label, second.label), latency_ms=latency, raw=raw, asks=2)
+
+    def _unsure(self, rt: _ModelBundle, c: CleanText, res: Layer2Result, ans: TeacherAnswer,
+                call: TeacherCall | None, how: str, lat: dict[str, float]) -> Decision:
+        """The decision for an unsure teacher answer (a candidate set, or cannot tell):
+        layer 2's best guess among the candidates when it ranks one of them (tier
+        ``ambiguous``), else layer 2's best guess (tier ``weak``). The teacher's call is
+        logged as not valid, with ``unsure:`` and the set in its error, so it is never a
+        training label."""
+        picks: dict[str | None, Candidate] = {}
+        for c_ in (Candidate(res.label, res.confidence), *res.candidates):   # best first
+            if c_.label in ans.candidates:
+                picks.setdefault(c_.label, c_)
+        ranked = list(picks.values())
+        if ranked:
+            label, conf, tier, which = ranked[0].label, ranked[0].confidence, Tier.AMBIGUOUS, " among them"
+        else:
+            label, conf, tier = res.label, res.confidence, Tier.WEAK
+            which = " (it ranks none of them)" if ans.candidates else ""
+        if call is not None:
+            call = TeacherCall(model=call.model, label=None, valid=False, latency_ms=call.latency_ms,
+                               error=f"unsure: {ans.unsure_reason()}")
+        reason = f"llm {ans.model}: {ans.unsure_reason()}; layer 2's best guess{which} ({how}layer 2: {res.reason})"
+        alts = ranked[1:] if ranked else res.alternatives
+        return self._decision(rt, label, conf, tier, Layer.LLM, reason, c, lat, alts, call)
 
     def teacher_requests(self, texts: Sequence[str],
                          histories: Sequence[tuple[HistoryEntry, ...]] | None = None) -> list[TeacherRequest]:
@@ -584,7 +650,8 @@ class Classifier:
                declared: str | None, session_id: str | None, vector: np.ndarray | None,
                layer2: Layer2Answer | None, ranked: Layer2Result | None = None) -> None:
         history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
-        if self.anchoring is not None and d.layer is Layer.LLM and layer2 is not None:  # the teacher answered
+        if (self.anchoring is not None and d.layer is Layer.LLM and layer2 is not None    # the teacher answered,
+                and d.tier in (Tier.CONFIDENT, Tier.NO_MATCH)):  # and was sure (an unsure answer is weak/ambiguous)
             self.anchoring.observe(d.label, layer2.label, [h.label for h in history])
         if session_id:
             self.sessions.add(session_id, d.label, c.text)
@@ -631,12 +698,14 @@ class Classifier:
         t0 = time.perf_counter()
         try:
             ans = self.teacher.label(req)
-            call = TeacherCall(ans.model, ans.label, True, ans.latency_ms)
+            call = (TeacherCall(ans.model, None, False, ans.latency_ms, f"unsure: {ans.unsure_reason()}")
+                    if ans.unsure else TeacherCall(ans.model, ans.label, True, ans.latency_ms))
         except TeacherError as exc:
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), str(exc))
         except Exception as exc:  # noqa: BLE001
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), f"error: {exc}")
-        outcome = "failed" if not call.valid else ("agree" if call.label == record.decision.label else "disagree")
+        outcome = ("unsure" if (call.error or "").startswith("unsure:") else "failed" if not call.valid
+                   else "agree" if call.label == record.decision.label else "disagree")
         with self._lock:
             self.audit_outcomes[outcome] += 1
         if self.audit_callback is not None:

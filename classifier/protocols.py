@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runti
 import numpy as np
 
 from flywheel.classifier.decision import Decision, Layer2Answer
+from flywheel.classifier.label_names import label_name
 
 if TYPE_CHECKING:
     from flywheel.classifier.model import IntentModel
@@ -102,16 +103,41 @@ class TeacherRequest:
     options: tuple[LabelOption, ...]
     history: tuple[HistoryEntry, ...] = ()
     allow_out_of_scope: bool = True
+    # which order the prompt lists the options in (teachers.base.option_order): 0 is the
+    # usual one; another value another order (a second ask, teacher.ask_twice)
+    order_seed: int = 0
 
 
 @dataclass(frozen=True)
 class TeacherAnswer:
-    """A validated answer: ``label`` is one of the offered names, or ``None`` (out of scope)."""
+    """A validated answer: ``label`` is one of the offered names, or ``None`` (out of scope).
+
+    The teacher may be unsure: ``candidates`` (2 or 3 offered labels, ``None`` = out of
+    scope) when it cannot pick between them, ``cannot_tell`` when it cannot tell at all.
+    Then ``label`` is only its lean, never a training label (:attr:`unsure`). ``asks`` is
+    how many teacher calls the answer took (2 when ``teacher.ask_twice`` asked again).
+    """
 
     label: str | None
     model: str
     latency_ms: float
     raw: str = ""
+    candidates: tuple[str | None, ...] = ()
+    cannot_tell: bool = False
+    asks: int = 1
+
+    @property
+    def unsure(self) -> bool:
+        """Whether the teacher did not give one confident label."""
+        return self.cannot_tell or bool(self.candidates)
+
+    def unsure_reason(self) -> str:
+        """The unsure answer in words, e.g. ``teacher unsure between A, B`` (``""`` when sure)."""
+        if self.cannot_tell:
+            return "teacher cannot tell"
+        if self.candidates:
+            return "teacher unsure between " + ", ".join(label_name(c) for c in self.candidates)
+        return ""
 
 
 @dataclass(frozen=True)

@@ -513,6 +513,13 @@ class LogStore:
             "(SELECT count(*) FROM labels l WHERE source = 'teacher' AND NOT valid "
             "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id))")))
 
+    def unsure_teacher_answers(self) -> int:
+        """Layer-3 teacher answers that were a candidate set or "cannot tell" (logged as not
+        valid, ``teacher_error`` of kind ``unsure``): never training data, kept for review."""
+        return int(self._run(lambda con: scalar(
+            con, "SELECT count(*) FROM decisions WHERE teacher_valid = false "
+            "AND split_part(teacher_error, ':', 1) = 'unsure'")))
+
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``
         (layer 2 ran on them), newest first."""

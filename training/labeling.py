@@ -40,8 +40,12 @@ def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, 
             for (did, _, _), req in zip(batch, requests):
                 try:
                     ans = clf.teacher.label(req)
-                    sink.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)
-                    counts["labelled"] += 1
+                    if ans.unsure:   # a candidate set or "cannot tell": never a training label
+                        sink.add_teacher_label(did, None, ans.model, False, ans.latency_ms)
+                        counts["unsure"] = counts.get("unsure", 0) + 1
+                    else:
+                        sink.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)
+                        counts["labelled"] += 1
                 except TeacherError as exc:
                     if exc.kind in RETRYABLE_TEACHER_ERRORS:
                         counts["stopped_because"] = str(exc)

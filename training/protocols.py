@@ -36,6 +36,10 @@ class TrafficLog(Protocol):
         """How many teacher answers were logged as invalid."""
         ...
 
+    def unsure_teacher_answers(self) -> int:
+        """How many of them were unsure (a candidate set or "cannot tell")."""
+        ...
+
     def embeddings(self, encoder_id: str, decision_ids: Iterable[str] | None = None, *,
                    texts: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Logged layer-2 vectors made by ``encoder_id``, by decision id (or by text)."""

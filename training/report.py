@@ -40,7 +40,7 @@ class RetrainResult:
                "report_path": str(self.report_path) if self.report_path else None,
                "challenger": self.challenger, "champion": self.champion}
         for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning", "teacher_noise",
-                  "teacher_noise_by_intent", "teacher_filtered", "teacher_filter"):
+                  "teacher_noise_by_intent", "teacher_filtered", "teacher_filter", "teacher_unsure"):
             if k in self.report:
                 out[k] = self.report[k]
         return jsonable(out)
@@ -268,7 +268,8 @@ def render_markdown(result: RetrainResult) -> str:
                   f"{d['train']['n_out_of_scope']:,} out of scope)",
                   f"- log: {d['log_rows']:,} labelled decisions ({d['log_rows_human']:,} with a human label); "
                   f"{d['unique_texts']:,} unique texts, {d['duplicates_merged']:,} duplicates merged",
-                  f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,}",
+                  f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,} "
+                  f"({d.get('teacher_unsure', 0):,} unsure: a candidate set or cannot tell, kept for review)",
                   "- conflicts: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in d["conflicts"].items()),
                   f"- dropped, intent no longer defined: {d['dropped_unknown_intent']['total']:,}"
                   + (f" ({', '.join(f'{k} {v}' for k, v in d['dropped_unknown_intent']['by_label'].items())})"

@@ -750,6 +750,7 @@ def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, chec
         "challenger": ev.challenger, "champion": ev.champion,
         "thresholds": thresholds,
         "dataset": ts.report,
+        "teacher_unsure": ts.report["teacher_unsure"],
         "timing": timing,
         **_teacher_fields(job),
         **extra,

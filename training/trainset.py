@@ -158,6 +158,7 @@ class _Log:
     rows: list                   # labelled rows (LogStore.labelled_rows) that still have their text
     until: float                 # unix time at which the log was read
     invalid: int                 # invalid/failed teacher answers (never labels)
+    unsure: int = 0              # of them, unsure ones: a candidate set or "cannot tell"
     textless: list = field(default_factory=list)   # labelled rows whose text retention removed
 
 
@@ -262,7 +263,8 @@ def _read_log(store: Any, since: Any) -> _Log:
     until = time.time()
     rows = store.labelled_rows(since=since)
     invalid = store.invalid_teacher_answers()
-    return _Log([r for r in rows if r.text], until, invalid, [r for r in rows if not r.text])
+    return _Log([r for r in rows if r.text], until, invalid, unsure=store.unsure_teacher_answers(),
+                textless=[r for r in rows if not r.text])
 
 
 def _textless_rows(store: Any, embedder: Any, rows: list, known: set[str]) -> LabelledSet:
@@ -431,6 +433,7 @@ def _report(n_examples: int, log: _Log, groups: dict[str, _Group], resolved: _Re
         "unique_texts": len(groups),
         "duplicates_merged": n_examples + len(log.rows) - len(groups),
         "invalid_teacher_answers_ignored": log.invalid,
+        "teacher_unsure": log.unsure,
         "conflicts": dict(resolved.conflicts),
         "dropped_unknown_intent": {"total": int(sum(resolved.dropped_unknown.values())),
                                    "by_label": dict(sorted(resolved.dropped_unknown.items()))},

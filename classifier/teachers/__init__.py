@@ -30,6 +30,7 @@ from flywheel.classifier.teachers.base import (
     offered_options,
     option_order,
     parse_answer,
+    read_answer,
     redact_url,
     response_schema,
     shorten,
@@ -42,5 +43,5 @@ from flywheel.classifier.teachers.openai import API_KEY_ENV, OpenAITeacher
 
 __all__ = ["API_KEY_ENV", "DEFAULT_HOST", "HISTORY_RULE", "BudgetedTeacher", "CallBudget", "ChatTeacher",
            "CircuitBreaker", "OllamaTeacher", "OpenAITeacher", "Slot", "TeacherCache", "apply_budget",
-           "build_messages", "build_teacher", "offered_options", "option_order", "parse_answer", "redact_url",
-           "response_schema", "resolve_host", "shorten"]
+           "build_messages", "build_teacher", "offered_options", "option_order", "parse_answer", "read_answer",
+           "redact_url", "response_schema", "resolve_host", "shorten"]

@@ -1,7 +1,8 @@
 """What every teacher backend shares, one copy of it: which intents a query offers the
 teacher (:func:`offered_options`, for layer 3 and the audits alike), the prompt
 (:func:`build_messages`, options in a per-text shuffled order, :func:`option_order`), the answer schema
-(:func:`response_schema`), the answer parser (:func:`parse_answer`), the
+(:func:`response_schema`: one label, or a candidate set / "cannot tell" when the teacher is
+unsure), the answer parser (:func:`read_answer`), the
 :class:`CircuitBreaker`, the helpers for errors and logs (:func:`shorten`,
 :func:`redact_url`) and :class:`ChatTeacher`, the base that runs one call through the
 breaker. A backend (:mod:`~classifier.teachers.ollama`, :mod:`~classifier.teachers.openai`)
@@ -26,7 +27,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, NamedTuple, Protocol, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from flywheel.classifier.errors import ConfigError, InvalidInputError, TeacherError
@@ -37,8 +38,9 @@ from flywheel.classifier.protocols import LabelOption, TeacherAnswer, TeacherReq
 HISTORY_RULE = ("the history only resolves references such as 'this' or 'that function' "
                 "in the query; it must not bias the label")
 
-__all__ = ["HISTORY_RULE", "ChatTeacher", "CircuitBreaker", "build_messages", "offered_options", "option_order",
-           "parse_answer", "redact_url", "response_schema", "shorten"]
+__all__ = ["HISTORY_RULE", "MAX_CANDIDATES", "MIN_CANDIDATES", "ChatTeacher", "CircuitBreaker", "ParsedAnswer",
+           "build_messages", "offered_options", "option_order", "parse_answer", "read_answer", "redact_url",
+           "response_schema", "shorten"]
 
 
 class CircuitBreaker:
@@ -173,6 +175,8 @@ def option_order(request: TeacherRequest) -> tuple[LabelOption, ...]:
     Small LLMs favour the first-listed label, so the order is a shuffle seeded by a hash
     of the request's text (BLAKE2b): the same text always gets the same order, different
     texts get different ones. ``OUT_OF_SCOPE`` is not an option; it is always listed last.
+    A request with another ``order_seed`` (a second ask, ``teacher.ask_twice``) gets
+    another order (never the seed-0 one, when there are two options or more).
 
     Parameters
     ----------
@@ -184,10 +188,17 @@ def option_order(request: TeacherRequest) -> tuple[LabelOption, ...]:
     tuple of LabelOption
         ``request.options`` reordered.
     """
-    options = list(request.options)
-    digest = hashlib.blake2b(request.text.encode("utf-8", "surrogatepass"), digest_size=8,
+    return _shuffled(request.options, request.text, request.order_seed)
+
+
+def _shuffled(options_in: Sequence[LabelOption], text: str, seed: int) -> tuple[LabelOption, ...]:
+    options = list(options_in)
+    key = text if seed == 0 else f"{seed}\x1f{text}"   # seed 0: the order every prompt had before
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8,
                              person=b"flywheel-options").digest()
     random.Random(int.from_bytes(digest, "big")).shuffle(options)
+    if seed != 0 and len(options) > 1 and tuple(options) == _shuffled(options_in, text, 0):
+        options = options[1:] + options[:1]   # another seed must give another order
     return tuple(options)
 
 
@@ -238,6 +249,9 @@ def build_messages(request: TeacherRequest, system_prompt: str = "system") -> li
     )
     if request.allow_out_of_scope:
         system += f" Use {OUT_OF_SCOPE} when no intent fits."
+    system += (' If you cannot choose between two or three of them, add "candidates": the list of those '
+               'two or three names (with "label" your best guess among them); if you cannot tell at all, '
+               'add "cannot_tell": true. Otherwise leave "candidates" empty and "cannot_tell" false.')
     parts: list[str] = []
     if request.history:
         parts.append(f"Rule: {HISTORY_RULE}.")
@@ -255,7 +269,9 @@ def build_messages(request: TeacherRequest, system_prompt: str = "system") -> li
 
 
 def response_schema(labels: Sequence[str], allow_out_of_scope: bool) -> dict[str, Any]:
-    """JSON schema for the answer: an object whose ``label`` is one of ``labels``.
+    """JSON schema for the answer: an object whose ``label`` is one of ``labels``, with an
+    optional ``candidates`` (the 2 or 3 labels the teacher cannot pick between; the parser
+    checks the count) and an optional ``cannot_tell`` (true: it cannot tell at all).
 
     Parameters
     ----------
@@ -274,7 +290,9 @@ def response_schema(labels: Sequence[str], allow_out_of_scope: bool) -> dict[str
     if allow_out_of_scope and OUT_OF_SCOPE not in enum:
         enum.append(OUT_OF_SCOPE)
     return {"type": "object",
-            "properties": {"label": {"type": "string", "enum": enum}},
+            "properties": {"label": {"type": "string", "enum": enum},
+                           "candidates": {"type": "array", "items": {"type": "string", "enum": list(enum)}},
+                           "cannot_tell": {"type": "boolean"}},
             "required": ["label"]}
 
 
@@ -296,18 +314,44 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def parse_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -> str | None:
-    """Validate a teacher's answer ``{"label": "<NAME>"}``.
+#: How many labels a candidate set (an unsure answer) holds at least and at most.
+MIN_CANDIDATES, MAX_CANDIDATES = 2, 3
 
-    Returns
-    -------
-    str or None
-        An offered name, or ``None`` for ``OUT_OF_SCOPE`` (when allowed).
+
+class ParsedAnswer(NamedTuple):
+    """A checked answer: ``label`` (``None``: out of scope) and, when the teacher is unsure,
+    ``candidates`` (2 or 3 labels) or ``cannot_tell``."""
+
+    label: str | None
+    candidates: tuple[str | None, ...] = ()
+    cannot_tell: bool = False
+
+
+def _one_label(label: str, names: list[str], allow_out_of_scope: bool) -> str | None:
+    try:  # the one label parser: an offered name, or out of scope (None)
+        parsed = parse_label(label, names, what="teacher label")
+        if parsed is not None or allow_out_of_scope:
+            return parsed
+    except InvalidInputError:
+        pass
+    offered = names + ([OUT_OF_SCOPE] if allow_out_of_scope else [])
+    raise TeacherError("unknown_label",
+                       f"{shorten(label, 60)!r} is not one of {', '.join(offered)}")
+
+
+def read_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -> ParsedAnswer:
+    """Validate a teacher's answer: ``{"label": "<NAME>"}``, optionally with
+    ``"candidates": [2 or 3 names]`` (unsure between them) or ``"cannot_tell": true``.
+
+    An empty or missing ``candidates`` and a false or missing ``cannot_tell`` are a
+    confident answer. With ``cannot_tell`` true, ``candidates`` is not read.
 
     Raises
     ------
     TeacherError
-        ``malformed`` when ``content`` is not a JSON object with a string ``label``;
+        ``malformed`` when ``content`` is not a JSON object with a string ``label``, when
+        ``cannot_tell`` is not a boolean, or when ``candidates`` is not a list of 2 or 3
+        distinct offered labels (one label, too many, an unknown one, a repeat);
         ``unknown_label`` when the label is not offered.
     """
     names = list(names)
@@ -320,15 +364,41 @@ def parse_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -
     label = data["label"]
     if not isinstance(label, str):
         raise TeacherError("malformed", f'"label" is not a string: {label!r}')
-    try:  # the one label parser: an offered name, or out of scope (None)
-        parsed = parse_label(label, names, what="teacher label")
-        if parsed is not None or allow_out_of_scope:
-            return parsed
-    except InvalidInputError:
-        pass
-    offered = names + ([OUT_OF_SCOPE] if allow_out_of_scope else [])
-    raise TeacherError("unknown_label",
-                       f"{shorten(label, 60)!r} is not one of {', '.join(offered)}")
+    cannot_tell = data.get("cannot_tell", False)
+    if cannot_tell is None:
+        cannot_tell = False
+    if not isinstance(cannot_tell, bool):
+        raise TeacherError("malformed", f'"cannot_tell" is not a boolean: {cannot_tell!r}')
+    raw_set = data.get("candidates") or []
+    if cannot_tell:
+        try:
+            lean = _one_label(label, names, allow_out_of_scope)
+        except TeacherError:
+            lean = None   # the lean of a teacher that cannot tell is never used
+        return ParsedAnswer(lean, (), True)
+    parsed = _one_label(label, names, allow_out_of_scope)
+    if not raw_set:
+        return ParsedAnswer(parsed)
+    if not isinstance(raw_set, list) or not all(isinstance(c, str) for c in raw_set):
+        raise TeacherError("malformed", f'"candidates" is not a list of labels: {shorten(raw_set, 60)!r}')
+    if not MIN_CANDIDATES <= len(raw_set) <= MAX_CANDIDATES:
+        raise TeacherError("malformed", f'"candidates" must hold {MIN_CANDIDATES} to {MAX_CANDIDATES} labels, '
+                                        f"got {len(raw_set)}: {shorten(raw_set, 60)!r}")
+    cands: list[str | None] = []
+    for c in raw_set:
+        try:
+            cands.append(_one_label(c, names, allow_out_of_scope))
+        except TeacherError:
+            raise TeacherError("malformed", f'"candidates" names {shorten(c, 60)!r}, which is not offered') from None
+    if len(set(cands)) != len(cands):
+        raise TeacherError("malformed", f'"candidates" repeats a label: {shorten(raw_set, 60)!r}')
+    return ParsedAnswer(parsed, tuple(cands))
+
+
+def parse_answer(content: str, names: Sequence[str], allow_out_of_scope: bool) -> str | None:
+    """The label of a teacher's answer (:func:`read_answer`, which checks it): an offered
+    name, or ``None`` for ``OUT_OF_SCOPE`` (when allowed); an unsure answer's lean."""
+    return read_answer(content, names, allow_out_of_scope).label
 
 
 class _Closeable(Protocol):
@@ -460,8 +530,9 @@ class ChatTeacher(Generic[C]):
             raise
         self.breaker.record_success()  # the server answered; bad content is not its outage
         latency_ms = (time.perf_counter() - start) * 1000.0
-        return TeacherAnswer(label=parse_answer(content, names, request.allow_out_of_scope),
-                             model=self._model, latency_ms=latency_ms, raw=content)
+        parsed = read_answer(content, names, request.allow_out_of_scope)
+        return TeacherAnswer(label=parsed.label, model=self._model, latency_ms=latency_ms, raw=content,
+                             candidates=parsed.candidates, cannot_tell=parsed.cannot_tell)
 
     def _call(self, request: TeacherRequest) -> str:
         """One chat call; returns the answer content or raises a classified TeacherError."""

@@ -8,7 +8,8 @@ same prompt, answer schema, answer parser, circuit breaker and error kinds as
 It posts ``{host}/chat/completions`` with ``httpx``; ``host`` is the API's base URL
 (``http://127.0.0.1:8000/v1``).
 
-The answer is constrained by ``response_format``: ``json_schema`` (the label enum, strict),
+The answer is constrained by ``response_format``: ``json_schema`` (the label enum, strict:
+every property required, so the model always writes ``candidates`` and ``cannot_tell``),
 ``json_object_schema`` (``{"type": "json_object", "schema": …}``, the label enum as
 llama-cpp-python's server takes it), ``json_object`` (any JSON), or ``none``. ``auto`` (the
 default) starts with ``json_schema``; when the server refuses a format (HTTP 400, 422 or
@@ -203,9 +204,10 @@ class OpenAITeacher(ChatTeacher["httpx.Client"]):
     def _body(self, messages: list[dict[str, str]], schema: dict[str, Any], fmt: str) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self._model, "messages": messages, "temperature": self.temperature,
                                 "stream": False}
-        if fmt == "json_schema":  # strict mode wants every object closed
+        if fmt == "json_schema":  # strict mode wants every object closed and every property required
             body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "intent", "schema": {**schema, "additionalProperties": False}, "strict": True}}
+                "name": "intent", "schema": {**schema, "required": list(schema["properties"]),
+                                             "additionalProperties": False}, "strict": True}}
         elif fmt == "json_object_schema":
             body["response_format"] = {"type": "json_object", "schema": schema}
         elif fmt == "json_object":

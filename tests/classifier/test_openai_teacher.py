@@ -85,8 +85,11 @@ def test_request_shape_without_a_key(httpserver):
     order = [o.name for o in option_order(REQUEST)]
     assert body["response_format"] == {"type": "json_schema", "json_schema": {
         "name": "intent", "strict": True,
-        "schema": {"type": "object", "properties": {"label": {"type": "string", "enum": [*order, OUT_OF_SCOPE]}},
-                   "required": ["label"], "additionalProperties": False}}}
+        "schema": {"type": "object", "properties": {
+            "label": {"type": "string", "enum": [*order, OUT_OF_SCOPE]},
+            "candidates": {"type": "array", "items": {"type": "string", "enum": [*order, OUT_OF_SCOPE]}},
+            "cannot_tell": {"type": "boolean"}},
+            "required": ["label", "candidates", "cannot_tell"], "additionalProperties": False}}}
 
 
 def test_api_key_from_the_environment_is_sent_as_bearer(httpserver, monkeypatch):

@@ -85,10 +85,14 @@ class ScriptedTeacher:
     """Answers from a function of the request (default: the first option offered), or
     raises a scripted TeacherError; ``delay_s`` before answering. Remembers every request.
 
+    The function returns a label (``None``: out of scope), a list or tuple of labels (the
+    teacher is unsure between them: a candidate set) or :data:`CANNOT_TELL`.
+
     A :class:`~classifier.protocols.ManagedTeacher`: ``check()`` is always ready, ``close()``
     does nothing and ``breaker`` is ``None`` (a test may set one)."""
 
     breaker = None
+    CANNOT_TELL = object()
 
     def __init__(self, answer=None, error: TeacherError | None = None, delay_s: float = 0.0,
                  model: str = "fake-llm") -> None:
@@ -110,7 +114,12 @@ class ScriptedTeacher:
             time.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
-        return TeacherAnswer(self.answer(request), self._model, self.delay_s * 1000)
+        got = self.answer(request)
+        if got is ScriptedTeacher.CANNOT_TELL:
+            return TeacherAnswer(None, self._model, self.delay_s * 1000, cannot_tell=True)
+        if isinstance(got, (list, tuple)):
+            return TeacherAnswer(got[0], self._model, self.delay_s * 1000, candidates=tuple(got))
+        return TeacherAnswer(got, self._model, self.delay_s * 1000)
 
     def check(self) -> TeacherStatus:
         return TeacherStatus(True, f"scripted teacher {self._model!r}: no server to check")

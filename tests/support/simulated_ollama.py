@@ -42,6 +42,11 @@ become a random offered intent; when there is no other choice the answer is the 
 one possible. "Random" choices draw from the offered labels sorted by name, so they
 depend only on the *set* offered, not its order.
 
+An unsure teacher: with ``unsure_rate`` (default 0) a *wrong* answer is instead unsure, when
+the request's schema has a ``candidates`` property (what :func:`classifier.teachers.base.response_schema`
+sends): ``{"label": <wrong>, "candidates": [<right>, <wrong>]}`` when the right label is
+offered, else ``{"label": <wrong>, "cannot_tell": true}``; counted in ``counts["unsure"]``.
+
 A request with ``stream`` true gets the same single JSON object, which is also a valid
 one-line NDJSON stream (``done: true``).
 
@@ -179,6 +184,8 @@ class SimulatedOllama:
         ``rng -> seconds``; replaces the lognormal (still multiplied by ``latency_scale``).
     wrong_oos_rate : float
         Share of wrong answers on an offered in-scope query that are ``OUT_OF_SCOPE``.
+    unsure_rate : float
+        Share of wrong answers given as unsure instead (see "An unsure teacher").
     slow_s : float
         How long ``"slow"`` mode waits before answering.
     max_parallel : int, optional
@@ -194,7 +201,8 @@ class SimulatedOllama:
         ``chat``, ``http`` (all requests), ``right``, ``wrong``, ``unknown_text`` and
         one entry per failure mode served.
     answers : deque
-        The last 10,000 answers as ``(text, true_label, answer_label, offered)``.
+        The last 10,000 answers as ``(text, true_label, answer_label, offered)``
+        (``answer_label`` ``None`` for an unsure answer).
     """
 
     def __init__(self, truth: Mapping[str, str | None], accuracy: float = 0.9,
@@ -202,9 +210,12 @@ class SimulatedOllama:
                  host: str = "127.0.0.1", port: int = 0, *, latency_sigma: float = 0.35,
                  latency_fn: Callable[[random.Random], float] | None = None,
                  wrong_oos_rate: float = 0.3, slow_s: float = 30.0,
-                 max_parallel: int | None = None, model: str = "simulated-teacher:latest") -> None:
+                 max_parallel: int | None = None, model: str = "simulated-teacher:latest",
+                 unsure_rate: float = 0.0) -> None:
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"accuracy must be in [0, 1], got {accuracy!r}")
+        if not 0.0 <= unsure_rate <= 1.0:
+            raise ValueError(f"unsure_rate must be in [0, 1], got {unsure_rate!r}")
         if not 0.0 <= wrong_oos_rate <= 1.0:
             raise ValueError(f"wrong_oos_rate must be in [0, 1], got {wrong_oos_rate!r}")
         if latency_s < 0 or latency_scale < 0 or latency_sigma < 0 or slow_s < 0:
@@ -217,6 +228,7 @@ class SimulatedOllama:
         self.latency_sigma = float(latency_sigma)
         self.latency_fn = latency_fn
         self.wrong_oos_rate = float(wrong_oos_rate)
+        self.unsure_rate = float(unsure_rate)
         self.slow_s = float(slow_s)
         self.seed = int(seed)
         self.host = host
@@ -410,9 +422,24 @@ class SimulatedOllama:
         answer, truth, right = self.choose(text, offered)
         if not self.true_label(text)[1]:
             self._count("unknown_text")
+        fmt = body.get("format")
+        can_be_unsure = isinstance(fmt, dict) and "candidates" in (fmt.get("properties") or {})
+        if not right and can_be_unsure and self.unsure_rate > 0 and self._unsure_draw(text) < self.unsure_rate:
+            self._count("unsure")
+            right_name = OUT_OF_SCOPE if truth is None else truth
+            self.answers.append((text, truth, None, tuple(offered)))
+            if right_name in offered and right_name != answer:
+                return 200, self._chat_body(body, json.dumps({"label": answer, "candidates": [right_name, answer]}))
+            return 200, self._chat_body(body, json.dumps({"label": answer, "cannot_tell": True}))
         self._count("right" if right else "wrong")
         self.answers.append((text, truth, answer, tuple(offered)))
         return 200, self._chat_body(body, json.dumps({"label": answer}))
+
+    def _unsure_draw(self, text: str) -> float:
+        """A draw of its own per text, so ``unsure_rate`` changes no other answer."""
+        h = hashlib.blake2b(f"{self.seed}\x1funsure\x1f{text}".encode("utf-8", "surrogatepass"),
+                            digest_size=8).digest()
+        return random.Random(int.from_bytes(h, "big")).random()
 
     def _chat_body(self, body: Mapping[str, Any], content: str, took_s: float = 0.0) -> dict[str, Any]:
         ns = int(took_s * 1e9)
