@@ -41,7 +41,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.protocols import DelegatingEmbedder
 from flywheel.classifier.text import clean_text
 from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
+
+if TYPE_CHECKING:
+    from flywheel.classifier.pipeline import Classifier
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
@@ -321,7 +324,7 @@ class _Scored:
     cuts: _CutoffTally
 
 
-def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
+def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
              latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE,
              langs: Sequence[str | None] | None = None) -> dict[str, Any]:
     """Classify labelled queries and measure the classifier.
@@ -362,10 +365,10 @@ def evaluate(clf: Any, texts: Sequence[str], labels: Sequence[str | None], *, pr
 
     texts, truth = _check_inputs(texts, labels, langs, chunk_size)
     model = clf.model
-    on_long = getattr(clf, "on_long", "truncate")
+    on_long = clf.on_long
     cleaned = _clean_texts(texts, model.intents.embedder.max_chars, on_long)
     emb = _EvalEmbedder(_uncached(clf.embedder))
-    twin = Classifier(model, embedder=emb, teacher=getattr(clf, "teacher", None), log_sink=None, on_long=on_long)
+    twin = Classifier(model, embedder=emb, teacher=clf.teacher, log_sink=None, on_long=on_long)
     classes = [str(c) for c in model.head.classes_]
     scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress)
     latency = _latency(twin, texts, latency_sample, seed)
