@@ -459,7 +459,7 @@ class _ServingCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield _labelled_counter("flywheel_audit_answers", "Teacher audits of confident layer-2 decisions by "
-                                "outcome (agree, disagree, failed).", "outcome",
+                                "outcome (agree, disagree, failed, unsure).", "outcome",
                                 dict(self.classifier.audit_outcomes), AUDIT_OUTCOMES)
         sh = self.shadow
         counts = dict(sh.counts) if sh is not None else {}

@@ -239,7 +239,7 @@ def test_a_budget_refusal_is_a_failed_audit_not_an_error(caplog):
         d = c.classify("show my invoices")
         c.close()
     assert d.layer is Layer.EMBEDDING and d.tier is Tier.CONFIDENT and d.degraded is None
-    assert c.audit_outcomes == {"agree": 0, "disagree": 0, "failed": 1}
+    assert c.audit_outcomes == {"agree": 0, "disagree": 0, "failed": 1, "unsure": 0}
     assert inner.requests == []
     assert len(calls) == 1 and not calls[0].valid and calls[0].error.startswith("budget: llm budget exhausted")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
