@@ -23,9 +23,9 @@ from typing import Any
 from flywheel.classifier.config import Config, load_config, starter_intents_path
 from flywheel.classifier.errors import ConfigError, IntentFileError
 from flywheel.classifier.intents import IntentSet, load_intents
-from flywheel.classifier.model import DISTRIBUTION, MANIFEST
+from flywheel.classifier.model import DISTRIBUTION, MANIFEST, IntentModel
 from flywheel.classifier.protocols import ManagedTeacher
-from flywheel.classifier.registry import CURRENT
+from flywheel.classifier.registry import CURRENT, ModelRegistry
 
 log = logging.getLogger("flywheel.default")
 _lock = threading.Lock()
@@ -146,15 +146,16 @@ def build_classifier(cfg: Config | None = None, *, progress: bool = True,
 
     cfg = cfg or load_config()
     path = default_model_dir(cfg, progress=progress)
-    own_teacher = "teacher" not in kwargs
-    kwargs.setdefault("teacher", None)
     kwargs.setdefault("cache_root", cfg.cache_root)
-    if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
-        clf = Classifier.from_registry(path, background=background_reload, **kwargs)
-    else:
-        clf = Classifier.load(path, **kwargs)
-    if own_teacher:  # the served version's intent set says which teacher (the config overrides it)
-        clf.teacher = build_teacher(cfg, clf.model.intents)
+    # the parts first: the served model, then the teacher its intent set names (the config
+    # overrides it), then one Classifier that joins them
+    registry = ModelRegistry(path) if (path / CURRENT).is_file() else None   # a models home: follow promotions
+    model = registry.load_current() if registry is not None else IntentModel.load(path)
+    if "teacher" not in kwargs:
+        kwargs["teacher"] = build_teacher(cfg, model.intents)
+    clf = Classifier(model, **kwargs)
+    if registry is not None:
+        clf.watch(registry, background=background_reload)
     return clf
 
 
