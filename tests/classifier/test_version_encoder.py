@@ -365,3 +365,22 @@ def test_the_local_registry_publishes_installs_and_prunes_a_version_with_its_enc
     with pytest.raises(ModelError, match=r"encoder/tokenizer\.json"):
         home.install("v1", bad)
     assert not bad.exists() and not home.version_dir("v1").exists()
+
+
+@pytest.mark.slow   # an ONNX export
+def test_models_shadow_accepts_a_version_that_carries_its_own_encoder(tuned, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    # issue 22 item 4: a shadow on another encoder is refused unless it carries that encoder
+    from flywheel.cli import main
+
+    home = ModelRegistry(tmp_path / "models")
+    _hash_model("v1").save(home.version_dir("v1"))
+    home.promote("v1")
+    save_tuned(home, tuned, "v2")
+    plain = _hash_model("v3")
+    plain.manifest.encoder["id"] = "fake:other-encoder"     # another encoder, not carried
+    plain.save(home.version_dir("v3"))
+    assert main(["models", "shadow", "v3", "--models", str(home.home)]) == 2
+    assert "must use the same encoder" in capsys.readouterr().err and home.shadow_name() is None
+    assert main(["models", "shadow", "v2", "--models", str(home.home)]) == 0, capsys.readouterr().err
+    assert home.shadow_name() == "v2"
