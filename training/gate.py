@@ -190,7 +190,7 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     s_ch, s_cp, on = ch.get("llm_share"), cp.get("llm_share"), ch.get("llm_share_on", gate_name)
     n_share = (ch.get(on) or {}).get("n", 0)
     if s_ch is not None and s_cp is not None:
-        acc = checks[0]
+        acc = next(c for c in checks if c["metric"] == "accuracy")   # the paired accuracy check above
         gain = significant_gain(acc)
         rose = s_ch > s_cp + tolerance + _EPS
         checks.append({"metric": "llm_share", "challenger": s_ch, "champion": s_cp, "n": n_share, "set": on,
