@@ -45,7 +45,7 @@ _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_
                   "num_threads", "layers", "runtime", "tune"}
 _TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout"}
 #: what ``embedder.tune.objective`` may be (training.finetune.EncoderTuner)
-TUNE_OBJECTIVES = ("cross_entropy", "contrastive")
+TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",

@@ -290,12 +290,11 @@ class Classifier:
 
     def _new_embedder(self, model: IntentModel) -> Embedder:
         """A fresh (lazy) embedder for ``model``: its own encoder, else its encoder settings'."""
-        from flywheel.classifier.encoders import CachedEmbedder, VersionEncoderEmbedder, make_embedder
+        from flywheel.classifier.encoders import CachedEmbedder, make_embedder, open_version_encoder
 
         s = model.encoder_settings
         if model.encoder_dir is not None:
-            return CachedEmbedder(VersionEncoderEmbedder(model.encoder_dir, s.batch_size, max_chars=s.max_chars,
-                                                         num_threads=s.num_threads))
+            return CachedEmbedder(open_version_encoder(model.encoder_dir, s, cache_root=self._cache_root))
         return make_embedder(s, cache_root=self._cache_root)
 
     def _embedder_for(self, model: IntentModel) -> Embedder:

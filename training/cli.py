@@ -202,7 +202,8 @@ def eval_command(
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", min=1.0, help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
                                              "else 900)."),
-    tune_objective: Optional[str] = typer.Option(None, "--tune-objective", help="cross_entropy | contrastive"),
+    tune_objective: Optional[str] = typer.Option(
+        None, "--tune-objective", help="cross_entropy | contrastive | adapter (an adapter on the frozen encoder)"),
     tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs", min=1,
                                               help="Passes over the training rows (if the budget allows)."),
     tune_holdout: Optional[float] = typer.Option(
@@ -238,7 +239,7 @@ def eval_command(
             else:
                 raise typer.BadParameter("give --train, --intents or --model")
             if tune_encoder:
-                from flywheel.classifier.encoders import VersionEncoderEmbedder
+                from flywheel.classifier.encoders import open_version_encoder
                 from flywheel.training.tuned_encoder import settings_with
 
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
@@ -249,8 +250,7 @@ def eval_command(
                 assert m.encoder_dir is not None, "a tuned version carries its encoder"
                 tuning = m.manifest.metrics["encoder_tuning"]
                 # scored as a version serves it: the exported (int8 where it holds) encoder
-                embedder = VersionEncoderEmbedder(m.encoder_dir, batch_size=intent_set.embedder.batch_size,
-                                                  max_chars=intent_set.embedder.max_chars)
+                embedder = open_version_encoder(m.encoder_dir, intent_set.embedder)
             else:
                 m = fit_model(intent_set, progress=not quiet)
             if save is not None:

@@ -192,7 +192,8 @@ def tunable_base(settings: Any) -> Path:
                 return path
         raise TuningError(f"{path} is not a mean-pooling sentence-transformers directory: it cannot be tuned here")
     raise TuningError(f"embedder.backend {backend!r} cannot be fine-tuned in place (tuning needs a BERT-like "
-                      "mean-pooling encoder: minilm, or a sentence-transformers directory)")
+                      "mean-pooling encoder: minilm, or a sentence-transformers directory); "
+                      "embedder.tune.objective: adapter trains an adapter on its frozen vectors instead")
 
 
 class EncoderTuner:

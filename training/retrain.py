@@ -213,7 +213,7 @@ class _Tuned:
     """The tuned challenger and what it was made from (step 4b)."""
 
     ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
-    embedder: Any                 # the tuned encoder (a VersionEncoderEmbedder over the export)
+    embedder: Any                 # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
     export_path: Path             # the export, in the run's temporary directory
     report: dict[str, Any]        # the tuning step's report
     sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
@@ -368,14 +368,12 @@ def _load_champion(job: _Job) -> _Champion:
 def _with_own_encoder(job: _Job, name: str | None, token: str | None, champ: IntentModel) -> _Champion:
     """A champion that carries its own encoder: usable when that encoder loads (it then
     scores the evaluation sets re-encoded by it, see ``_champion_sets``)."""
-    from flywheel.classifier.encoders import VersionEncoderEmbedder
+    from flywheel.classifier.encoders import open_version_encoder
 
-    settings = champ.intents.embedder
     assert champ.encoder_dir is not None, "called for a champion that carries its encoder"
     try:
-        own = VersionEncoderEmbedder(champ.encoder_dir, batch_size=settings.batch_size, max_chars=settings.max_chars,
-                                     num_threads=settings.num_threads)
-        own.load()
+        own = open_version_encoder(champ.encoder_dir, champ.intents.embedder)
+        own.encode(["warm-up"])   # loads and checks it
     except EmbedderError as exc:
         job.notes.append(f"champion {name or champ.version}'s own encoder cannot be served here ({exc}); "
                          f"treated as no champion")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,14 @@ from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
 from flywheel.classifier.encoders.base import default_quantize, resolve_runtime
 from flywheel.classifier.encoders.version_encoder import EncoderExport, base_max_length
 from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
+from flywheel.classifier.protocols import Embedder
 
-__all__ = ["MIN_HELD_OUT", "TunedEncoder", "tune_and_export", "calibration_holdout", "intent_pairs",
-           "settings_with"]
+__all__ = ["ADAPTER", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export", "calibration_holdout", "intent_pairs",
+           "settings_with", "tune_and_export"]
 
 MIN_HELD_OUT = 2    # rows an intent must keep out of the tuning for them to be cross-validated
+ADAPTER = "adapter"  # the objective that trains an adapter on the frozen encoder instead
+ADAPTER_STEPS_PER_EPOCH = 50   # full-batch adapter steps per ``tune.epochs``
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class TunedEncoder:
     intents that have held-out rows): pass it as the head's ``fit_only`` (see
     :func:`calibration_holdout`)."""
 
-    embedder: VersionEncoderEmbedder
+    embedder: Embedder
     export: EncoderExport
     report: dict[str, Any]
     fit_only: np.ndarray
@@ -85,6 +89,57 @@ def settings_with(tune: TuneSettings | None, **changes: Any) -> TuneSettings:
 
     base = tune if tune is not None else TuneSettings()
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _fit_only(labels: Sequence[str | None], keep: Sequence[int],
+              held: np.ndarray) -> tuple[set[str | None], np.ndarray]:
+    """The intents with held-out rows, and per row whether the head must not calibrate on
+    it (a tuned row of such an intent; an intent without held-out rows is calibrated on
+    its tuned rows, as before the holdout)."""
+    tuned_rows = np.zeros(len(labels), dtype=bool)
+    tuned_rows[list(keep)] = True
+    calibrated = {labels[int(i)] for i in np.flatnonzero(held)}
+    return calibrated, tuned_rows & np.array([label in calibrated for label in labels], dtype=bool)
+
+
+def adapt_and_export(texts: Sequence[str], labels: Sequence[str | None], settings: EmbedderSettings,
+                     tune: TuneSettings, workdir: Path, *, sample_weight: Sequence[float] | None = None,
+                     progress: Callable[[str], None] | None = None) -> TunedEncoder:
+    """``tune.objective == "adapter"``: train an adapter on ``settings``' frozen encoder
+    (:class:`training.adapter.AdapterTrainer`, any backend, the numpy USE default and bge-m3
+    included) and write it into ``workdir/encoder``; the calibration holdout and
+    ``fit_only`` are as for a tuned encoder (:func:`tune_and_export`). Out-of-scope rows
+    take part (they aim at the uniform distribution), held-out rows do not."""
+    from flywheel.classifier.encoders import make_embedder
+    from flywheel.classifier.encoders.adapter import AdaptedEmbedder, write_adapter
+    from flywheel.training.adapter import AdapterTrainer
+    from flywheel.training.finetune import TuningError
+
+    held = calibration_holdout(labels, tune.holdout, tune.seed)
+    keep = [i for i, _ in enumerate(labels) if not held[i]]
+    if len({labels[i] for i in keep if labels[i] is not None}) < 2:
+        raise TuningError("an adapter needs labelled rows of at least two intents")
+    calibrated, fit_only = _fit_only(labels, keep, held)
+    base = make_embedder(settings, cache=False)
+    if progress is not None:
+        progress(f"training an adapter on {base.id}'s vectors of {len(keep):,} rows ({int(held.sum()):,} held out "
+                 f"to calibrate the head), budget {tune.budget_s:.0f} s ...")
+    t0 = time.perf_counter()
+    vectors = base.encode([texts[i] for i in keep])
+    encode_s = time.perf_counter() - t0
+    trainer = AdapterTrainer(epochs=ADAPTER_STEPS_PER_EPOCH * tune.epochs, learning_rate=tune.learning_rate * 10,
+                             budget_s=max(1.0, tune.budget_s - encode_s), seed=tune.seed)
+    trainer.fit(vectors, [labels[i] for i in keep],
+                sample_weight=None if sample_weight is None else [sample_weight[i] for i in keep])
+    t1 = time.perf_counter()
+    export = write_adapter(workdir / "encoder", trainer.weight_, trainer.bias_, base, trained=trainer.report_)
+    embedder = AdaptedEmbedder(export.path, base)
+    report = {**trainer.report_, "encode_seconds": round(encode_s, 2), "encoder_id": export.id, "quantized": False,
+              "base_encoder": base.id, "export_seconds": round(time.perf_counter() - t1, 2),
+              "encoder_bytes": export.size_bytes, "cosine_to_torch": None, "int8_cosine_to_fp32": None,
+              "holdout": tune.holdout, "held_out_rows": int(held.sum()), "held_out_intents": len(calibrated)}
+    report["seconds"] = round(encode_s + float(trainer.report_["seconds"]), 2)
+    return TunedEncoder(embedder, export, report, fit_only)
 
 
 def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings: EmbedderSettings,
@@ -131,6 +186,8 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
 
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
+    if tune.objective == ADAPTER:
+        return adapt_and_export(texts, labels, settings, tune, work, sample_weight=sample_weight, progress=progress)
     base = tunable_base(settings)
     tuner = EncoderTuner(base, objective=tune.objective, epochs=tune.epochs,
                          batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
@@ -140,11 +197,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     keep = [i for i, label in enumerate(labels) if (tune_on_oos or label is not None) and not held[i]]
     if len({labels[i] for i in keep}) < 2:
         raise TuningError("tuning the encoder needs labelled rows of at least two intents")
-    tuned_rows = np.zeros(len(labels), dtype=bool)
-    tuned_rows[keep] = True
-    # an intent without held-out rows is calibrated on its tuned rows, as before the holdout
-    calibrated = {labels[int(i)] for i in np.flatnonzero(held)}
-    fit_only = tuned_rows & np.array([label in calibrated for label in labels], dtype=bool)
+    calibrated, fit_only = _fit_only(labels, keep, held)
     weights = None if sample_weight is None else [sample_weight[i] for i in keep]
     if progress is not None:
         progress(f"tuning the encoder on {len(keep):,} labelled rows ({int(held.sum()):,} of {len(calibrated):,} "

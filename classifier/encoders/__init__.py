@@ -39,11 +39,11 @@ from flywheel.classifier.encoders.embedders import (
     SentenceTransformerEmbedder,
     USEMultilingualEmbedder,
 )
-from flywheel.classifier.encoders.factory import make_embedder
+from flywheel.classifier.encoders.factory import make_embedder, open_version_encoder
 from flywheel.classifier.encoders.torch_runner import minilm_model_dir
 from flywheel.classifier.encoders.version_encoder import EncoderExport, VersionEncoderEmbedder, export_encoder
 
 __all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "EncoderExport", "MINILM_ID", "MiniLMEmbedder",
            "Runner", "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "VersionEncoderEmbedder",
            "clear_loaded_models", "default_quantize", "export_encoder", "loaded_models", "make_embedder",
-           "minilm_model_dir", "resolve_runtime"]
+           "minilm_model_dir", "open_version_encoder", "resolve_runtime"]

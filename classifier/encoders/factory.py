@@ -1,4 +1,5 @@
-"""Building an encoder from settings: :func:`make_embedder`.
+"""Building an encoder from settings: :func:`make_embedder`; a version's own encoder:
+:func:`open_version_encoder`.
 
 Reads :class:`~classifier.intents.EmbedderSettings` (an intent set's ``embedder``
 section), checks it, resolves ``auto`` (the backend, the runtime:
@@ -27,7 +28,7 @@ from flywheel.classifier.errors import EmbedderError
 from flywheel.classifier.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
 from flywheel.classifier.protocols import Embedder
 
-__all__ = ["make_embedder"]
+__all__ = ["make_embedder", "open_version_encoder"]
 
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
@@ -98,3 +99,37 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
         raise EmbedderError(f"unknown embedder backend {settings.backend!r} "
                             f"(known: {', '.join(EMBEDDER_BACKENDS)})")
     return CachedEmbedder(inner) if cache else inner
+
+
+def open_version_encoder(directory: str | os.PathLike[str], settings: EmbedderSettings, *,
+                         num_threads: int | None = None,
+                         cache_root: str | os.PathLike[str] | None = None) -> Embedder:
+    """The embedder of a version's own ``encoder/`` (not loaded yet, not cached): a tuned
+    encoder's export (:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`)
+    or an adapter on the version's ``settings`` encoder
+    (:class:`~classifier.encoders.adapter.AdaptedEmbedder`), as its record says.
+
+    ``num_threads`` overrides ``settings.num_threads`` (a shadow scores on its own threads).
+
+    Raises
+    ------
+    EmbedderError
+        ``directory`` holds no export record, or the adapter's base cannot be built.
+    """
+    from pathlib import Path
+
+    from flywheel.classifier.encoders.adapter import AdaptedEmbedder
+    from flywheel.classifier.encoders.version_encoder import VersionEncoderEmbedder
+    from flywheel.classifier.encoders.version_format import is_adapter, read_manifest
+
+    threads = settings.num_threads if num_threads is None else num_threads
+    try:
+        record = read_manifest(Path(directory))
+    except (OSError, ValueError) as exc:
+        raise EmbedderError(f"{directory}: not a version encoder: {exc}") from None
+    if is_adapter(record):
+        from dataclasses import replace
+
+        base = make_embedder(replace(settings, num_threads=threads), cache=False, cache_root=cache_root)
+        return AdaptedEmbedder(directory, base)
+    return VersionEncoderEmbedder(directory, settings.batch_size, max_chars=settings.max_chars, num_threads=threads)

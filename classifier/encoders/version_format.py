@@ -1,5 +1,8 @@
 """The on-disk record of a model version's own encoder (``<version>/encoder/``): its
-file names, the content id, and the checks that read it. Imports only the standard library
+file names, the content id, and the checks that read it. Two kinds share the layout: a
+tuned encoder's ONNX export (:mod:`classifier.encoders.version_encoder`, id ``tuned:``)
+and an adapter on a fixed encoder (:mod:`classifier.encoders.adapter`, ``kind: adapter``
+in the record, id ``adapted:``). Imports only the standard library
 and the named errors, so :mod:`classifier.model` can check a version's encoder without importing an
 encoder (see :mod:`classifier.encoders.version_encoder` for the export and serving).
 """
@@ -15,8 +18,9 @@ from typing import Any
 
 from flywheel.classifier.errors import EmbedderError
 
-__all__ = ["ENCODER_DIR", "FP32_FILE", "ID_PREFIX", "INT8_FILE", "MANIFEST", "TOKENIZER", "EncoderExport",
-           "check_recorded_export", "content_id", "file_sha256", "read_export", "read_manifest"]
+__all__ = ["ADAPTER_FILE", "ADAPTER_ID_PREFIX", "ADAPTER_KIND", "ENCODER_DIR", "FP32_FILE", "ID_PREFIX", "INT8_FILE",
+           "MANIFEST", "TOKENIZER", "EncoderExport", "adapter_content_id", "check_recorded_export", "content_id",
+           "file_sha256", "is_adapter", "read_export", "read_manifest"]
 
 #: The directory a version keeps its encoder in.
 ENCODER_DIR = "encoder"
@@ -27,6 +31,11 @@ MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 FP32_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
+#: An adapter on a fixed encoder (:mod:`classifier.encoders.adapter`): ``kind`` in its record,
+#: the one served file (numpy arrays, no pickle) and its id's prefix.
+ADAPTER_KIND = "adapter"
+ADAPTER_FILE = "adapter.npz"
+ADAPTER_ID_PREFIX = "adapted:"
 #: The recipe fields that enter the id besides the served graph and the tokenizer.
 _RECIPE = ("pooling", "layers", "max_length", "inputs", "outputs", "pad_id", "pad_token", "pad_type_id",
            "padding_side")
@@ -47,6 +56,31 @@ def content_id(graph_sha256: str, tokenizer_sha256: str, manifest: dict[str, Any
     recipe = json.dumps({k: manifest.get(k) for k in _RECIPE}, sort_keys=True)
     digest = hashlib.sha256(f"{graph_sha256}\n{tokenizer_sha256}\n{recipe}".encode()).hexdigest()
     return f"{ID_PREFIX}{digest[:16]}"
+
+
+def adapter_content_id(adapter_sha256: str, manifest: dict[str, Any]) -> str:
+    """``adapted:<16 hex>``: the encoder id of an adapter (its arrays' file) on the base
+    encoder ``manifest["base_id"]``, whose vectors it maps to ``manifest["dim"]`` dimensions."""
+    recipe = json.dumps({k: manifest.get(k) for k in ("base_id", "base_dim", "dim")}, sort_keys=True)
+    digest = hashlib.sha256(f"{adapter_sha256}\n{recipe}".encode()).hexdigest()
+    return f"{ADAPTER_ID_PREFIX}{digest[:16]}"
+
+
+def is_adapter(manifest: dict[str, Any]) -> bool:
+    """Whether an export record (:func:`read_manifest`) is an adapter's."""
+    return manifest.get("kind") == ADAPTER_KIND
+
+
+def _recorded_id(manifest: dict[str, Any], shas: dict[str, str]) -> str:
+    """The id the files ``shas`` (name: SHA-256) make for the export ``manifest`` records;
+    ValueError when one it needs is not among them."""
+    needed = (manifest["served"],) if is_adapter(manifest) else (manifest["served"], TOKENIZER)
+    missing = [name for name in needed if name not in shas]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} is missing")
+    if is_adapter(manifest):
+        return adapter_content_id(shas[manifest["served"]], manifest)
+    return content_id(shas[manifest["served"]], shas[TOKENIZER], manifest)
 
 
 @dataclass(frozen=True)
@@ -86,10 +120,12 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"{MANIFEST} is not a JSON object")
     missing = [k for k in ("encoder_id", "served", "dim", "probe_text", "probe_fp32") if k not in doc]
+    if is_adapter(doc):
+        missing += [k for k in ("base_id", "base_dim") if k not in doc]
     if missing:
         raise ValueError(f"{MANIFEST} lacks {', '.join(missing)} (not a version encoder export)")
     served = doc["served"]
-    if served not in (FP32_FILE, INT8_FILE):
+    if served not in ((ADAPTER_FILE,) if is_adapter(doc) else (FP32_FILE, INT8_FILE)):
         raise ValueError(f"{MANIFEST} names an unknown graph file {served!r}")
     return doc
 
@@ -102,12 +138,9 @@ def read_export(directory: str | os.PathLike[str]) -> EncoderExport:
         m = read_manifest(d)
         files = {p.name: file_sha256(p) for p in sorted(d.iterdir())
                  if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
-        for name in (m["served"], TOKENIZER):
-            if name not in files:
-                raise ValueError(f"{name} is missing")
+        cid = _recorded_id(m, files)
     except (OSError, ValueError) as exc:
         raise EmbedderError(f"{d}: not a usable encoder export: {exc}") from None
-    cid = content_id(files[m["served"]], files[TOKENIZER], m)
     if cid != m["encoder_id"]:
         raise EmbedderError(f"{d}: the encoder files do not match the recorded id {m['encoder_id']} "
                             f"(they hash to {cid}: corrupt or replaced)")
@@ -123,16 +156,17 @@ def check_recorded_export(directory: str | os.PathLike[str], shas: dict[str, str
     the files): the manifest, tokenizer and served graph must be among them and the
     recorded id must be theirs. Raises ValueError naming what is wrong. Hashes nothing."""
     d = Path(directory)
-    for name in (MANIFEST, TOKENIZER):
-        if name not in shas:
-            raise ValueError(f"the version's manifest records no checksum for {ENCODER_DIR}/{name}")
+    if MANIFEST not in shas:
+        raise ValueError(f"the version's manifest records no checksum for {ENCODER_DIR}/{MANIFEST}")
     try:
         m = read_manifest(d)
     except OSError as exc:
         raise ValueError(f"cannot read {ENCODER_DIR}/{MANIFEST}: {exc}") from None
-    if m["served"] not in shas:
-        raise ValueError(f"the version's manifest records no checksum for {ENCODER_DIR}/{m['served']}")
-    cid = content_id(shas[m["served"]], shas[TOKENIZER], m)
+    needed = (m["served"],) if is_adapter(m) else (TOKENIZER, m["served"])
+    for name in needed:
+        if name not in shas:
+            raise ValueError(f"the version's manifest records no checksum for {ENCODER_DIR}/{name}")
+    cid = _recorded_id(m, shas)
     if cid != m["encoder_id"]:
         raise ValueError(f"{ENCODER_DIR}/{MANIFEST} records id {m['encoder_id']}, its files make {cid}")
     return cid, int(m["dim"])

@@ -457,3 +457,22 @@ def test_bge_m3_tiny_model_on_onnx_matches_flagembedding(tiny_bge: Path, tmp_pat
     assert len(list((tmp_path / "onnx").glob("*/model.onnx"))) == 1
     int8 = BGEM3Embedder(str(tiny_bge), device="cpu", quantize=True, onnx_cache_dir=tmp_path / "onnx")
     assert _cos(int8.encode(SENTENCES), ref).min() > 0.9
+
+
+@pytest.mark.slow
+def test_bge_m3_gets_an_adapter_served_over_its_real_vectors(tiny_bge: Path, tmp_path: Path) -> None:
+    """Issue 22 item 5: a fixed third-party encoder (bge-m3, a tiny one here) cannot be
+    fine-tuned in place, so the retrain's "tuning" is an adapter on its frozen vectors."""
+    from flywheel.classifier.encoders import open_version_encoder
+    from flywheel.classifier.encoders.adapter import AdaptedEmbedder
+    from flywheel.classifier.intents import TuneSettings
+    from flywheel.training.tuned_encoder import tune_and_export
+
+    settings = EmbedderSettings(backend="bge-m3", model=str(tiny_bge), device="cpu", runtime="torch")
+    labels = ["greet", "greet", "greet", "thanks", "thanks", "thanks"]
+    texts = ["hello there", "hi friend", "good morning", "thank you", "many thanks", "thanks a lot"]
+    out = tune_and_export(texts, labels, settings, TuneSettings(objective="adapter", epochs=1, holdout=0), tmp_path)
+    assert out.report["base_encoder"] == f"bge-m3:{tiny_bge}" and out.export.id.startswith("adapted:")
+    served = open_version_encoder(out.export.path, settings)
+    assert isinstance(served, AdaptedEmbedder) and served.id == out.export.id and served.dim == 64
+    np.testing.assert_allclose(served.encode(SENTENCES), out.embedder.encode(SENTENCES), atol=1e-5)

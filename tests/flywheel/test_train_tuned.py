@@ -92,3 +92,32 @@ def test_an_encoder_that_cannot_be_tuned_is_one_line_and_exit_2(tmp_path, capsys
     assert err.startswith("flywheel: error: ") and err.count("\n") == 1, err
     assert "cannot be fine-tuned" in err
     assert not (tmp_path / "v").exists()
+
+
+def test_the_multilingual_default_gets_an_adapter_served_and_checked(tmp_path, capsys, monkeypatch):
+    """``objective: adapter`` on the numpy USE default: the version carries ``encoder/adapter.npz``,
+    hashed; classify serves it over USE; a tampered adapter is one clear line."""
+    doc = json.loads(json.dumps(DOC))
+    doc["languages"] = ["en", "es"]
+    doc.setdefault("embedder", {})["tune"] = {"objective": "adapter", "epochs": 1, "holdout": 0}
+    path = tmp_path / "intents.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "v-adapted"
+    rc, _, err = _run(capsys, "train", "--intents", str(path), "--out", str(out), "--tune-encoder")
+    assert rc == 0, err
+    assert "encoder tuned (adapter" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["encoder"]["id"].startswith("adapted:")
+    assert set(manifest["encoder_files"]) == {"encoder/adapter.npz", "encoder/manifest.json"}
+    assert manifest["metrics"]["encoder_tuning"]["base_encoder"] == "use-multilingual:v3"
+
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    rc, stdout, err = _run(capsys, "classify", "--model", str(out), "--no-log", "¿Cómo cambio mi contraseña?")
+    assert rc == 0, err
+    assert json.loads(stdout.strip().splitlines()[-1])["model_version"] == "v-adapted"
+
+    flip_byte(out / "encoder" / "adapter.npz", offset=-20)
+    rc, _, err = _run(capsys, "classify", "--model", str(out), "--no-log", "hello")
+    assert rc == 3
+    assert err.startswith("flywheel: error: ") and err.count("\n") == 1, err
+    assert "checksum does not match" in err and "adapter.npz" in err

@@ -172,6 +172,28 @@ def test_a_tuning_that_fails_leaves_the_head_only_challenger(world, monkeypatch)
     assert not (world.registry.home / res.version / "encoder").exists()
 
 
+def test_objective_adapter_gates_an_adapted_challenger_and_a_promoted_one_carries_it(world, monkeypatch):
+    import flywheel.classifier.encoders as encoders
+    import flywheel.classifier.encoders.factory as factory
+
+    # the adapter trains on the frozen encoder the intent set's settings make: the world's
+    monkeypatch.setattr(encoders, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
+    monkeypatch.setattr(factory, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
+    world.seed_traffic(n_teacher=300, n_human=20)
+    res = world.run(tune=dataclasses.replace(FAST, objective="adapter", learning_rate=1e-2))
+    t, c = res.report["tuning"], res.report["challengers"]
+    assert "error" not in t, t.get("error")
+    assert t["encoder_id"].startswith("adapted:") and t["tuner"]["objective"] == "adapter"
+    assert t["tuner"]["base_encoder"] == world.embedder.id and t["tuner"]["steps"] > 0
+    assert c["tuned"] is not None and c["head_only"] is not None and c["put_forward"] in ("tuned", "head_only")
+    if res.outcome == "promoted" and c["put_forward"] == "tuned":
+        enc = world.registry.home / res.version / "encoder"
+        assert (enc / "adapter.npz").is_file()
+        loaded = world.registry.load(res.version)
+        assert loaded.manifest.encoder["id"] == t["encoder_id"] and loaded.encoder_dir == enc
+    assert leftover_workdirs(world) == []
+
+
 def test_tuning_off_keeps_the_report_as_it_was(world):
     world.seed_traffic(n_teacher=200, n_human=10)
     res = world.run()
