@@ -26,6 +26,15 @@ retrain's noise estimate and its human-corrected-pair rule have something to rea
 default: the §4 protocol has no human labels). Filter on against off:
 ``--retrain-args "--llm-budget 0.05 --teacher-filter"`` and ``"... --no-teacher-filter"``.
 
+Asking twice (issue 24 item 4): ``--position-bias P`` makes that share of the teacher's
+wrong answers the first offered option instead (a small real LLM did that, §12.7: the only
+errors that depend on the order of the options), and ``--ask-twice`` turns on
+``teacher.ask_twice``. Per window, ``teacher_answers`` counts the teacher's answers that
+became training labels (``labels``, ``labels_wrong`` against the truth), candidate sets
+(``unsure``) and cache hits (``cached``); ``second_asks`` the extra calls.
+The cache (item 5): ``--repeat-rate R`` replaces that share of the stream with a repeat of
+an earlier query drawn uniformly; the summary has the cache's hits and misses.
+
     python benchmarks/bench_flywheel.py --data ../shared/datasets/clinc150/data_full.json \
         --json-out .bench/flywheel.json
 """
@@ -166,6 +175,13 @@ def add_teacher_arguments(ap: argparse.ArgumentParser) -> None:
                     help="share of wrong answers on in-scope queries that are OUT_OF_SCOPE")
     ap.add_argument("--human-rate", type=float, default=0.0,
                     help="share of each window's LLM decisions that get a (true) human label")
+    ap.add_argument("--position-bias", type=float, default=0.0,
+                    help="share of wrong teacher answers that are the first offered option instead (order-dependent)")
+    ap.add_argument("--ask-twice", action="store_true",
+                    help="teacher.ask_twice: ask again, options reordered, when the teacher disagrees with layer 2")
+    ap.add_argument("--repeat-rate", type=float, default=0.0,
+                    help="share of the stream replaced by a repeat of a uniformly drawn earlier query "
+                         "(the teacher cache's hit rate)")
 
 
 def setup(args: argparse.Namespace, prefix: str) -> tuple[dict, Path, Any]:
@@ -225,12 +241,19 @@ def main() -> int:
     random.Random(args.seed).shuffle(stream)
     if args.limit:
         stream = stream[: args.limit]
+    if args.repeat_rate > 0:   # the stream's length stays: a repeat takes a fresh query's place
+        rep_rng, seen_q = random.Random(args.seed ^ 0x2E9E), []
+        for i, item in enumerate(stream):
+            if seen_q and rep_rng.random() < args.repeat_rate:
+                stream[i] = rep_rng.choice(seen_q)
+            else:
+                seen_q.append(item)
     truth = {t: (None if lab == "oos" else lab) for split in ("train", "oos_train", "test", "oos_test")
              for t, lab in data[split]}
 
     rows = []
     sim_kw = dict(accuracy=args.accuracy, latency_s=args.latency_s, latency_scale=args.latency_scale,
-                  seed=args.seed, wrong_oos_rate=args.wrong_oos_rate)
+                  seed=args.seed, wrong_oos_rate=args.wrong_oos_rate, position_bias=args.position_bias)
     simulator = (CloseErrorsOllama(truth, embedder=embedder, intents=intents, **sim_kw)
                  if args.teacher_errors == "close" else SimulatedOllama(truth, **sim_kw))
     human_rng = random.Random(args.seed ^ 0x4A11)
@@ -240,7 +263,7 @@ def main() -> int:
         teacher = OllamaTeacher("simulated", host=sim.url, timeout_s=5.0,
                                 breaker=CircuitBreaker(intents.teacher.breaker_failures, 5.0))
         clf = Classifier.from_registry(models_home, embedder=embedder, teacher=teacher, log_sink=sink,
-                                       interval_s=0.0)
+                                       interval_s=0.0, ask_twice=args.ask_twice)
         by_encoder = {embedder.id: X_test}
 
         def test_vectors(c: Classifier) -> np.ndarray:
@@ -264,11 +287,20 @@ def main() -> int:
             llm = right = 0
             lat = []
             humans = []
+            asks0 = clf.second_asks
+            tl: Counter[str] = Counter()   # the teacher's answers by what becomes of them
             for text, lab in chunk:
                 d = clf.classify(text)
                 lat.append(d.latency_ms.get("total", 0.0))
                 llm += d.layer is Layer.LLM
                 right += d.label == (None if lab == "oos" else lab)
+                if d.layer is Layer.LLM and "cached; " in d.reason:
+                    tl["cached"] += 1
+                elif d.teacher is not None and d.teacher.valid:   # a training label
+                    tl["labels"] += 1
+                    tl["labels_wrong"] += d.teacher.label != (None if lab == "oos" else lab)
+                elif d.teacher is not None and (d.teacher.error or "").startswith("unsure"):
+                    tl["unsure"] += 1
                 if d.layer is Layer.LLM and args.human_rate > 0 and human_rng.random() < args.human_rate:
                     humans.append(LabelRecord.human(d.id, None if lab == "oos" else lab, author="bench"))
             serve_s = time.perf_counter() - t_serve
@@ -292,7 +324,8 @@ def main() -> int:
                    "retrain": out.get("outcome"), "retrain_reason": out.get("reason"),
                    "model": clf.model_version, "layer2_test": l2, "human_labels": len(humans),
                    "teacher_noise": out.get("teacher_noise"), "teacher_filtered": out.get("teacher_filtered"),
-                   "teacher_would_drop": (out.get("teacher_filter") or {}).get("would_drop")}
+                   "teacher_would_drop": (out.get("teacher_filter") or {}).get("would_drop"),
+                   "teacher_answers": dict(tl), "second_asks": clf.second_asks - asks0}
             rows.append(row)
             print(f"window {w:2d} ({row['queries']:5d} q): LLM share {row['llm_share']:.3f}  "
                   f"e2e acc {row['e2e_accuracy']:.3f}  layer-2 test acc {l2['accuracy']:.3f} "
@@ -304,6 +337,8 @@ def main() -> int:
                   flush=True)
             if row["retrain"] == "error":
                 print(out.get("stderr", ""), file=sys.stderr)
+        cache_counts = clf.teacher_cache.counts() if clf.teacher_cache is not None else None
+        second_asks = clf.second_asks
         clf.close()
         sim_counts = dict(sim.counts)
 
@@ -335,6 +370,10 @@ def main() -> int:
                                                               * args.retrain_every) for r in rows[1:]])),
         "promotions": sum(r["retrain"] == "promoted" for r in rows[1:]),
         "simulator": sim_counts,
+        "teacher_answers": dict(sum((Counter(r.get("teacher_answers") or {}) for r in rows[1:]), Counter())),
+        "second_asks": second_asks,
+        "teacher_cache": cache_counts,
+        "repeats_in_stream": len(stream) - len(set(t for t, _ in stream)),
     }
     report(rows, summary, args)
     return 0

@@ -272,3 +272,29 @@ def test_the_classifier_setting_overrides_the_intent_file():
     other = next(n for n in ("RETRIEVAL", "PLATFORM") if n != l2)
     clf, teacher, d, _ = _twice(lambda req: other, ask_twice=False)
     assert len(teacher.requests) == 1
+
+
+def test_a_first_option_answer_is_caught_by_asking_twice_through_the_simulated_teacher():
+    """The simulator's position bias (the only order-dependent error it makes) is what asking
+    twice catches: the second ask, options reordered, names another first option."""
+    text = "show my invoices"      # its first option is not layer 2's label, so the teacher disagrees
+    doc = copy.deepcopy(DOC)
+    doc["teacher"] = {"ask_twice": True}
+    with SimulatedOllama({text: "PLATFORM"}, accuracy=0.0, position_bias=1.0, latency_scale=0.0) as sim:
+        teacher = OllamaTeacher("sim:1b", host=sim.url, timeout_s=5.0)
+        clf = make_classifier(ALWAYS_UNSURE, teacher=teacher, log_sink=(sink := ListSink()), teacher_cache=None,
+                              doc=doc, embedder=HashEmbedder())
+        d = clf.classify(text)
+        teacher.close()
+    offered = [a[3] for a in sim.answers]
+    assert len(offered) == 2 and offered[0][0] != offered[1][0]           # another first option the second time
+    assert [a[2] for a in sim.answers] == [order[0] for order in offered] and sim.counts["first_option"] == 2
+    # two answers: a candidate set, never a training label
+    call = sink.records[0].decision.teacher
+    assert not call.valid and call.error.startswith("unsure:") and "asked twice" in d.reason
+    assert set(offered[0][:1] + offered[1][:1]) <= set(call.error.split(":", 1)[1].replace(",", " ").split())
+
+
+def test_the_position_bias_is_checked():
+    with pytest.raises(ValueError, match="position_bias"):
+        SimulatedOllama({}, position_bias=1.5)

@@ -47,6 +47,13 @@ the request's schema has a ``candidates`` property (what :func:`classifier.teach
 sends): ``{"label": <wrong>, "candidates": [<right>, <wrong>]}`` when the right label is
 offered, else ``{"label": <wrong>, "cannot_tell": true}``; counted in ``counts["unsure"]``.
 
+A teacher with a position bias: with ``position_bias`` (default 0) a *wrong* answer is
+instead the first offered label (in the request's order), whatever it is (right only by
+luck), the way a small real LLM picked the first option 40-100% of the time (BENCHMARKS.md §12.7).
+Those are the only answers that depend on the order of the options, so asking again with
+them in another order (``teacher.ask_twice``) gets another answer exactly for them.
+Counted in ``counts["first_option"]``; its draw is its own per text, like the unsure one.
+
 A request with ``stream`` true gets the same single JSON object, which is also a valid
 one-line NDJSON stream (``done: true``).
 
@@ -186,6 +193,9 @@ class SimulatedOllama:
         Share of wrong answers on an offered in-scope query that are ``OUT_OF_SCOPE``.
     unsure_rate : float
         Share of wrong answers given as unsure instead (see "An unsure teacher").
+    position_bias : float
+        Share of wrong answers that are the first offered label instead (see "A teacher
+        with a position bias").
     slow_s : float
         How long ``"slow"`` mode waits before answering.
     max_parallel : int, optional
@@ -211,11 +221,13 @@ class SimulatedOllama:
                  latency_fn: Callable[[random.Random], float] | None = None,
                  wrong_oos_rate: float = 0.3, slow_s: float = 30.0,
                  max_parallel: int | None = None, model: str = "simulated-teacher:latest",
-                 unsure_rate: float = 0.0) -> None:
+                 unsure_rate: float = 0.0, position_bias: float = 0.0) -> None:
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"accuracy must be in [0, 1], got {accuracy!r}")
         if not 0.0 <= unsure_rate <= 1.0:
             raise ValueError(f"unsure_rate must be in [0, 1], got {unsure_rate!r}")
+        if not 0.0 <= position_bias <= 1.0:
+            raise ValueError(f"position_bias must be in [0, 1], got {position_bias!r}")
         if not 0.0 <= wrong_oos_rate <= 1.0:
             raise ValueError(f"wrong_oos_rate must be in [0, 1], got {wrong_oos_rate!r}")
         if latency_s < 0 or latency_scale < 0 or latency_sigma < 0 or slow_s < 0:
@@ -229,6 +241,7 @@ class SimulatedOllama:
         self.latency_fn = latency_fn
         self.wrong_oos_rate = float(wrong_oos_rate)
         self.unsure_rate = float(unsure_rate)
+        self.position_bias = float(position_bias)
         self.slow_s = float(slow_s)
         self.seed = int(seed)
         self.host = host
@@ -420,6 +433,10 @@ class SimulatedOllama:
             return 400, {"error": "messages must contain a user message"}
         offered = offered_labels(body)
         answer, truth, right = self.choose(text, offered)
+        if not right and offered and self.position_bias > 0 and self._draw("first", text) < self.position_bias:
+            self._count("first_option")
+            answer = offered[0]     # the first option, whatever it is: right only by luck
+            right = (answer == OUT_OF_SCOPE and truth is None) or answer == truth
         if not self.true_label(text)[1]:
             self._count("unknown_text")
         fmt = body.get("format")
@@ -437,7 +454,11 @@ class SimulatedOllama:
 
     def _unsure_draw(self, text: str) -> float:
         """A draw of its own per text, so ``unsure_rate`` changes no other answer."""
-        h = hashlib.blake2b(f"{self.seed}\x1funsure\x1f{text}".encode("utf-8", "surrogatepass"),
+        return self._draw("unsure", text)
+
+    def _draw(self, what: str, text: str) -> float:
+        """A uniform draw of its own per ``what`` and text (one setting changes no other answer)."""
+        h = hashlib.blake2b(f"{self.seed}\x1f{what}\x1f{text}".encode("utf-8", "surrogatepass"),
                             digest_size=8).digest()
         return random.Random(int.from_bytes(h, "big")).random()
 
