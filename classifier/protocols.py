@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runti
 import numpy as np
 
 from flywheel.classifier.decision import Decision, Layer2Answer
-from flywheel.classifier.label_names import label_name
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 
 if TYPE_CHECKING:
     from flywheel.classifier.model import IntentModel
@@ -108,6 +108,10 @@ class TeacherRequest:
     order_seed: int = 0
 
 
+#: How :meth:`TeacherAnswer.unsure_reason` starts a candidate set (logged after ``unsure: ``).
+UNSURE_BETWEEN = "teacher unsure between "
+
+
 @dataclass(frozen=True)
 class TeacherAnswer:
     """A validated answer: ``label`` is one of the offered names, or ``None`` (out of scope).
@@ -136,8 +140,17 @@ class TeacherAnswer:
         if self.cannot_tell:
             return "teacher cannot tell"
         if self.candidates:
-            return "teacher unsure between " + ", ".join(label_name(c) for c in self.candidates)
+            return UNSURE_BETWEEN + ", ".join(label_name(c) for c in self.candidates)
         return ""
+
+    @staticmethod
+    def candidates_in(reason: str) -> tuple[str | None, ...]:
+        """The candidate set an :meth:`unsure_reason` names (``None``: out of scope); ``()``
+        for "cannot tell" or any other text. The inverse of :meth:`unsure_reason`."""
+        if not reason.startswith(UNSURE_BETWEEN):
+            return ()
+        names = [n.strip() for n in reason[len(UNSURE_BETWEEN):].split(",") if n.strip()]
+        return tuple(None if n == OUT_OF_SCOPE else n for n in names)
 
 
 @dataclass(frozen=True)

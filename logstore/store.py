@@ -520,6 +520,19 @@ class LogStore:
             con, "SELECT count(*) FROM decisions WHERE teacher_valid = false "
             "AND split_part(teacher_error, ':', 1) = 'unsure'")))
 
+    def unsure_candidate_sets(self, since: float | None = None) -> list[tuple[str | None, ...]]:
+        """The candidate sets of the unsure teacher answers logged after ``since`` (all when
+        ``None``), oldest first; "cannot tell" answers name none and are left out, and so
+        are those whose error retention has cut to its kind (``unsure``)."""
+        from flywheel.classifier.protocols import TeacherAnswer
+
+        rows = self._run(lambda con: con.execute(
+            "SELECT teacher_error FROM decisions WHERE teacher_valid = false AND teacher_error LIKE 'unsure: %' "
+            "AND created_at >= ? ORDER BY created_at, decision_id",
+            [_to_utc(since if since is not None else 0.0)]).fetchall())
+        sets = (TeacherAnswer.candidates_in(str(r[0]).split(": ", 1)[1]) for r in rows)
+        return [s for s in sets if len(s) >= 2]
+
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``
         (layer 2 ran on them), newest first."""

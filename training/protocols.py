@@ -40,6 +40,10 @@ class TrafficLog(Protocol):
         """How many of them were unsure (a candidate set or "cannot tell")."""
         ...
 
+    def unsure_candidate_sets(self, since: float | None = None) -> list[tuple[str | None, ...]]:
+        """The candidate sets of unsure teacher answers (newer than ``since``), oldest first."""
+        ...
+
     def embeddings(self, encoder_id: str, decision_ids: Iterable[str] | None = None, *,
                    texts: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Logged layer-2 vectors made by ``encoder_id``, by decision id (or by text)."""

@@ -34,7 +34,9 @@ function here):
    whose text retention erased cannot be re-encoded and are left out, counted as
    ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
    (:func:`training.tuned_trial.confusion_pairs` on the eval and recent sets, the
-   champion's own vectors). The export goes to a temporary directory removed when the run
+   champion's own vectors) and the pairs the teacher's candidate sets name most
+   (:func:`training.tuned_trial.candidate_pairs`: an unsure answer is never a label, but
+   its intents are hard negatives; ``candidate_set_pairs`` in the report). The export goes to a temporary directory removed when the run
    ends (a saved version holds its own copy). Then every training row that has a text, the
    synthetic negatives and the evaluation sets are re-encoded by the tuned encoder (same
    rows, same order; timed apart from the tuning). A tuning that fails (an encoder that
@@ -126,7 +128,14 @@ from flywheel.training.report import RetrainResult, jsonable, render_markdown
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import SPLIT_ID, build_training_set
-from flywheel.training.tuned_trial import confusion_pairs, reencode, reencode_training_set, tuning_rows
+from flywheel.training.tuned_trial import (
+    candidate_pairs,
+    confusion_pairs,
+    hard_pairs_of,
+    reencode,
+    reencode_training_set,
+    tuning_rows,
+)
 from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
@@ -467,20 +476,24 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     texts, labels, weights, n_textless = tuning_rows(ts, job.opts.self_training)
     pairs = confusion_pairs(champion.model, list(_champion_sets(job, champion, ts).values())) \
         if champion.model is not None else []
+    # the teacher's candidate sets: never a training label, but intents it found close (issue 24)
+    cand = candidate_pairs(job.store.unsure_candidate_sets())
+    hard = hard_pairs_of(pairs, cand)
     report: dict[str, Any] = {
         "settings": asdict(tune), "base": job.intents.embedder.backend, "rows": len(texts),
         "rows_without_text": n_textless, "hard_pairs": pairs,
         "hard_pairs_from": (f"champion {champion.model.version}'s errors on the eval and recent sets"
-                            if champion.model is not None else "no champion: none")}
+                            if champion.model is not None else "no champion: none"),
+        "candidate_set_pairs": cand}
     if n_textless:
         job.say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
                 f"so the tuned challenger trains without them")
-    job.say(f"tuning the encoder on {len(texts):,} rows with {len(pairs)} hard pairs "
+    job.say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs "
             f"(budget {tune.budget_s:g} s) ...")
     t0 = time.perf_counter()
     try:
         out = tune_and_export(texts, labels, job.intents.embedder, tune, workdir, sample_weight=weights,
-                              hard_pairs=[tuple(p["pair"]) for p in pairs],
+                              hard_pairs=hard,
                               progress=lambda line: job.say(f"tuning: {line}"))
         report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
                       stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)

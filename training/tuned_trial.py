@@ -26,7 +26,8 @@ from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet, TrainingSet
 
-__all__ = ["HARD_PAIRS", "tuning_rows", "confusion_pairs", "encode_texts", "reencode", "reencode_training_set"]
+__all__ = ["HARD_PAIRS", "candidate_pairs", "confusion_pairs", "encode_texts", "hard_pairs_of", "reencode",
+           "reencode_training_set", "tuning_rows"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
 
@@ -51,6 +52,27 @@ def confusion_pairs(model: Any, sets: Sequence[LabelledSet], k: int = HARD_PAIRS
             if truth != said:
                 counts[tuple(sorted((truth, said), key=lambda v: (v is None, v or "")))] += 1
     return [{"pair": list(p), "errors": int(n)} for p, n in counts.most_common(k)]
+
+
+def candidate_pairs(sets: Sequence[Sequence[str | None]], k: int = HARD_PAIRS) -> list[dict[str, Any]]:
+    """The ``k`` intent pairs the teacher's candidate sets name most often (issue 24: a
+    candidate set is never a training label, but its intents are ones the teacher found
+    close, so they are hard negatives for the tuner): ``[{"pair": [a, b], "sets": n}]``,
+    most first; a set of three names its three pairs; ``None`` is out of scope."""
+    counts: Counter = Counter()
+    for cands in sets:
+        uniq = sorted(set(cands), key=lambda v: (v is None, v or ""))
+        for i, a in enumerate(uniq):
+            for b in uniq[i + 1:]:
+                counts[(a, b)] += 1
+    return [{"pair": list(p), "sets": int(n)} for p, n in counts.most_common(k)]
+
+
+def hard_pairs_of(confused: Sequence[dict[str, Any]], candidates: Sequence[dict[str, Any]]) -> list[tuple]:
+    """The tuner's hard pairs: the champion's confusions, then the teacher's candidate-set
+    pairs not among them."""
+    out = [tuple(p["pair"]) for p in confused]
+    return out + [tuple(p["pair"]) for p in candidates if tuple(p["pair"]) not in out]
 
 
 def encode_texts(embedder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:

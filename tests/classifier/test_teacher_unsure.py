@@ -298,3 +298,12 @@ def test_a_first_option_answer_is_caught_by_asking_twice_through_the_simulated_t
 def test_the_position_bias_is_checked():
     with pytest.raises(ValueError, match="position_bias"):
         SimulatedOllama({}, position_bias=1.5)
+
+
+def test_a_candidate_set_reads_back_from_its_reason():
+    from flywheel.classifier.protocols import TeacherAnswer
+
+    ans = TeacherAnswer("RETRIEVAL", "m", 1.0, candidates=("RETRIEVAL", None, "PLATFORM"))
+    assert TeacherAnswer.candidates_in(ans.unsure_reason()) == ("RETRIEVAL", None, "PLATFORM")
+    assert TeacherAnswer.candidates_in(TeacherAnswer(None, "m", 1.0, cannot_tell=True).unsure_reason()) == ()
+    assert TeacherAnswer.candidates_in("malformed answer") == ()

@@ -105,3 +105,13 @@ def test_an_adapter_needs_two_intents(tmp_path, hash_base):
     with pytest.raises(TuningError, match="two intents"):
         adapt_and_export(["a", "b", "c"], ["X", "X", None], EmbedderSettings(), TuneSettings(objective="adapter"),
                          tmp_path)
+
+
+def test_candidate_pairs_count_every_pair_of_a_set_and_hard_pairs_keep_the_champions_first():
+    from flywheel.training.tuned_trial import candidate_pairs, hard_pairs_of
+
+    pairs = candidate_pairs([("B", "A"), ("A", "B"), ("A", None, "C")], k=3)
+    assert pairs[0] == {"pair": ["A", "B"], "sets": 2} and len(pairs) == 3
+    assert {"pair": ["A", None], "sets": 1} in pairs and {"pair": ["A", "C"], "sets": 1} in pairs
+    merged = hard_pairs_of([{"pair": ["A", "C"], "errors": 4}], pairs)
+    assert merged[0] == ("A", "C") and merged.count(("A", "C")) == 1 and ("A", "B") in merged

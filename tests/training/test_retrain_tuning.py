@@ -194,6 +194,43 @@ def test_objective_adapter_gates_an_adapted_challenger_and_a_promoted_one_carrie
     assert leftover_workdirs(world) == []
 
 
+def _unsure(text: str, reason: str):
+    from flywheel.classifier.decision import TeacherCall
+
+    r = record(text, teacher=None, valid=False)
+    return dataclasses.replace(r, decision=dataclasses.replace(
+        r.decision, teacher=TeacherCall("fake-llm", None, False, 15.0, f"unsure: {reason}")))
+
+
+def test_the_teachers_candidate_sets_are_hard_pairs_for_the_tuner_never_labels(world, monkeypatch):
+    import flywheel.classifier.encoders as encoders
+    import flywheel.classifier.encoders.factory as factory
+    from flywheel.training import tuned_encoder
+
+    monkeypatch.setattr(encoders, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
+    monkeypatch.setattr(factory, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
+    seen = []
+    real = tuned_encoder.tune_and_export
+
+    def spy(*args, **kw):
+        seen.append(kw.get("hard_pairs"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tuned_encoder, "tune_and_export", spy)
+    world.seed_traffic(n_teacher=200, n_human=10)
+    write(world.store, [_unsure("show my invoice or the docs", "teacher unsure between RETRIEVAL, PLATFORM"),
+                        _unsure("docs or my plan", "teacher unsure between PLATFORM, RETRIEVAL"),
+                        _unsure("three ways", "teacher unsure between RETRIEVAL, PLATFORM, OUT_OF_SCOPE"),
+                        _unsure("no idea", "teacher cannot tell")])
+    res = world.run(tune=dataclasses.replace(FAST, objective="adapter"))
+    t = res.report["tuning"]
+    assert t["candidate_set_pairs"][0] == {"pair": ["PLATFORM", "RETRIEVAL"], "sets": 3}
+    assert {"pair": ["RETRIEVAL", None], "sets": 1} in t["candidate_set_pairs"]
+    assert ("PLATFORM", "RETRIEVAL") in seen[0] and ("RETRIEVAL", None) in seen[0]
+    # never a training label: the four unsure decisions are not among the training rows
+    assert res.report["dataset"]["teacher_unsure"] == 4
+
+
 def test_tuning_off_keeps_the_report_as_it_was(world):
     world.seed_traffic(n_teacher=200, n_human=10)
     res = world.run()
