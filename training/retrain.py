@@ -38,8 +38,9 @@ function here):
    (:func:`training.tuned_trial.candidate_pairs`: an unsure answer is never a label, but
    its intents are hard negatives; ``candidate_set_pairs`` in the report). The export goes
    to a temporary directory removed when the run ends (a saved version holds its own
-   copy). Then every training row that has a text, the synthetic negatives and the evaluation sets are re-encoded by the tuned encoder (same
-   rows, same order; timed apart from the tuning). A tuning that fails (an encoder that
+   copy). Then every training row that has a text, the synthetic negatives and the
+   evaluation sets are re-encoded by the tuned encoder (same rows, same order; timed
+   apart from the tuning). A tuning that fails (an encoder that
    cannot be tuned, unusable data, an export that disagrees with torch) leaves the
    head-only challenger alone, with a note;
 5. ``_fit_challenger``: fits the head on the training set's rows and vectors as they are
