@@ -8,6 +8,10 @@ runs the two commands a user would run and reads their JSON::
     flywheel eval --train T --test S --json --latency-sample 0
     flywheel eval --train T --test S --json --latency-sample 0 --tune-encoder
 
+``--backend use-multilingual --objective adapter`` measures the adapter on the numpy USE
+default instead (issue 22 item 5): eval gets ``--intents`` with that encoder and
+``--tune-objective adapter``.
+
 Run it alone (tuning time is part of what it reports)::
 
     python benchmarks/bench_fewshot_tuning.py --data ../shared/datasets/clinc150/data_full.json \\
@@ -44,10 +48,13 @@ def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Pa
     return tr, te
 
 
-def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | None = None) -> dict:
+def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | None = None, *,
+             intents: Path | None = None, objective: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
            "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else []) \
-        + (["--tune-holdout", str(holdout)] if tune and holdout is not None else [])
+        + (["--tune-holdout", str(holdout)] if tune and holdout is not None else []) \
+        + (["--intents", str(intents)] if intents is not None else []) \
+        + (["--tune-objective", objective] if tune and objective else [])
     env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -68,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--holdouts", type=float, nargs="+", default=[None],
                     help="--tune-holdout values to run tuned (default: the command's own default)")
     ap.add_argument("--no-frozen", action="store_true", help="skip the untuned run")
+    ap.add_argument("--backend", default=None,
+                    help="embedder.backend of the base encoder (default: the command's, MiniLM for English)")
+    ap.add_argument("--objective", default=None, help="--tune-objective (adapter: an adapter on the frozen encoder)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.data).read_text())
@@ -76,11 +86,19 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.shots:
             for seed in args.seeds:
                 train, test = write_split(doc, k, args.oos, seed, Path(tmp))
+                intents = None
+                if args.backend:   # --intents gives eval the encoder settings; the intents come from --train
+                    intents = Path(tmp) / "encoder.yaml"
+                    intents.write_text(json.dumps({"version": 1, "name": "encoder", "embedder": {
+                        "backend": args.backend}, "intents": [{"name": n, "description": n, "examples": [n, n + "?"]}
+                                                              for n in ("a", "b")]}))
                 arms = ([] if args.no_frozen else [(False, None)]) + [(True, h) for h in args.holdouts]
                 for tune, holdout in arms:
-                    rep = run_eval(train, test, Path(tmp) / "home", tune, holdout)
+                    rep = run_eval(train, test, Path(tmp) / "home", tune, holdout, intents=intents,
+                                   objective=args.objective)
                     t = rep.get("tuning", {})
-                    row = {"shots": k, "seed": seed, "tuned": tune, "holdout": t.get("holdout"),
+                    row = {"shots": k, "seed": seed, "tuned": tune, "objective": t.get("objective"),
+                           "holdout": t.get("holdout"),
                            "held_out_rows": t.get("held_out_rows"), "accuracy": rep["accuracy"],
                            "in_scope_accuracy": rep["in_scope_accuracy"], "oos_recall": rep["oos_recall"],
                            "top1": rep.get("top1_accuracy_layer2"), "encoder": rep.get("encoder"),
