@@ -38,6 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from bench_onnx import batch_qps, interleaved, queries  # noqa: E402
+from bench_sidecar import write_json  # noqa: E402
 
 from flywheel.classifier.encoders import MiniLMEmbedder, VersionEncoderEmbedder  # noqa: E402
 from flywheel.classifier.intents import EmbedderSettings, TuneSettings  # noqa: E402
@@ -99,9 +100,7 @@ def main() -> int:
                "ratio_p90": round(rows["tuned"]["p90_ms"] / rows["default"]["p90_ms"], 3),
                "ratio_batch_qps": round(rows["tuned"]["batch64_qps"] / rows["default"]["batch64_qps"], 3)}
     print(json.dumps(out, indent=1))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(out, indent=1))
+    write_json(out, args.json_out)
     return 0
 
 

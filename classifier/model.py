@@ -141,6 +141,19 @@ class Manifest:
     parent: str | None = None        # the version this one was trained to replace
 
     @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> "Manifest":
+        """The manifest of the version in ``directory``, read and checked without loading
+        the version; :class:`ModelError` when there is none or it is corrupt."""
+        d = Path(directory)
+        mpath = d / MANIFEST
+        if not mpath.is_file():
+            raise ModelError(f"{d}: not a model version (no {MANIFEST})")
+        try:
+            return cls.from_dict(json.loads(mpath.read_text(encoding="utf-8")))
+        except (ValueError, TypeError, OSError) as exc:
+            raise ModelError(f"{mpath}: corrupt manifest: {exc}") from None
+
+    @classmethod
     def from_dict(cls, d: Any) -> "Manifest":
         """Read a manifest document; raises ValueError naming the missing or mistyped keys."""
         if not isinstance(d, dict):
@@ -356,14 +369,7 @@ class IntentModel:
         :class:`~classifier.head.IntentHead` (``head.joblib``, which imports scikit-learn).
         """
         d = Path(directory)
-        mpath = d / MANIFEST
-        if not mpath.is_file():
-            raise ModelError(f"{d}: not a model version (no {MANIFEST})")
-        try:
-            raw = json.loads(mpath.read_text(encoding="utf-8"))
-            manifest = Manifest.from_dict(raw)
-        except (ValueError, TypeError) as exc:
-            raise ModelError(f"{mpath}: corrupt manifest: {exc}") from None
+        manifest = Manifest.read(d)
         if manifest.format_version != FORMAT_VERSION:
             raise ModelError(f"{d}: format version {manifest.format_version} is not supported "
                              f"(this flywheel reads {FORMAT_VERSION})")

@@ -12,18 +12,16 @@ __all__ = ["known_labels", "record_feedback"]
 def known_labels(cfg: Config) -> tuple[str, ...] | None:
     """Labels of the served model (or of the intent file it would be trained from), to
     reject typos; ``None`` when neither can be read. Never trains or loads a model."""
-    import json
-
     from flywheel.classifier.config import starter_intents_path
     from flywheel.classifier.default import existing_model_dir
     from flywheel.classifier.errors import FlywheelError
     from flywheel.classifier.intents import load_intents
-    from flywheel.classifier.model import MANIFEST, Manifest
+    from flywheel.classifier.model import Manifest
 
     try:
         path = existing_model_dir(cfg)
         if path is not None:   # the manifest only: loading the version would read the head
-            return tuple(Manifest.from_dict(json.loads((path / MANIFEST).read_text())).labels)
+            return tuple(Manifest.read(path).labels)
         return load_intents(cfg.intents or starter_intents_path()).labels
     except (FlywheelError, OSError, ValueError, KeyError):
         return None

@@ -176,11 +176,14 @@ def _challenger_markdown(r: dict[str, Any]) -> list[str]:
                   f"- base: {t.get('base')}; objective {t['settings'].get('objective')}, budget "
                   f"{t['settings'].get('budget_s'):g} s",
                   f"- rows: {t.get('rows', 0):,} ({t.get('rows_without_text', 0):,} training rows without text "
-                  f"left out: text retention erased them); {t.get('held_out_rows') or 0:,} rows of "
-                  f"{t.get('held_out_intents') or 0:,} intents held out of the tuning to calibrate the head",
+                  f"left out: text retention erased them); {tuner.get('held_out_rows') or 0:,} rows of "
+                  f"{tuner.get('held_out_intents') or 0:,} intents held out of the tuning to calibrate the head",
                   "- hard pairs (" + str(t.get("hard_pairs_from")) + "): "
                   + (", ".join(f"{p['pair'][0] or 'out of scope'} / {p['pair'][1] or 'out of scope'} "
-                               f"({p['errors']})" for p in t.get("hard_pairs") or []) or "none")]
+                               f"({p['errors']})" for p in t.get("hard_pairs") or []) or "none"),
+                  "- the teacher's candidate sets: "
+                  + (", ".join(f"{p['pair'][0] or 'out of scope'} / {p['pair'][1] or 'out of scope'} "
+                               f"({p['sets']})" for p in t.get("candidate_set_pairs") or []) or "none")]
         if "error" in t:
             lines.append(f"- failed: {t['error']}")
         else:

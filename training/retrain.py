@@ -513,7 +513,6 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
             + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
             f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
-    report.update(held_out_rows=out.report.get("held_out_rows"), held_out_intents=out.report.get("held_out_intents"))
     return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only), report
 
 
