@@ -4,6 +4,7 @@ shipper, mirror and retention).
 - :func:`make_record`: a layer-2 decision on "where is my invoice" (labels ``billing`` and
   ``shipping``, model ``v7``, a two-turn history), every field settable.
 - :func:`rec`: the same with a random embedding of ``dim`` floats.
+- :func:`review_record` and :func:`teacher_call`: decisions for the review queue's tests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import numpy as np
 
-from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
+from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord, HistoryEntry
 
 
@@ -41,3 +42,24 @@ def rec(text: str = "where is my invoice", *, created_at: float | None = None, t
     """A decision record with a random embedding."""
     return make_record(text=text, created_at=created_at, teacher=teacher,
                        embedding=np.random.default_rng().random(dim, dtype=np.float32))
+
+
+#: the review queue tests' clock
+NOW = time.time()
+
+
+def review_record(did: str, text: str, label: str | None, *, layer: Layer = Layer.LLM, l2: str | None = "RETRIEVAL",
+         teacher: TeacherCall | None = None, age_days: float = 0.0, tier: Tier = Tier.CONFIDENT,
+         confidence: float = 0.9, audit: bool = False, pending: bool = False, degraded: str | None = None):
+    """A logged decision for the review queue's tests (issue 25): served ``label`` by ``layer``,
+    layer 2's own answer ``l2``, ``age_days`` before :data:`NOW`."""
+    d = Decision(label=label, confidence=confidence, tier=tier, layer=layer, reason="test",
+                 alternatives=[Candidate("PLATFORM", 0.3), Candidate("CODE_GENERATION", 0.1)],
+                 model_version="v1", teacher=teacher, id=did, degraded=degraded)
+    return DecisionRecord(decision=d, text=text, created_at=NOW - age_days * 86_400 - 60, audit=audit,
+                          pending=pending, layer2=Layer2Answer(l2, 0.5, Tier.WEAK))
+
+
+def teacher_call(label, valid=True, error=None):
+    """An inline teacher call (``valid`` false with ``error`` ``unsure: ...`` for a candidate set)."""
+    return TeacherCall("llm", label, valid, 10.0, error)

@@ -1,0 +1,111 @@
+"""``flywheel review`` (issue 25): the queue as JSON, and the keystroke walk whose labels
+are human labels (held back one key so that ``u`` can take the last one back)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flywheel.cli import build_app
+from flywheel.logstore import LogStore
+from flywheel.training.cli_review import Reviewer, show, walk
+from flywheel.training.review import review_queue
+from tests.support.records import NOW, review_record, teacher_call
+from tests.support.worlds import write
+
+IDS = ("a" * 32, "b" * 32, "c" * 32)
+
+
+@pytest.fixture
+def logged(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "log.duckdb"
+    store = LogStore(path)
+    write(store, [
+        review_record(IDS[0], "docs or my plan?", "RETRIEVAL",
+             teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+        review_record(IDS[1], "show my quota", "PLATFORM", teacher=teacher_call("PLATFORM")),
+        review_record(IDS[2], "<b>bold</b> question", "PLATFORM", teacher=teacher_call("PLATFORM"), age_days=3),
+    ])
+    return path
+
+
+def _human(path) -> dict:
+    return {r.decision_id: r.human_label for r in LogStore(path).labelled_rows() if r.has_human_label}
+
+
+def test_review_json_lists_the_queue(logged):
+    res = CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(logged)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["n"] == 3 and doc["items"][0]["decision_id"] == IDS[0]
+    assert doc["items"][0]["reasons"] == ["unsure"] and doc["items"][0]["choices"][:2] == ["RETRIEVAL", "PLATFORM"]
+
+
+def test_keystrokes_label_skip_and_undo(logged):
+    # item 1: pick 2 (PLATFORM); item 2: out of scope, then undo it and skip; item 3: pick 1
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged), "--author", "ana"], input="2ous1q")
+    assert res.exit_code == 0, res.output
+    assert "labelled PLATFORM" in res.output and "undone" in res.output and "skipped" in res.output
+    assert "labelled 2, skipped 1, 0 left" in res.output
+    assert _human(logged) == {IDS[0]: "PLATFORM", IDS[2]: "PLATFORM"}    # the undone label never reached the log
+    # labelled items leave the queue
+    assert [it.decision_id for it in review_queue(LogStore(logged), now=NOW)] == [IDS[1]]
+
+
+def test_end_of_input_writes_the_held_label(logged):
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="o")
+    assert res.exit_code == 0, res.output
+    assert _human(logged) == {IDS[0]: None}
+
+
+def test_a_bad_filter_is_one_line(logged, capsys):
+    from flywheel.cli import main
+
+    assert main(["review", "--json", "--reason", "nope", "--log-db", str(logged)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flywheel: error: unknown review reason(s) 'nope'") and err.count("\n") == 1
+
+
+def _item(did: str, choices=("PLATFORM", "RETRIEVAL")):
+    from flywheel.training.review import ReviewItem
+
+    return ReviewItem(did, NOW, "text", "PLATFORM", 0.5, "weak", "llm", "PLATFORM", "PLATFORM", None, None, (),
+                      ("teacher_vs_l2",), 1.0, choices)
+
+
+def test_the_reviewer_holds_the_last_label_back_until_the_next_key():
+    written = []
+    r = Reviewer([_item("1"), _item("2"), _item("3")], lambda d, lab: written.append((d, lab)))
+    assert r.press("u") == "nothing to undo"
+    assert r.press("2") == "labelled RETRIEVAL" and written == []          # held back
+    assert r.press("9").startswith("unknown key") and r.position == 1       # only 2 choices
+    assert r.press("o") == "labelled OUT_OF_SCOPE" and written == [("1", "RETRIEVAL")]
+    assert r.press("u") == "undone" and r.position == 1 and r.labelled == 1
+    assert r.press("u") == "nothing to undo"                                # one step back only
+    assert r.press("s") == "skipped" and r.press("1") == "labelled PLATFORM" and r.done
+    assert r.press("1") == "the queue is done"
+    r.close()
+    assert written == [("1", "RETRIEVAL"), ("3", "PLATFORM")] and (r.labelled, r.skipped) == (2, 1)
+
+
+def test_walk_stops_on_q_and_writes_what_it_holds():
+    written = []
+    r = Reviewer([_item("1"), _item("2")], lambda d, lab: written.append((d, lab)))
+    walk(r, getchar=iter(["1", "q"]).__next__)
+    assert written == [("1", "PLATFORM")]
+    empty = Reviewer([], lambda d, lab: written.append((d, lab)))
+    walk(empty, getchar=iter([]).__next__)       # an empty queue reads no key
+    assert written == [("1", "PLATFORM")]
+
+
+def test_show_prints_text_as_text():
+    from flywheel.training.review import ReviewItem
+
+    item = ReviewItem("x" * 32, NOW, "<script>alert(1)</script>", "PLATFORM", 0.5, "weak", "llm", "PLATFORM",
+                      None, "RETRIEVAL", None, ("PLATFORM", None), ("unsure",), 1.0, ("PLATFORM", "RETRIEVAL"))
+    out = show(item, 0, 1)
+    assert "'<script>alert(1)</script>'" in out and "shadow: RETRIEVAL" in out
+    assert "1) PLATFORM  2) RETRIEVAL  o) OUT_OF_SCOPE" in out and "teacher: PLATFORM, OUT_OF_SCOPE" in out

@@ -1,0 +1,98 @@
+"""The review queue (issue 25): which logged decisions it shows, why, and in what order;
+its filters; and that a label made from it is a human label that leaves the queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from flywheel.classifier.decision import Layer, Tier
+from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
+from flywheel.training.review import REASONS, ReviewError, ReviewFilters, review_queue
+from tests.support.records import NOW, review_record, teacher_call
+from tests.support.worlds import write
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [
+        review_record("agree", "find the docs", "RETRIEVAL", teacher=teacher_call("RETRIEVAL")),  # not in the queue
+        review_record("unsure", "docs or my plan?", "RETRIEVAL",
+             teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+        review_record("disagree", "show my quota", "PLATFORM", teacher=teacher_call("PLATFORM")),
+        review_record("old-disagree", "quota left?", "PLATFORM", teacher=teacher_call("PLATFORM"), age_days=30),
+        review_record("audit", "write a loop", "CODE_GENERATION", layer=Layer.EMBEDDING, l2="CODE_GENERATION",
+             teacher=teacher_call("RETRIEVAL"), audit=True),
+        review_record("degraded", "hello <script>alert(1)</script>", "RETRIEVAL", layer=Layer.EMBEDDING,
+             l2="RETRIEVAL", tier=Tier.WEAK, confidence=0.4, degraded="teacher_down", pending=True),
+        review_record("corrected", "my invoices", "RETRIEVAL", layer=Layer.EMBEDDING, l2="RETRIEVAL"),
+        review_record("shadowed", "explain addparam", "RETRIEVAL", layer=Layer.EMBEDDING, l2="RETRIEVAL"),
+        review_record("erased", "", "PLATFORM", teacher=teacher_call(None, False, "unsure: teacher cannot tell")),
+    ])
+    s.add_human_label("corrected", "PLATFORM", author="ana")
+    s.insert_objects([("shadow-1", "labels", label_records_to_table(
+        [LabelRecord.shadow("shadowed", "v2", "PLATFORM", 0.8, "confident", True)]))])
+    return s
+
+
+def test_the_queue_holds_what_is_worth_a_look_and_says_why(store):
+    items = {it.decision_id: it for it in review_queue(store, now=NOW)}
+    assert set(items) == {"unsure", "disagree", "old-disagree", "audit", "degraded", "shadowed"}
+    assert items["unsure"].reasons == ("unsure",) and items["unsure"].candidates == ("RETRIEVAL", "PLATFORM")
+    assert items["disagree"].reasons == ("teacher_vs_l2",) and items["disagree"].teacher_label == "PLATFORM"
+    assert items["audit"].reasons == ("audit_vs_l2",)
+    assert items["degraded"].reasons == ("degraded", "pending")
+    assert items["shadowed"].reasons == ("shadow_vs_l2",) and items["shadowed"].shadow_label == "PLATFORM"
+    # the choices a reviewer is offered start with the candidates, then the other answers
+    assert items["unsure"].choices[:2] == ("RETRIEVAL", "PLATFORM")
+    assert "<script>" in items["degraded"].text      # stored as logged; every front end escapes it
+
+
+def test_it_is_ranked_by_what_a_label_is_worth(store):
+    order = [it.decision_id for it in review_queue(store, now=NOW)]
+    assert order[0] == "unsure"                              # the strongest reason
+    assert order.index("disagree") < order.index("old-disagree")   # recent first
+    worth = {it.decision_id: it.worth for it in review_queue(store, now=NOW)}
+    assert worth["old-disagree"] < worth["disagree"] / 10    # 30 days: four half-lives and more
+
+
+def test_corrected_decisions_come_back_only_when_asked_for(store):
+    got = review_queue(store, ReviewFilters(reasons=("corrected",)), now=NOW)
+    assert [it.decision_id for it in got] == ["corrected"] and got[0].human_label == "PLATFORM"
+
+
+def test_filters(store):
+    def ids(**kw):
+        return {it.decision_id for it in review_queue(store, ReviewFilters(**kw), now=NOW)}
+
+    assert ids(intent="CODE_GENERATION") == {"audit"}
+    assert ids(layer="embedding") == {"audit", "degraded", "shadowed"}
+    assert ids(tier="weak") == {"degraded"}
+    assert ids(reasons=("pending",)) == {"degraded"}
+    assert ids(max_confidence=0.5) == {"degraded"}
+    assert ids(min_confidence=0.5) == {"unsure", "disagree", "old-disagree", "audit", "shadowed"}
+    assert ids(since=NOW - 86_400) == {"unsure", "disagree", "audit", "degraded", "shadowed"}
+    assert ids(until=NOW - 86_400) == {"old-disagree"}
+    assert len(review_queue(store, limit=2, now=NOW)) == 2
+
+
+def test_a_human_label_takes_an_item_out_of_the_queue(store):
+    store.add_human_label("unsure", "PLATFORM", author="ana")
+    assert "unsure" not in {it.decision_id for it in review_queue(store, now=NOW)}
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"reasons": ("nope",)}, "unknown review reason"),
+    ({"min_confidence": 1.5}, "between 0 and 1"),
+    ({"min_confidence": 0.8, "max_confidence": 0.2}, "above max_confidence"),
+])
+def test_bad_filters_are_named(store, kw, match):
+    with pytest.raises(ReviewError, match=match):
+        review_queue(store, ReviewFilters(**kw))
+    assert set(REASONS) >= {"unsure", "corrected"}
+
+
+def test_an_item_serialises_with_label_names(store):
+    d = next(it for it in review_queue(store, now=NOW) if it.decision_id == "unsure").to_dict()
+    assert d["candidates"] == ["RETRIEVAL", "PLATFORM"] and d["reasons"] == ["unsure"]
+    assert d["created_at"].endswith("Z") and isinstance(d["worth"], float)

@@ -1,0 +1,247 @@
+"""The review queue (issue 25): the logged decisions most worth a person's minute, ranked.
+
+:func:`review_queue` reads the traffic log (:meth:`logstore.LogStore.query`, read-only; a
+fleet's mirrored log reads the same, since labels ship) and returns :class:`ReviewItem`
+rows, best first. A decision is in the queue for one or more *reasons*
+(:data:`REASONS`, each with its weight in :data:`REASON_WEIGHTS`):
+
+==================  ========================================================================
+``unsure``          the teacher answered with a candidate set or "cannot tell" (never a label)
+``teacher_vs_l2``   layer 3 answered something else than layer 2's top intent
+``audit_vs_l2``     a background audit disagreed with layer 2's confident answer
+``shadow_vs_l2``    the shadow version answered something else than the champion
+``degraded``        the answer did not get the layer it needed (the teacher was down, ...)
+``pending``         it still waits for the teacher
+``corrected``       a person already corrected it (``flywheel feedback``): a second look
+==================  ========================================================================
+
+Decisions with a human label are left out, except for ``corrected`` (which is shown only
+when asked for with ``reasons=("corrected",)``), and so are decisions whose text
+retention erased.
+
+**What a label is worth** (:attr:`ReviewItem.worth`), the product of:
+
+- the weight of its strongest reason;
+- ``sqrt((traffic + 1) / (labels + 1))`` of the intent at stake (the teacher's answer,
+  else the served one): the intents with the most traffic and the fewest labels (human
+  and valid teacher) gain most from one more;
+- ``1.5`` when its two intents (served and teacher/shadow) are among the pairs people
+  corrected most (:data:`CONFUSED_PAIRS` pairs: confusable intents);
+- ``0.5 ** (age_days / HALF_LIFE_DAYS)``: recent items first.
+
+Filters (:class:`ReviewFilters`): intent (served, layer-2 or teacher label), tier, layer,
+reason, confidence range and a time window. The log records no language per decision, so
+there is no language filter yet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from flywheel.classifier.errors import InvalidInputError
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.protocols import TeacherAnswer
+
+__all__ = ["CONFUSED_PAIRS", "HALF_LIFE_DAYS", "REASONS", "REASON_WEIGHTS", "ReviewError", "ReviewFilters",
+           "ReviewItem", "review_queue"]
+
+REASONS = ("unsure", "teacher_vs_l2", "audit_vs_l2", "shadow_vs_l2", "degraded", "pending", "corrected")
+REASON_WEIGHTS = {"unsure": 3.0, "teacher_vs_l2": 2.0, "audit_vs_l2": 2.0, "shadow_vs_l2": 1.5,
+                  "degraded": 1.0, "pending": 1.0, "corrected": 0.5}
+HALF_LIFE_DAYS = 7.0
+CONFUSED_PAIRS = 10     # the most corrected intent pairs that count as confusable
+SCAN_LIMIT = 20_000     # newest candidate decisions ranked per call
+
+
+class ReviewError(InvalidInputError, ValueError):
+    """A filter that cannot be applied (named in the message; exit code 2 on the CLI)."""
+
+
+@dataclass(frozen=True)
+class ReviewFilters:
+    """Which decisions the queue shows (``None``: any). ``intent`` matches the served,
+    layer-2 or teacher label (``OUT_OF_SCOPE`` for out of scope); ``since``/``until`` are
+    unix seconds."""
+
+    intent: str | None = None
+    tier: str | None = None
+    layer: str | None = None
+    reasons: tuple[str, ...] = ()
+    min_confidence: float | None = None
+    max_confidence: float | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def check(self) -> "ReviewFilters":
+        bad = [r for r in self.reasons if r not in REASONS]
+        if bad:
+            raise ReviewError(f"unknown review reason(s) {', '.join(map(repr, bad))} (known: {', '.join(REASONS)})")
+        for name in ("min_confidence", "max_confidence"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ReviewError(f"{name} must be between 0 and 1, got {v!r}")
+        if self.min_confidence is not None and self.max_confidence is not None \
+                and self.min_confidence > self.max_confidence:
+            raise ReviewError("min_confidence is above max_confidence")
+        return self
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One decision worth reviewing. Labels are names, ``None`` = out of scope."""
+
+    decision_id: str
+    created_at: float
+    text: str
+    label: str | None
+    confidence: float | None
+    tier: str | None
+    layer: str
+    l2_label: str | None
+    teacher_label: str | None
+    shadow_label: str | None
+    human_label: str | None
+    candidates: tuple[str | None, ...]
+    reasons: tuple[str, ...]
+    worth: float
+    choices: tuple[str | None, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("label", "l2_label", "teacher_label", "shadow_label", "human_label"):
+            d[k] = label_name(d[k]) if (d[k] is not None or k == "label") else None
+        d["candidates"] = [label_name(c) for c in self.candidates]
+        d["reasons"] = list(self.reasons)
+        d["choices"] = [label_name(c) for c in self.choices]
+        d["created_at"] = datetime.fromtimestamp(self.created_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        d["worth"] = round(self.worth, 4)
+        return d
+
+
+_SQL = """
+WITH sh AS (
+    SELECT decision_id, arg_max(label, created_at) AS shadow_label FROM labels
+    WHERE source = 'shadow' GROUP BY decision_id
+), d AS (   -- l2: layer 2's own answer (the served one when layer 2 decided)
+    SELECT *, CASE WHEN l2_confidence IS NOT NULL THEN l2_label ELSE label END AS l2 FROM decisions
+)
+SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
+       d.teacher_label, d.teacher_valid, d.teacher_error, d.audit, d.pending, d.degraded,
+       sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
+       [a.label FOR a IN coalesce(d.alternatives, [])]
+FROM d
+LEFT JOIN decision_labels dl USING (decision_id)
+LEFT JOIN sh USING (decision_id)
+WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ?
+  AND ((d.teacher_valid = false AND d.teacher_error LIKE 'unsure:%')
+       OR (d.teacher_valid AND d.teacher_label IS DISTINCT FROM d.l2)
+       OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
+       OR d.degraded IS NOT NULL OR d.pending OR coalesce(dl.has_human, false))
+ORDER BY d.created_at DESC, d.decision_id DESC
+LIMIT ?
+"""
+
+_COUNTS_SQL = """
+SELECT d.label, count(*), count(*) FILTER (WHERE dl.has_human OR dl.has_teacher)
+FROM decisions d LEFT JOIN decision_labels dl USING (decision_id) GROUP BY d.label
+"""
+
+_CORRECTED_SQL = """
+SELECT d.label, dl.human_label, count(*) FROM decisions d JOIN decision_labels dl USING (decision_id)
+WHERE dl.has_human AND dl.human_label IS DISTINCT FROM d.label GROUP BY 1, 2
+"""
+
+
+def _pair(a: str | None, b: str | None) -> tuple[str | None, str | None]:
+    return tuple(sorted((a, b), key=lambda v: (v is None, v or "")))  # type: ignore[return-value]
+
+
+def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
+    (_, _, _, label, _, _, layer, l2, teacher, t_valid, t_error, audit, pending, degraded, shadow, _, has_human,
+     _) = row
+    out = []
+    if t_valid is False and str(t_error or "").startswith("unsure:"):
+        out.append("unsure")
+    if t_valid and teacher != l2:
+        out.append("audit_vs_l2" if audit else "teacher_vs_l2")
+    if shadow is not None and shadow != label:
+        out.append("shadow_vs_l2")
+    if degraded is not None:
+        out.append("degraded")
+    if pending:
+        out.append("pending")
+    if has_human:
+        out.append("corrected")
+    return tuple(out)
+
+
+def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int = 50,
+                 now: float | None = None) -> list[ReviewItem]:
+    """The ``limit`` decisions most worth reviewing under ``filters``, best first (see the
+    module docs). ``store`` is a :class:`logstore.LogStore` (its read-only ``query``)."""
+    f = (filters or ReviewFilters()).check()
+    if limit < 1:
+        raise ReviewError(f"limit must be at least 1, got {limit!r}")
+    now = time.time() if now is None else now
+    lo = datetime.fromtimestamp(f.since if f.since is not None else 0.0, timezone.utc).replace(tzinfo=None)
+    hi = datetime.fromtimestamp(f.until if f.until is not None else now + 86_400, timezone.utc).replace(tzinfo=None)
+    rows = store.query(_SQL, [lo, hi, SCAN_LIMIT])
+    traffic: dict[str | None, int] = {}
+    labelled: dict[str | None, int] = {}
+    for lab, n, n_lab in store.query(_COUNTS_SQL):
+        traffic[lab], labelled[lab] = int(n), int(n_lab)
+    corrected = Counter({_pair(a, b): int(n) for a, b, n in store.query(_CORRECTED_SQL)})
+    confusable = {p for p, _ in corrected.most_common(CONFUSED_PAIRS)}
+    items = []
+    for row in rows:
+        reasons = _reasons(row)
+        wanted = f.reasons or tuple(r for r in REASONS if r != "corrected")
+        shown = tuple(r for r in reasons if r in wanted)
+        if not shown or ("corrected" in reasons and "corrected" not in wanted):
+            continue
+        item = _item(row, shown, traffic, labelled, confusable, now)
+        if _keep(item, f):
+            items.append(item)
+    items.sort(key=lambda it: (-it.worth, -it.created_at, it.decision_id))
+    return items[:limit]
+
+
+def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
+          now: float) -> ReviewItem:
+    (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, t_error, _, _, _, shadow, human, _,
+     alts) = row
+    cands = TeacherAnswer.candidates_in(str(t_error).split(": ", 1)[1]) \
+        if t_valid is False and str(t_error or "").startswith("unsure:") else ()
+    other = teacher if t_valid else shadow if shadow is not None else (cands[0] if cands else l2)
+    stake = teacher if t_valid else label
+    worth = max(REASON_WEIGHTS[r] for r in reasons)
+    worth *= math.sqrt((traffic.get(stake, 0) + 1) / (labelled.get(stake, 0) + 1))
+    if other != label and _pair(label, other) in confusable:
+        worth *= 1.5
+    worth *= 0.5 ** (max(0.0, now - float(created)) / 86_400 / HALF_LIFE_DAYS)
+    choices = list(dict.fromkeys([c for c in (*cands, teacher if t_valid else None, shadow, label, l2, *alts)
+                                  if c is not None]))
+    return ReviewItem(decision_id=did, created_at=float(created), text=text, label=label, confidence=conf,
+                      tier=tier, layer=layer, l2_label=l2, teacher_label=teacher if t_valid else None,
+                      shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,
+                      choices=tuple(choices[:9]))
+
+
+def _keep(item: ReviewItem, f: ReviewFilters) -> bool:
+    if f.intent is not None:
+        want = None if f.intent.upper() == OUT_OF_SCOPE else f.intent
+        if want not in (item.label, item.l2_label, item.teacher_label):
+            return False
+    if f.tier is not None and item.tier != f.tier:
+        return False
+    if f.layer is not None and item.layer != f.layer:
+        return False
+    c = item.confidence
+    if f.min_confidence is not None and (c is None or c < f.min_confidence):
+        return False
+    return not (f.max_confidence is not None and (c is None or c > f.max_confidence))
