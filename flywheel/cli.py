@@ -25,7 +25,7 @@ from flywheel.training.cli import (
 )
 from flywheel.training.cli_models import models_app
 from flywheel.training.cli_retrain import retrain_command
-from flywheel.training.cli_review import review_command
+from flywheel.training.cli_review import review_command, ui_command
 
 __all__ = ["app", "build_app", "main", "usage_error_line"]
 
@@ -41,6 +41,7 @@ def build_app() -> typer.Typer:
     app.command("feedback")(feedback_command)
     app.command("label")(label_command)
     app.command("review")(review_command)
+    app.command("ui")(ui_command)
     app.command("retrain")(retrain_command)
     app.command("stats")(stats_command)
     app.command("prune-log")(prune_log_command)

@@ -1,4 +1,4 @@
-"""``flywheel review``: walk the review queue (:mod:`training.review`) in the terminal, one
+"""``flywheel review`` and ``flywheel ui``: walk the review queue (:mod:`training.review`) in the terminal, one
 keystroke per label, or print it as JSON.
 
 Keys: ``1``-``9`` pick the numbered intent, ``o`` out of scope, ``s`` skip, ``u`` undo the
@@ -21,7 +21,7 @@ from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.output import echo_json
 from flywheel.training.review import REASONS, ReviewFilters, ReviewItem
 
-__all__ = ["Reviewer", "review_command"]
+__all__ = ["Reviewer", "review_command", "ui_command"]
 
 KEYS_HELP = "1-9 pick, o out of scope, s skip, u undo, q quit"
 
@@ -166,3 +166,37 @@ def walk(reviewer: Reviewer, getchar: Callable[[], str] = typer.getchar) -> None
     finally:
         reviewer.close()
     typer.echo(f"labelled {reviewer.labelled}, skipped {reviewer.skipped}, {total - reviewer.position} left")
+
+
+def ui_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: a free one)."),
+    admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="FLYWHEEL_ADMIN_TOKEN",
+                                              help="The token label writes need (none: read-only)."),
+    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
+    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+) -> None:
+    """Serve the review queue as a page and a JSON API (training.ui) until interrupted."""
+    from flywheel.fleet.site import open_site
+    from flywheel.training.feedback import known_labels, record_feedback
+    from flywheel.training.ui import ReviewApp, make_server
+
+    cfg = load_config(home=home, log_db=log_db)
+    site = open_site(cfg)
+    store = site.open_log()
+    labels = site.labels(store) if site.fleet else None
+
+    def write(decision_id: str, label: str | None, author: str | None) -> None:
+        record_feedback(cfg, decision_id, label_name(label), author=author, store=store, labels=labels)
+
+    app = ReviewApp(store, write, labels=known_labels(cfg), admin_token=admin_token)
+    server = make_server(app, host, port)
+    where = f"http://{host}:{server.server_address[1]}/"
+    typer.echo(f"flywheel ui: serving the review queue at {where}"
+               + ("" if admin_token else " (read-only: no --admin-token)"), err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,254 @@
+"""The review queue over HTTP (issue 25): a JSON API and one server-rendered page, behind
+``flywheel ui``; standard library only (:mod:`http.server`), loopback by default.
+
+:class:`ReviewApp` answers one request (method, path, query, headers, body) without any
+server around it, so tests call it directly; :func:`make_server` puts it behind a
+:class:`http.server.ThreadingHTTPServer`.
+
+======================  =====================================================================
+``GET /``               the queue as a page (every logged text escaped; a small script labels
+                        the focused item with one key, as ``flywheel review`` does)
+``GET /api/queue``      the queue as JSON: ``limit``, ``intent``, ``tier``, ``layer``,
+                        ``reason`` (repeatable), ``min_confidence``, ``max_confidence``, ``days``
+``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
+                        labels (they win at the next retrain); needs
+                        ``Authorization: Bearer <admin token>``
+``GET /api/health``     ``{"ok": true, "writable": bool}``
+======================  =====================================================================
+
+Bad input is a 4xx with ``{"error": "..."}`` naming what was wrong: 400 (bad JSON, a bad
+filter, an unknown label), 401 (no or a wrong token), 404 (an unknown path or decision),
+405 (a wrong method), 413 (a body over :data:`MAX_BODY`). Without an admin token the app
+is read-only: every write is refused with 403. A batch of labels is checked whole before
+any is written, so a bad item loses nothing and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.label_names import parse_label
+from flywheel.training.review import ReviewError, ReviewFilters, review_queue
+from flywheel.training.ui_page import render_page
+
+__all__ = ["MAX_BODY", "ReviewApp", "Response", "make_server"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20       # bytes a POST may carry
+MAX_LABELS = 1000        # labels one POST may carry
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+    @classmethod
+    def json(cls, status: int, doc: Any) -> "Response":
+        return cls(status, "application/json; charset=utf-8", json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+
+    @classmethod
+    def error(cls, status: int, message: str) -> "Response":
+        return cls.json(status, {"error": message})
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ReviewApp:
+    """The API and page over one traffic log.
+
+    Parameters
+    ----------
+    store : logstore.LogStore
+        The log the queue is read from (its read-only ``query``).
+    write : callable
+        ``write(decision_id, label, author)`` stores one human label (``None`` = out of
+        scope); raises :class:`logstore.UnknownDecisionError` for an id not in the log.
+    labels : sequence of str, optional
+        The label names a label must be one of (``None``: any).
+    admin_token : str, optional
+        The token writes need; ``None``: read-only.
+    """
+
+    def __init__(self, store: Any, write: Callable[[str, str | None, str | None], None], *,
+                 labels: Sequence[str] | None = None, admin_token: str | None = None) -> None:
+        self.store = store
+        self.write = write
+        self.labels = labels
+        self.admin_token = admin_token or None
+
+    def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes = b"") -> Response:
+        """Answer one request; never raises for bad input."""
+        url = urlsplit(target)
+        query = parse_qs(url.query, keep_blank_values=False)
+        routes: dict[str, dict[str, Callable[[], Response]]] = {
+            "/": {"GET": lambda: self._page(query)},
+            "/api/queue": {"GET": lambda: Response.json(200, self._queue_doc(query))},
+            "/api/labels": {"POST": lambda: self._post_labels(headers, body)},
+            "/api/health": {"GET": lambda: Response.json(200, {"ok": True, "writable": bool(self.admin_token)})},
+        }
+        route = routes.get(url.path)
+        if route is None:
+            return Response.error(404, f"no such path {url.path!r}")
+        fn = route.get(method)
+        if fn is None:
+            return Response.error(405, f"{url.path} takes {', '.join(route)}, not {method}")
+        try:
+            return fn()
+        except _BadRequest as exc:
+            return Response.error(exc.status, str(exc))
+        except ReviewError as exc:
+            return Response.error(400, str(exc))
+
+    # ------------------------------------------------------------------- reading
+    def _filters(self, query: Mapping[str, list[str]]) -> tuple[ReviewFilters, int]:
+        known = {"limit", "intent", "tier", "layer", "reason", "min_confidence", "max_confidence", "days"}
+        unknown = sorted(set(query) - known)
+        if unknown:
+            raise _BadRequest(400, f"unknown query parameter(s) {', '.join(unknown)} "
+                                   f"(known: {', '.join(sorted(known))})")
+
+        def one(name: str) -> str | None:
+            v = query.get(name)
+            return v[-1] if v else None
+
+        def number(name: str) -> float | None:
+            v = one(name)
+            if v is None:
+                return None
+            try:
+                return float(v)
+            except ValueError:
+                raise _BadRequest(400, f"{name} must be a number, got {v!r}") from None
+
+        limit = number("limit")
+        if limit is not None and (limit != int(limit) or not 1 <= limit <= 1000):
+            raise _BadRequest(400, f"limit must be a whole number from 1 to 1000, got {one('limit')!r}")
+        days = number("days")
+        if days is not None and days < 0:
+            raise _BadRequest(400, f"days must be at least 0, got {one('days')!r}")
+        f = ReviewFilters(intent=one("intent"), tier=one("tier"), layer=one("layer"),
+                          reasons=tuple(query.get("reason", ())), min_confidence=number("min_confidence"),
+                          max_confidence=number("max_confidence"),
+                          since=None if days is None else time.time() - days * 86_400)
+        return f, int(limit or 50)
+
+    def _queue_doc(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        f, limit = self._filters(query)
+        items = review_queue(self.store, f, limit=limit)
+        return {"items": [it.to_dict() for it in items], "n": len(items)}
+
+    def _page(self, query: Mapping[str, list[str]]) -> Response:
+        doc = self._queue_doc(query)
+        html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels)
+        return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
+
+    # ------------------------------------------------------------------- writing
+    def _authorize(self, headers: Mapping[str, str]) -> None:
+        if self.admin_token is None:
+            raise _BadRequest(403, "this review server is read-only: start flywheel ui with --admin-token "
+                                   "(or FLYWHEEL_ADMIN_TOKEN) to write labels")
+        scheme, _, given = (headers.get("authorization") or headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("utf-8"),
+                                                                 self.admin_token.encode("utf-8")):
+            raise _BadRequest(401, "writing labels needs 'Authorization: Bearer <admin token>'")
+
+    def _post_labels(self, headers: Mapping[str, str], body: bytes) -> Response:
+        self._authorize(headers)
+        if len(body) > MAX_BODY:
+            raise _BadRequest(413, f"the body is over {MAX_BODY} bytes")
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _BadRequest(400, f"the body is not JSON: {exc}") from None
+        raw = doc.get("labels") if isinstance(doc, dict) and "labels" in doc else [doc]
+        if not isinstance(raw, list) or not raw or len(raw) > MAX_LABELS:
+            raise _BadRequest(400, f"'labels' must be a list of 1 to {MAX_LABELS} objects")
+        checked = [self._check_item(i, item) for i, item in enumerate(raw)]   # all, before any write
+        from flywheel.logstore import UnknownDecisionError
+
+        done: list[dict[str, str | None]] = []
+        for did, label, author in checked:
+            try:
+                self.write(did, label, author)
+            except UnknownDecisionError:
+                raise _BadRequest(404, f"item {len(done)}: no decision {did!r} in the log; "
+                                       f"{len(done)} label(s) before it were recorded") from None
+            done.append({"decision_id": did, "label": label})
+        return Response.json(200, {"recorded": done, "n": len(done)})
+
+    def _check_item(self, i: int, item: Any) -> tuple[str, str | None, str | None]:
+        if not isinstance(item, dict):
+            raise _BadRequest(400, f"item {i}: expected an object with decision_id and label")
+        did, author = item.get("decision_id"), item.get("author")
+        if not isinstance(did, str) or not did.strip():
+            raise _BadRequest(400, f"item {i}: decision_id must be a non-empty string")
+        if author is not None and not isinstance(author, str):
+            raise _BadRequest(400, f"item {i}: author must be a string")
+        if "label" not in item:
+            raise _BadRequest(400, f"item {i}: label is missing (OUT_OF_SCOPE for none)")
+        try:
+            label = parse_label(item["label"], self.labels, what="label")
+        except FlywheelError as exc:
+            raise _BadRequest(400, f"item {i}: {exc}") from None
+        return did.strip(), label, author
+
+
+def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server for ``app`` on ``host:port`` (``0``: a free port); not started."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "flywheel-ui"
+
+        def _answer(self, method: str) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length > MAX_BODY:
+                res = Response.error(413, f"the body is over {MAX_BODY} bytes")
+            else:
+                body = self.rfile.read(length) if length > 0 else b""
+                try:
+                    res = app.handle(method, self.path, dict(self.headers.items()), body)
+                except Exception:  # noqa: BLE001 - a bug answers 500, never a dropped connection
+                    log.exception("review server: %s %s failed", method, self.path)
+                    res = Response.error(500, "internal error (see the server's log)")
+            self.send_response(res.status, HTTPStatus(res.status).phrase)
+            self.send_header("content-type", res.content_type)
+            self.send_header("content-length", str(len(res.body)))
+            self.send_header("x-content-type-options", "nosniff")
+            self.send_header("content-security-policy", "default-src 'self'; script-src 'unsafe-inline' 'self'; "
+                                                        "style-src 'unsafe-inline' 'self'; img-src 'self' data:")
+            self.end_headers()
+            self.wfile.write(res.body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's names
+            self._answer("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._answer("POST")
+
+        def do_PUT(self) -> None:  # noqa: N802
+            self._answer("PUT")
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            self._answer("DELETE")
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+            log.info("review server: " + format, *args)
+
+    return ThreadingHTTPServer((host, port), Handler)
