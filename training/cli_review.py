@@ -189,7 +189,7 @@ def ui_command(
     def write(decision_id: str, label: str | None, author: str | None) -> None:
         record_feedback(cfg, decision_id, label_name(label), author=author, store=store, labels=labels)
 
-    app = ReviewApp(store, write, labels=known_labels(cfg), admin_token=admin_token)
+    app = ReviewApp(store, write, labels=known_labels(cfg), admin_token=admin_token, models_home=cfg.models_dir)
     server = make_server(app, host, port)
     where = f"http://{host}:{server.server_address[1]}/"
     typer.echo(f"flywheel ui: serving the review queue at {where}"

@@ -13,6 +13,8 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 ``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
                         labels (they win at the next retrain); needs
                         ``Authorization: Bearer <admin token>``
+``GET /dashboard``      the dashboard (:mod:`training.dashboard`): pictures drawn on the server
+``GET /api/dashboard``  what it shows, as JSON (``window``: decisions per window, default 1000)
 ``GET /api/health``     ``{"ok": true, "writable": bool}``
 ======================  =====================================================================
 
@@ -33,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -84,14 +87,18 @@ class ReviewApp:
         The label names a label must be one of (``None``: any).
     admin_token : str, optional
         The token writes need; ``None``: read-only.
+    models_home : path, optional
+        The models home whose versions' reports are the dashboard's retrain history.
     """
 
     def __init__(self, store: Any, write: Callable[[str, str | None, str | None], None], *,
-                 labels: Sequence[str] | None = None, admin_token: str | None = None) -> None:
+                 labels: Sequence[str] | None = None, admin_token: str | None = None,
+                 models_home: str | Path | None = None) -> None:
         self.store = store
         self.write = write
         self.labels = labels
         self.admin_token = admin_token or None
+        self.models_home = models_home
 
     def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes = b"") -> Response:
         """Answer one request; never raises for bad input."""
@@ -102,6 +109,8 @@ class ReviewApp:
             "/api/queue": {"GET": lambda: Response.json(200, self._queue_doc(query))},
             "/api/labels": {"POST": lambda: self._post_labels(headers, body)},
             "/api/health": {"GET": lambda: Response.json(200, {"ok": True, "writable": bool(self.admin_token)})},
+            "/dashboard": {"GET": lambda: self._dashboard(query, page=True)},
+            "/api/dashboard": {"GET": lambda: self._dashboard(query, page=False)},
         }
         route = routes.get(url.path)
         if route is None:
@@ -158,6 +167,20 @@ class ReviewApp:
         doc = self._queue_doc(query)
         html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels)
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
+
+    def _dashboard(self, query: Mapping[str, list[str]], *, page: bool) -> Response:
+        from flywheel.training.dashboard import dashboard_data, render_dashboard
+
+        unknown = sorted(set(query) - {"window"})
+        if unknown:
+            raise _BadRequest(400, f"unknown query parameter(s) {', '.join(unknown)} (known: window)")
+        raw = (query.get("window") or ["1000"])[-1]
+        if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+            raise _BadRequest(400, f"window must be a whole number of decisions from 1 to 1000000, got {raw!r}")
+        data = dashboard_data(self.store, self.models_home, window=int(raw))
+        if not page:
+            return Response.json(200, data)
+        return Response(200, "text/html; charset=utf-8", render_dashboard(data).encode("utf-8"))
 
     # ------------------------------------------------------------------- writing
     def _authorize(self, headers: Mapping[str, str]) -> None:

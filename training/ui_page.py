@@ -103,6 +103,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
 <style>{_STYLE}</style></head>
 <body>
 <h1>flywheel review queue</h1>
+<p><a href="/dashboard">dashboard</a></p>
 <p>{html.escape(note)}</p>
 <p><label>Admin token <input id="token" type="password" autocomplete="off"{'' if writable else ' disabled'}>
 </label></p>

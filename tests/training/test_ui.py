@@ -187,3 +187,38 @@ def test_flywheel_ui_serves_the_page_until_stopped(store, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _report(models, version: str, created: str, outcome: str, acc: float, champ: float) -> None:
+    d = models / version
+    d.mkdir(parents=True)
+    (d / "report.json").write_text(json.dumps({
+        "version": version, "created_at": created, "outcome": outcome, "reason": f"<i>{outcome}</i>",
+        "challenger": {"accuracy": acc, "n": 100}, "champion": {"accuracy": champ}, "champion_version": "v0"}))
+
+
+def test_the_dashboard_draws_the_log_and_the_retrain_history(store, tmp_path):
+    models = tmp_path / "models"
+    _report(models, "v2", "2026-11-27T02:00:00Z", "kept", 0.80, 0.85)
+    _report(models, "v1", "2026-11-27T01:00:00Z", "promoted", 0.85, 0.70)
+    store.add_human_label(IDS[1], "RETRIEVAL", author="ana")      # a correction of a served PLATFORM
+    app = ReviewApp(store, lambda *a: None, labels=LABELS, admin_token=None, models_home=models)
+    doc = json.loads(app.handle("GET", "/api/dashboard?window=2", {}).body)
+    assert [h["version"] for h in doc["history"]] == ["v1", "v2"]                 # oldest first
+    assert doc["history"][0]["outcome"] == "promoted" and doc["history"][1]["challenger_accuracy"] == 0.80
+    assert doc["stats"]["n_windows"] == 2 and doc["stats"]["total"] == 3
+    assert doc["errors"]["teacher_calls"] == 2
+    res = app.handle("GET", "/dashboard?window=2", {})
+    page = res.body.decode()
+    assert res.status == 200 and page.count("<svg") == 3
+    assert "&lt;i&gt;kept&lt;/i&gt;" in page and "<i>kept</i>" not in page        # report text escaped
+    assert "http://www.w3.org/2000/svg" in page and 'src="http' not in page        # inline SVG, no fetch
+    assert "PLATFORM" in page and "no per-language slices" in page
+
+
+def test_the_dashboard_works_on_an_empty_log(tmp_path):
+    app = ReviewApp(LogStore(tmp_path / "empty.duckdb"), lambda *a: None, models_home=tmp_path / "none")
+    res = app.handle("GET", "/dashboard", {})
+    assert res.status == 200 and "no retrain yet" in res.body.decode()
+    bad = app.handle("GET", "/api/dashboard?window=0", {})
+    assert bad.status == 400 and "window must be" in json.loads(bad.body)["error"]

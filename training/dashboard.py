@@ -1,0 +1,204 @@
+"""The flywheel dashboard (issue 25): pictures of the traffic log and the retrain history,
+drawn on the server with matplotlib (SVG, nothing fetched by the page) for ``flywheel ui``.
+
+:func:`dashboard_data` gathers what it shows: :func:`training.stats.convergence` per window
+of ``window`` decisions, the needless teacher calls (:data:`_NEEDLESS_SQL`) and the retrain
+history (:func:`retrain_history`, every version's ``report.json``). :func:`charts` draws it:
+
+- ``llm_share``: per window, the LLM share and the degraded share;
+- ``accuracy``: per window, layer 2 against the teacher (audit agreement) and the served
+  answer against human labels (1 - corrected / human-labelled);
+- ``retrains``: each challenger's gate accuracy against its champion's, promoted or kept.
+
+:func:`render_dashboard` lays them out as one HTML page with the tables beside them: the
+most confused intent pairs (layer 2 against the teacher, served against humans), the
+shadow version's answers by direction (permissive, abstaining, flips), the teacher-noise
+estimate, and errors by direction (confident answers people corrected; teacher calls
+whose answer layer 2 already had). The log records no language per decision, so there
+are no per-language slices yet; the page says so.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["charts", "dashboard_data", "render_dashboard", "retrain_history"]
+
+_NEEDLESS_SQL = """
+SELECT count(*) FILTER (WHERE layer = 'llm' AND teacher_valid),
+       count(*) FILTER (WHERE layer = 'llm' AND teacher_valid AND l2_confidence IS NOT NULL
+                          AND teacher_label IS NOT DISTINCT FROM l2_label),
+       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding'),
+       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding' AND decision_id IN (
+           SELECT decision_id FROM decision_labels WHERE has_human) AND decision_id IN (
+           SELECT d2.decision_id FROM decisions d2 JOIN decision_labels dl USING (decision_id)
+           WHERE dl.has_human AND dl.human_label IS DISTINCT FROM d2.label))
+FROM decisions
+"""
+
+
+def retrain_history(models_home: str | Path | None) -> list[dict[str, Any]]:
+    """Every retrain's outcome, oldest first, from the versions' ``report.json`` under
+    ``models_home`` (``[]`` when there is none)."""
+    if models_home is None or not Path(models_home).is_dir():
+        return []
+    out = []
+    for d in sorted(Path(models_home).iterdir()):
+        path = d / "report.json"
+        if not path.is_file():
+            continue
+        try:
+            r = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        ch, champ = r.get("challenger") or {}, r.get("champion") or {}
+        out.append({"version": r.get("version") or d.name, "created_at": r.get("created_at"),
+                    "outcome": r.get("outcome"), "reason": r.get("reason"),
+                    "challenger_accuracy": ch.get("accuracy"), "champion_accuracy": champ.get("accuracy"),
+                    "champion_version": r.get("champion_version"), "n": ch.get("n")})
+    return sorted(out, key=lambda h: (h["created_at"] or "", h["version"]))
+
+
+def dashboard_data(store: Any, models_home: str | Path | None, *, window: int = 1000) -> dict[str, Any]:
+    """What the dashboard shows (see the module docs); JSON-ready."""
+    from flywheel.training.stats import convergence
+
+    stats = convergence(store, window=window, top=8)
+    llm_valid, needless, confident, confident_corrected = (int(x or 0) for x in store.query(_NEEDLESS_SQL)[0])
+    return {"stats": stats, "history": retrain_history(models_home),
+            "errors": {"teacher_calls": llm_valid, "teacher_calls_layer2_had": needless,
+                       "confident_layer2": confident, "confident_layer2_corrected": confident_corrected}}
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.find("<svg"):]    # the element only: it is inlined into the page
+
+
+def charts(data: dict[str, Any]) -> dict[str, str]:
+    """The dashboard's pictures as inline SVG elements, by name."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    windows = data["stats"].get("windows") or []
+    x = [w["index"] + 1 for w in windows]
+    out = {}
+    fig, ax = plt.subplots(figsize=(6.4, 2.6))
+    ax.plot(x, [100 * w["llm_share"] for w in windows], marker="o", label="LLM share")
+    ax.plot(x, [100 * w["degraded_share"] for w in windows], marker="s", label="degraded share")
+    ax.set_xlabel(f"window ({data['stats'].get('window')} decisions)")
+    ax.set_ylabel("% of decisions")
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3)
+    out["llm_share"] = _svg(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 2.6))
+    agree = [(i, 100 * w["audit_agreement"]) for i, w in zip(x, windows) if w.get("audit_agreement") is not None]
+    human = [(i, 100 * (1 - w["human_corrected"] / w["human_labelled"])) for i, w in zip(x, windows)
+             if w.get("human_labelled")]
+    if agree:
+        ax.plot(*zip(*agree), marker="o", label="layer 2 vs teacher (audits)")
+    if human:
+        ax.plot(*zip(*human), marker="s", label="served vs human labels")
+    ax.set_xlabel("window")
+    ax.set_ylabel("% agreeing")
+    if agree or human:
+        ax.legend(loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no audits or human labels yet", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    out["accuracy"] = _svg(fig)
+
+    hist = [h for h in data["history"] if h.get("challenger_accuracy") is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 2.6))
+    if hist:
+        xs = list(range(1, len(hist) + 1))
+        ax.plot(xs, [100 * (h["champion_accuracy"] or 0) for h in hist], color="grey", marker="_", label="champion")
+        for promoted in (True, False):
+            pts = [(i, 100 * h["challenger_accuracy"]) for i, h in zip(xs, hist)
+                   if (h["outcome"] == "promoted") == promoted]
+            if pts:
+                ax.scatter(*zip(*pts), marker="o" if promoted else "x",
+                           label="challenger, promoted" if promoted else "challenger, kept out")
+        ax.legend(loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no retrain yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("retrain")
+    ax.set_ylabel("gate accuracy %")
+    ax.grid(alpha=0.3)
+    out["retrains"] = _svg(fig)
+    return out
+
+
+def _pairs(rows: list[dict[str, Any]], a: str, b: str) -> str:
+    e = html.escape
+    body = "".join(f"<tr><td>{e(str(r[a] or 'OUT_OF_SCOPE'))}</td><td>{e(str(r[b] or 'OUT_OF_SCOPE'))}</td>"
+                   f"<td>{int(r['n'])}</td></tr>" for r in rows) or '<tr><td colspan="3">none</td></tr>'
+    return f"<table><tr><th>{e(a)}</th><th>{e(b)}</th><th>n</th></tr>{body}</table>"
+
+
+def _history_row(h: dict[str, Any]) -> str:
+    e = html.escape
+    acc = h.get("challenger_accuracy")
+    shown = "" if acc is None else f"{100 * acc:.1f}%"
+    return (f"<tr><td>{e(str(h['version']))}</td><td>{e(str(h['outcome']))}</td><td>{shown}</td>"
+            f"<td>{e(str(h.get('reason') or ''))}</td></tr>")
+
+
+def render_dashboard(data: dict[str, Any]) -> str:
+    """The dashboard page (pictures inlined, tables escaped)."""
+    e = html.escape
+    pics = charts(data)
+    s, err = data["stats"], data["errors"]
+    noise = s.get("teacher_noise") or {}
+    shadow = s.get("shadow")
+    est = noise.get("estimate")
+    noise_line = ("no decision has both a teacher and a human label yet" if est is None else
+                  f"{100 * est:.1f}% (95% interval {100 * noise['low']:.1f}-{100 * noise['high']:.1f}%, "
+                  f"n = {noise['n']})")
+    shadow_line = "no shadow version" if not shadow else e(json.dumps(
+        {k: shadow.get(k) for k in ("version", "n", "agreement", "permissive", "abstaining", "flips")}))
+    calls, had = err["teacher_calls"], err["teacher_calls_layer2_had"]
+    conf, wrong = err["confident_layer2"], err["confident_layer2_corrected"]
+    hist_rows = "".join(_history_row(h) for h in reversed(data["history"][-20:]))
+    l2t = _pairs(s.get("confused_l2_teacher") or [], "layer2", "teacher")
+    hs = _pairs(s.get("confused_human_served") or [], "served", "human")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>flywheel dashboard</title>
+<style>body{{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
+td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left}} .grid{{display:flex;flex-wrap:wrap;gap:1.5em}}
+svg{{max-width:100%;height:auto}}</style></head>
+<body><h1>flywheel dashboard</h1>
+<p><a href="/">review queue</a> &middot; {int(s.get('total') or 0):,} decisions logged,
+LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall</p>
+<div class="grid">
+<section><h2>LLM and degraded share</h2>{pics['llm_share']}</section>
+<section><h2>Accuracy against labels</h2>{pics['accuracy']}</section>
+<section><h2>Retrains</h2>{pics['retrains']}</section>
+</div>
+<div class="grid">
+<section><h2>Most confused: layer 2 against the teacher</h2>{l2t}</section>
+<section><h2>Most confused: served against humans</h2>{hs}</section>
+<section><h2>Errors by direction</h2><table>
+<tr><td>confident layer-2 answers people corrected</td><td>{wrong:,} of {conf:,}</td></tr>
+<tr><td>teacher calls whose answer layer 2 already had</td><td>{had:,} of {calls:,}</td></tr>
+</table>
+<h2>Teacher noise</h2><p>{e(noise_line)}</p>
+<h2>Shadow version</h2><p>{shadow_line}</p>
+<h2>Languages</h2><p>The log records no language per decision yet, so there are no per-language slices.</p>
+</section></div>
+<h2>Retrain history (newest first)</h2>
+<table><tr><th>version</th><th>outcome</th><th>challenger</th><th>why</th></tr>{hist_rows}</table>
+</body></html>
+"""
