@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -116,6 +116,12 @@ def review_command(
     max_confidence: Optional[float] = typer.Option(None, "--max-confidence"),
     days: Optional[float] = typer.Option(None, "--days", min=0.0, help="Only the last N days."),
     author: Optional[str] = typer.Option(None, "--author", help="Who labels (kept with each label)."),
+    export_ls: Optional[Path] = typer.Option(
+        None, "--export-label-studio", help="Write the queue as Label Studio tasks (JSON, the served answer as a "
+                                            "pre-annotation) and the project's labeling config beside it (.xml)."),
+    import_ls: Optional[Path] = typer.Option(
+        None, "--import-label-studio", help="Read Label Studio's JSON export and record its annotations as human "
+                                            "labels (checked whole first: a malformed task writes nothing)."),
     log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
@@ -129,19 +135,61 @@ def review_command(
     cfg = load_config(home=home, log_db=log_db)
     site = open_site(cfg)
     store = site.open_log()
+    labels = site.labels(store) if site.fleet else None
+
+    def write(decision_id: str, label: str | None, who: str | None = author) -> None:
+        record_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels)
+
+    if import_ls is not None:
+        # locally every decision must be in the log before anything is written; a fleet's labels
+        # may name a decision another replica has not shipped yet (checked at retrain)
+        _import_label_studio(import_ls, cfg, write, author, None if site.fleet else store.has_decision)
+        return
     filters = ReviewFilters(intent=intent, tier=tier, layer=layer, reasons=tuple(reason or ()),
                             min_confidence=min_confidence, max_confidence=max_confidence,
                             since=None if days is None else time.time() - days * 86_400)
     items = review_queue(store, filters, limit=limit)
+    if export_ls is not None:
+        _export_label_studio(export_ls, items, cfg)
+        return
     if as_json:
         echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
         return
-    labels = site.labels(store) if site.fleet else None
-
-    def write(decision_id: str, label: str | None) -> None:
-        record_feedback(cfg, decision_id, label_name(label), author=author, store=store, labels=labels)
-
     walk(Reviewer(items, write))
+
+
+def _export_label_studio(path: Path, items: Sequence[ReviewItem], cfg: Any) -> None:
+    import json
+
+    from flywheel.training.feedback import known_labels
+    from flywheel.training.label_studio import export_tasks, labeling_config
+
+    path.write_text(json.dumps(export_tasks(items), ensure_ascii=False, indent=1), encoding="utf-8")
+    config = path.with_suffix(".xml")
+    config.write_text(labeling_config(known_labels(cfg) or ()), encoding="utf-8")
+    typer.echo(f"wrote {len(items)} Label Studio task(s) to {path} and the labeling config to {config}")
+
+
+def _import_label_studio(path: Path, cfg: Any, write: Callable[..., None], author: str | None,
+                         known: Callable[[str], bool] | None) -> None:
+    import json
+
+    from flywheel.training.feedback import known_labels
+    from flywheel.training.label_studio import LabelStudioError, read_annotations
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LabelStudioError(f"{path}: cannot read a Label Studio export: {exc}") from None
+    rows, skipped = read_annotations(doc, known_labels(cfg))
+    missing = [did for did, _, _ in rows if known is not None and not known(did)]
+    if missing:
+        raise LabelStudioError(f"{path}: {len(missing)} task(s) name decisions not in the log (first: "
+                               f"{missing[0]}); nothing was recorded")
+    for did, label, who in rows:
+        write(did, label, author or who)
+    typer.echo(f"recorded {len(rows)} human label(s) from {path}"
+               + (f"; {skipped} task(s) without a finished annotation skipped" if skipped else ""))
 
 
 def walk(reviewer: Reviewer, getchar: Callable[[], str] = typer.getchar) -> None:

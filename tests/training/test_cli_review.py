@@ -109,3 +109,56 @@ def test_show_prints_text_as_text():
     out = show(item, 0, 1)
     assert "'<script>alert(1)</script>'" in out and "shadow: RETRIEVAL" in out
     assert "1) PLATFORM  2) RETRIEVAL  o) OUT_OF_SCOPE" in out and "teacher: PLATFORM, OUT_OF_SCOPE" in out
+
+
+def test_label_studio_round_trip(logged, tmp_path, capsys):
+    from flywheel.cli import main
+
+    out = tmp_path / "tasks.json"
+    assert main(["review", "--export-label-studio", str(out), "--log-db", str(logged)]) == 0
+    tasks = json.loads(out.read_text())
+    assert [t["data"]["decision_id"] for t in tasks] == list(IDS)
+    pre = tasks[0]["predictions"][0]
+    assert pre["result"][0]["value"]["choices"] == ["RETRIEVAL"] and pre["score"] == 0.9
+    assert tasks[0]["data"]["candidates"] == "RETRIEVAL, PLATFORM"
+    config = out.with_suffix(".xml").read_text()
+    assert '<Choices name="intent" toName="text"' in config and '<Choice value="OUT_OF_SCOPE"/>' in config
+    # what Label Studio's JSON export gives back: annotations on the tasks (one cancelled, one task left undone)
+    tasks[0]["annotations"] = [{"id": 1, "completed_by": 7, "was_cancelled": False, "updated_at": "2026-11-27T10:00",
+                                "result": [{"from_name": "intent", "to_name": "text", "type": "choices",
+                                            "value": {"choices": ["PLATFORM"]}}]}]
+    tasks[1]["annotations"] = [{"id": 2, "was_cancelled": True, "result": []}]
+    tasks[2]["annotations"] = [{"id": 3, "completed_by": {"email": "ana@example.com"}, "updated_at": "2026-11-27",
+                                "result": [{"from_name": "intent", "to_name": "text", "type": "choices",
+                                            "value": {"choices": ["OUT_OF_SCOPE"]}}]}]
+    done = tmp_path / "export.json"
+    done.write_text(json.dumps(tasks))
+    capsys.readouterr()
+    assert main(["review", "--import-label-studio", str(done), "--log-db", str(logged)]) == 0
+    assert "recorded 2 human label(s)" in capsys.readouterr().out
+    assert _human(logged) == {IDS[0]: "PLATFORM", IDS[2]: None}
+    authors = {r.decision_id: r.human_author for r in LogStore(logged).labelled_rows() if r.has_human_label}
+    assert authors == {IDS[0]: "label-studio:7", IDS[2]: "label-studio:ana@example.com"}
+
+
+@pytest.mark.parametrize("tasks, words", [
+    ({"not": "a list"}, "a JSON list of tasks"),
+    ([{"data": {"text": "x"}}], "task 0: data.decision_id is missing"),
+    ([{"id": 9, "data": {"decision_id": IDS[0]}, "annotations": [{"result": [
+        {"from_name": "intent", "value": {"choices": ["NOPE"]}}]}]}], "task 0 (id 9): unknown choice 'NOPE'"),
+    ([{"data": {"decision_id": IDS[0]}, "annotations": [{"result": [
+        {"from_name": "intent", "value": {"choices": ["PLATFORM", "RETRIEVAL"]}}]}]}], "exactly one choice"),
+    ([{"data": {"decision_id": IDS[0]}, "annotations": [{"result": [
+        {"from_name": "intent", "value": {"choices": ["PLATFORM"]}}]}]},
+      {"data": {"decision_id": "f" * 32}, "annotations": [{"result": [
+          {"from_name": "intent", "value": {"choices": ["PLATFORM"]}}]}]}], "not in the log"),
+])
+def test_a_malformed_label_studio_import_names_the_task_and_writes_nothing(logged, tmp_path, capsys, tasks, words):
+    from flywheel.cli import main
+
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(tasks))
+    assert main(["review", "--import-label-studio", str(path), "--log-db", str(logged)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flywheel: error: ") and words in err and err.count("\n") == 1, err
+    assert _human(logged) == {}

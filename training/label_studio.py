@@ -1,0 +1,114 @@
+"""Label Studio, both ways (issue 25): the review queue out as tasks with the model's answer
+as a pre-annotation, and finished annotations back in as human labels.
+
+Formats (Label Studio's "Basic JSON", https://labelstud.io/guide/task_format and
+/guide/predictions): a task is ``{"data": {...}, "predictions": [...]}``; each prediction or
+annotation has a ``result`` list whose items name the control (``from_name``), the object
+(``to_name``), the ``type`` and a ``value``. flywheel's project uses one ``Choices`` control,
+:data:`FROM_NAME`, on the text, :data:`TO_NAME` (:func:`labeling_config` writes it):
+
+- :func:`export_tasks`: one task per queue item; ``data`` carries the text, the decision id
+  and why it is in the queue; the prediction is the served answer with its confidence.
+- :func:`read_annotations`: Label Studio's JSON export, checked whole before anything is
+  written: every task needs ``data.decision_id``; a task's newest annotation that was not
+  cancelled gives one choice, which must be one of the intents or ``OUT_OF_SCOPE``.
+  Tasks with no (or only cancelled) annotations are skipped and counted. A malformed item
+  raises :class:`LabelStudioError` naming the task; nothing is lost, nothing is written.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from flywheel.classifier.errors import FlywheelError, InvalidInputError
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
+from flywheel.training.review import ReviewItem
+
+__all__ = ["FROM_NAME", "TO_NAME", "LabelStudioError", "export_tasks", "labeling_config", "read_annotations"]
+
+FROM_NAME = "intent"
+TO_NAME = "text"
+
+
+class LabelStudioError(InvalidInputError):
+    """A Label Studio file flywheel cannot read (the message names the task)."""
+
+
+def labeling_config(labels: Sequence[str]) -> str:
+    """The project's labeling configuration (XML) for ``labels`` and out of scope."""
+    choices = "\n".join(f'    <Choice value="{html.escape(n, quote=True)}"/>' for n in [*labels, OUT_OF_SCOPE])
+    return (f'<View>\n  <Text name="{TO_NAME}" value="$text"/>\n'
+            f'  <Choices name="{FROM_NAME}" toName="{TO_NAME}" choice="single" showInLine="true">\n'
+            f"{choices}\n  </Choices>\n</View>\n")
+
+
+def export_tasks(items: Sequence[ReviewItem]) -> list[dict[str, Any]]:
+    """The queue as Label Studio tasks, the served answer as a pre-annotation."""
+    out = []
+    for it in items:
+        result = [{"from_name": FROM_NAME, "to_name": TO_NAME, "type": "choices",
+                   "value": {"choices": [label_name(it.label)]}}]
+        pred: dict[str, Any] = {"model_version": f"flywheel {it.layer}", "result": result}
+        if it.confidence is not None:
+            pred["score"] = round(float(it.confidence), 6)
+        out.append({"data": {"text": it.text, "decision_id": it.decision_id, "reasons": ", ".join(it.reasons),
+                             "teacher": label_name(it.teacher_label) if it.teacher_label is not None else "",
+                             "candidates": ", ".join(label_name(c) for c in it.candidates)},
+                    "predictions": [pred]})
+    return out
+
+
+def _where(i: int, task: Any) -> str:
+    tid = task.get("id") if isinstance(task, dict) else None
+    return f"task {i}" + (f" (id {tid})" if tid is not None else "")
+
+
+def _choice(i: int, task: dict[str, Any], labels: Sequence[str] | None) -> tuple[str | None, str | None] | None:
+    """``(label, author)`` of the task's newest annotation that was not cancelled; ``None``
+    when it has none."""
+    anns = task.get("annotations") or []
+    if not isinstance(anns, list):
+        raise LabelStudioError(f"{_where(i, task)}: 'annotations' is not a list")
+    done = [a for a in anns if isinstance(a, dict) and not a.get("was_cancelled")]
+    if not done:
+        return None
+    ann = max(done, key=lambda a: (str(a.get("updated_at") or a.get("created_at") or ""), str(a.get("id") or "")))
+    picked = [r for r in ann.get("result") or [] if isinstance(r, dict) and r.get("from_name") == FROM_NAME]
+    if len(picked) != 1:
+        raise LabelStudioError(f"{_where(i, task)}: expected one '{FROM_NAME}' result in its annotation, "
+                               f"found {len(picked)}")
+    choices = (picked[0].get("value") or {}).get("choices")
+    if not isinstance(choices, list) or len(choices) != 1:
+        raise LabelStudioError(f"{_where(i, task)}: expected exactly one choice, got {choices!r}")
+    try:
+        label = parse_label(choices[0], labels, what="choice")
+    except FlywheelError as exc:
+        raise LabelStudioError(f"{_where(i, task)}: {exc}") from None
+    author = ann.get("completed_by")
+    if isinstance(author, dict):
+        author = author.get("email") or author.get("id")
+    return label, None if author is None else f"label-studio:{author}"
+
+
+def read_annotations(doc: Any, labels: Sequence[str] | None) -> tuple[list[tuple[str, str | None, str | None]], int]:
+    """``([(decision_id, label, author), ...], skipped)`` from Label Studio's JSON export
+    ``doc``; raises :class:`LabelStudioError` before returning anything when one task is
+    malformed."""
+    if not isinstance(doc, list):
+        raise LabelStudioError("a Label Studio export is a JSON list of tasks")
+    out, skipped = [], 0
+    for i, task in enumerate(doc):
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise LabelStudioError(f"{_where(i, task)}: not a task (an object with 'data')")
+        did = task["data"].get("decision_id")
+        if not isinstance(did, str) or not did.strip():
+            raise LabelStudioError(f"{_where(i, task)}: data.decision_id is missing (export tasks with "
+                                   f"flywheel review --export-label-studio)")
+        got = _choice(i, task, labels)
+        if got is None:
+            skipped += 1
+            continue
+        out.append((did.strip(), got[0], got[1]))
+    return out, skipped
