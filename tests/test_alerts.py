@@ -10,6 +10,7 @@ DIR, to run ``promtool test rules DIR/alerts-tests.yaml`` by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -240,7 +241,8 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
     publish(fleet, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1")
     fleet.promote("v1", expected=None)
     # what `flywheel retrain` records at the end of a run (training.retrain._record)
-    fleet.record_retrain({"finished_at": time.time(), "outcome": "kept", "version": None, "reason": "alerts test"})
+    fleet.record_retrain({"finished_at": time.time(), "outcome": "kept", "version": None, "reason": "alerts test",
+                          "teacher_noise": {"estimate": 0.1, "low": 0.05, "high": 0.18, "n": 60, "wrong": 6}})
 
     server = create_server(load_config(teacher="off"), ServerOptions(address="127.0.0.1:0"),
                            embedder=HashEmbedder())
@@ -275,6 +277,35 @@ def test_every_metric_the_alerts_read_is_exported_by_the_sidecar(s3_server, tmp_
         if gone:
             missing[rule["alert"]] = gone
     assert not missing, f"metrics the alerts read that the sidecar does not export: {missing}"
+
+
+GRAFANA = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "flywheel-dashboard.json"
+
+
+def grafana_exprs() -> dict[str, str]:
+    """The Grafana dashboard's queries, by panel title."""
+    doc = json.loads(GRAFANA.read_text(encoding="utf-8"))
+    return {p["title"]: t["expr"] for p in doc["panels"] for t in p["targets"]}
+
+
+def test_the_grafana_dashboard_is_a_dashboard_on_a_prometheus_datasource_variable():
+    doc = json.loads(GRAFANA.read_text(encoding="utf-8"))
+    assert doc["uid"] and doc["title"] == "flywheel" and doc["schemaVersion"] >= 36
+    assert [v["name"] for v in doc["templating"]["list"]] == ["datasource"]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids)) >= 10
+    for p in doc["panels"]:
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+    used = set().union(*(metric_names(e) for e in grafana_exprs().values()))
+    assert {"flywheel_decisions_total", "flywheel_teacher_cache_total", "flywheel_teacher_noise_ratio"} <= used
+
+
+@pytest.mark.slow   # the real S3 server (weed mini)
+def test_every_metric_the_grafana_dashboard_reads_is_exported_by_the_sidecar(s3_server, tmp_path, monkeypatch):
+    exported = exposed_names(_fleet_sidecar_exposition(s3_server, tmp_path, monkeypatch))
+    missing = {title: sorted(metric_names(expr) - exported) for title, expr in grafana_exprs().items()
+               if metric_names(expr) - exported}
+    assert not missing, f"metrics the Grafana dashboard reads that the sidecar does not export: {missing}"
 
 
 if __name__ == "__main__":   # python -m tests.test_alerts DIR
