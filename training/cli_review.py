@@ -148,7 +148,9 @@ def review_command(
     filters = ReviewFilters(intent=intent, tier=tier, layer=layer, reasons=tuple(reason or ()),
                             min_confidence=min_confidence, max_confidence=max_confidence,
                             since=None if days is None else time.time() - days * 86_400)
-    items = review_queue(store, filters, limit=limit)
+    from flywheel.training.feedback import known_labels
+
+    items = review_queue(store, filters, limit=limit, labels=known_labels(cfg))
     if export_ls is not None:
         _export_label_studio(export_ls, items, cfg)
         return

@@ -181,9 +181,11 @@ def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
 
 
 def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int = 50,
-                 now: float | None = None) -> list[ReviewItem]:
+                 now: float | None = None, labels: Sequence[str] | None = None) -> list[ReviewItem]:
     """The ``limit`` decisions most worth reviewing under ``filters``, best first (see the
-    module docs). ``store`` is a :class:`logstore.LogStore` (its read-only ``query``)."""
+    module docs). ``store`` is a :class:`logstore.LogStore` (its read-only ``query``).
+    ``labels``: the intents a label may be today; an item's ``choices`` keep only those
+    (a logged alternative of an intent since removed is not offered)."""
     f = (filters or ReviewFilters()).check()
     if limit < 1:
         raise ReviewError(f"limit must be at least 1, got {limit!r}")
@@ -204,7 +206,7 @@ def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int
         shown = tuple(r for r in reasons if r in wanted)
         if not shown or ("corrected" in reasons and "corrected" not in wanted):
             continue
-        item = _item(row, shown, traffic, labelled, confusable, now)
+        item = _item(row, shown, traffic, labelled, confusable, now, labels)
         if _keep(item, f):
             items.append(item)
     items.sort(key=lambda it: (-it.worth, -it.created_at, it.decision_id))
@@ -212,7 +214,7 @@ def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int
 
 
 def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
-          now: float) -> ReviewItem:
+          now: float, labels: Sequence[str] | None) -> ReviewItem:
     (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, t_error, _, _, _, shadow, human, _,
      alts) = row
     cands = TeacherAnswer.candidates_in(str(t_error).split(": ", 1)[1]) \
@@ -225,7 +227,7 @@ def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled:
         worth *= 1.5
     worth *= 0.5 ** (max(0.0, now - float(created)) / 86_400 / HALF_LIFE_DAYS)
     choices = list(dict.fromkeys([c for c in (*cands, teacher if t_valid else None, shadow, label, l2, *alts)
-                                  if c is not None]))
+                                  if c is not None and (labels is None or c in labels)]))
     return ReviewItem(decision_id=did, created_at=float(created), text=text, label=label, confidence=conf,
                       tier=tier, layer=layer, l2_label=l2, teacher_label=teacher if t_valid else None,
                       shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,

@@ -160,7 +160,7 @@ class ReviewApp:
 
     def _queue_doc(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
         f, limit = self._filters(query)
-        items = review_queue(self.store, f, limit=limit)
+        items = review_queue(self.store, f, limit=limit, labels=self.labels)
         return {"items": [it.to_dict() for it in items], "n": len(items)}
 
     def _page(self, query: Mapping[str, list[str]]) -> Response:

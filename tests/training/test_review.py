@@ -96,3 +96,8 @@ def test_an_item_serialises_with_label_names(store):
     d = next(it for it in review_queue(store, now=NOW) if it.decision_id == "unsure").to_dict()
     assert d["candidates"] == ["RETRIEVAL", "PLATFORM"] and d["reasons"] == ["unsure"]
     assert d["created_at"].endswith("Z") and isinstance(d["worth"], float)
+
+
+def test_choices_keep_only_the_intents_a_label_may_be(store):
+    got = {it.decision_id: it for it in review_queue(store, now=NOW, labels=("RETRIEVAL", "PLATFORM"))}
+    assert "CODE_GENERATION" not in got["unsure"].choices and got["unsure"].choices == ("RETRIEVAL", "PLATFORM")
