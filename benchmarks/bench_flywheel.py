@@ -337,7 +337,7 @@ def main() -> int:
                   flush=True)
             if row["retrain"] == "error":
                 print(out.get("stderr", ""), file=sys.stderr)
-        cache_counts = clf.teacher_cache.counts() if clf.teacher_cache is not None else None
+        cache_counts = clf.teacher_cache.counts if clf.teacher_cache is not None else None
         second_asks = clf.second_asks
         clf.close()
         sim_counts = dict(sim.counts)
