@@ -112,8 +112,10 @@ def review_command(
     tier: Optional[str] = typer.Option(None, "--tier", help="Only this served tier."),
     layer: Optional[str] = typer.Option(None, "--layer", help="Only this layer (rules, embedding, llm)."),
     reason: Optional[List[str]] = typer.Option(None, "--reason", help=f"Only these reasons: {', '.join(REASONS)}."),
-    min_confidence: Optional[float] = typer.Option(None, "--min-confidence"),
-    max_confidence: Optional[float] = typer.Option(None, "--max-confidence"),
+    min_confidence: Optional[float] = typer.Option(None, "--min-confidence",
+                                                   help="Only decisions served with at least this confidence."),
+    max_confidence: Optional[float] = typer.Option(None, "--max-confidence",
+                                                   help="Only decisions served with at most this confidence."),
     days: Optional[float] = typer.Option(None, "--days", min=0.0, help="Only the last N days."),
     author: Optional[str] = typer.Option(None, "--author", help="Who labels (kept with each label)."),
     export_ls: Optional[Path] = typer.Option(
