@@ -7,7 +7,8 @@ history (:func:`retrain_history`, every version's ``report.json``). :func:`chart
 
 - ``llm_share``: per window, the LLM share and the degraded share;
 - ``accuracy``: per window, layer 2 against the teacher (audit agreement) and the served
-  answer against human labels (1 - corrected / human-labelled);
+  answer against human labels (1 - corrected / human-labelled), where the window has at
+  least :data:`MIN_POINT` such labels;
 - ``retrains``: each challenger's gate accuracy against its champion's, promoted or kept.
 
 :func:`render_dashboard` lays them out as one HTML page with the tables beside them: the
@@ -26,7 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["charts", "dashboard_data", "render_dashboard", "retrain_history"]
+__all__ = ["MIN_POINT", "charts", "dashboard_data", "render_dashboard", "retrain_history"]
+
+#: the fewest labelled decisions a window needs for an accuracy point (fewer: no point drawn)
+MIN_POINT = 5
 
 _NEEDLESS_SQL = """
 SELECT count(*) FILTER (WHERE layer = 'llm' AND teacher_valid),
@@ -104,9 +108,10 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
     out["llm_share"] = _svg(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 2.6))
-    agree = [(i, 100 * w["audit_agreement"]) for i, w in zip(x, windows) if w.get("audit_agreement") is not None]
+    agree = [(i, 100 * w["audit_agreement"]) for i, w in zip(x, windows)
+             if w.get("audit_agreement") is not None and w.get("audit_labelled", 0) >= MIN_POINT]
     human = [(i, 100 * (1 - w["human_corrected"] / w["human_labelled"])) for i, w in zip(x, windows)
-             if w.get("human_labelled")]
+             if w.get("human_labelled", 0) >= MIN_POINT]
     if agree:
         ax.plot(*zip(*agree), marker="o", label="layer 2 vs teacher (audits)")
     if human:
