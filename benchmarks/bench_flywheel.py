@@ -177,6 +177,8 @@ def add_teacher_arguments(ap: argparse.ArgumentParser) -> None:
                     help="share of each window's LLM decisions that get a (true) human label")
     ap.add_argument("--position-bias", type=float, default=0.0,
                     help="share of wrong teacher answers that are the first offered option instead (order-dependent)")
+    ap.add_argument("--unsure-rate", type=float, default=0.0,
+                    help="share of the teacher's wrong answers given as a candidate set or 'cannot tell' instead")
     ap.add_argument("--ask-twice", action="store_true",
                     help="teacher.ask_twice: ask again, options reordered, when the teacher disagrees with layer 2")
     ap.add_argument("--repeat-rate", type=float, default=0.0,
@@ -253,7 +255,8 @@ def main() -> int:
 
     rows = []
     sim_kw = dict(accuracy=args.accuracy, latency_s=args.latency_s, latency_scale=args.latency_scale,
-                  seed=args.seed, wrong_oos_rate=args.wrong_oos_rate, position_bias=args.position_bias)
+                  seed=args.seed, wrong_oos_rate=args.wrong_oos_rate, position_bias=args.position_bias,
+                  unsure_rate=args.unsure_rate)
     simulator = (CloseErrorsOllama(truth, embedder=embedder, intents=intents, **sim_kw)
                  if args.teacher_errors == "close" else SimulatedOllama(truth, **sim_kw))
     human_rng = random.Random(args.seed ^ 0x4A11)

@@ -64,13 +64,17 @@ def retrain_command(
         _DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter",
         help="Drop teacher labels the evidence contradicts before training (out of scope deep inside an "
              "intent, labels humans keep correcting); off, the report says what it would drop."),
+    candidate_pairs: bool = typer.Option(
+        _DEFAULTS.candidate_pairs, "--candidate-pairs/--no-candidate-pairs",
+        help="With --tune-encoder: the intent pairs the teacher's candidate sets name are hard negatives "
+             "for the tuner."),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
         options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
-                                 shadow=shadow, teacher_filter=teacher_filter)
+                                 shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs)
         if tune_budget is not None:   # a bad budget, or one with --no-tune-encoder: exit 2 before any work
             resolve_tune(None, tune_encoder is not False, tune_budget)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,

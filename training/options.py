@@ -73,6 +73,10 @@ class RetrainOptions:
         flywheel benchmark shows it helps (BENCHMARKS.md §4: a precise out-of-scope guard
         still made layer 2 worse); off, the report still says what it would drop. The noise
         estimate is made either way.
+    candidate_pairs : bool
+        With ``tune``: the intent pairs the teacher's candidate sets name most are hard
+        negatives for the tuner, after the champion's confusions (on by default; a candidate
+        set is never a training label either way).
     """
 
     min_new_labels: int = 0
@@ -87,6 +91,7 @@ class RetrainOptions:
     shadow: bool = False
     tune: TuneSettings | None = None
     teacher_filter: bool = False
+    candidate_pairs: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,8 +112,9 @@ class RetrainOptions:
             raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
         if self.tune is not None:
             _check_tune(self.tune)
-        if not isinstance(self.teacher_filter, bool):
-            raise RetrainOptionError(f"teacher_filter must be true or false, got {self.teacher_filter!r}")
+        for name in ("teacher_filter", "candidate_pairs"):
+            if not isinstance(getattr(self, name), bool):
+                raise RetrainOptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def run_at(self) -> float:
         """The run's time for the report (unix seconds)."""

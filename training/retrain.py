@@ -478,7 +478,7 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     pairs = confusion_pairs(champion.model, list(_champion_sets(job, champion, ts).values())) \
         if champion.model is not None else []
     # the teacher's candidate sets: never a training label, but intents it found close (issue 24)
-    cand = candidate_pairs(job.store.unsure_candidate_sets())
+    cand = candidate_pairs(job.store.unsure_candidate_sets()) if job.opts.candidate_pairs else []
     hard = hard_pairs_of(pairs, cand)
     report: dict[str, Any] = {
         "settings": asdict(tune), "base": job.intents.embedder.backend, "rows": len(texts),

@@ -230,6 +230,10 @@ def test_the_teachers_candidate_sets_are_hard_pairs_for_the_tuner_never_labels(w
     assert ("PLATFORM", "RETRIEVAL") in seen[0] and ("RETRIEVAL", None) in seen[0]
     # never a training label: the four unsure decisions are not among the training rows
     assert res.report["dataset"]["teacher_unsure"] == 4
+    seen.clear()
+    off = world.run(tune=dataclasses.replace(FAST, objective="adapter"), candidate_pairs=False, dry_run=True)
+    t_off = off.report["tuning"]
+    assert t_off["candidate_set_pairs"] == [] and seen[0] == [tuple(p["pair"]) for p in t_off["hard_pairs"]]
 
 
 def test_tuning_off_keeps_the_report_as_it_was(world):
