@@ -105,3 +105,32 @@ def test_models_prune_cleans_the_bucket_then_the_local_home(objects, tmp_path, c
     rc, out, err = run(capsys, "models", "prune", "--keep-recent", "0", "--local-only")
     assert rc == 0 and "BucketRegistry" not in out, err
     assert [v.name for v in trainer.versions()] == ["v2", "v4"]
+
+
+def test_review_reads_the_fleets_log_and_its_labels_ship(objects, store_env, tmp_path, monkeypatch, capsys):
+    """Issue 25: the review queue works the same in fleet mode: it reads the mirrored log, and
+    a label made from it (here through a Label Studio import) ships like Feedback's."""
+    from flywheel.classifier.decision import Layer2Answer, TeacherCall
+
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    sink = SpoolSink(tmp_path / "replica.spool", drain=ObjectShipper(objects), fsync=False)
+    d = Decision(label="PLATFORM", confidence=0.9, tier=Tier.CONFIDENT, layer=Layer.LLM, reason="t",
+                 teacher=TeacherCall("llm", "PLATFORM", True, 10.0))
+    sink.write(DecisionRecord(decision=d, text="show my quota", created_at=1.79e9,
+                              layer2=Layer2Answer("RETRIEVAL", 0.5, Tier.WEAK)))
+    assert sink.drain_now(timeout_s=30) == 1
+    sink.close()
+    rc, out, err = run(capsys, "review", "--json")
+    assert rc == 0, err
+    items = json.loads(out.strip().splitlines()[-1])["items"]
+    assert [(it["decision_id"], it["reasons"]) for it in items] == [(d.id, ["teacher_vs_l2"])]
+    done = [{"data": {"decision_id": d.id}, "annotations": [{"completed_by": 3, "result": [
+        {"from_name": "intent", "to_name": "text", "type": "choices", "value": {"choices": ["RETRIEVAL"]}}]}]}]
+    (tmp_path / "ls.json").write_text(json.dumps(done))
+    rc, out, err = run(capsys, "review", "--import-label-studio", str(tmp_path / "ls.json"))
+    assert rc == 0 and "recorded 1 human label(s)" in out, err
+    from flywheel.fleet.mirror import mirror
+
+    fresh = LogStore(tmp_path / "another-host.duckdb")     # another host mirrors the label from the bucket
+    mirror(objects, fresh)
+    assert {r.decision_id: r.human_label for r in fresh.labelled_rows() if r.has_human_label} == {d.id: "RETRIEVAL"}
