@@ -130,22 +130,13 @@ def review_command(
     """Review the decisions most worth a label: one keystroke each; the labels win at the next retrain."""
     import time
 
-    from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import record_feedback
     from flywheel.training.review import review_queue
 
-    cfg = load_config(home=home, log_db=log_db)
-    site = open_site(cfg)
-    store = site.open_log()
-    labels = site.labels(store) if site.fleet else None
-
-    def write(decision_id: str, label: str | None, who: str | None = author) -> None:
-        record_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels)
-
+    cfg, store, write, fleet = _open_review(home, log_db, author)
     if import_ls is not None:
         # locally every decision must be in the log before anything is written; a fleet's labels
         # may name a decision another replica has not shipped yet (checked at retrain)
-        _import_label_studio(import_ls, cfg, write, author, None if site.fleet else store.has_decision)
+        _import_label_studio(import_ls, cfg, write, author, None if fleet else store.has_decision)
         return
     filters = ReviewFilters(intent=intent, tier=tier, layer=layer, reasons=tuple(reason or ()),
                             min_confidence=min_confidence, max_confidence=max_confidence,
@@ -160,6 +151,25 @@ def review_command(
         echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
         return
     walk(Reviewer(items, write))
+
+
+def _open_review(home: Optional[Path], log_db: Optional[str], author: Optional[str]
+                 ) -> tuple[Any, Any, Callable[..., None], bool]:
+    """``(config, log, write, fleet)`` for the review commands: the log (mirrored in fleet
+    mode) and ``write(decision_id, label, who=author)``, which records a human label the way
+    ``flywheel feedback`` does (through the fleet's labels in fleet mode, so it ships)."""
+    from flywheel.fleet.site import open_site
+    from flywheel.training.feedback import record_feedback
+
+    cfg = load_config(home=home, log_db=log_db)
+    site = open_site(cfg)
+    store = site.open_log()
+    labels = site.labels(store) if site.fleet else None
+
+    def write(decision_id: str, label: str | None, who: str | None = author) -> None:
+        record_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels)
+
+    return cfg, store, write, site.fleet
 
 
 def _export_label_studio(path: Path, items: Sequence[ReviewItem], cfg: Any) -> None:
@@ -229,18 +239,10 @@ def ui_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Serve the review queue as a page and a JSON API (training.ui) until interrupted."""
-    from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import known_labels, record_feedback
+    from flywheel.training.feedback import known_labels
     from flywheel.training.ui import ReviewApp, make_server
 
-    cfg = load_config(home=home, log_db=log_db)
-    site = open_site(cfg)
-    store = site.open_log()
-    labels = site.labels(store) if site.fleet else None
-
-    def write(decision_id: str, label: str | None, author: str | None) -> None:
-        record_feedback(cfg, decision_id, label_name(label), author=author, store=store, labels=labels)
-
+    cfg, store, write, _ = _open_review(home, log_db, None)
     app = ReviewApp(store, write, labels=known_labels(cfg), admin_token=admin_token, models_home=cfg.models_dir)
     server = make_server(app, host, port)
     where = f"http://{host}:{server.server_address[1]}/"

@@ -63,18 +63,29 @@ from flywheel.classifier.encoders.base import check_texts
 from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_dir
 from flywheel.classifier.errors import TrainingError
 
-__all__ = ["EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "plan_batches",
-           "tunable_base"]
+__all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows",
+           "plan_batches", "tunable_base"]
 
 OBJECTIVES = ("cross_entropy", "contrastive")
 CHUNK = 4           # rows of one intent kept together in a batch (contrastive, hard pairs)
 PROGRESS_LINES = 10  # progress lines per epoch (at most)
 LOSS_WINDOW = 10    # steps averaged into report_["loss_first"] and ["loss_last"]
+CENTROID_ROWS = 64  # rows a class at most that its starting centroid is the mean of (cross_entropy)
 
 
 class TuningError(TrainingError, ValueError):
     """The texts, labels or parameters cannot tune an encoder (a :class:`TrainingError`
     for the CLI's exit code, a :class:`ValueError` as scikit-learn expects)."""
+
+
+def centroid_rows(y: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
+    """Row indices for the classes' starting centroids: every row of a class with at most
+    ``per_class`` rows, else a seeded draw of ``per_class`` of them; sorted."""
+    out = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        out.append(idx if len(idx) <= per_class else rng.choice(idx, size=per_class, replace=False))
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=int)
 
 
 def plan_batches(y: np.ndarray, oos_index: int | None, batch_size: int, objective: str,
@@ -443,10 +454,15 @@ class EncoderTuner:
             # the classifier starts at the frozen encoder's class centroids, centred (less the
             # mean of the centroids): raw centroids share a large common part, which makes the
             # gradient (the difference between class weights) vanish where classes start close
+            # (from at most CENTROID_ROWS rows a class: at 100k logged rows, encoding every row
+            # once took the whole budget before the first step, BENCHMARKS.md §14.11)
             model.eval()
-            start = torch.as_tensor(_encode(model, tokenizer, texts, int(self.max_length), device), device=device)
-            counts = torch.bincount(y_t, minlength=len(classes)).clamp(min=1).unsqueeze(1).float()
-            cent = torch.zeros(len(classes), start.shape[1], device=device).index_add_(0, y_t, start) / counts
+            rows = centroid_rows(y, CENTROID_ROWS, np.random.default_rng(int(self.seed)))
+            start = torch.as_tensor(_encode(model, tokenizer, [texts[i] for i in rows], int(self.max_length), device),
+                                    device=device)
+            y_s = y_t[torch.as_tensor(rows, device=device)]
+            counts = torch.bincount(y_s, minlength=len(classes)).clamp(min=1).unsqueeze(1).float()
+            cent = torch.zeros(len(classes), start.shape[1], device=device).index_add_(0, y_s, start) / counts
             if oos_index is not None and not self.oos_class:
                 cent = cent[:oos_index]   # no out-of-scope class: its rows aim at the uniform distribution
             weights = torch.nn.Parameter(F.normalize(cent - cent.mean(dim=0, keepdim=True), dim=-1))

@@ -314,3 +314,14 @@ def test_calibration_holdout_takes_a_share_of_each_intent():
     assert (calibration_holdout(labels, 0.2, seed=3) == held).all()
     assert (calibration_holdout(labels, 0.2, seed=4) != held).any()
     assert not calibration_holdout(labels, 0.0).any()
+
+
+def test_centroids_start_from_at_most_a_bounded_sample_of_each_class():
+    from flywheel.training.finetune import centroid_rows
+
+    y = np.array([0] * 100 + [1] * 3 + [2] * 70)
+    rows = centroid_rows(y, 64, np.random.default_rng(0))
+    counts = np.bincount(y[rows])
+    assert list(counts) == [64, 3, 64] and len(set(rows.tolist())) == len(rows) and list(rows) == sorted(rows)
+    again = centroid_rows(y, 64, np.random.default_rng(0))
+    assert np.array_equal(rows, again)                      # seeded
