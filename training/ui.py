@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20       # bytes a POST may carry
 MAX_LABELS = 1000        # labels one POST may carry
+MAX_DRAIN = 8 << 20      # an oversize body up to this is read and dropped before the 413
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,24 @@ def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> Threa
         server_version = "flywheel-ui"
 
         def _answer(self, method: str) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            if length > MAX_BODY:
+            try:
+                length = max(0, int(self.headers.get("content-length") or 0))
+            except ValueError:
+                length = -1
+            if length < 0:
+                res = Response.error(400, "content-length is not a number")
+                self.close_connection = True
+            elif length > MAX_BODY:
                 res = Response.error(413, f"the body is over {MAX_BODY} bytes")
+                self.close_connection = True
+                # read (and drop) a body up to MAX_DRAIN, so the client gets the 413 instead
+                # of a reset while it is still sending; a larger one is cut off
+                left = length if length <= MAX_DRAIN else 0
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 1 << 16))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
             else:
                 body = self.rfile.read(length) if length > 0 else b""
                 try:
