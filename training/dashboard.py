@@ -35,13 +35,11 @@ MIN_POINT = 5
 _NEEDLESS_SQL = """
 SELECT count(*) FILTER (WHERE layer = 'llm' AND teacher_valid),
        count(*) FILTER (WHERE layer = 'llm' AND teacher_valid AND l2_confidence IS NOT NULL
-                          AND teacher_label IS NOT DISTINCT FROM l2_label),
+                          AND d.teacher_label IS NOT DISTINCT FROM l2_label),
        count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding'),
-       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding' AND decision_id IN (
-           SELECT decision_id FROM decision_labels WHERE has_human) AND decision_id IN (
-           SELECT d2.decision_id FROM decisions d2 JOIN decision_labels dl USING (decision_id)
-           WHERE dl.has_human AND dl.human_label IS DISTINCT FROM d2.label))
-FROM decisions
+       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding' AND coalesce(dl.has_human, false)
+                          AND dl.human_label IS DISTINCT FROM d.label)
+FROM decisions d LEFT JOIN decision_labels dl USING (decision_id)
 """
 
 

@@ -125,9 +125,8 @@ class AdaptedEmbedder(DelegatingEmbedder):
     """
 
     def __init__(self, directory: str | os.PathLike[str], base: Embedder) -> None:
-        super().__init__(base)
+        super().__init__(base)   # self.inner: the base encoder
         self.directory = Path(directory)
-        self.base = base
         try:
             self.manifest = read_manifest(self.directory)
         except (OSError, ValueError) as exc:
@@ -171,14 +170,14 @@ class AdaptedEmbedder(DelegatingEmbedder):
         if cid != self._id:
             raise EmbedderError(f"{d}: the adapter file does not match the recorded id {self._id} (it hashes to "
                                 f"{cid}: corrupt or replaced)")
-        if self.base.id != m["base_id"]:
+        if self.inner.id != m["base_id"]:
             raise EmbedderError(f"{d}: the adapter was trained on encoder {m['base_id']}, the version's settings "
-                                f"make {self.base.id}")
+                                f"make {self.inner.id}")
         weight, bias = _read_arrays(d / ADAPTER_FILE)
         if weight.shape != (int(m["base_dim"]), self._dim):
             raise EmbedderError(f"{d}: the adapter maps {weight.shape[0]}-d to {weight.shape[1]}-d, the record "
                                 f"says {m['base_dim']}-d to {self._dim}-d")
-        now = apply_adapter(self.base.encode([str(m["probe_text"])]), weight, bias)[0]
+        now = apply_adapter(self.inner.encode([str(m["probe_text"])]), weight, bias)[0]
         recorded = np.asarray(m["probe_fp32"], dtype=np.float32)
         cos = float(now @ recorded / max(float(np.linalg.norm(recorded)), 1e-12))
         if not cos >= PROBE_FLOOR:
@@ -190,7 +189,7 @@ class AdaptedEmbedder(DelegatingEmbedder):
     def encode(self, texts: Sequence[str], *, batch_size: int | None = None,
                progress: bool = False) -> np.ndarray:
         weight, bias = self._get()
-        return apply_adapter(self.base.encode(texts, batch_size=batch_size, progress=progress), weight, bias)
+        return apply_adapter(self.inner.encode(texts, batch_size=batch_size, progress=progress), weight, bias)
 
     def __repr__(self) -> str:
         return f"AdaptedEmbedder({self._id} on {self.manifest['base_id']}, {self.directory})"
