@@ -49,12 +49,13 @@ def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Pa
 
 
 def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | None = None, *,
-             intents: Path | None = None, objective: str | None = None) -> dict:
+             intents: Path | None = None, objective: str | None = None, calibration: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
            "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else []) \
         + (["--tune-holdout", str(holdout)] if tune and holdout is not None else []) \
         + (["--intents", str(intents)] if intents is not None else []) \
-        + (["--tune-objective", objective] if tune and objective else [])
+        + (["--tune-objective", objective] if tune and objective else []) \
+        + (["--tune-calibration", calibration] if tune and calibration else [])
     env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default=None,
                     help="embedder.backend of the base encoder (default: the command's, MiniLM for English)")
     ap.add_argument("--objective", default=None, help="--tune-objective (adapter: an adapter on the frozen encoder)")
+    ap.add_argument("--calibrations", nargs="+", default=[None],
+                    help="--tune-calibration values to run tuned, each with every --holdouts value "
+                         "(default: the command's own default)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     doc = json.loads(Path(args.data).read_text())
@@ -92,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                     intents.write_text(json.dumps({"version": 1, "name": "encoder", "embedder": {
                         "backend": args.backend}, "intents": [{"name": n, "description": n, "examples": [n, n + "?"]}
                                                               for n in ("a", "b")]}))
-                arms = ([] if args.no_frozen else [(False, None)]) + [(True, h) for h in args.holdouts]
-                for tune, holdout in arms:
+                arms = ([] if args.no_frozen else [(False, None, None)]) + [
+                    (True, h, c) for c in args.calibrations for h in args.holdouts]
+                for tune, holdout, calibration in arms:
                     rep = run_eval(train, test, Path(tmp) / "home", tune, holdout, intents=intents,
-                                   objective=args.objective)
+                                   objective=args.objective, calibration=calibration)
                     t = rep.get("tuning", {})
                     row = {"shots": k, "seed": seed, "tuned": tune, "objective": t.get("objective"),
-                           "holdout": t.get("holdout"),
+                           "holdout": t.get("holdout"), "calibration": t.get("calibration"),
                            "held_out_rows": t.get("held_out_rows"), "accuracy": rep["accuracy"],
                            "in_scope_accuracy": rep["in_scope_accuracy"], "oos_recall": rep["oos_recall"],
                            "top1": rep.get("top1_accuracy_layer2"), "encoder": rep.get("encoder"),
@@ -106,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                            "steps": t.get("steps"), "export_seconds": t.get("export_seconds")}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    print("\n| shots | seed | tuned (holdout) | accuracy | in-scope | OOS recall | top-1 | wall s | tuning s |")
+    print("\n| shots | seed | tuned (calibration) | accuracy | in-scope | OOS recall | top-1 | wall s | tuning s |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        tuned = f"yes ({r['holdout']:g})" if r["tuned"] else "no"
+        tuned = (f"yes ({r['calibration']}" + (f" {r['holdout']:g})" if r["calibration"] != "crossfit" else ")")
+                 if r["tuned"] else "no")
         print(f"| {r['shots']} | {r['seed']} | {tuned} | {100 * r['accuracy']:.2f} | "
               f"{100 * r['in_scope_accuracy']:.2f} | {100 * r['oos_recall']:.1f} | "
               f"{100 * (r['top1'] or 0):.2f} | {r['wall_seconds']:.0f} | {r['tune_seconds'] or ''} |")

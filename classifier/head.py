@@ -64,6 +64,20 @@ class _Outcome(NamedTuple):
         return cls(top, correct, answered_oos, np.where(answered_oos, cv.in_scope, ~correct))
 
 
+class CrossFitView(NamedTuple):
+    """One encoder's view of the training rows, for cross-fitted calibration
+    (:meth:`IntentHead.fit`'s ``cv_views``).
+
+    ``X`` holds the rows' vectors by an encoder that was tuned on some of them (the first
+    ``len(X)`` rows of ``fit``'s ``X``; rows appended after them, such as synthetic
+    negatives, take no part in the view). ``predict`` flags the rows that encoder never
+    saw: the head fits a regression on the view's other rows and predicts these, so their
+    scores are what serving sees for unseen traffic."""
+
+    X: np.ndarray
+    predict: np.ndarray
+
+
 class IntentHead(ClassifierMixin, BaseEstimator):
     """Calibrated logistic regression with an out-of-scope gate.
 
@@ -143,7 +157,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         return LogisticRegression(C=self.C, max_iter=self.max_iter)
 
     def fit(self, X: Any, y: Sequence[str | None], sample_weight: Any = None,
-            fit_only: Any = None) -> "IntentHead":
+            fit_only: Any = None, cv_views: Sequence[CrossFitView] | None = None) -> "IntentHead":
         """Fit the logistic regression, then the temperature, the gate and the cutoffs on
         out-of-fold predictions.
 
@@ -158,13 +172,23 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             so the temperature, the gate and the cutoffs are learned on the other rows
             only (for rows that are not a sample of the traffic those must fit, such as
             pseudo-labels that are all easy queries).
+        cv_views : sequence of CrossFitView, optional
+            Cross-fitted calibration: instead of the k folds over ``X``, each view predicts
+            its rows (those its encoder was not tuned on) from a regression on its other
+            rows, in its own encoder's space. A row predicted by no view (or fit-only) is
+            never predicted; no row may be predicted twice. The model that serves is still
+            fitted on ``X``.
         """
         # the inputs checked, the labels encoded, the rows to predict out of fold
         X, y_arr, w, fo = self._validate_fit_inputs(X, y, sample_weight, fit_only)
         rows = _Rows(X, self._encode_labels(y_arr), y_arr != OOS, w)
-        cv, fixed, fo, k = self._cv_rows(rows, fo)
         # out of fold: the temperature, the gate, the cutoffs, the risk, the prediction sets
-        logits, sim = self._oof_scores(cv, fixed, k)
+        if cv_views:
+            cv, logits, sim, fo = self._view_scores(rows, fo, cv_views)
+            k = len(cv_views)
+        else:
+            cv, fixed, fo, k = self._cv_rows(rows, fo)
+            logits, sim = self._oof_scores(cv, fixed, k)
         self.temperature_ = fit_temperature(logits, cv.yi)
         probs = softmax(logits, self.temperature_)
         is_oos = ~cv.in_scope
@@ -264,6 +288,37 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             binary_logits(lr.decision_function(cv.X[va]))
         ref = np.vstack([cv.X[tr][cv.in_scope[tr]], fixed.X[fixed.in_scope]])
         return z, (cv.X[va] @ ref.T).max(axis=1)
+
+    def _view_scores(self, rows: _Rows, fit_only: np.ndarray, views: Sequence[CrossFitView]
+                     ) -> tuple[_Rows, np.ndarray, np.ndarray, np.ndarray]:
+        """Cross-fitted scores (see ``fit``'s ``cv_views``): the rows predicted, their logits
+        over ``lr_classes_`` and similarities to the nearest in-scope training row of their
+        view, and the flags of the rows never predicted. Raises ``ValueError`` for a view of
+        the wrong shape, a row predicted twice or no row predicted."""
+        n, dim = rows.X.shape
+        masks = []
+        for i, view in enumerate(views):
+            vx, vp = np.asarray(view.X), np.asarray(view.predict, dtype=bool)
+            if vx.ndim != 2 or vx.shape[0] > n or vx.shape[1] != dim or vp.shape != (len(vx),):
+                raise ValueError(f"cv_views[{i}] must hold at most {n} rows of {dim} values and one flag per row")
+            mask = np.zeros(n, bool)
+            mask[: len(vx)] = vp
+            masks.append(mask & ~fit_only)
+        if (np.sum(masks, axis=0) > 1).any():
+            raise ValueError("cv_views predict a row more than once")
+        predicted = np.any(masks, axis=0)
+        if not predicted.any():
+            raise ValueError("cv_views predict no row")
+        logits = np.full((n, len(self.lr_classes_)), -1e4)
+        sim = np.zeros(n)
+        for view, mask in zip(views, masks):
+            vx = _normalise(view.X)
+            m = len(vx)
+            part = _Rows(vx, rows.yi[:m], rows.in_scope[:m], rows.w[:m])
+            tr, va = np.flatnonzero(~mask[:m]), np.flatnonzero(mask[:m])
+            if len(va):
+                logits[va], sim[va] = self._score_fold(part, part.take(np.zeros(m, bool)), tr, va)
+        return rows.take(predicted), logits[predicted], sim[predicted], ~predicted
 
     def _fit_gate(self, probs: np.ndarray, sim: np.ndarray, is_oos: np.ndarray) -> np.ndarray:
         """Set the out-of-scope gate (``gate_``: a class-balanced logistic regression on

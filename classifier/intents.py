@@ -43,9 +43,12 @@ _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
                   "num_threads", "layers", "runtime", "tune"}
-_TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout"}
+_TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout",
+              "calibration"}
 #: what ``embedder.tune.objective`` may be (training.finetune.EncoderTuner)
 TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
+# how the head of a tuned encoder learns its calibration and cutoffs (TuneSettings.calibration)
+TUNE_CALIBRATIONS = ("auto", "holdout", "crossfit")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
@@ -100,6 +103,12 @@ class TuneSettings:
     # share of each intent's rows kept out of the tuning, so the head's cutoffs and
     # calibration are learned on rows the tuned encoder has not seen (BENCHMARKS.md §14.3)
     holdout: float = 0.2
+    # "holdout": calibrate on the held-out rows; "crossfit": tune two more encoders on the
+    # two halves of the rows and calibrate each half on the other's encoder (every row
+    # calibrates, nothing is held out of the served encoder; about twice the tuning time);
+    # "auto": crossfit up to training.tuned_encoder.CROSSFIT_MAX_ROWS rows, where a holdout
+    # costs the most, holdout above (BENCHMARKS.md §14.12)
+    calibration: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -466,8 +475,11 @@ def _tune(c: _Checker, value: Any) -> TuneSettings | None:
     objective = t.get("objective", d.objective)
     if objective not in TUNE_OBJECTIVES:
         raise c.fail(f"embedder.tune.objective must be one of {', '.join(TUNE_OBJECTIVES)}, got {objective!r}")
+    calibration = t.get("calibration", d.calibration)
+    if calibration not in TUNE_CALIBRATIONS:
+        raise c.fail(f"embedder.tune.calibration must be one of {', '.join(TUNE_CALIBRATIONS)}, got {calibration!r}")
     return TuneSettings(
-        objective=objective,
+        objective=objective, calibration=calibration,
         budget_s=c.number(t.get("budget_s", d.budget_s), "embedder.tune.budget_s", 1.0, 7 * 86400.0),
         epochs=c.integer(t.get("epochs", d.epochs), "embedder.tune.epochs", 1),
         batch_size=c.integer(t.get("batch_size", d.batch_size), "embedder.tune.batch_size", 2),

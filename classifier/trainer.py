@@ -16,7 +16,7 @@ import numpy as np
 
 from flywheel.classifier.encoders import make_embedder
 from flywheel.classifier.errors import TrainingError
-from flywheel.classifier.head import IntentHead
+from flywheel.classifier.head import CrossFitView, IntentHead
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, Manifest, new_version_name
 from flywheel.classifier.negatives import WEIGHT as NEGATIVE_WEIGHT
@@ -37,7 +37,8 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
               parent: str | None = None, progress: bool = False,
               head: IntentHead | None = None, extra_weights: Sequence[float] | None = None,
               extra_fit_only: Sequence[bool] | None = None,
-              examples_fit_only: Sequence[bool] | None = None) -> IntentModel:
+              examples_fit_only: Sequence[bool] | None = None,
+              cv_views: Sequence[CrossFitView] = ()) -> IntentModel:
     """Embed the intent examples (and extra labelled texts) and fit an :class:`IntentHead`.
 
     ``extra_vectors``, when given, are precomputed embeddings of ``extra_texts``.
@@ -46,6 +47,7 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
     weight 1 and are fit-only where ``examples_fit_only`` (one per row of
     ``intents.training_pairs()``: the examples an encoder was tuned on) says so. The rows
     are the intent examples first, then the extras (see :func:`fit_from_vectors`).
+    ``cv_views`` (of the intent examples' rows) go to :meth:`IntentHead.fit`.
     """
     if len(extra_texts) != len(extra_labels):
         raise ValueError("extra_texts and extra_labels differ in length")
@@ -72,14 +74,16 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
     negatives = embed_negatives(intents, embedder)
     t_embed = time.perf_counter() - t0
     return fit_from_vectors(intents, X, labels, encoder_id=embedder.id, sample_weight=weights, fit_only=fit_only,
-                            version=version, parent=parent, head=head, embed_seconds=t_embed, negatives=negatives)
+                            version=version, parent=parent, head=head, embed_seconds=t_embed, negatives=negatives,
+                            cv_views=cv_views)
 
 
 def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | None], *, encoder_id: str,
                      sample_weight: Sequence[float] | None = None, fit_only: Sequence[bool] | None = None,
                      version: str | None = None, parent: str | None = None, head: IntentHead | None = None,
                      embed_seconds: float = 0.0, negatives: np.ndarray | None = None,
-                     negative_weight: float = NEGATIVE_WEIGHT) -> IntentModel:
+                     negative_weight: float = NEGATIVE_WEIGHT, cv_views: Sequence[CrossFitView] = ()
+                     ) -> IntentModel:
     """Fit an :class:`IntentHead` on embedded rows and bundle it into a model version.
 
     Parameters
@@ -91,8 +95,9 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         One embedding per row, made by the encoder ``encoder_id``.
     labels : sequence of str or None
         One label per row (``None``: out of scope).
-    sample_weight, fit_only : sequence, optional
-        Per row, passed to :meth:`IntentHead.fit`.
+    sample_weight, fit_only, cv_views : sequence, optional
+        Passed to :meth:`IntentHead.fit` (``cv_views``: cross-fitted calibration by a
+        tuned encoder's two halves, over the first rows of ``X``).
     head : IntentHead, optional
         An unfitted head (default: ``IntentHead(target_precision=...)`` of ``intents``).
     embed_seconds : float
@@ -118,7 +123,7 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         head = IntentHead(target_precision=th.target_precision, coverage=th.coverage)
     t0 = time.perf_counter()
     try:
-        head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only)
+        head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only, cv_views=cv_views or None)
     except ValueError as exc:  # too few examples, a single intent, ...
         raise TrainingError(f"cannot fit layer 2 for intent set {intents.name!r}: {exc}") from None
     t_fit = time.perf_counter() - t0

@@ -135,9 +135,10 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
     say(f"encoder tuned ({r['objective']}, {r['device']}) in {r['seconds']:.0f} s"
         + (" (stopped by its budget)" if r["stopped_early"] else "")
         + f"; exported as {r['encoder_id']} ({r['encoder_bytes'] / 1e6:.1f} MB)")
-    # the head calibrates only on the examples the tuner did not see (tuned.fit_only)
+    # the head calibrates only on the examples the tuner did not see (tuned.fit_only), or on
+    # each half of them by the encoder tuned on the other half (tuned.views)
     model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet,
-                      examples_fit_only=tuned.fit_only.tolist())
+                      examples_fit_only=tuned.fit_only.tolist(), cv_views=tuned.views)
     model.manifest.metrics["encoder_tuning"] = r
     return replace(model, encoder_dir=tuned.export.path)
 
@@ -210,6 +211,10 @@ def eval_command(
         None, "--tune-holdout", min=0.0, max=0.5,
         help="Share of each intent's rows kept out of the tuning to calibrate the head (default: "
              "embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
+    tune_calibration: Optional[str] = typer.Option(
+        None, "--tune-calibration",
+        help="holdout | crossfit: how the tuned head learns its cutoffs (default: embedder.tune.calibration, "
+             "else holdout; crossfit tunes two more encoders on the halves of the rows, about twice the time)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
@@ -244,8 +249,13 @@ def eval_command(
 
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
                 stack.callback(shutil.rmtree, work, ignore_errors=True)
+                from flywheel.classifier.intents import TUNE_CALIBRATIONS
+
+                if tune_calibration is not None and tune_calibration not in TUNE_CALIBRATIONS:
+                    raise typer.BadParameter(f"--tune-calibration must be one of {', '.join(TUNE_CALIBRATIONS)}, "
+                                             f"got {tune_calibration!r}")
                 tune = settings_with(intent_set.embedder.tune, budget_s=tune_budget, objective=tune_objective,
-                                     epochs=tune_epochs, holdout=tune_holdout)
+                                     epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration)
                 m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
                 assert m.encoder_dir is not None, "a tuned version carries its encoder"
                 tuning = m.manifest.metrics["encoder_tuning"]

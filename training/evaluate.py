@@ -47,6 +47,7 @@ import numpy as np
 
 from flywheel.classifier.calibration import expected_calibration_error, reliability_bins
 from flywheel.classifier.decision import Decision, Layer, Tier
+from flywheel.classifier.encoders.cache import uncached
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.protocols import DelegatingEmbedder
@@ -191,15 +192,6 @@ class _EvalEmbedder(DelegatingEmbedder):
             for text, row in zip(texts, X):
                 self.seen[text] = row
         return X
-
-
-def _uncached(embedder: Any) -> Any:
-    """The embedder behind any :class:`~classifier.encoders.CachedEmbedder` layers."""
-    from flywheel.classifier.encoders import CachedEmbedder
-
-    while isinstance(embedder, CachedEmbedder) or (hasattr(embedder, "inner") and hasattr(embedder, "cache_info")):
-        embedder = embedder.inner
-    return embedder
 
 
 def _share(values: list[str], names: list[str]) -> dict[str, float]:
@@ -367,7 +359,7 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
     model = clf.model
     on_long = clf.on_long
     cleaned = _clean_texts(texts, model.intents.embedder.max_chars, on_long)
-    emb = _EvalEmbedder(_uncached(clf.embedder))
+    emb = _EvalEmbedder(uncached(clf.embedder))
     twin = Classifier(model, embedder=emb, teacher=clf.teacher, log_sink=None, on_long=on_long)
     classes = [str(c) for c in model.head.classes_]
     scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress)

@@ -111,7 +111,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -134,10 +134,13 @@ from flywheel.training.tuned_trial import (
     confusion_pairs,
     hard_pairs_of,
     reencode,
+    reencode_forecast,
+    reencode_rows,
     reencode_training_set,
+    tuner_budget,
     tuning_rows,
 )
-from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
+from flywheel.training.tuning import TRAFFIC_SAMPLE_ROWS, learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -228,6 +231,7 @@ class _Tuned:
     report: dict[str, Any]        # the tuning step's report
     sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
     fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
+    views: tuple[Any, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows (CrossFitView)
     fitted: IntentModel | None = None
     challenger: IntentModel | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
@@ -489,12 +493,17 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     if n_textless:
         job.say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
                 f"so the tuned challenger trains without them")
-    job.say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs "
-            f"(budget {tune.budget_s:g} s) ...")
+    # re-encoding is part of the budget: the tuner gets what the forecast leaves (issue 22)
     t0 = time.perf_counter()
+    n_reencode = reencode_rows(ts, TRAFFIC_SAMPLE_ROWS if job.opts.llm_budget is not None else 0)
+    forecast = reencode_forecast(job.embedder, texts, n_reencode)
+    budget = tuner_budget(tune.budget_s, forecast + (time.perf_counter() - t0))
+    report.update(reencode_forecast_seconds=round(forecast, 2), tuner_budget_s=round(budget, 2))
+    job.say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
+            f"{budget:.0f} s to tune, {forecast:.0f} s set aside to re-encode about {n_reencode:,} rows) ...")
     try:
-        out = tune_and_export(texts, labels, job.intents.embedder, tune, workdir, sample_weight=weights,
-                              hard_pairs=hard,
+        out = tune_and_export(texts, labels, job.intents.embedder, replace(tune, budget_s=budget), workdir,
+                              sample_weight=weights, hard_pairs=hard,
                               progress=lambda line: job.say(f"tuning: {line}"))
         report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
                       stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)
@@ -510,10 +519,16 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
         return None, report
     report["reencode_seconds"] = round(time.perf_counter() - t1, 3)
     report["reencoded_rows"] = len(tuned_ts) + len(tuned_ts.eval) + len(tuned_ts.recent)
+    spent = time.perf_counter() - t0
+    report["budget_overrun_seconds"] = round(max(0.0, spent - tune.budget_s), 2)
+    if report["budget_overrun_seconds"] > 0:
+        job.say(f"the tuning step took {spent:.0f} s, {report['budget_overrun_seconds']:.0f} s over its "
+                f"{tune.budget_s:g} s budget (the export, or a re-encoding slower than forecast)")
     job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
             + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
             f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
-    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only), report
+    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
+                  views=out.views), report
 
 
 def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
@@ -521,19 +536,21 @@ def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
     tune its thresholds the same way; it carries the tuned encoder."""
     job.say("the tuned challenger:")
     fitted, tuned.t_fit = _timed(_fit_challenger, job, tuned.ts, champion.model, tuned.embedder.id,
-                                 tuned.fit_only)
+                                 tuned.fit_only, tuned.views)
     tuned.fitted = replace(fitted, encoder_dir=tuned.export_path)
     tuned.tuning, thresholds = _tune(job, tuned.fitted, tuned.ts, tuned.sample)
     tuned.challenger = with_thresholds(tuned.fitted, thresholds)
 
 
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
-                    encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None) -> IntentModel:
+                    encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None,
+                    views: Sequence[Any] = ()) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors, made by
     ``encoder_id``, default the served encoder's; the held-out intent examples are not
     among them); the model bundles the full intent set. ``tuned_fit_only``: the rows a
     tuned encoder trained on, which never calibrate the head (see
-    :func:`training.tuned_encoder.tune_and_export`)."""
+    :func:`training.tuned_encoder.tune_and_export`); ``views``: its cross-fitted
+    calibration's views of the rows (``embedder.tune.calibration: crossfit``)."""
     from flywheel.classifier.trainer import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
@@ -549,7 +566,7 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
                                  parent=champion.version if champion else None,
                                  head=IntentHead(target_precision=job.target_precision,
                                                  coverage=job.intents.thresholds.coverage),
-                                 negatives=ts.negatives)
+                                 negatives=ts.negatives, cv_views=views)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     return replace(model, intents=job.intents)

@@ -30,15 +30,21 @@ import numpy as np
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
 from flywheel.classifier.encoders.base import default_quantize, resolve_runtime
 from flywheel.classifier.encoders.version_encoder import EncoderExport, base_max_length
+from flywheel.classifier.head import CrossFitView
 from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
 from flywheel.classifier.protocols import Embedder
 
-__all__ = ["ADAPTER", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export", "calibration_holdout", "intent_pairs",
-           "settings_with", "tune_and_export"]
+__all__ = ["ADAPTER", "CROSSFIT", "CROSSFIT_MAX_ROWS", "HOLDOUT", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export",
+           "calibration_holdout", "crossfit_folds", "intent_pairs", "resolve_calibration", "settings_with",
+           "tune_and_export"]
 
 MIN_HELD_OUT = 2    # rows an intent must keep out of the tuning for them to be cross-validated
 ADAPTER = "adapter"  # the objective that trains an adapter on the frozen encoder instead
 ADAPTER_STEPS_PER_EPOCH = 50   # full-batch adapter steps per ``tune.epochs``
+CROSSFIT = "crossfit"  # the calibration that tunes two more encoders on the two halves of the rows
+HOLDOUT = "holdout"    # the calibration on a held-out share of each intent's rows
+CROSSFIT_MAX_ROWS = 5000   # "auto" cross-fits up to this many tuning rows, and holds out above
+CROSSFIT_BUDGET_SHARE = 0.25   # of ``tune.budget_s``, for each half's encoder; the served one gets the rest
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,15 @@ class TunedEncoder:
     ``report`` is the tuner's report plus the export's figures; ``fit_only`` flags, per
     input row, the rows the head must not calibrate on (rows the tuner trained on, of the
     intents that have held-out rows): pass it as the head's ``fit_only`` (see
-    :func:`calibration_holdout`)."""
+    :func:`calibration_holdout`). ``views``, with ``tune.calibration: crossfit``, are the
+    two half encoders' views of the input rows: pass them as the head's ``cv_views``
+    (``fit_only`` is then all false)."""
 
     embedder: Embedder
     export: EncoderExport
     report: dict[str, Any]
     fit_only: np.ndarray
+    views: tuple[CrossFitView, ...] = ()
 
 
 def calibration_holdout(labels: Sequence[str | None], share: float, seed: int = 0) -> np.ndarray:
@@ -75,6 +84,34 @@ def calibration_holdout(labels: Sequence[str | None], share: float, seed: int = 
         if k >= MIN_HELD_OUT and k < len(rows):
             held[rng.choice(rows, size=k, replace=False)] = True
     return held
+
+
+def resolve_calibration(calibration: str, n_rows: int) -> str:
+    """``holdout`` or ``crossfit`` for ``tune.calibration`` on ``n_rows`` tuning rows.
+
+    ``auto`` cross-fits up to :data:`CROSSFIT_MAX_ROWS`: with few rows an intent, a holdout
+    takes a fifth of what the encoder learns from (few-shot CLINC150: +1.80 points against
+    +2.48 cross-fitted, BENCHMARKS.md §14.12), while the two half encoders cost about one
+    more tuning plus two torch encodings of every row, which at 100k rows would not fit a
+    nightly budget and is where a holdout costs least."""
+    if calibration == "auto":
+        return CROSSFIT if n_rows <= CROSSFIT_MAX_ROWS else HOLDOUT
+    return calibration
+
+
+def crossfit_folds(labels: Sequence[str | None], seed: int = 0) -> np.ndarray:
+    """Per row, its half (0 or 1) for cross-fitted calibration: each label's rows (out of
+    scope included) are shuffled with ``seed`` and dealt to the halves in turn, so every
+    label with at least two rows has rows in both."""
+    rng = np.random.default_rng(seed)
+    fold = np.zeros(len(labels), dtype=np.int8)
+    by_label: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_label.setdefault("" if label is None else f"={label}", []).append(i)
+    for key in sorted(by_label):
+        rows = np.array(by_label[key])
+        fold[rng.permutation(rows)[1::2]] = 1
+    return fold
 
 
 def intent_pairs(intents: IntentSet) -> tuple[list[str], list[str | None]]:
@@ -115,6 +152,9 @@ def adapt_and_export(texts: Sequence[str], labels: Sequence[str | None], setting
     from flywheel.training.adapter import AdapterTrainer
     from flywheel.training.finetune import TuningError
 
+    if tune.calibration == CROSSFIT:
+        raise TuningError("embedder.tune.calibration: crossfit applies to a tuned encoder, not to an adapter; "
+                          "use calibration: holdout or auto")
     held = calibration_holdout(labels, tune.holdout, tune.seed)
     keep = [i for i, _ in enumerate(labels) if not held[i]]
     if len({labels[i] for i in keep if labels[i] is not None}) < 2:
@@ -137,7 +177,8 @@ def adapt_and_export(texts: Sequence[str], labels: Sequence[str | None], setting
     report = {**trainer.report_, "encode_seconds": round(encode_s, 2), "encoder_id": export.id, "quantized": False,
               "base_encoder": base.id, "export_seconds": round(time.perf_counter() - t1, 2),
               "encoder_bytes": export.size_bytes, "cosine_to_torch": None, "int8_cosine_to_fp32": None,
-              "holdout": tune.holdout, "held_out_rows": int(held.sum()), "held_out_intents": len(calibrated)}
+              "holdout": tune.holdout, "held_out_rows": int(held.sum()), "held_out_intents": len(calibrated),
+              "calibration": HOLDOUT}
     report["seconds"] = round(encode_s + float(trainer.report_["seconds"]), 2)
     return TunedEncoder(embedder, export, report, fit_only)
 
@@ -189,20 +230,35 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     if tune.objective == ADAPTER:
         return adapt_and_export(texts, labels, settings, tune, work, sample_weight=sample_weight, progress=progress)
     base = tunable_base(settings)
-    tuner = EncoderTuner(base, objective=tune.objective, epochs=tune.epochs,
-                         batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
-                         budget_s=tune.budget_s, seed=tune.seed, device=settings.device, progress=progress,
-                         hard_pairs=hard_pairs, num_threads=settings.num_threads)
-    held = calibration_holdout(labels, tune.holdout, tune.seed)
+
+    def tuner_for(budget_s: float) -> EncoderTuner:
+        return EncoderTuner(base, objective=tune.objective, epochs=tune.epochs,
+                            batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
+                            budget_s=budget_s, seed=tune.seed, device=settings.device, progress=progress,
+                            hard_pairs=hard_pairs, num_threads=settings.num_threads)
+
+    t_start = time.perf_counter()
+    calibration = resolve_calibration(tune.calibration, sum(1 for y in labels if tune_on_oos or y is not None))
+    crossfit = calibration == CROSSFIT
+    views: tuple[CrossFitView, ...] = ()
+    half_reports: list[dict[str, Any]] = []
+    if crossfit:
+        views, half_reports = _crossfit_views(texts, labels, tuner_for, tune, sample_weight=sample_weight,
+                                              progress=progress, tune_on_oos=tune_on_oos)
+    held = np.zeros(len(labels), bool) if crossfit else calibration_holdout(labels, tune.holdout, tune.seed)
     keep = [i for i, label in enumerate(labels) if (tune_on_oos or label is not None) and not held[i]]
     if len({labels[i] for i in keep}) < 2:
         raise TuningError("tuning the encoder needs labelled rows of at least two intents")
     calibrated, fit_only = _fit_only(labels, keep, held)
     weights = None if sample_weight is None else [sample_weight[i] for i in keep]
+    # the served encoder's tuning gets what the half encoders left of the budget
+    budget = max(1e-3, tune.budget_s - (time.perf_counter() - t_start)) if crossfit else tune.budget_s
     if progress is not None:
-        progress(f"tuning the encoder on {len(keep):,} labelled rows ({int(held.sum()):,} of {len(calibrated):,} "
-                 f"intents held out to calibrate the head; out-of-scope rows kept out of it), "
-                 f"budget {tune.budget_s:.0f} s ...")
+        how = ("every row, each half calibrated on the other half's encoder" if crossfit else
+               f"{int(held.sum()):,} of {len(calibrated):,} intents held out to calibrate the head")
+        progress(f"tuning the encoder on {len(keep):,} labelled rows ({how}; out-of-scope rows kept out of it), "
+                 f"budget {budget:.0f} s ...")
+    tuner = tuner_for(budget)
     tuner.fit([texts[i] for i in keep], [labels[i] for i in keep], sample_weight=weights)
     hf = Path(tempfile.mkdtemp(prefix="hf-", dir=work))
     try:
@@ -223,5 +279,42 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     report = {**tuner.report_, "encoder_id": export.id, "quantized": export.quantized,
               "export_seconds": round(export.seconds, 2), "encoder_bytes": export.size_bytes,
               "cosine_to_torch": export.cosine, "int8_cosine_to_fp32": export.int8_cosine,
-              "holdout": tune.holdout, "held_out_rows": int(held.sum()), "held_out_intents": len(calibrated)}
-    return TunedEncoder(embedder, export, report, fit_only)
+              "holdout": 0.0 if crossfit else tune.holdout, "held_out_rows": int(held.sum()),
+              "held_out_intents": len(calibrated), "calibration": calibration}
+    if crossfit:
+        report["crossfit_halves"] = half_reports
+        report["seconds"] = round(time.perf_counter() - t_start - export.seconds, 2)
+        report["stopped_early"] = bool(report["stopped_early"] or any(h["stopped_early"] for h in half_reports))
+    return TunedEncoder(embedder, export, report, fit_only, views)
+
+
+def _crossfit_views(texts: Sequence[str], labels: Sequence[str | None], tuner_for: Callable[[float], Any],
+                    tune: TuneSettings, *, sample_weight: Sequence[float] | None,
+                    progress: Callable[[str], None] | None, tune_on_oos: bool
+                    ) -> tuple[tuple[CrossFitView, ...], list[dict[str, Any]]]:
+    """Cross-fitted calibration's two views: for each half of the rows
+    (:func:`crossfit_folds`), an encoder tuned on the other half's labelled rows (budget
+    ``CROSSFIT_BUDGET_SHARE`` of ``tune.budget_s``) encodes every row in torch; the view
+    predicts the half it did not see. Returns the views and each half tuner's report."""
+    from flywheel.training.finetune import TuningError
+
+    fold = crossfit_folds(labels, tune.seed)
+    views: list[CrossFitView] = []
+    reports: list[dict[str, Any]] = []
+    for half in (0, 1):
+        keep = [i for i, label in enumerate(labels) if fold[i] != half and (tune_on_oos or label is not None)]
+        if len({labels[i] for i in keep}) < 2:
+            raise TuningError("cross-fitted calibration needs labelled rows of at least two intents in each half")
+        if progress is not None:
+            progress(f"cross-fitting, half {half + 1} of 2: tuning on {len(keep):,} rows to calibrate the other "
+                     f"{int((fold == half).sum()):,} ...")
+        tuner = tuner_for(tune.budget_s * CROSSFIT_BUDGET_SHARE)
+        tuner.fit([texts[i] for i in keep], [labels[i] for i in keep],
+                  sample_weight=None if sample_weight is None else [sample_weight[i] for i in keep])
+        t0 = time.perf_counter()
+        vectors = tuner.embedder().encode(list(texts))
+        views.append(CrossFitView(vectors, fold == half))
+        reports.append({"rows": len(keep), "steps": tuner.report_["steps"], "seconds": tuner.report_["seconds"],
+                        "stopped_early": tuner.report_["stopped_early"],
+                        "encode_seconds": round(time.perf_counter() - t0, 2)})
+    return tuple(views), reports

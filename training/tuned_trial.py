@@ -12,10 +12,14 @@ it oversamples, and the training set re-encoded by another encoder.
   ``embedder`` (same rows, same order), every distinct text encoded once;
   :func:`reencode_training_set` does it for a whole training set (rows without text left
   out), its evaluation sets and its synthetic negatives, in one ``encode`` call.
+- :func:`reencode_forecast` and :func:`tuner_budget`: re-encoding is part of
+  ``embedder.tune.budget_s`` (issue 22), so the tuner gets the budget less a forecast of
+  the re-encoding, timed on a probe of the texts before the tuning starts.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Sequence
@@ -26,10 +30,13 @@ from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet, TrainingSet
 
-__all__ = ["HARD_PAIRS", "candidate_pairs", "confusion_pairs", "encode_texts", "hard_pairs_of", "reencode",
-           "reencode_training_set", "tuning_rows"]
+__all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "candidate_pairs", "confusion_pairs", "encode_texts", "hard_pairs_of",
+           "reencode", "reencode_forecast", "reencode_rows", "reencode_training_set", "tuner_budget", "tuning_rows"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
+REENCODE_PROBE = 128     # texts encoded (and timed) to forecast the re-encoding
+REENCODE_MARGIN = 1.2    # the forecast's safety factor
+MIN_TUNER_SHARE = 0.25   # of the budget, always left to the tuner however long re-encoding will take
 
 
 def tuning_rows(ts: LabelledSet, self_training_weight: float) -> tuple[list[str], list[str | None], list[float], int]:
@@ -82,6 +89,36 @@ def encode_texts(embedder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:
         return {}
     X = np.asarray(embedder.encode(uniq), dtype=np.float32)
     return dict(zip(uniq, X))
+
+
+def reencode_rows(ts: TrainingSet, sample_rows: int = 0) -> int:
+    """How many texts a tuned challenger re-encodes: the training rows that have a text, the
+    evaluation and recent-traffic rows, the synthetic negatives and ``sample_rows`` (the
+    LLM-budget sample's)."""
+    negatives = ts.fit_intents.synthetic_negatives if ts.negatives is not None else 0
+    return sum(1 for t in ts.texts if t) + len(ts.eval) + len(ts.recent) + negatives + int(sample_rows)
+
+
+def reencode_forecast(embedder: Any, texts: Sequence[str], n_rows: int) -> float:
+    """Seconds ``embedder`` will take to encode ``n_rows`` texts (times
+    :data:`REENCODE_MARGIN`), timed on up to :data:`REENCODE_PROBE` of ``texts`` (not
+    through a cache: a cached probe would forecast nothing). A tuned encoder of the same
+    architecture encodes at the same speed; 0 when there is nothing to time."""
+    from flywheel.classifier.encoders.cache import uncached
+
+    embedder = uncached(embedder)
+    probe = [t for t in dict.fromkeys(texts) if t][:REENCODE_PROBE]
+    if not probe or n_rows <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    embedder.encode(probe)
+    return REENCODE_MARGIN * (time.perf_counter() - t0) * n_rows / len(probe)
+
+
+def tuner_budget(budget_s: float, forecast_s: float) -> float:
+    """The tuner's share of ``budget_s`` once ``forecast_s`` of re-encoding is set aside,
+    never below :data:`MIN_TUNER_SHARE` of it."""
+    return max(MIN_TUNER_SHARE * budget_s, budget_s - forecast_s)
 
 
 def _rows(data: LabelledSet, vectors: dict[str, np.ndarray], dim: int) -> LabelledSet:

@@ -44,12 +44,13 @@ from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet, TrainingSet
 
-__all__ = ["MIN_TUNE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
+__all__ = ["MIN_TUNE_ROWS", "TRAFFIC_SAMPLE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
            "with_thresholds", "layer2_state", "risk_ece"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
 MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
 RELAX_MIN_ACCURACY = 0.5    # the budget hands a kind of escalation to layer 2 only above this
+TRAFFIC_SAMPLE_ROWS = 2000  # the latest decisions the LLM-budget sample holds, at most
 
 
 @dataclass
@@ -73,7 +74,7 @@ class TrafficSample:
                 f"{self.n_labelled / max(self.n_held_out, 1):.2f}), {self.n_excluded:,} training texts left out")
 
 
-def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = 2000,
+def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = TRAFFIC_SAMPLE_ROWS,
                    min_held: int = 50, encoder: Any = None) -> TrafficSample | None:
     """The budget sample of the latest ``n`` decisions logged with ``encoder_id``.
 

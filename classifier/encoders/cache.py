@@ -17,7 +17,7 @@ from flywheel.classifier.encoders.base import check_texts
 from flywheel.classifier.errors import EmbedderError
 from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
 
-__all__ = ["CachedEmbedder"]
+__all__ = ["CachedEmbedder", "uncached"]
 
 
 class CachedEmbedder(DelegatingEmbedder):
@@ -115,3 +115,11 @@ class CachedEmbedder(DelegatingEmbedder):
 
     def __repr__(self) -> str:
         return f"CachedEmbedder({self.inner!r}, size={len(self._rows)}/{self.maxsize})"
+
+
+def uncached(embedder: Embedder) -> Embedder:
+    """The embedder behind any :class:`CachedEmbedder` layers (to time or evaluate the
+    encoder itself, not its cache)."""
+    while isinstance(embedder, CachedEmbedder):
+        embedder = embedder.inner
+    return embedder

@@ -4,7 +4,7 @@ import pytest
 from flywheel.classifier.calibration import expected_calibration_error
 from flywheel.classifier.decision import Candidate, Tier
 from flywheel.classifier.errors import ModelError, NotFittedError
-from flywheel.classifier.head import IntentHead
+from flywheel.classifier.head import CrossFitView, IntentHead
 from flywheel.classifier.tiers import Thresholds, assign_tier, cut_at_drop, fmt_probs
 from tests.support.worlds import blobs
 
@@ -117,3 +117,43 @@ def test_cross_validation_can_use_a_sample_but_the_final_fit_uses_everything():
     assert 110 <= head.metrics_["cv_samples"] <= 130
     assert head.lr_.coef_.shape[1] == X.shape[1] and len(head.ref_) == 400  # all in-scope rows (<= 200/class)
     assert list(head.predict(centres)) == ["L0", "L1", "L2", "L3"]
+
+
+def test_cross_fitted_views_calibrate_while_the_served_model_fits_every_row():
+    # issue 22: cross-fitted calibration; each view predicts the rows its encoder never saw
+    X, y, _ = blobs(noise=0.5, seed=2)
+    half = np.arange(len(X)) % 2 == 0
+    clean = IntentHead(cv=3).fit(X, y, cv_views=[CrossFitView(X, half), CrossFitView(X, ~half)])
+    plain = IntentHead(cv=3).fit(X, y)
+    assert clean.metrics_["cv_folds"] == 2 and clean.metrics_["cv_samples"] == len(X)
+    assert clean.metrics_["fit_only_rows"] == 0
+    np.testing.assert_allclose(clean.lr_.coef_, plain.lr_.coef_)     # the served model: every row of X
+    # views whose unseen rows are far noisier score worse out of fold: the calibration follows them
+    rng = np.random.default_rng(5)
+    noisy = [CrossFitView(np.where(m[:, None], X + 3.0 * rng.standard_normal(X.shape), X), m) for m in (half, ~half)]
+    blurred = IntentHead(cv=3).fit(X, y, cv_views=noisy)
+    assert blurred.metrics_["oof_top1_accuracy"] < clean.metrics_["oof_top1_accuracy"] - 0.1
+    np.testing.assert_allclose(blurred.lr_.coef_, plain.lr_.coef_)
+
+
+def test_cross_fitted_views_skip_fit_only_rows_and_rows_past_their_end():
+    X, y, _ = blobs(seed=3)
+    n = len(X) - 10                       # the last 10 rows are in no view (synthetic negatives, say)
+    half = np.arange(n) % 2 == 0
+    fo = np.zeros(len(X), bool)
+    fo[:6] = True
+    head = IntentHead(cv=3).fit(X, y, fit_only=fo, cv_views=[CrossFitView(X[:n], half), CrossFitView(X[:n], ~half)])
+    assert head.metrics_["cv_samples"] == n - 6 and head.metrics_["fit_only_rows"] == 16
+
+
+@pytest.mark.parametrize("views, words", [
+    (lambda X, m: [CrossFitView(X, m), CrossFitView(X, m)], "more than once"),
+    (lambda X, m: [CrossFitView(X[:, :8], m)], "rows of 32 values"),
+    (lambda X, m: [CrossFitView(X, m[:-1])], "one flag per row"),
+    (lambda X, m: [CrossFitView(X, np.zeros(len(X), bool))], "predict no row"),
+])
+def test_bad_cross_fitted_views_are_named(views, words):
+    X, y, _ = blobs(seed=4)
+    m = np.arange(len(X)) % 2 == 0
+    with pytest.raises(ValueError, match=words):
+        IntentHead(cv=3).fit(X, y, cv_views=views(X, m))

@@ -261,7 +261,8 @@ def test_tune_and_export_keeps_out_of_scope_rows_out_of_the_tuning(tiny, tmp_pat
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
     iset = IntentSet(name="tiny", intents=intents, oos_examples=tuple(OTHER), synthetic_negatives=0)
-    settings, tune = EmbedderSettings(num_threads=1), TuneSettings(epochs=2, batch_size=FAST["batch_size"])
+    settings = EmbedderSettings(num_threads=1)
+    tune = TuneSettings(epochs=2, batch_size=FAST["batch_size"], calibration="holdout")
     tuned = tune_and_export(*intent_pairs(iset), settings, tune, tmp_path / "a")
     model = fit_model(iset, embedder=tuned.embedder)
     assert tuned.report["n_rows"] == len(CANCEL) + len(RESET) and tuned.report["n_labels"] == 2
@@ -286,7 +287,8 @@ def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, mo
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
     iset = IntentSet(name="tiny", intents=intents, oos_examples=tuple(OTHER), synthetic_negatives=0)
-    tune = TuneSettings(epochs=2, batch_size=FAST["batch_size"], holdout=0.34)    # 2 of each intent's 6
+    tune = TuneSettings(epochs=2, batch_size=FAST["batch_size"], holdout=0.34,    # 2 of each intent's 6
+                        calibration="holdout")
     texts, labels = intent_pairs(iset)
     tuned = tune_and_export(texts, labels, EmbedderSettings(num_threads=1), tune, tmp_path / "a")
     assert tuned.report["n_rows"] == 8 and tuned.report["held_out_rows"] == 4
@@ -302,6 +304,83 @@ def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, mo
     again = tune_and_export(texts, labels, EmbedderSettings(num_threads=1), replace(tune, epochs=1),
                             tmp_path / "b")
     assert (again.fit_only == fo).all()
+
+
+def test_crossfit_calibrates_every_row_on_the_half_encoder_that_never_saw_it(tiny, tmp_path, monkeypatch):
+    # issue 22 (BENCHMARKS 14.8, 14.12): the served encoder tunes on every row; two more, each
+    # tuned on one half, encode the rows so that each half is calibrated by the encoder of the other
+    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
+    from flywheel.classifier.trainer import fit_model
+    from flywheel.training import finetune
+    from flywheel.training.tuned_encoder import crossfit_folds, intent_pairs, tune_and_export
+
+    monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
+    intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
+    iset = IntentSet(name="tiny", intents=intents, oos_examples=tuple(OTHER), synthetic_negatives=4)
+    tune = TuneSettings(epochs=2, batch_size=FAST["batch_size"], calibration="crossfit")
+    texts, labels = intent_pairs(iset)
+    tuned = tune_and_export(texts, labels, EmbedderSettings(num_threads=1), tune, tmp_path / "a")
+    r = tuned.report
+    assert r["calibration"] == "crossfit" and r["held_out_rows"] == 0 and not tuned.fit_only.any()
+    assert r["n_rows"] == len(CANCEL) + len(RESET)              # the served encoder: every in-scope row
+    assert [h["rows"] for h in r["crossfit_halves"]] == [6, 6]   # each half encoder: the other half's 6
+    assert all(h["steps"] > 0 for h in r["crossfit_halves"])
+    fold = crossfit_folds(labels, tune.seed)
+    assert len(tuned.views) == 2
+    for half, view in enumerate(tuned.views):
+        assert view.X.shape == (len(texts), tuned.embedder.dim) and (view.predict == (fold == half)).all()
+    # the two half encoders are not the served one: their vectors of the same rows differ
+    served = tuned.embedder.encode(texts)
+    assert not np.allclose(tuned.views[0].X, served, atol=1e-3)
+    model = fit_model(iset, embedder=tuned.embedder, cv_views=tuned.views)
+    m = model.head.metrics_
+    assert m["cv_folds"] == 2 and m["cv_samples"] == len(texts)     # every row calibrated once, negatives none
+    assert m["fit_only_rows"] == 4 and model.manifest.training_size == len(TEXTS)
+
+
+def test_auto_calibration_cross_fits_few_rows_and_holds_out_many():
+    from flywheel.training.tuned_encoder import CROSSFIT_MAX_ROWS, resolve_calibration
+
+    assert resolve_calibration("auto", 1500) == "crossfit"
+    assert resolve_calibration("auto", CROSSFIT_MAX_ROWS) == "crossfit"
+    assert resolve_calibration("auto", CROSSFIT_MAX_ROWS + 1) == "holdout"
+    assert resolve_calibration("holdout", 10) == "holdout" and resolve_calibration("crossfit", 10**6) == "crossfit"
+
+
+def test_crossfit_folds_deal_each_label_to_both_halves():
+    from flywheel.training.tuned_encoder import crossfit_folds
+
+    labels = ["a"] * 7 + ["b"] * 2 + [None] * 5 + ["c"]
+    fold = crossfit_folds(labels, seed=1)
+    for y, want in (("a", (3, 4)), ("b", (1, 1)), (None, (2, 3)), ("c", (0, 1))):
+        got = int(sum(f for f, v in zip(fold, labels) if v == y))
+        n = sum(v == y for v in labels)
+        assert got == want[0] and n - got == want[1], y
+    assert (crossfit_folds(labels, seed=1) == fold).all()
+    assert any((crossfit_folds(labels, seed=s) != fold).any() for s in range(2, 6))
+
+
+def test_an_adapter_refuses_crossfit_calibration(tmp_path):
+    from flywheel.classifier.intents import EmbedderSettings, TuneSettings
+    from flywheel.training.tuned_encoder import tune_and_export
+
+    with pytest.raises(TuningError, match="crossfit applies to a tuned encoder"):
+        tune_and_export(TEXTS, LABELS, EmbedderSettings(), TuneSettings(objective="adapter", calibration="crossfit"),
+                        tmp_path)
+
+
+def test_the_intent_file_names_a_bad_calibration():
+    from flywheel.classifier.errors import IntentFileError
+    from flywheel.classifier.intents import parse_intents
+
+    doc = {"version": 1, "name": "x", "embedder": {"tune": {"calibration": "crossfit"}},
+           "intents": [{"name": "a", "examples": ["a b"]}, {"name": "b", "examples": ["c d"]}]}
+    assert parse_intents(doc).embedder.tune.calibration == "crossfit"
+    doc["embedder"]["tune"] = True
+    assert parse_intents(doc).embedder.tune.calibration == "auto"
+    doc["embedder"]["tune"] = {"calibration": "both"}
+    with pytest.raises(IntentFileError, match="embedder.tune.calibration must be one of auto, holdout, crossfit"):
+        parse_intents(doc)
 
 
 def test_calibration_holdout_takes_a_share_of_each_intent():

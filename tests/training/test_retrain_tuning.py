@@ -23,7 +23,7 @@ from flywheel.classifier.intents import TuneSettings
 from flywheel.classifier.model import file_sha256
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
-from flywheel.training import cli_retrain, finetune
+from flywheel.training import cli_retrain, finetune, tuned_trial
 from flywheel.training import retrain as retrain_mod
 from flywheel.training.finetune import TuningError
 from flywheel.training.gate import evaluate_layer2, pick_challenger
@@ -38,7 +38,8 @@ from tests.support.tiny_encoder import build_tiny_bert
 from tests.support.worlds import INTENT_DOC, QUERIES, World, record, sample, write
 
 #: tiny-model tuning: a random 32-d BERT needs a larger step than MiniLM
-FAST = TuneSettings(budget_s=60.0, epochs=3, batch_size=32, learning_rate=1e-3, max_length=32)
+FAST = TuneSettings(budget_s=60.0, epochs=3, batch_size=32, learning_rate=1e-3, max_length=32,
+                    calibration="holdout")
 WORLD_TEXTS = [q for q, _ in QUERIES] + [e for i in INTENT_DOC["intents"] for e in i["examples"]] \
     + list(INTENT_DOC["out_of_scope"]["examples"])
 
@@ -100,9 +101,32 @@ def test_a_better_tuned_challenger_is_put_forward_and_promoted_with_its_encoder(
     assert manifest["metrics"]["fit_only_rows"] > manifest["metrics"]["n_synthetic_negatives"]
     tm = res.report["timing"]
     assert tm["reencode_seconds"] >= 0 and tm["tune_seconds"] <= FAST.budget_s and tm["tuned_fit_seconds"] > 0
+    # re-encoding is part of the budget: the tuner got the budget less the forecast re-encoding
+    assert t["reencode_forecast_seconds"] > 0 and t["tuner"]["budget_s"] == pytest.approx(t["tuner_budget_s"], abs=0.01)
+    assert t["tuner_budget_s"] <= FAST.budget_s - t["reencode_forecast_seconds"] + 0.01
+    assert t["budget_overrun_seconds"] == 0
     md = (d / "report.md").read_text()
     assert "## Champion and challengers" in md and "| tuned challenger |" in md and "## Encoder tuning" in md
     assert leftover_workdirs(world) == []                      # the run's export is removed
+
+
+@pytest.mark.slow
+def test_crossfit_calibration_in_the_retrain_calibrates_the_tuned_head_on_both_halves(world, frozen):
+    # embedder.tune.calibration: crossfit; the tuned challenger's head is calibrated on every
+    # re-encodable row, each by the half encoder that never saw it, within the one budget
+    world.embedder = VersionEncoderEmbedder(frozen.path, num_threads=1)
+    world.seed_traffic(n_teacher=300, n_human=20)
+    res = world.run(tune=dataclasses.replace(FAST, calibration="crossfit"))
+    t = res.report["tuning"]
+    assert t["settings"]["calibration"] == "crossfit" and t["tuner"]["calibration"] == "crossfit"
+    halves = t["tuner"]["crossfit_halves"]
+    assert len(halves) == 2 and all(h["steps"] > 0 for h in halves)
+    assert sum(h["rows"] for h in halves) == t["tuner"]["n_rows"] and t["tuner"]["held_out_rows"] == 0
+    assert res.report["timing"]["tune_seconds"] <= FAST.budget_s
+    assert res.outcome == "promoted" and res.report["challengers"]["put_forward"] == "tuned", res.reason
+    metrics = json.loads((world.registry.home / res.version / "manifest.json").read_text())["metrics"]
+    # every re-encoded row calibrated once (no self-training rows, no synthetic negatives here)
+    assert metrics["cv_folds"] == 2 and metrics["cv_samples"] == t["rows"] and metrics["fit_only_rows"] == 0
 
 
 @pytest.mark.slow
@@ -340,3 +364,47 @@ def test_cli_tuning_flags_win_over_the_intent_file(world, tmp_path, monkeypatch,
         return
     assert r.exit_code == 0, r.output
     assert seen[0].tune == expected
+
+
+# ------------------------------------------------------------- the budget's forecast
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_reencoding_forecast_times_the_encoder_not_its_cache(monkeypatch):
+    from flywheel.classifier.encoders import CachedEmbedder
+
+    clock = _Clock()
+    monkeypatch.setattr(tuned_trial.time, "perf_counter", clock)
+
+    class Ticking(HashEmbedder):
+        def encode(self, texts, **kw):        # 10 ms a text on the fake clock
+            clock.now += 0.01 * len(texts)
+            return super().encode(texts, **kw)
+
+    cached = CachedEmbedder(Ticking())
+    texts = [f"query {i}" for i in range(300)]
+    cached.encode(texts)                       # every probe text cached: the cache would forecast nothing
+    forecast = tuned_trial.reencode_forecast(cached, texts + [""], 5000)
+    assert forecast == pytest.approx(tuned_trial.REENCODE_MARGIN * 0.01 * 5000)
+    assert tuned_trial.reencode_forecast(cached, [], 5000) == 0.0
+    assert tuned_trial.reencode_forecast(cached, texts, 0) == 0.0
+
+
+def test_the_tuner_gets_the_budget_less_the_forecast_but_never_too_little():
+    assert tuned_trial.tuner_budget(900.0, 120.0) == 780.0
+    assert tuned_trial.tuner_budget(900.0, 0.0) == 900.0
+    assert tuned_trial.tuner_budget(900.0, 5000.0) == tuned_trial.MIN_TUNER_SHARE * 900.0
+
+
+def test_the_rows_to_reencode_count_every_set_and_the_sample(world):
+    world.seed_traffic(n_teacher=120, n_human=10)
+    ts = build_training_set(world.store, world.intents, embedder=world.embedder)
+    with_text = sum(1 for t in ts.texts if t)
+    negatives = world.intents.synthetic_negatives if ts.negatives is not None else 0
+    base = with_text + len(ts.eval) + len(ts.recent) + negatives
+    assert tuned_trial.reencode_rows(ts) == base and tuned_trial.reencode_rows(ts, 2000) == base + 2000
