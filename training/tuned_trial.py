@@ -34,7 +34,7 @@ __all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "candidate_pairs", "confusion_pairs"
            "reencode", "reencode_forecast", "reencode_rows", "reencode_training_set", "tuner_budget", "tuning_rows"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
-REENCODE_PROBE = 128     # texts encoded (and timed) to forecast the re-encoding
+REENCODE_PROBE = 256     # texts encoded (and timed) to forecast the re-encoding
 REENCODE_MARGIN = 1.2    # the forecast's safety factor
 MIN_TUNER_SHARE = 0.25   # of the budget, always left to the tuner however long re-encoding will take
 
@@ -99,17 +99,21 @@ def reencode_rows(ts: TrainingSet, sample_rows: int = 0) -> int:
     return sum(1 for t in ts.texts if t) + len(ts.eval) + len(ts.recent) + negatives + int(sample_rows)
 
 
-def reencode_forecast(embedder: Any, texts: Sequence[str], n_rows: int) -> float:
+def reencode_forecast(embedder: Any, texts: Sequence[str], n_rows: int, seed: int = 0) -> float:
     """Seconds ``embedder`` will take to encode ``n_rows`` texts (times
-    :data:`REENCODE_MARGIN`), timed on up to :data:`REENCODE_PROBE` of ``texts`` (not
-    through a cache: a cached probe would forecast nothing). A tuned encoder of the same
-    architecture encodes at the same speed; 0 when there is nothing to time."""
+    :data:`REENCODE_MARGIN`), timed on a seeded sample of :data:`REENCODE_PROBE` of
+    ``texts`` (a sample, since the first rows are the short intent examples; not through a
+    cache, which would forecast nothing). A tuned encoder of the same architecture encodes
+    at the same speed; 0 when there is nothing to time."""
     from flywheel.classifier.encoders.cache import uncached
 
     embedder = uncached(embedder)
-    probe = [t for t in dict.fromkeys(texts) if t][:REENCODE_PROBE]
-    if not probe or n_rows <= 0:
+    distinct = [t for t in dict.fromkeys(texts) if t]
+    if not distinct or n_rows <= 0:
         return 0.0
+    rng = np.random.default_rng(seed)
+    probe = [distinct[i] for i in rng.choice(len(distinct), min(REENCODE_PROBE, len(distinct)), replace=False)]
+    embedder.encode(probe[:8])          # a first call may load or warm the encoder: not timed
     t0 = time.perf_counter()
     embedder.encode(probe)
     return REENCODE_MARGIN * (time.perf_counter() - t0) * n_rows / len(probe)

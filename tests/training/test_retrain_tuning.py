@@ -391,6 +391,18 @@ def test_the_reencoding_forecast_times_the_encoder_not_its_cache(monkeypatch):
     cached.encode(texts)                       # every probe text cached: the cache would forecast nothing
     forecast = tuned_trial.reencode_forecast(cached, texts + [""], 5000)
     assert forecast == pytest.approx(tuned_trial.REENCODE_MARGIN * 0.01 * 5000)
+    # the probe is a sample, not the first rows: long texts late in the list are timed too
+    seen: list[str] = []
+
+    class Recording(HashEmbedder):
+        def encode(self, texts, **kw):
+            seen.extend(texts)
+            clock.now += 0.001 * sum(len(t) for t in texts)      # 1 ms a character
+            return super().encode(texts, **kw)
+
+    short_then_long = ["hi"] * 50 + [f"a long question number {i} " * 8 for i in range(500)]
+    per_char = tuned_trial.reencode_forecast(Recording(), short_then_long, 1000)
+    assert any(len(t) > 100 for t in seen[8:]) and per_char > tuned_trial.REENCODE_MARGIN * 0.1 * 1000
     assert tuned_trial.reencode_forecast(cached, [], 5000) == 0.0
     assert tuned_trial.reencode_forecast(cached, texts, 0) == 0.0
 
