@@ -123,7 +123,7 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         head = IntentHead(target_precision=th.target_precision, coverage=th.coverage)
     t0 = time.perf_counter()
     try:
-        head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only, cv_views=cv_views or None)
+        head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only, cv_views=cv_views)
     except ValueError as exc:  # too few examples, a single intent, ...
         raise TrainingError(f"cannot fit layer 2 for intent set {intents.name!r}: {exc}") from None
     t_fit = time.perf_counter() - t0

@@ -116,7 +116,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError, TrainingError
-from flywheel.classifier.head import IntentHead
+from flywheel.classifier.head import CrossFitView, IntentHead
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
@@ -231,7 +231,7 @@ class _Tuned:
     report: dict[str, Any]        # the tuning step's report
     sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
     fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
-    views: tuple[Any, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows (CrossFitView)
+    views: tuple[CrossFitView, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows
     fitted: IntentModel | None = None
     challenger: IntentModel | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
@@ -544,7 +544,7 @@ def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
 
 def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
                     encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None,
-                    views: Sequence[Any] = ()) -> IntentModel:
+                    views: Sequence[CrossFitView] = ()) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors, made by
     ``encoder_id``, default the served encoder's; the held-out intent examples are not
     among them); the model bundles the full intent set. ``tuned_fit_only``: the rows a
