@@ -29,6 +29,13 @@ retention erased.
   corrected most (:data:`CONFUSED_PAIRS` pairs: confusable intents);
 - ``0.5 ** (age_days / HALF_LIFE_DAYS)``: recent items first.
 
+Identical texts (the same text after stripping blanks) are merged into one item, the
+highest-worth decision representing them (:attr:`ReviewItem.decision_ids` lists every one,
+the representative first): one label answers them all.
+
+Every intent of the served set may be given to any item: :attr:`ReviewItem.choices` are the
+likely ones, :func:`all_choices` the likely ones followed by the rest of the served set.
+
 Filters (:class:`ReviewFilters`): intent (served, layer-2 or teacher label), tier, layer,
 reason, confidence range and a time window. The log records no language per decision, so
 there is no language filter yet.
@@ -39,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -48,7 +55,7 @@ from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.protocols import TeacherAnswer
 
 __all__ = ["CONFUSED_PAIRS", "HALF_LIFE_DAYS", "REASONS", "REASON_WEIGHTS", "ReviewError", "ReviewFilters",
-           "ReviewItem", "review_queue"]
+           "ReviewItem", "all_choices", "review_queue"]
 
 REASONS = ("unsure", "teacher_vs_l2", "audit_vs_l2", "shadow_vs_l2", "degraded", "pending", "corrected")
 REASON_WEIGHTS = {"unsure": 3.0, "teacher_vs_l2": 2.0, "audit_vs_l2": 2.0, "shadow_vs_l2": 1.5,
@@ -93,7 +100,11 @@ class ReviewFilters:
 
 @dataclass(frozen=True)
 class ReviewItem:
-    """One decision worth reviewing. Labels are names, ``None`` = out of scope."""
+    """One decision worth reviewing (or several with the same text). Labels are names,
+    ``None`` = out of scope; ``teacher_answered`` tells the teacher's valid out-of-scope
+    answer (``teacher_label`` ``None``) from no valid answer (it is set whenever
+    ``teacher_label`` is not ``None``). ``decision_ids``: every decision this item answers, the
+    representative ``decision_id`` first (``()``: just ``decision_id``)."""
 
     decision_id: str
     created_at: float
@@ -110,11 +121,29 @@ class ReviewItem:
     reasons: tuple[str, ...]
     worth: float
     choices: tuple[str | None, ...] = field(default=())
+    teacher_answered: bool = False
+    decision_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.teacher_label is not None and not self.teacher_answered:
+            object.__setattr__(self, "teacher_answered", True)
+        if not self.decision_ids:
+            object.__setattr__(self, "decision_ids", (self.decision_id,))
+        elif self.decision_ids[0] != self.decision_id:
+            raise ValueError("decision_ids must start with decision_id")
+
+    @property
+    def count(self) -> int:
+        """How many decisions a label on this item answers (at least 1)."""
+        return max(1, len(self.decision_ids))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("label", "l2_label", "teacher_label", "shadow_label", "human_label"):
             d[k] = label_name(d[k]) if (d[k] is not None or k == "label") else None
+        d["teacher_label"] = label_name(self.teacher_label) if self.teacher_answered else None
+        d["decision_ids"] = list(self.decision_ids)
+        d["count"] = self.count
         d["candidates"] = [label_name(c) for c in self.candidates]
         d["reasons"] = list(self.reasons)
         d["choices"] = [label_name(c) for c in self.choices]
@@ -210,7 +239,28 @@ def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int
         if _keep(item, f):
             items.append(item)
     items.sort(key=lambda it: (-it.worth, -it.created_at, it.decision_id))
-    return items[:limit]
+    return _merge_identical(items)[:limit]
+
+
+def _merge_identical(items: Sequence[ReviewItem]) -> list[ReviewItem]:
+    """``items`` (best first) with identical texts (after strip) merged into the first, best one."""
+    groups: dict[str, list[ReviewItem]] = {}
+    for it in items:
+        groups.setdefault(it.text.strip(), []).append(it)
+    out = []
+    for group in groups.values():
+        head = group[0]
+        ids = tuple(dict.fromkeys(i for it in group for i in it.decision_ids))
+        out.append(head if len(ids) == head.count else replace(head, decision_ids=ids))
+    return out
+
+
+def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ...]:
+    """Every intent a reviewer may give ``item``: its likely ``choices`` first, then the rest
+    of the served set ``labels`` in their order (``None``: the served set is unknown, the
+    choices alone). Out of scope is not among them (every front end has its own key)."""
+    likely = [c for c in item.choices if c is not None and (not labels or c in labels)]
+    return tuple(dict.fromkeys([*likely, *(labels or ())]))
 
 
 def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
@@ -231,13 +281,14 @@ def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled:
     return ReviewItem(decision_id=did, created_at=float(created), text=text, label=label, confidence=conf,
                       tier=tier, layer=layer, l2_label=l2, teacher_label=teacher if t_valid else None,
                       shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,
-                      choices=tuple(choices[:9]))
+                      choices=tuple(choices[:9]), teacher_answered=bool(t_valid))
 
 
 def _keep(item: ReviewItem, f: ReviewFilters) -> bool:
     if f.intent is not None:
         want = None if f.intent.upper() == OUT_OF_SCOPE else f.intent
-        if want not in (item.label, item.l2_label, item.teacher_label):
+        said = (item.label, item.l2_label, *((item.teacher_label,) if item.teacher_answered else ()))
+        if want not in said:
             return False
     if f.tier is not None and item.tier != f.tier:
         return False

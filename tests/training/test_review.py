@@ -101,3 +101,41 @@ def test_an_item_serialises_with_label_names(store):
 def test_choices_keep_only_the_intents_a_label_may_be(store):
     got = {it.decision_id: it for it in review_queue(store, now=NOW, labels=("RETRIEVAL", "PLATFORM"))}
     assert "CODE_GENERATION" not in got["unsure"].choices and got["unsure"].choices == ("RETRIEVAL", "PLATFORM")
+
+
+def test_identical_texts_are_one_item_that_answers_them_all(tmp_path):
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [
+        review_record("new", "what are your hours", "CANCEL", teacher=teacher_call("BOOK")),
+        review_record("old", "  what are your hours ", "BOOK", teacher=teacher_call("CANCEL"), age_days=2),
+        review_record("other", "what are your hours?", "BOOK", teacher=teacher_call("CANCEL"), age_days=1),
+    ])
+    items = review_queue(s, now=NOW)
+    assert [it.decision_id for it in items] == ["new", "other"]          # the best one represents them
+    assert items[0].decision_ids == ("new", "old") and items[0].count == 2
+    assert items[1].decision_ids == ("other",) and items[1].count == 1
+    d = items[0].to_dict()
+    assert d["decision_ids"] == ["new", "old"] and d["count"] == 2
+    assert len(review_queue(s, limit=1, now=NOW)) == 1                    # the limit counts items
+
+
+def test_the_teachers_out_of_scope_answer_is_not_no_answer(tmp_path):
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [review_record("oos", "tell me a joke", "PLATFORM", teacher=teacher_call(None)),
+              review_record("none", "hello there", "PLATFORM", layer=Layer.EMBEDDING, l2="PLATFORM",
+                            degraded="teacher_down")])
+    items = {it.decision_id: it for it in review_queue(s, now=NOW)}
+    assert items["oos"].teacher_answered and items["oos"].teacher_label is None
+    assert items["oos"].to_dict()["teacher_label"] == "OUT_OF_SCOPE" and items["oos"].to_dict()["teacher_answered"]
+    assert not items["none"].teacher_answered and items["none"].to_dict()["teacher_label"] is None
+    assert {it.decision_id for it in review_queue(s, ReviewFilters(intent="OUT_OF_SCOPE"), now=NOW)} == {"oos"}
+
+
+def test_every_served_intent_is_a_choice_the_likely_ones_first(store):
+    from flywheel.training.review import all_choices
+
+    served = ("BOOK", "PLATFORM", "HOURS", "RETRIEVAL")
+    item = next(it for it in review_queue(store, now=NOW, labels=served) if it.decision_id == "unsure")
+    assert item.choices == ("RETRIEVAL", "PLATFORM")
+    assert all_choices(item, served) == ("RETRIEVAL", "PLATFORM", "BOOK", "HOURS")
+    assert all_choices(item, None) == item.choices
