@@ -354,13 +354,26 @@ def label_command(
                                   labels=site.labels(store))
     finally:
         clf.close()
+    down = _teacher_down(counts)
     if as_json:
         echo_json(counts)
-        return
-    typer.echo(f"labelled {counts['labelled']} of {counts['pending']} pending decisions "
-               f"({counts['invalid']} invalid answers, {counts['remaining']} still pending)")
-    if "stopped_because" in counts:
-        typer.echo(f"stopped early: {counts['stopped_because']}")
+    elif down is None:
+        typer.echo(f"labelled {counts['labelled']} of {counts['pending']} pending decisions "
+                   f"({counts['invalid']} invalid answers, {counts['remaining']} still pending)")
+        if "stopped_because" in counts:
+            typer.echo(f"stopped early: {counts['stopped_because']}")
+    if down is not None:   # nothing could be labelled: cron must see it (exit 1, as a teacher that is off)
+        raise FlywheelError(down)
+
+
+def _teacher_down(counts: dict) -> str | None:
+    """Why ``flywheel label`` failed: the teacher was unreachable before any pending
+    decision was answered (``None``: it labelled some, or there was nothing to label)."""
+    answered = int(counts["pending"]) - int(counts["remaining"])
+    if "stopped_because" not in counts or answered > 0:
+        return None
+    return (f"the teacher is down ({counts['stopped_because']}); none of {counts['pending']:,} pending "
+            f"decisions could be labelled, all still pending (run flywheel label again once it answers)")
 
 
 def stats_command(
