@@ -120,8 +120,8 @@ class ServerMetrics:
         self.teacher_breaker_open = Gauge(
             "flywheel_teacher_breaker_open", "1 while the teacher's circuit breaker is open, else 0.", registry=r)
         self.teacher_ready = Gauge(
-            "flywheel_teacher_ready", "1 when the teacher's startup check found its server and model (or a teacher "
-            "call has succeeded since), else 0 (no teacher, check failed or not run yet).", registry=r)
+            "flywheel_teacher_ready", "1 while the teacher is ready: its last check found its server and model, or "
+            "a teacher call has succeeded since; else 0 (no teacher, check failed or not run yet).", registry=r)
 
         # --- model and log ---
         self.model_info = Gauge(
@@ -147,6 +147,10 @@ class ServerMetrics:
         self._known_labels: frozenset[str] = frozenset()
         self._model_lock = threading.Lock()
         self._model: tuple[str, str] | None = None
+        self._teacher_lock = threading.Lock()
+        self._teacher_is_ready = False
+        self._teacher_answers = 0
+        self._teacher_listener: Callable[[bool], None] | None = None
 
         for outcome in TEACHER_OUTCOMES:
             self._teacher_child(outcome)
@@ -227,11 +231,34 @@ class ServerMetrics:
     def teacher_call(self, outcome: str) -> None:
         self._teacher_child(outcome).inc()
         if outcome == "ok":  # the teacher answered: ready, whatever an earlier check said
-            self.teacher_ready.set(1.0)
+            self.set_teacher_ready(True, answered=True)
 
-    def set_teacher_ready(self, ready: bool) -> None:
-        """Record the teacher's readiness check (``TeacherStatus.ok``)."""
-        self.teacher_ready.set(1.0 if ready is True else 0.0)
+    @property
+    def teacher_is_ready(self) -> bool:
+        """What ``flywheel_teacher_ready`` says now."""
+        return self._teacher_is_ready
+
+    @property
+    def teacher_answers(self) -> int:
+        """Teacher calls that answered (outcome ``ok``) since this process started."""
+        return self._teacher_answers
+
+    def set_teacher_ready(self, ready: bool, *, answered: bool = False) -> None:
+        """Record the teacher's readiness (a check's ``TeacherStatus.ok``, or ``answered``: a
+        call got an answer); a change is passed on to :meth:`bind_teacher_ready`'s listener,
+        in the same order as the gauge's."""
+        value = ready is True
+        with self._teacher_lock:
+            changed, self._teacher_is_ready = value != self._teacher_is_ready, value
+            self._teacher_answers += int(answered)
+            self.teacher_ready.set(1.0 if value else 0.0)
+            if changed and self._teacher_listener is not None:
+                self._teacher_listener(value)
+
+    def bind_teacher_ready(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(ready)`` whenever ``flywheel_teacher_ready`` changes (the sidecar's
+        ``flywheel.teacher`` health entry follows it)."""
+        self._teacher_listener = listener
 
     def bind_breaker_open(self, fn: Callable[[], bool]) -> None:
         """Compute the breaker gauge at scrape time: 1 when ``fn()`` is truthy."""

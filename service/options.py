@@ -41,4 +41,5 @@ class ServerOptions:
     metrics_port: int | None = None        # None: no /metrics endpoint
     metrics_address: str = "127.0.0.1"
     max_workers: int = 128                 # gRPC handler threads (requests waiting on a batch hold one)
+    teacher_check_s: float = 10.0          # the teacher's readiness is checked again this often
     batch: BatchOptions = field(default_factory=BatchOptions)

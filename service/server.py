@@ -7,10 +7,13 @@ Lifecycle:
    own thread) and binds; health reports ``NOT_SERVING`` for ``""`` and
    ``flywheel.v1.IntentClassifier``.
 2. :meth:`SidecarServer.start` serves, runs a warm-up pass, then reports ``SERVING``, and
-   checks the teacher's server and model once on a thread of its own (bounded by the
-   teacher's timeout): a failed check is one WARNING, ``flywheel_teacher_ready`` 0 and the
-   health service's ``flywheel.teacher`` entry ``NOT_SERVING``; the classifier's own entries
-   stay ``SERVING``: layer 2 keeps serving and what needed the teacher is logged pending.
+   checks the teacher's server and model on a thread of its own (each check bounded by the
+   teacher's timeout), at once and then every ``teacher_check_s`` (skipped while calls get
+   answers). ``flywheel_teacher_ready`` and the health service's ``flywheel.teacher`` entry
+   follow the teacher both ways: 1 and ``SERVING`` once a check passes or a call is answered,
+   0 and ``NOT_SERVING`` when a check fails; a change of the check's verdict is one log line
+   (WARNING when it fails). The classifier's own entries stay ``SERVING``: layer 2 keeps
+   serving and what needed the teacher is logged pending.
 3. :meth:`SidecarServer.stop`: health goes ``NOT_SERVING`` and new calls get
    ``UNAVAILABLE`` while the port stays open for calls in flight (and at least
    ``drain_s``), all within the grace period; then the port closes, the batcher and the
@@ -28,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,7 +53,7 @@ log = logging.getLogger("flywheel.sidecar")
 __all__ = ["ServerOptions", "SidecarServer", "create_server", "serve", "DEFAULT_ADDRESS"]
 
 FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
-TEACHER_HEALTH = "flywheel.teacher"   # the health service's entry for the teacher's startup check
+TEACHER_HEALTH = "flywheel.teacher"   # the health service's entry for the teacher's readiness
 
 
 class SidecarServer:
@@ -66,7 +69,9 @@ class SidecarServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._metrics_http: tuple[Any, Any] | None = None
-        self.teacher_check: threading.Thread | None = None   # the startup check, while it runs
+        self.teacher_check: threading.Thread | None = None   # the thread that checks the teacher
+        self.teacher_checked = threading.Event()              # set once the first check has answered
+        self._teacher_stop = threading.Event()
         try:
             self.server = self._grpc_server()
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -102,6 +107,7 @@ class SidecarServer:
         with self._stop_lock:
             if self._stopped.is_set():
                 return
+            self._teacher_stop.set()
             self.health.enter_graceful_shutdown()
             self.core.begin_shutdown()             # from here new calls get UNAVAILABLE
             grace = self.options.grace_s if grace_s is None else grace_s
@@ -181,35 +187,58 @@ class SidecarServer:
         breaker = clf.teacher.breaker if isinstance(clf.teacher, ManagedTeacher) else None
         if breaker is not None:
             m.bind_breaker_open(lambda: breaker.state == "open")
+        if isinstance(clf.teacher, ManagedTeacher):   # not ready until a check passes
+            self.health.set(TEACHER_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
+        m.bind_teacher_ready(self._on_teacher_ready)
         if clf.watcher is not None:
             clf.watcher.listeners.append(self._on_reload)
 
     def _start_teacher_check(self) -> None:
-        """Run the teacher's ``check()`` (when it is a :class:`~classifier.protocols.ManagedTeacher`)
-        on a daemon thread: serving never waits for it, and the teacher's own timeout bounds it."""
+        """Check the teacher (when it is a :class:`~classifier.protocols.ManagedTeacher`) on a
+        daemon thread until :meth:`stop`: serving never waits for it, and the teacher's own
+        timeout bounds each check."""
         teacher = self.runtime.classifier.teacher
         if not isinstance(teacher, ManagedTeacher):
             return
-        self.teacher_check = threading.Thread(target=self._check_teacher, args=(teacher.check,),
+        self.teacher_check = threading.Thread(target=self._watch_teacher, args=(teacher.check,),
                                               name="flywheel-teacher-check", daemon=True)
         self.teacher_check.start()
 
-    def _check_teacher(self, check: Any) -> None:
+    def _watch_teacher(self, check: Callable[[], Any]) -> None:
+        """Check now, then every ``teacher_check_s``; while the teacher is ready, a call answered
+        since the last round stands for a passed check (no flapping when the two disagree)."""
+        answers, first = -1, True
+        while not self._teacher_stop.is_set():
+            if answers == self.metrics.teacher_answers or not self.metrics.teacher_is_ready:
+                self._check_teacher(check, first)
+                first = False
+            answers = self.metrics.teacher_answers
+            self.teacher_checked.set()
+            self._teacher_stop.wait(self.options.teacher_check_s)
+
+    def _check_teacher(self, check: Callable[[], Any], first: bool) -> None:
+        """One check: the gauge (and with it the health entry) follows it; the first verdict
+        and each one that changes the teacher's readiness is one log line."""
         try:
             status = check()
             ok, detail = status.ok is True, str(status.detail)
         except Exception as exc:  # noqa: BLE001 - a teacher's check must report, not raise
             ok, detail = False, f"the teacher's check failed with {type(exc).__name__}"
+        if self._teacher_stop.is_set():
+            return
+        was = self.metrics.teacher_is_ready
         self.metrics.set_teacher_ready(ok)
-        # its own entry in the standard health service (grpc_health_probe -service=flywheel.teacher):
-        # the classifier's entries stay SERVING, since layer 2 serves without the teacher
-        self.health.set(TEACHER_HEALTH, health_pb2.HealthCheckResponse.SERVING if ok
-                        else health_pb2.HealthCheckResponse.NOT_SERVING)
-        if ok:
+        if ok and not was:
             log.info("teacher ready: %s", detail)
-        else:
+        elif not ok and (was or first):
             log.warning("teacher not ready: %s. Layer 2 keeps serving; queries it is unsure of get its best "
                         "guess and are logged pending (flywheel label asks the teacher later)", detail)
+
+    def _on_teacher_ready(self, ready: bool) -> None:
+        # the standard health service's own entry (grpc_health_probe -service=flywheel.teacher)
+        # follows flywheel_teacher_ready; the classifier's entries stay SERVING without the teacher
+        self.health.set(TEACHER_HEALTH, health_pb2.HealthCheckResponse.SERVING if ready
+                        else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _on_reload(self, version: str, error: str | None) -> None:
         self.metrics.model_reload("ok" if error is None else "refused")

@@ -533,7 +533,7 @@ def test_a_missing_teacher_model_warns_once_and_layer_2_keeps_serving(models, ca
                              error=TeacherError("unavailable", "model 'm:1' not found"))
     with caplog.at_level("WARNING", logger="flywheel.sidecar"):
         with serving(models["unsure"], teacher=teacher) as server, client(server) as fw:
-            server.teacher_check.join(5.0)
+            assert server.teacher_checked.wait(5.0)
             assert health_of(server, "") == HEALTH.SERVING and health_of(server, SERVICE) == HEALTH.SERVING
             assert health_of(server, TEACHER_HEALTH) == HEALTH.NOT_SERVING
             assert metric(server, "flywheel_teacher_ready") == 0
@@ -548,11 +548,63 @@ def test_a_ready_teacher_sets_the_gauge(models):
 
     teacher = CheckedTeacher(TeacherStatus(True, "served"), answer=lambda req: "RETRIEVAL")
     with serving(models["unsure"], teacher=teacher) as server:
-        server.teacher_check.join(5.0)
+        assert server.teacher_checked.wait(5.0)
         assert metric(server, "flywheel_teacher_ready") == 1
         assert health_of(server, TEACHER_HEALTH) == HEALTH.SERVING
     with serving(models["sure"]) as server:   # no teacher: nothing to check, not ready
         assert server.teacher_check is None and metric(server, "flywheel_teacher_ready") == 0
+
+
+def test_the_teacher_health_entry_follows_the_teacher_both_ways(models, caplog):
+    """Down at start, up without the model, the model pulled, down again: the real health
+    service's flywheel.teacher entry and flywheel_teacher_ready follow each step."""
+    from flywheel.classifier.teachers.ollama import OllamaTeacher
+    from tests.support.servers import free_port, wait_for
+    from tests.support.simulated_ollama import SimulatedOllama
+
+    sim = SimulatedOllama({"what is addvar": "RETRIEVAL"}, latency_scale=0, port=free_port(), model="other:1b")
+    teacher = OllamaTeacher("small:1b", host=f"http://127.0.0.1:{sim._port}", timeout_s=1.0)
+    opts = ServerOptions(address=LOCAL, teacher_check_s=0.05)
+    try:
+        with caplog.at_level("INFO", logger="flywheel.sidecar"), \
+                serving(models["unsure"], opts, teacher=teacher) as server, \
+                grpc.insecure_channel(server.target) as channel:
+            probe = health_pb2_grpc.HealthStub(channel)
+
+            def status() -> int:
+                return probe.Check(health_pb2.HealthCheckRequest(service=TEACHER_HEALTH), timeout=2.0).status
+
+            def settles_at(want: int) -> bool:   # bounded in time: at most 10 s of checks
+                settled = wait_for(lambda: status() == want, 10.0)
+                return settled and metric(server, "flywheel_teacher_ready") == (want == HEALTH.SERVING)
+
+            assert server.teacher_checked.wait(5.0)
+            assert status() == HEALTH.NOT_SERVING and metric(server, "flywheel_teacher_ready") == 0   # down
+            sim.start()                                                   # up, without the model
+            assert wait_for(lambda: sim.counts.get("http", 0) >= 2, 5.0)
+            assert status() == HEALTH.NOT_SERVING
+            sim.model = "small:1b"                                        # pulled
+            assert settles_at(HEALTH.SERVING)
+            sim.stop()                                                    # down again
+            assert settles_at(HEALTH.NOT_SERVING)
+            sim.start()
+            assert settles_at(HEALTH.SERVING) and health_of(server, "") == HEALTH.SERVING
+    finally:
+        sim.stop()
+    said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if "teacher" in r.getMessage()]
+    assert said == [("WARNING", "teacher not ready"), ("INFO", "teacher ready"),
+                    ("WARNING", "teacher not ready"), ("INFO", "teacher ready")]
+
+
+def test_answered_calls_make_the_teacher_ready_without_a_check(models):
+    from flywheel.classifier.protocols import TeacherStatus
+
+    teacher = CheckedTeacher(TeacherStatus(False, "no /api/show here"), answer=lambda req: "RETRIEVAL")
+    with serving(models["unsure"], ServerOptions(address=LOCAL, teacher_check_s=60.0), teacher=teacher) as server, \
+            client(server) as fw:
+        assert server.teacher_checked.wait(5.0) and health_of(server, TEACHER_HEALTH) == HEALTH.NOT_SERVING
+        assert fw.classify("what is addvar").layer is Layer.LLM
+        assert health_of(server, TEACHER_HEALTH) == HEALTH.SERVING and metric(server, "flywheel_teacher_ready") == 1
 
 
 # ----------------------------------------------------------------------------- 8. admin token

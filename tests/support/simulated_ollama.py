@@ -2,7 +2,7 @@
 
 :class:`SimulatedOllama` speaks enough of Ollama's HTTP API for
 :class:`classifier.teachers.ollama.OllamaTeacher` (``POST /api/chat`` without streaming,
-``GET /api/tags``, ``GET /api/version``, ``GET /``). It runs on a stdlib
+``GET /api/tags``, ``POST /api/show``, ``GET /api/version``, ``GET /``). It runs on a stdlib
 :class:`http.server.ThreadingHTTPServer` bound to ``127.0.0.1`` (no new dependencies).
 
 How it answers
@@ -201,7 +201,8 @@ class SimulatedOllama:
     max_parallel : int, optional
         Chat requests served at once (the rest queue); ``None`` = unlimited.
     model : str
-        Name reported by ``/api/tags`` (chat answers echo the requested model).
+        Name reported by ``/api/tags`` and the only one ``/api/show`` knows (settable at run
+        time: a model pulled later); chat answers echo the requested model.
 
     Attributes
     ----------
@@ -336,7 +337,8 @@ class SimulatedOllama:
         return self
 
     def stop(self) -> None:
-        """Stop serving, wake sleeping handlers, close the socket. Idempotent."""
+        """Stop serving, wake sleeping handlers, close the socket. Idempotent. A kept-alive
+        connection's next request is dropped unanswered, as a stopped server's would be."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -470,6 +472,23 @@ class SimulatedOllama:
                 "load_duration": 0, "prompt_eval_count": 0, "prompt_eval_duration": 0,
                 "eval_count": max(1, len(content) // 4), "eval_duration": ns}
 
+    def show(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """``POST /api/show``: 200 for :attr:`model` (``name`` means ``name:latest``, as in
+        Ollama), else Ollama's 404 ``model '...' not found``."""
+        try:
+            body = json.loads(raw or b"{}")
+            name = str(body.get("model") or body.get("name") or "")
+        except (ValueError, AttributeError):
+            return 400, {"error": "invalid JSON body"}
+
+        def tagged(n: str) -> str:
+            return n if ":" in n else f"{n}:latest"
+
+        if not name or tagged(name) != tagged(self.model):
+            return 404, {"error": f"model '{name}' not found"}
+        return 200, {"modelfile": "", "parameters": "", "template": "", "model_info": {},
+                     "details": {"format": "gguf", "family": "simulated"}}
+
     def tags(self) -> dict[str, Any]:
         return {"models": [{"name": self.model, "model": self.model, "modified_at": _now_iso(),
                             "size": 0, "digest": "0" * 64,
@@ -531,6 +550,9 @@ def _make_handler(sim: SimulatedOllama) -> type[BaseHTTPRequestHandler]:
             return False
 
         def _handle(self, method: str) -> None:
+            if sim._stop.is_set():   # a kept-alive connection to a stopped server: gone
+                self._failure("down")
+                return
             sim._count("http")
             path = self.path.split("?", 1)[0].rstrip("/") or "/"
             body = self._read_body() if method == "POST" else b""
@@ -549,6 +571,8 @@ def _make_handler(sim: SimulatedOllama) -> type[BaseHTTPRequestHandler]:
                     self._send(200, {"version": VERSION})
                 elif path == "/api/tags" and method == "GET":
                     self._send(200, sim.tags())
+                elif path == "/api/show" and method == "POST":
+                    self._send(*sim.show(body))
                 elif chat:
                     self._chat(body, mode)
                 else:
