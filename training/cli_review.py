@@ -1,14 +1,24 @@
 """``flywheel review`` and ``flywheel ui``: walk the review queue (:mod:`training.review`) in the terminal, one
 keystroke per label, or print it as JSON.
 
-Keys: ``1``-``9`` pick the numbered intent, ``o`` out of scope, ``s`` skip, ``u`` undo the
-last label, ``q`` quit. A label is a human label (``flywheel feedback``'s, so it wins at
-the next retrain); it is written when the next key is read, so that ``u`` can take it back
+Keys: ``1``-``9`` pick the numbered intent (the likely ones first, then the rest of the
+served set), ``/`` finds any intent of the served set (type part of its name, Enter picks
+the first match, Esc cancels), ``o`` out of scope, ``s`` skip, ``u`` undo the last label or
+skip, ``f`` show the whole text (a long one is clipped), ``q`` quit. A label is a human label
+(``flywheel feedback``'s, so it wins at the next retrain), written for every decision with
+the same text; it is written when the next key is read, so that ``u`` can take it back
 without a second label in the log, and on quit or end of input.
+
+The walk reads keys from the terminal (stdin, else ``/dev/tty``); without one (a pipe with
+no terminal, cron, ``docker exec`` without ``-t``) it stops with one line that names
+``--json`` and ``flywheel ui`` (:class:`NoTerminalError`, exit code 2).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,28 +27,53 @@ from typing import Any, List, Optional
 import typer
 
 from flywheel.classifier.config import HOME_HELP, load_config
+from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.output import echo_json
-from flywheel.training.review import REASONS, ReviewFilters, ReviewItem
+from flywheel.training.review import REASONS, ReviewFilters, ReviewItem, all_choices
 
-__all__ = ["Reviewer", "review_command", "ui_command"]
+__all__ = ["NoTerminalError", "Reviewer", "review_command", "ui_command"]
 
-KEYS_HELP = "1-9 pick, o out of scope, s skip, u undo, q quit"
+KEYS_HELP = "1-9 pick, / find any intent, o out of scope, s skip, u undo, f full text, q quit"
+CLIP = 300          # characters of a text shown before ``f``
+ENTER, ESCAPE, BACKSPACE = ("\r", "\n"), "\x1b", ("\x7f", "\x08")
+
+
+class NoTerminalError(InvalidInputError):
+    """``flywheel review`` cannot read keys: no terminal (exit code 2)."""
+
+
+def _words(name: str) -> str:
+    return re.sub(r"[\s_-]+", " ", name.lower()).strip()
+
+
+def find(query: str, names: Sequence[str]) -> list[str]:
+    """``names`` that contain ``query`` (case, blanks, ``_`` and ``-`` aside): the exact one
+    first, then those it starts, then the rest, each in ``names``' order."""
+    q = _words(query)
+    hits = [n for n in names if q in _words(n)]
+    return sorted(hits, key=lambda n: (_words(n) != q, not _words(n).startswith(q)))
 
 
 @dataclass
 class Reviewer:
     """The review walk as a state machine over ``items``: :meth:`press` takes one key and
     returns what to tell the person. ``write(decision_id, label)`` stores a human label
-    (``None`` = out of scope). The last label is held back until the next key (``u``
-    drops it and goes back to its item) and written by :meth:`close`."""
+    (``None`` = out of scope), once for each of an item's ``decision_ids``. ``labels``: the
+    served set, every intent of which may be given (``None``: only the items' choices).
+    The last label is held back until the next key (``u`` drops it and goes back to its
+    item) and written by :meth:`close`; ``u`` after a skip goes back to the skipped item."""
 
     items: Sequence[ReviewItem]
     write: Callable[[str, str | None], None]
+    labels: Sequence[str] | None = None
     position: int = 0
     labelled: int = 0
     skipped: int = 0
+    answered: int = 0       # decisions the labels answer (an item may stand for several)
     _held: tuple[int, str | None] | None = field(default=None, repr=False)
+    _skipped_at: int | None = field(default=None, repr=False)
+    _query: str | None = field(default=None, repr=False)   # the find query while finding
 
     @property
     def done(self) -> bool:
@@ -48,60 +83,135 @@ class Reviewer:
     def current(self) -> ReviewItem | None:
         return None if self.done else self.items[self.position]
 
+    @property
+    def finding(self) -> bool:
+        """Whether keys are typed into the find query (``q`` is a letter then)."""
+        return self._query is not None
+
+    def numbered(self, item: ReviewItem) -> tuple[str, ...]:
+        """The intents ``1``-``9`` pick for ``item``: its likely ones, then the rest of the served set."""
+        return all_choices(item, self.labels)[:9]
+
     def press(self, key: str) -> str:
-        """Apply one key; returns a one-line message."""
+        """Apply one key; returns what to tell the person (one line, or the text for ``f``)."""
+        if self._query is not None and not self.done:
+            return self._find_key(key)
         if key == "u":
-            if self._held is None:
-                return "nothing to undo"
-            self.position, _ = self._held
-            self._held = None
-            self.labelled -= 1
-            return "undone"
+            return self._undo()
         if self.done:
             return "the queue is done"
         item = self.items[self.position]
         if key == "s":
             self._flush()
+            self._skipped_at = self.position
             self.skipped += 1
             self.position += 1
             return "skipped"
         if key == "o":
             return self._label(None)
-        if key.isdigit() and 1 <= int(key) <= len(item.choices):
-            return self._label(item.choices[int(key) - 1])
+        if key == "f":
+            return repr(item.text)
+        if key == "/":
+            self._query = ""
+            return self._find_line()
+        choices = self.numbered(item)
+        if key.isdigit() and 1 <= int(key) <= len(choices):
+            return self._label(choices[int(key) - 1])
         return f"unknown key {key!r} ({KEYS_HELP})"
+
+    def _undo(self) -> str:
+        if self._held is not None:
+            self.position, _ = self._held
+            self._held = None
+            self.labelled -= 1
+            self.answered -= self.items[self.position].count
+            return "undone"
+        if self._skipped_at is not None:
+            self.position, self._skipped_at = self._skipped_at, None
+            self.skipped -= 1
+            return "undone: back to the skipped item"
+        return "nothing to undo"
+
+    def _names(self) -> list[str]:
+        item = self.items[self.position]
+        return [*all_choices(item, self.labels), OUT_OF_SCOPE]
+
+    def _find_line(self) -> str:
+        hits = find(self._query or "", self._names())
+        if not hits:
+            return f"find {self._query!r}: no intent matches (Backspace edits, Esc cancels)"
+        shown = ", ".join(hits[:9]) + (f" (+{len(hits) - 9} more)" if len(hits) > 9 else "")
+        return f"find {self._query!r}: {shown}; Enter picks {hits[0]}, Esc cancels"
+
+    def _find_key(self, key: str) -> str:
+        query = self._query or ""
+        if key in ENTER:
+            hits = find(query, self._names())
+            if not hits:
+                return self._find_line()
+            self._query = None
+            return self._label(None if hits[0] == OUT_OF_SCOPE else hits[0])
+        if key == ESCAPE:
+            self._query = None
+            return "find cancelled"
+        if key in BACKSPACE:
+            self._query = query[:-1]
+        elif key.isprintable() and not key.startswith(ESCAPE):
+            self._query = query + key
+        else:
+            return f"find {query!r}: type part of an intent's name, Enter picks, Esc cancels"
+        return self._find_line()
 
     def _label(self, label: str | None) -> str:
         self._flush()
+        self._skipped_at = None
         self._held = (self.position, label)
         self.labelled += 1
+        n = self.items[self.position].count
+        self.answered += n
         self.position += 1
-        return f"labelled {label_name(label)}"
+        return f"labelled {label_name(label)}" + (f" for all {n} decisions with this text" if n > 1 else "")
 
     def _flush(self) -> None:
         if self._held is not None:
             index, label = self._held
             self._held = None
-            self.write(self.items[index].decision_id, label)
+            for decision_id in self.items[index].decision_ids:
+                self.write(decision_id, label)
 
     def close(self) -> None:
         """Write the label still held back."""
         self._flush()
 
 
-def show(item: ReviewItem, index: int, total: int) -> str:
-    """The lines a person reads for one item (plain text: a terminal shows no markup)."""
+def _clipped(text: str) -> str:
+    if len(text) <= CLIP:
+        return repr(text)
+    return f"{text[:CLIP]!r}... (+{len(text) - CLIP:,} characters: f shows all)"
+
+
+def show(item: ReviewItem, index: int, total: int, labels: Sequence[str] | None = None) -> str:
+    """The lines a person reads for one item (plain text: a terminal shows no markup); a long
+    text is clipped to :data:`CLIP` characters."""
     conf = "" if item.confidence is None else f" ({item.confidence:.2f})"
-    lines = [f"[{index + 1}/{total}] {item.text!r}",
-             f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}"]
-    if item.teacher_label is not None or item.candidates:
+    lines = [f"[{index + 1}/{total}] {_clipped(item.text)}"]
+    if item.count > 1:
+        lines.append(f"  the same text {item.count} times: one label answers all {item.count} decisions")
+    lines.append(f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}")
+    if item.teacher_answered or item.candidates:
         said = ", ".join(label_name(c) for c in item.candidates) if item.candidates \
             else label_name(item.teacher_label)
         lines.append(f"  teacher: {said}")
     if item.shadow_label is not None:
         lines.append(f"  shadow: {label_name(item.shadow_label)}")
-    lines.append("  " + "  ".join(f"{i}) {label_name(c)}" for i, c in enumerate(item.choices, 1))
-                 + f"  o) {OUT_OF_SCOPE}")
+    every = all_choices(item, labels)
+    picks = [f"{i}) {c}" for i, c in enumerate(every[:9], 1)]
+    likely = sum(1 for c in every[:9] if c in item.choices)
+    if 0 < likely < len(picks):        # the likely ones, then the rest of the served set
+        picks.insert(likely, "|")
+    rest = len(every) - min(len(every), 9)
+    lines.append("  " + "  ".join([*picks, f"o) {OUT_OF_SCOPE}", "/) find any intent"
+                                   + (f" ({rest} more)" if rest else "")]))
     return "\n".join(lines)
 
 
@@ -143,14 +253,38 @@ def review_command(
                             since=None if days is None else time.time() - days * 86_400)
     from flywheel.training.feedback import known_labels
 
-    items = review_queue(store, filters, limit=limit, labels=known_labels(cfg))
+    served = known_labels(cfg)
+    items = review_queue(store, filters, limit=limit, labels=served)
     if export_ls is not None:
         _export_label_studio(export_ls, items, cfg)
         return
     if as_json:
         echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
         return
-    walk(Reviewer(items, write))
+    check_terminal()
+    walk(Reviewer(items, write, served))
+
+
+def check_terminal() -> None:
+    """Raise :class:`NoTerminalError` when the walk cannot read keys the way click's
+    ``getchar`` does: stdin is not a terminal and ``/dev/tty`` cannot be opened. A stdin
+    without a file descriptor is an in-process input (click's test runner), which ``getchar``
+    reads as it is."""
+    if os.name == "nt":
+        return
+    try:
+        fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    except (OSError, ValueError):
+        return
+    if fd >= 0 and os.isatty(fd):
+        return
+    try:
+        with open("/dev/tty", "rb"):
+            return
+    except OSError:
+        raise NoTerminalError("flywheel review reads keys from a terminal and there is none (stdin is not one "
+                              "and /dev/tty cannot be opened); print the queue with flywheel review --json, "
+                              "or label it in a browser with flywheel ui") from None
 
 
 def _open_review(home: Optional[Path], log_db: Optional[str], author: Optional[str]
@@ -196,6 +330,8 @@ def _import_label_studio(path: Path, cfg: Any, write: Callable[..., None], autho
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LabelStudioError(f"{path}: cannot read a Label Studio export: {exc}") from None
     rows, skipped = read_annotations(doc, known_labels(cfg))
+    merged = _merged_ids(path, doc)
+    rows = [(one, label, who) for did, label, who in rows for one in merged.get(did, (did,))]
     missing = [did for did, _, _ in rows if known is not None and not known(did)]
     if missing:
         raise LabelStudioError(f"{path}: {len(missing)} task(s) name decisions not in the log (first: "
@@ -206,28 +342,51 @@ def _import_label_studio(path: Path, cfg: Any, write: Callable[..., None], autho
                + (f"; {skipped} task(s) without a finished annotation skipped" if skipped else ""))
 
 
+def _merged_ids(path: Path, doc: Any) -> dict[str, tuple[str, ...]]:
+    """``{decision_id: decision_ids}`` of the tasks that stand for several decisions with the
+    same text (``data.decision_ids``, written by :func:`training.label_studio.export_tasks`)."""
+    from flywheel.training.label_studio import LabelStudioError
+
+    out: dict[str, tuple[str, ...]] = {}
+    for i, task in enumerate(doc):
+        ids, did = task["data"].get("decision_ids"), task["data"].get("decision_id")
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or not ids or not all(isinstance(x, str) and x.strip() for x in ids) \
+                or ids[0].strip() != str(did).strip():
+            raise LabelStudioError(f"{path}: task {i}: data.decision_ids must be a list of decision ids that "
+                                   f"starts with data.decision_id; nothing was recorded")
+        out[str(did).strip()] = tuple(x.strip() for x in ids)
+    return out
+
+
 def walk(reviewer: Reviewer, getchar: Callable[[], str] = typer.getchar) -> None:
-    """Show each item and apply keys until the queue is done, ``q`` or end of input."""
+    """Show each item and apply keys until the queue is done, ``q`` or end of input. An item
+    is shown when the walk comes to it; any other key answers in a line of its own."""
     total = len(reviewer.items)
     if not total:
         typer.echo("the review queue is empty")
         return
-    typer.echo(f"{total} decisions to review ({KEYS_HELP})")
+    typer.echo(f"{total} items to review ({KEYS_HELP})")
+    shown = -1
     try:
         while True:
-            item = reviewer.current
-            typer.echo(show(item, reviewer.position, total) if item is not None
-                       else "the queue is done: u undoes the last label, q quits")
+            if reviewer.position != shown:
+                item, shown = reviewer.current, reviewer.position
+                typer.echo(show(item, reviewer.position, total, reviewer.labels) if item is not None
+                           else "the queue is done: u undoes the last label, q quits")
             try:
                 key = getchar()
             except EOFError:
                 break
-            if not key or key in ("q", "\x04", "\x03"):
+            if not key or key in ("\x04", "\x03") or (key == "q" and not reviewer.finding):
                 break
-            typer.echo("  " + reviewer.press(key.lower()))
+            typer.echo("  " + reviewer.press(key if reviewer.finding else key.lower()))
     finally:
         reviewer.close()
-    typer.echo(f"labelled {reviewer.labelled}, skipped {reviewer.skipped}, {total - reviewer.position} left")
+    answered = f" ({reviewer.answered} decisions)" if reviewer.answered != reviewer.labelled else ""
+    typer.echo(f"labelled {reviewer.labelled}{answered}, skipped {reviewer.skipped}, "
+               f"{total - reviewer.position} left")
 
 
 def ui_command(

@@ -7,8 +7,11 @@ annotation has a ``result`` list whose items name the control (``from_name``), t
 (``to_name``), the ``type`` and a ``value``. flywheel's project uses one ``Choices`` control,
 :data:`FROM_NAME`, on the text, :data:`TO_NAME` (:func:`labeling_config` writes it):
 
-- :func:`export_tasks`: one task per queue item; ``data`` carries the text, the decision id
-  and why it is in the queue; the prediction is the served answer with its confidence.
+- :func:`export_tasks`: one task per queue item; ``data`` carries the text, the decision id,
+  why it is in the queue and the teacher's answer (``OUT_OF_SCOPE`` when it said so, blank
+  when it gave none); an item that stands for several decisions with the same text adds
+  ``decision_ids`` (the import labels every one) and ``count``. The prediction is the served
+  answer with its confidence.
 - :func:`read_annotations`: Label Studio's JSON export, checked whole before anything is
   written: every task needs ``data.decision_id``; a task's newest annotation that was not
   cancelled gives one choice, which must be one of the intents or ``OUT_OF_SCOPE``.
@@ -53,10 +56,12 @@ def export_tasks(items: Sequence[ReviewItem]) -> list[dict[str, Any]]:
         pred: dict[str, Any] = {"model_version": f"flywheel {it.layer}", "result": result}
         if it.confidence is not None:
             pred["score"] = round(float(it.confidence), 6)
-        out.append({"data": {"text": it.text, "decision_id": it.decision_id, "reasons": ", ".join(it.reasons),
-                             "teacher": label_name(it.teacher_label) if it.teacher_label is not None else "",
-                             "candidates": ", ".join(label_name(c) for c in it.candidates)},
-                    "predictions": [pred]})
+        data: dict[str, Any] = {"text": it.text, "decision_id": it.decision_id, "reasons": ", ".join(it.reasons),
+                                "teacher": label_name(it.teacher_label) if it.teacher_answered else "",
+                                "candidates": ", ".join(label_name(c) for c in it.candidates)}
+        if it.count > 1:    # the same text several times: the import labels every one
+            data |= {"decision_ids": list(it.decision_ids), "count": it.count}
+        out.append({"data": data, "predictions": [pred]})
     return out
 
 

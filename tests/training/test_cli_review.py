@@ -162,3 +162,135 @@ def test_a_malformed_label_studio_import_names_the_task_and_writes_nothing(logge
     err = capsys.readouterr().err
     assert err.startswith("flywheel: error: ") and words in err and err.count("\n") == 1, err
     assert _human(logged) == {}
+
+
+# issue 32: any intent of the served set, merged identical texts, out of scope shown as such,
+# no terminal, undo after a skip, long texts clipped
+
+def _labels_of(path) -> list:
+    return sorted((r.decision_id, r.human_label) for r in LogStore(path).labelled_rows() if r.has_human_label)
+
+
+def test_an_intent_outside_the_items_choices_reaches_the_log_from_the_terminal(logged):
+    # the starter intents are served; CONVERSATIONAL is none of the first item's choices
+    items = review_queue(LogStore(logged), now=NOW, labels=("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL",
+                                                            "PLATFORM"))
+    assert items[0].decision_id == IDS[0] and "CONVERSATIONAL" not in items[0].choices
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="/conv\n/quo\x7f\x7f\x7fret\nq")
+    assert res.exit_code == 0, res.output
+    assert "find 'conv': CONVERSATIONAL; Enter picks CONVERSATIONAL" in res.output
+    assert _human(logged) == {IDS[0]: "CONVERSATIONAL", IDS[1]: "RETRIEVAL"}
+    # the numbers go on past the likely ones into the rest of the served set
+    assert "1) RETRIEVAL  2) PLATFORM  3) CODE_GENERATION  |  4) CONVERSATIONAL  o) OUT_OF_SCOPE" in res.output
+
+
+def test_the_reviewer_picks_any_served_intent():
+    written = []
+    served = ("BOOK", "CANCEL", "HOURS", "PLATFORM", "RETRIEVAL")
+    r = Reviewer([_item("1"), _item("2"), _item("3")], lambda d, lab: written.append((d, lab)), served)
+    assert r.numbered(r.current) == ("PLATFORM", "RETRIEVAL", "BOOK", "CANCEL", "HOURS")
+    assert r.press("5") == "labelled HOURS"
+    assert r.press("/").startswith("find '': PLATFORM, RETRIEVAL, BOOK, CANCEL, HOURS, OUT_OF_SCOPE")
+    assert r.press("q").startswith("find 'q': no intent matches") and r.finding      # q is a letter here
+    assert r.press("\x08") and r.press("H") == "find 'H': HOURS; Enter picks HOURS, Esc cancels"
+    assert r.press("\r") == "labelled HOURS" and not r.finding
+    assert r.press("/") and r.press("\x1b") == "find cancelled" and r.position == 2
+    assert r.press("/") and r.press("scope") and r.press("\n") == "labelled OUT_OF_SCOPE"
+    r.close()
+    assert written == [("1", "HOURS"), ("2", "HOURS"), ("3", None)]
+
+
+def test_find_puts_the_exact_name_first_then_the_ones_it_starts():
+    from flywheel.training.cli_review import find
+
+    names = ["PHONE_HOURS", "HOURS", "HOURS_HOLIDAY", "BOOK"]
+    assert find("hours", names) == ["HOURS", "HOURS_HOLIDAY", "PHONE_HOURS"]
+    assert find("phone hours", names) == ["PHONE_HOURS"] and find("", names) == names
+
+
+@pytest.fixture
+def repeated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "log.duckdb"
+    write(LogStore(path), [
+        review_record(IDS[0], "what are your hours", "RETRIEVAL", teacher=teacher_call("PLATFORM")),
+        review_record(IDS[1], "what are your hours ", "RETRIEVAL", teacher=teacher_call("PLATFORM"), age_days=1),
+        review_record(IDS[2], "what are your hours", "RETRIEVAL", teacher=teacher_call("PLATFORM"), age_days=2),
+        review_record("d" * 32, "tell me a joke", "RETRIEVAL", teacher=teacher_call(None), age_days=3),
+    ])
+    return path
+
+
+def test_identical_texts_are_labelled_once_for_all_of_them(repeated):
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(repeated)], input="1q")
+    assert res.exit_code == 0, res.output
+    assert "2 items to review" in res.output
+    assert "the same text 3 times: one label answers all 3 decisions" in res.output
+    assert "labelled PLATFORM for all 3 decisions with this text" in res.output
+    assert "labelled 1 (3 decisions), skipped 0, 1 left" in res.output
+    assert _labels_of(repeated) == [(did, "PLATFORM") for did in IDS]
+    # undone before the next key: nothing of it reaches the log
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(repeated)], input="1uq")
+    assert _labels_of(repeated) == [(did, "PLATFORM") for did in IDS]
+
+
+def test_the_teachers_out_of_scope_answer_shows_as_such(repeated, tmp_path, capsys):
+    from flywheel.cli import main
+
+    res = CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(repeated)])
+    items = {it["text"]: it for it in json.loads(res.output)["items"]}
+    assert items["tell me a joke"]["teacher_label"] == "OUT_OF_SCOPE" and items["tell me a joke"]["teacher_answered"]
+    assert items["what are your hours"]["count"] == 3 and items["what are your hours"]["decision_ids"] == list(IDS)
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(repeated)], input="s")
+    assert "teacher: OUT_OF_SCOPE" in res.output
+    # Label Studio: the teacher column says so too, and one annotation labels every decision with the text
+    out = tmp_path / "tasks.json"
+    assert main(["review", "--export-label-studio", str(out), "--log-db", str(repeated)]) == 0
+    tasks = json.loads(out.read_text())
+    assert [t["data"]["teacher"] for t in tasks] == ["PLATFORM", "OUT_OF_SCOPE"]
+    assert tasks[0]["data"]["decision_ids"] == list(IDS) and tasks[0]["data"]["count"] == 3
+    tasks[0]["annotations"] = [{"id": 1, "result": [{"from_name": "intent", "to_name": "text", "type": "choices",
+                                                     "value": {"choices": ["CONVERSATIONAL"]}}]}]
+    done = tmp_path / "export.json"
+    done.write_text(json.dumps(tasks))
+    capsys.readouterr()
+    assert main(["review", "--import-label-studio", str(done), "--log-db", str(repeated)]) == 0
+    assert "recorded 3 human label(s)" in capsys.readouterr().out
+    assert _labels_of(repeated) == [(did, "CONVERSATIONAL") for did in IDS]
+
+
+def test_without_a_terminal_review_says_so_in_one_line(logged, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # stdin from /dev/null and a new session: no controlling terminal, so /dev/tty cannot be opened
+    res = subprocess.run([sys.executable, "-m", "flywheel", "review", "--log-db", str(logged)],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                         start_new_session=True, env={**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home")})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("flywheel: error: ") and res.stderr.count("\n") == 1, res.stderr
+    assert "--json" in res.stderr and "flywheel ui" in res.stderr
+    assert _human(logged) == {}
+
+
+def test_undo_after_a_skip_goes_back_to_the_skipped_item(logged):
+    r = Reviewer([_item("1"), _item("2")], lambda d, lab: None)
+    assert r.press("s") == "skipped" and r.press("u") == "undone: back to the skipped item"
+    assert (r.position, r.skipped) == (0, 0) and r.press("u") == "nothing to undo"
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="su1q")
+    assert res.exit_code == 0, res.output
+    assert _human(logged) == {IDS[0]: "RETRIEVAL"} and "labelled 1, skipped 0, 2 left" in res.output
+
+
+def test_an_unknown_key_answers_in_one_line_and_a_long_text_is_clipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "log.duckdb"
+    long = "please " + "x" * 4_000 + " END"
+    write(LogStore(path), [review_record(IDS[0], long, "RETRIEVAL", teacher=teacher_call("PLATFORM"))])
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(path)], input="xzfq")
+    assert res.exit_code == 0, res.output
+    assert res.output.count("'please xxx") == 2                # shown once, and once more in full for f
+    assert res.output.count(" END'") == 1 and "(+3,711 characters: f shows all)" in res.output
+    assert res.output.count("unknown key 'x'") == 1 and res.output.count("served RETRIEVAL") == 1
+    assert max(len(line) for line in res.output.splitlines() if "END" not in line) < 400
