@@ -185,13 +185,15 @@ class BucketRegistry:
         """The fleet's shadow version (``None``: none)."""
         return self.shadow_pointer().version
 
-    def set_shadow(self, name: str | None, *, expected: str | None | Unchecked = UNCHECKED) -> None:
-        """Make ``name`` the fleet's shadow (it must be promotable: complete, with a serving
-        head), or clear it (``None``). With ``expected`` (a version name, ``None`` = no
-        shadow), only if the shadow still is that (compare-and-swap on ``models/SHADOW``;
-        else :class:`PromotionConflict`)."""
+    def set_shadow(self, name: str | None, *, expected: str | None | Unchecked = UNCHECKED,
+                   verify: bool = True) -> None:
+        """Make ``name`` the fleet's shadow, or clear it (``None``). ``name`` is checked as
+        :meth:`promote` checks it (:meth:`_verified`, the one check both use): a version
+        :meth:`promote` refuses is refused here with the same error. With ``expected`` (a
+        version name, ``None`` = no shadow), only if the shadow still is that
+        (compare-and-swap on ``models/SHADOW``; else :class:`PromotionConflict`)."""
         if name is not None:
-            self._check_promotable(name)
+            self._verified(name, verify=verify)
         now = self.shadow_pointer()
         if expected is not UNCHECKED and now.version != expected:
             raise PromotionConflict(expected, now.version, self.objects.cfg.location(SHADOW_KEY))
@@ -311,9 +313,11 @@ class BucketRegistry:
 
         ``name`` must be complete in the store with a serving head (``head.npz``) and every
         file's checksum in its manifest (else :class:`ModelError`); with ``verify`` (default)
-        it is also downloaded into the local home and checked whole (nothing to download when
-        it was saved on this host). When the pointer moved: :class:`PromotionConflict`, naming
-        the version promoted now, and nothing changes."""
+        every file is read back from the store and checked against the manifest, as a
+        replica will download it (a local copy that verifies proves nothing about the
+        bucket's bytes), and the version is installed in the local home and checked whole
+        (:meth:`_verified`). When the pointer moved: :class:`PromotionConflict`, naming the
+        version promoted now, and nothing changes."""
         self._verified(name, verify=verify)
         now = self.pointer()
         if now.etag != expected:
@@ -403,22 +407,25 @@ class BucketRegistry:
             yield taken
 
     # ------------------------------------------------------------------ download
-    def download(self, name: str) -> Path:
+    def download(self, name: str, *, trust_local: bool = True) -> Path:
         """Install version ``name`` from the store in the local home (verified); its path.
 
         Every file the manifest hashes is fetched into a temp dir inside the local home and
         its SHA-256 checked, then :meth:`ModelRegistry.install` moves it in (checked again by
-        loading it). A version already installed with the same manifest that verifies is
-        used as it is. :class:`ModelError` when the version is missing, incomplete, corrupt,
-        lacks a checksum (``head.npz``, ``head.joblib``, ``intents.yaml``) or cannot be
-        installed; the temp dir is removed. Store failures raise :class:`~fleet.errors.FleetError`."""
+        loading it). With ``trust_local`` (a replica), a version already installed with the
+        same manifest that verifies is used as it is; without it (a host about to point the
+        fleet at the version), the store's files are fetched and checked all the same, and
+        the local copy is kept when it matches. :class:`ModelError` when the version is
+        missing, incomplete, corrupt, lacks a checksum (``head.npz``, ``head.joblib``,
+        ``intents.yaml``) or cannot be installed; the temp dir is removed. Store failures
+        raise :class:`~fleet.errors.FleetError`."""
         name = self._check_name(name)
         manifest, manifest_bytes = self.manifest(name)
         problem = self._unservable(manifest)
         if problem:
             raise ModelError(f"{self.objects.cfg.location(self._key(name))}: refusing version {name!r}: {problem}")
         target = self.local.version_dir(name)
-        if _same_bytes(target / MANIFEST, manifest_bytes):
+        if trust_local and _same_bytes(target / MANIFEST, manifest_bytes):
             try:
                 IntentModel.load(target)
                 return target
@@ -477,13 +484,15 @@ class BucketRegistry:
         return manifest
 
     def _verified(self, name: str, *, verify: bool = True) -> Manifest:
-        """The check a version passes before ``CURRENT`` may name it, shared by
-        :meth:`promote` and :meth:`rollback`: complete and servable in the store
-        (:meth:`_check_promotable`) and, with ``verify``, installed in the local home with
-        every checksum of its manifest matching (:meth:`download`); else :class:`ModelError`."""
+        """The check a version passes before ``CURRENT`` or ``SHADOW`` may name it, shared by
+        :meth:`promote`, :meth:`rollback` and :meth:`set_shadow`: complete and servable in
+        the store (:meth:`_check_promotable`) and, with ``verify``, every file as the store
+        holds it now matching its manifest checksum (fetched, never taken from the local
+        copy: what replicas will download) and installed in the local home, checked whole
+        (:meth:`download` without ``trust_local``); else :class:`ModelError`."""
         manifest = self._check_promotable(name)
         if verify:
-            self.download(name)
+            self.download(name, trust_local=False)
         return manifest
 
     def _put_file(self, name: str, fname: str, data: bytes, sha: str) -> None:

@@ -236,6 +236,49 @@ def test_rollback_verifies_its_target_as_promote_does(objects, tmp_path, bucket,
     assert not (tmp_path / "other-host" / "v1").exists()
 
 
+@pytest.mark.parametrize("fname", ["head.npz", "intents.yaml"])
+def test_the_publishing_host_checks_the_buckets_bytes_not_its_local_copy(objects, tmp_path, bucket, trained,
+                                                                        fname):
+    """Issue 32: the host that published a version holds a good local copy of it; if the
+    bucket's bytes were tampered after the upload, it refuses them as a replica does, and
+    the fleet keeps serving the old version."""
+    from flywheel.fleet.sync import RegistrySync
+
+    publish(bucket, trained, "v1", "v2", "v3")
+    e1 = bucket.promote("v1", expected=None)
+    replica = ModelRegistry(tmp_path / "replica")
+    sync = RegistrySync(objects, replica, interval_s=60)
+    assert sync.poll() == "new" and replica.current_name() == "v1"
+    tamper(objects, f"models/v2/{fname}")
+    IntentModel.load(bucket.local.home / "v2")                    # the publisher's own copy still verifies
+    with pytest.raises(ModelError, match=f"models/v2/{fname}: checksum does not match the manifest"):
+        bucket.promote("v2", expected=e1)
+    assert bucket.current() == ("v1", e1) and bucket.history() == ["v1"]
+    assert sync.poll() == "not_modified" and replica.current_name() == "v1"   # the old version keeps serving
+    e2 = bucket.promote("v3", expected=e1)                        # an untampered version still promotes
+    tamper(objects, "models/v1/head.joblib")                      # and a tampered rollback target is refused
+    with pytest.raises(ModelError, match=r"cannot roll back to 'v1': .*head.joblib: checksum does not match"):
+        bucket.rollback(expected=e2)
+
+
+def test_set_shadow_checks_what_promote_checks(objects, tmp_path, bucket, trained):
+    """Issue 32: the fleet's set_shadow refuses every version promote refuses, with the same
+    error (one check, BucketRegistry._verified), and leaves models/SHADOW as it was."""
+    publish(bucket, trained, "v1", "v2", "v3")
+    bucket.set_shadow("v3")
+    tamper(objects, "models/v2/head.npz")                         # tampered after the upload
+    upload_raw(objects, without_serving_head(bucket.local.home / "v1", tmp_path / "old"))
+    for name in ("v2", "old", "v9", "../v1"):
+        with pytest.raises(ModelError) as promoted:
+            bucket.promote(name, expected=None)
+        with pytest.raises(ModelError) as shadowed:
+            bucket.set_shadow(name)
+        assert str(shadowed.value) == str(promoted.value), name
+    assert bucket.shadow() == "v3" and bucket.current() == (None, None)
+    bucket.set_shadow(None)
+    assert bucket.shadow() is None
+
+
 def test_the_history_is_bounded(objects, bucket, trained, monkeypatch):
     import flywheel.fleet.registry
 

@@ -64,7 +64,9 @@ def test_a_tampered_encoder_file_in_the_bucket_is_refused_and_the_replica_keeps_
     with pytest.raises(ModelError, match=r"encoder/model\.int8\.onnx: checksum does not match"):
         fresh.download("v2")
     assert not fresh.local.version_dir("v2").exists() and not list(fresh.local.home.glob(f".*{DOWNLOAD_MARK}*"))
+    with pytest.raises(ModelError, match=r"encoder/model\.int8\.onnx: checksum does not match"):
+        trainer.promote("v2", expected=etag)          # its own copy is intact, the bucket's bytes are checked
 
-    trainer.promote("v2", expected=etag)              # the trainer's own copy is intact
+    trainer.promote("v2", expected=etag, verify=False)   # forced past that check (as a hand edit of CURRENT)
     assert sync.poll() == "refused" and "model.int8.onnx" in sync.refused["v2"]
     assert replica.current_name() == "v1" and not replica.version_dir("v2").exists()
