@@ -3,7 +3,9 @@ drawn on the server with matplotlib (SVG, nothing fetched by the page) for ``fly
 
 :func:`dashboard_data` gathers what it shows: :func:`training.stats.convergence` per window
 of ``window`` decisions, the needless teacher calls (:data:`_NEEDLESS_SQL`) and the retrain
-history (:func:`retrain_history`, every version's ``report.json``). :func:`charts` draws it:
+history (:func:`retrain_history`, every version's ``report.json``). :func:`charts` draws it
+(:func:`figures`; windows and retrains ticked in whole numbers, shares on a fixed 0-100%
+axis, and a sentence instead of a chart with nothing to draw yet):
 
 - ``llm_share``: per window, the LLM share and the degraded share;
 - ``accuracy``: per window, layer 2 against the teacher (audit agreement) and the served
@@ -27,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MIN_POINT", "charts", "dashboard_data", "render_dashboard", "retrain_history"]
+__all__ = ["MIN_POINT", "charts", "dashboard_data", "figures", "render_dashboard", "retrain_history"]
 
 #: the fewest labelled decisions a window needs for an accuracy point (fewer: no point drawn)
 MIN_POINT = 5
@@ -77,71 +79,94 @@ def dashboard_data(store: Any, models_home: str | Path | None, *, window: int = 
 
 
 def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
     import matplotlib.pyplot as plt
 
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none"}):       # labels stay text: smaller, and searchable
+        fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buf.getvalue()
     return text[text.find("<svg"):]    # the element only: it is inlined into the page
 
 
-def charts(data: dict[str, Any]) -> dict[str, str]:
-    """The dashboard's pictures as inline SVG elements, by name."""
+def _axes(xlabel: str, ylabel: str, n: int) -> tuple[Any, Any]:
+    """A figure whose x axis counts 1..``n`` in whole numbers and whose y axis is 0-100%."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    fig, ax = plt.subplots(figsize=(6.4, 2.6))
+    ax.set_xlim(0.5, max(n, 1) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.set_ylim(0, 100)
+    ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def figures(data: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard's charts as matplotlib figures by name, or, where there is nothing to
+    draw yet, the sentence that says so (a ``str``) instead of an empty chart. Counts
+    (windows, retrains) are ticked in whole numbers; shares and accuracies on a fixed
+    0-100% axis."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
 
     windows = data["stats"].get("windows") or []
     x = [w["index"] + 1 for w in windows]
-    out = {}
-    fig, ax = plt.subplots(figsize=(6.4, 2.6))
-    ax.plot(x, [100 * w["llm_share"] for w in windows], marker="o", label="LLM share")
-    ax.plot(x, [100 * w["degraded_share"] for w in windows], marker="s", label="degraded share")
-    ax.set_xlabel(f"window ({data['stats'].get('window')} decisions)")
-    ax.set_ylabel("% of decisions")
-    ax.legend(loc="upper right")
-    ax.grid(alpha=0.3)
-    out["llm_share"] = _svg(fig)
+    out: dict[str, Any] = {}
+    if not windows:
+        out["llm_share"] = "No decisions logged yet: the LLM share is drawn per window once there are some."
+    else:
+        fig, ax = _axes(f"window ({data['stats'].get('window')} decisions)", "share of decisions", len(x))
+        ax.plot(x, [100 * w["llm_share"] for w in windows], marker="o", label="LLM share", clip_on=False)
+        ax.plot(x, [100 * w["degraded_share"] for w in windows], marker="s", label="degraded share",
+                clip_on=False)
+        ax.legend(loc="upper right")
+        out["llm_share"] = fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 2.6))
     agree = [(i, 100 * w["audit_agreement"]) for i, w in zip(x, windows)
              if w.get("audit_agreement") is not None and w.get("audit_labelled", 0) >= MIN_POINT]
     human = [(i, 100 * (1 - w["human_corrected"] / w["human_labelled"])) for i, w in zip(x, windows)
              if w.get("human_labelled", 0) >= MIN_POINT]
-    if agree:
-        ax.plot(*zip(*agree), marker="o", label="layer 2 vs teacher (audits)")
-    if human:
-        ax.plot(*zip(*human), marker="s", label="served vs human labels")
-    ax.set_xlabel("window")
-    ax.set_ylabel("% agreeing")
-    if agree or human:
-        ax.legend(loc="lower right")
+    if not (agree or human):
+        out["accuracy"] = (f"No window has {MIN_POINT} or more audits or human labels yet: accuracy against "
+                           "labels is drawn once one has.")
     else:
-        ax.text(0.5, 0.5, "no audits or human labels yet", ha="center", va="center", transform=ax.transAxes)
-    ax.grid(alpha=0.3)
-    out["accuracy"] = _svg(fig)
+        fig, ax = _axes("window", "agreeing", len(x))
+        if agree:
+            ax.plot(*zip(*agree), marker="o", label="layer 2 vs teacher (audits)", clip_on=False)
+        if human:
+            ax.plot(*zip(*human), marker="s", label="served vs human labels", clip_on=False)
+        ax.legend(loc="lower right")
+        out["accuracy"] = fig
 
     hist = [h for h in data["history"] if h.get("challenger_accuracy") is not None]
-    fig, ax = plt.subplots(figsize=(6.4, 2.6))
-    if hist:
+    if not hist:
+        out["retrains"] = "No retrain yet: each retrain's gate accuracy is drawn here once there is one."
+    else:
+        fig, ax = _axes("retrain", "gate accuracy", len(hist))
         xs = list(range(1, len(hist) + 1))
-        ax.plot(xs, [100 * (h["champion_accuracy"] or 0) for h in hist], color="grey", marker="_", label="champion")
+        ax.plot(xs, [100 * (h["champion_accuracy"] or 0) for h in hist], color="grey", marker="_",
+                label="champion", clip_on=False)
         for promoted in (True, False):
             pts = [(i, 100 * h["challenger_accuracy"]) for i, h in zip(xs, hist)
                    if (h["outcome"] == "promoted") == promoted]
             if pts:
-                ax.scatter(*zip(*pts), marker="o" if promoted else "x",
+                ax.scatter(*zip(*pts), marker="o" if promoted else "x", clip_on=False,
                            label="challenger, promoted" if promoted else "challenger, kept out")
         ax.legend(loc="lower right")
-    else:
-        ax.text(0.5, 0.5, "no retrain yet", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("retrain")
-    ax.set_ylabel("gate accuracy %")
-    ax.grid(alpha=0.3)
-    out["retrains"] = _svg(fig)
+        out["retrains"] = fig
     return out
+
+
+def charts(data: dict[str, Any]) -> dict[str, str]:
+    """The dashboard's pictures as inline SVG elements by name; an empty state is a
+    ``<p class="empty">`` sentence instead."""
+    return {name: f'<p class="empty">{html.escape(fig)}</p>' if isinstance(fig, str) else _svg(fig)
+            for name, fig in figures(data).items()}
 
 
 def _pairs(rows: list[dict[str, Any]], a: str, b: str) -> str:
@@ -181,7 +206,7 @@ def render_dashboard(data: dict[str, Any]) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>flywheel dashboard</title>
 <style>body{{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
 td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left}} .grid{{display:flex;flex-wrap:wrap;gap:1.5em}}
-svg{{max-width:100%;height:auto}}</style></head>
+svg{{max-width:100%;height:auto}} .empty{{color:#666;max-width:34em}}</style></head>
 <body><h1>flywheel dashboard</h1>
 <p><a href="/">review queue</a> &middot; {int(s.get('total') or 0):,} decisions logged,
 LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall</p>

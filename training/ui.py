@@ -6,8 +6,9 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 :class:`http.server.ThreadingHTTPServer`.
 
 ======================  =====================================================================
-``GET /``               the queue as a page (every logged text escaped; a small script labels
-                        the focused item with one key, as ``flywheel review`` does)
+``GET /``               the queue as a page (:mod:`training.ui_page`: every logged text
+                        escaped; a small script labels the focused item with one key, as
+                        ``flywheel review`` does, or with any intent typed into its box)
 ``GET /api/queue``      the queue as JSON: ``limit``, ``intent``, ``tier``, ``layer``,
                         ``reason`` (repeatable), ``min_confidence``, ``max_confidence``, ``days``
 ``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
@@ -19,10 +20,11 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 ======================  =====================================================================
 
 Bad input is a 4xx with ``{"error": "..."}`` naming what was wrong: 400 (bad JSON, a bad
-filter, an unknown label), 401 (no or a wrong token), 404 (an unknown path or decision),
-405 (a wrong method), 413 (a body over :data:`MAX_BODY`). Without an admin token the app
-is read-only: every write is refused with 403. A batch of labels is checked whole before
-any is written, so a bad item loses nothing and writes nothing.
+filter, an unknown label, a content-length that is not a whole number of bytes), 401 (no or
+a wrong token), 404 (an unknown path or decision), 405 (a wrong method), 413 (a body over
+:data:`MAX_BODY`). Without an admin token the app is read-only: every write is refused
+with 403. A batch of labels is checked whole before any is written, so a bad item loses
+nothing and writes nothing.
 """
 
 from __future__ import annotations
@@ -234,6 +236,15 @@ class ReviewApp:
         return did.strip(), label, author
 
 
+def _content_length(raw: str | None) -> int | None:
+    """A request's body length: ``0`` without the header, ``None`` (a 400) unless it is
+    plain decimal digits (``-5``, ``+5``, ``1.5``, ``0x10``, ``1_000`` and blank are refused)."""
+    if raw is None:
+        return 0
+    raw = raw.strip()
+    return int(raw) if raw.isascii() and raw.isdigit() else None
+
+
 def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """An HTTP server for ``app`` on ``host:port`` (``0``: a free port); not started."""
 
@@ -241,12 +252,10 @@ def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> Threa
         server_version = "flywheel-ui"
 
         def _answer(self, method: str) -> None:
-            try:
-                length = max(0, int(self.headers.get("content-length") or 0))
-            except ValueError:
-                length = -1
-            if length < 0:
-                res = Response.error(400, "content-length is not a number")
+            length = _content_length(self.headers.get("content-length"))
+            if length is None:
+                res = Response.error(400, f"content-length must be a whole number of bytes (0 or more), "
+                                          f"got {self.headers.get('content-length')!r}")
                 self.close_connection = True
             elif length > MAX_BODY:
                 res = Response.error(413, f"the body is over {MAX_BODY} bytes")

@@ -6,9 +6,14 @@ Every logged text is user input: it reaches the page only through :func:`html.es
 (in the markup) or JSON with ``<`` written as ``\\u003c`` (the script's data), so a
 logged ``<script>`` shows as text and never runs.
 
-Keys (as ``flywheel review``): ``1``-``9`` label the highlighted item with that intent,
-``o`` out of scope, ``s`` or ``j`` next item, ``k`` previous. A label is sent to
-``POST /api/labels`` with the admin token typed into the page (kept for the tab only).
+Each row offers its likely intents as buttons (``1``-``9``, as ``flywheel review``),
+``o`` out of scope, and a box that takes any intent of the served set (type to filter,
+Enter to label; ``/`` jumps to it), so the right label is there when neither model had
+it. A row that merges several decisions with the same text says how many (``×N``); its
+label is sent for every one of them. Long texts are clipped to a few lines with a
+``more`` control (``e`` on the keyboard). ``s`` or ``j`` next item, ``k`` previous.
+Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
+the tab only).
 """
 
 from __future__ import annotations
@@ -18,56 +23,118 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_page"]
+__all__ = ["CLIP_CHARS", "CLIP_LINES", "render_page"]
+
+#: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
+CLIP_CHARS = 280
+#: the lines a clipped text shows
+CLIP_LINES = 3
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em} table{border-collapse:collapse;width:100%}
+h1{font-size:1.3em} table{border-collapse:collapse;width:100%;table-layout:fixed}
 td,th{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
-tr.current{background:#fff5cc} tr.done{opacity:.45} .text{font-family:ui-monospace,monospace}
-.choice{margin-right:.6em} .why{color:#666} #status{margin:.5em 0;min-height:1.2em}
-"""
+th.n{width:2.5em} th.served{width:11em} th.teacher{width:11em} th.reason{width:9em} th.label{width:24em}
+th.done{width:8em}
+tr.current{background:#fff5cc} tr.done{opacity:.45}
+.text{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere}
+.clip{display:-webkit-box;-webkit-box-orient:vertical;-webkit-line-clamp:@LINES;line-clamp:@LINES;
+      overflow:hidden;max-height:@HEIGHTem}
+.more{font-size:.85em;padding:0 .4em;margin-top:.2em}
+.count{display:inline-block;background:#e4ecf7;border-radius:.6em;padding:0 .45em;margin-left:.3em;
+       font-size:.85em;font-family:system-ui,sans-serif}
+.choice{margin:0 .3em .3em 0;padding:.1em .45em} .choice kbd{color:#666;margin-right:.25em}
+.other input{width:13em} .why{color:#666} #status{margin:.5em 0;min-height:1.2em}
+""".replace("@LINES", str(CLIP_LINES)).replace("@HEIGHT", f"{CLIP_LINES * 1.4:.1f}")
 
 _SCRIPT = """
 (function(){
-  const items = JSON.parse(document.getElementById('items').textContent);
+  const data = JSON.parse(document.getElementById('items').textContent);
+  const items = data.items, intents = data.intents;
   const rows = Array.from(document.querySelectorAll('tr.item'));
   const status = document.getElementById('status');
   const tokenBox = document.getElementById('token');
   tokenBox.value = sessionStorage.getItem('flywheel-token') || '';
   tokenBox.addEventListener('change', () => sessionStorage.setItem('flywheel-token', tokenBox.value));
   let at = 0;
-  function focus(i){
+  function focus(i, scroll){
     if (!rows.length) return;
     at = Math.max(0, Math.min(rows.length - 1, i));
     rows.forEach((r, j) => r.classList.toggle('current', j === at));
-    rows[at].scrollIntoView({block: 'nearest'});
+    if (scroll) rows[at].scrollIntoView({block: 'nearest'});
   }
-  async function label(value){
-    const item = items[at];
-    if (!item || rows[at].classList.contains('done')) return;
-    const res = await fetch('/api/labels', {method: 'POST',
-      headers: {'content-type': 'application/json', 'authorization': 'Bearer ' + tokenBox.value},
-      body: JSON.stringify({decision_id: item.decision_id, label: value})});
-    const doc = await res.json().catch(() => ({error: res.statusText}));
-    if (!res.ok) { status.textContent = 'not recorded: ' + (doc.error || res.status); return; }
-    rows[at].classList.add('done');
-    rows[at].querySelector('.outcome').textContent = value;
-    status.textContent = 'recorded ' + value;
-    focus(at + 1);
+  // what was typed as an intent: one of the served set (any case, or the one it starts), else null
+  function resolve(typed){
+    const t = typed.trim(), up = t.toUpperCase();
+    if (!t) return null;
+    if (['OUT_OF_SCOPE', 'OOS', 'NONE'].includes(up)) return 'OUT_OF_SCOPE';
+    if (intents === null) return t;
+    const exact = intents.find(n => n.toUpperCase() === up);
+    if (exact) return exact;
+    const starts = intents.filter(n => n.toUpperCase().startsWith(up));
+    return starts.length === 1 ? starts[0] : null;
+  }
+  async function label(i, value){
+    const item = items[i];
+    if (!item || rows[i].classList.contains('done')) return;
+    const ids = item.decision_ids && item.decision_ids.length ? item.decision_ids : [item.decision_id];
+    let sent = 0;
+    for (let k = 0; k < ids.length; k += 1000) {     // the API takes up to 1000 labels a request
+      const res = await fetch('/api/labels', {method: 'POST',
+        headers: {'content-type': 'application/json', 'authorization': 'Bearer ' + tokenBox.value},
+        body: JSON.stringify({labels: ids.slice(k, k + 1000).map(id => ({decision_id: id, label: value}))})});
+      const doc = await res.json().catch(() => ({error: res.statusText}));
+      if (!res.ok) {
+        status.textContent = 'not recorded: ' + (doc.error || res.status)
+          + (sent ? ' (' + sent + ' of ' + ids.length + ' recorded before)' : '');
+        return;
+      }
+      sent += doc.n;
+    }
+    rows[i].classList.add('done');
+    rows[i].querySelector('.outcome').textContent = value + (ids.length > 1 ? ' \\u00d7' + ids.length : '');
+    status.textContent = 'recorded ' + value + (ids.length > 1 ? ' for ' + ids.length + ' decisions' : '');
+    if (i === at) focus(at + 1, true);
+  }
+  rows.forEach((row, i) => {
+    row.addEventListener('click', (e) => { if (e.target.tagName !== 'INPUT') focus(i, false); });
+    row.querySelectorAll('button.choice').forEach(b => b.addEventListener('click', () => label(i, b.dataset.label)));
+    const more = row.querySelector('button.more');
+    if (more) more.addEventListener('click', () => toggle(i));
+    const form = row.querySelector('form.other'), box = form.querySelector('input');
+    form.addEventListener('submit', (e) => {
+      e.preventDefault();
+      const value = resolve(box.value);
+      if (value === null) {
+        status.textContent = 'not an intent: ' + JSON.stringify(box.value.trim()) + ' (pick one from the list)';
+        return;
+      }
+      box.blur();
+      label(i, value);
+    });
+    box.addEventListener('keydown', (e) => { if (e.key === 'Escape') box.blur(); });
+  });
+  function toggle(i){
+    const text = rows[i].querySelector('.text'), more = rows[i].querySelector('button.more');
+    if (!more) return;
+    const open = text.classList.toggle('clip') === false;
+    more.textContent = open ? 'less' : 'more';
+    more.setAttribute('aria-expanded', String(open));
   }
   document.addEventListener('keydown', (e) => {
-    if (e.target === tokenBox || e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.target.tagName === 'INPUT' || e.ctrlKey || e.metaKey || e.altKey) return;
     const item = items[at];
     if (!item) return;
     if (e.key >= '1' && e.key <= '9') {
       const c = item.choices[Number(e.key) - 1];
-      if (c !== undefined) label(c);
-    } else if (e.key === 'o') { label('OUT_OF_SCOPE'); }
-    else if (e.key === 's' || e.key === 'j') { focus(at + 1); }
-    else if (e.key === 'k') { focus(at - 1); }
+      if (c !== undefined) label(at, c);
+    } else if (e.key === 'o') { label(at, 'OUT_OF_SCOPE'); }
+    else if (e.key === '/') { e.preventDefault(); rows[at].querySelector('form.other input').focus(); }
+    else if (e.key === 'e') { toggle(at); }
+    else if (e.key === 's' || e.key === 'j') { focus(at + 1, true); }
+    else if (e.key === 'k') { focus(at - 1, true); }
   });
-  focus(0);
+  focus(0, false);     // no scroll on load: the page opens at its title and token box
 })();
 """
 
@@ -76,28 +143,57 @@ def _json_for_script(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _teacher(item: dict[str, Any]) -> str:
+    if item.get("candidates"):
+        return "unsure: " + ", ".join(item["candidates"])
+    if item.get("teacher_label"):
+        return str(item["teacher_label"])
+    return "OUT_OF_SCOPE" if item.get("teacher_answered") else ""
+
+
+def _text(item: dict[str, Any]) -> str:
+    e = html.escape
+    text = str(item["text"])
+    long = len(text) > CLIP_CHARS or text.count("\n") >= CLIP_LINES
+    n = int(item.get("count") or len(item.get("decision_ids") or ()) or 1)
+    count = "" if n < 2 else (f' <span class="count" title="{n} decisions with this text: one label answers '
+                              f'all of them">\u00d7{n}</span>')
+    more = ' <button type="button" class="more" aria-expanded="false">more</button>' if long else ""
+    return f'<td><div class="text{" clip" if long else ""}">{e(text)}</div>{count}{more}</td>'
+
+
 def _row(i: int, item: dict[str, Any]) -> str:
     e = html.escape
-    choices = " ".join(f'<span class="choice">{n}) {e(c)}</span>' for n, c in enumerate(item["choices"], 1))
-    teacher = item.get("teacher_label") or ""
-    if item.get("candidates"):
-        teacher = "unsure: " + ", ".join(item["candidates"])
+    choices = "".join(f'<button type="button" class="choice" data-label="{e(c)}"><kbd>{n}</kbd>{e(c)}</button>'
+                      for n, c in enumerate(item["choices"][:9], 1))
+    oos = '<button type="button" class="choice" data-label="OUT_OF_SCOPE"><kbd>o</kbd>OUT_OF_SCOPE</button>'
+    other = ('<form class="other"><input list="intents" placeholder="any intent (/)" aria-label="any intent"'
+             ' autocomplete="off"> <button type="submit">label</button></form>')
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
-    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>'
-            f'<td class="text">{e(item["text"])}</td>'
+    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
             f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"])}</span></td>'
-            f'<td>{e(teacher)}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
-            f'<td>{choices} <span class="choice">o) OUT_OF_SCOPE</span></td><td class="outcome"></td></tr>')
+            f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
+            f'<td>{choices}{oos}{other}</td><td class="outcome"></td></tr>')
+
+
+def _intents(items: Sequence[dict[str, Any]], labels: Sequence[str] | None) -> list[str]:
+    """What the "any intent" box offers: the served set (else every choice on the page), then out of scope."""
+    names = list(labels) if labels is not None else [c for it in items for c in it["choices"]]
+    return [n for n in dict.fromkeys(names) if n != "OUT_OF_SCOPE"] + ["OUT_OF_SCOPE"]
 
 
 def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequence[str] | None = None) -> str:
-    """The review page for ``items`` (:meth:`training.review.ReviewItem.to_dict` documents)."""
+    """The review page for ``items`` (:meth:`training.review.ReviewItem.to_dict` documents);
+    ``labels``: the served intent set (every one of them can be given to any row)."""
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'
-    note = ("Type the admin token, then label the highlighted row: 1-9 pick an intent, o out of scope, "
-            "s or j next, k previous.") if writable else \
-        "Read-only: start flywheel ui with --admin-token to label here."
+    note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, o out of scope, "
+            "/ type any other intent (Enter labels), e show a long text whole, s or j next, k previous. "
+            "A row marked \u00d7N stands for N decisions with the same text; its label answers all of them."
+            ) if writable else "Read-only: start flywheel ui with --admin-token to label here."
     known = "" if not labels else f"<p class=\"why\">Intents: {html.escape(', '.join(labels))}</p>"
+    options = "".join(f'<option value="{html.escape(n)}"></option>' for n in _intents(items, labels))
+    data = {"items": list(items), "intents": None if labels is None else _intents(items, labels)}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel review</title>
 <style>{_STYLE}</style></head>
@@ -109,12 +205,13 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
 </label></p>
 {known}
 <div id="status" role="status"></div>
-<table><thead><tr><th>#</th><th>text</th><th>served</th><th>teacher</th><th>why</th><th>keys</th>
-<th>labelled</th></tr></thead>
+<datalist id="intents">{options}</datalist>
+<table><thead><tr><th class="n">#</th><th>text</th><th class="served">served</th><th class="teacher">teacher</th>
+<th class="reason">why</th><th class="label">label</th><th class="done">labelled</th></tr></thead>
 <tbody>
 {rows}
 </tbody></table>
-<script type="application/json" id="items">{_json_for_script(list(items))}</script>
+<script type="application/json" id="items">{_json_for_script(data)}</script>
 <script>{_SCRIPT}</script>
 </body></html>
 """

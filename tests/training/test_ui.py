@@ -5,12 +5,16 @@ logged text escaped; and the same over a real HTTP server on loopback."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 import urllib.error
 import urllib.request
+from html.parser import HTMLParser
 
 import pytest
 
+from flywheel.classifier.decision import Layer, Tier
 from flywheel.logstore import LogStore
 from flywheel.training.ui import MAX_BODY, ReviewApp, make_server
 from tests.support.records import review_record, teacher_call
@@ -130,7 +134,7 @@ def test_the_page_escapes_logged_text(store):
     assert "<script>alert(" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert "\\u003cscript\\u003e" in page                        # and in the script's data
     assert "http://" not in page and "https://" not in page      # nothing fetched from elsewhere
-    assert "docs or my plan?" in page and "1) RETRIEVAL" in page
+    assert "docs or my plan?" in page and "<kbd>1</kbd>RETRIEVAL" in page
 
 
 def test_wrong_methods_are_405(store):
@@ -210,7 +214,8 @@ def test_the_dashboard_draws_the_log_and_the_retrain_history(store, tmp_path):
     assert doc["errors"]["teacher_calls"] == 2
     res = app.handle("GET", "/dashboard?window=2", {})
     page = res.body.decode()
-    assert res.status == 200 and page.count("<svg") == 3
+    assert res.status == 200 and page.count("<svg") == 2                         # no accuracy point yet:
+    assert "No window has 5 or more audits or human labels yet" in page          # a sentence, not a chart
     assert "&lt;i&gt;kept&lt;/i&gt;" in page and "<i>kept</i>" not in page        # report text escaped
     assert "http://www.w3.org/2000/svg" in page and 'src="http' not in page        # inline SVG, no fetch
     assert "PLATFORM" in page and "no per-language slices" in page
@@ -219,6 +224,132 @@ def test_the_dashboard_draws_the_log_and_the_retrain_history(store, tmp_path):
 def test_the_dashboard_works_on_an_empty_log(tmp_path):
     app = ReviewApp(LogStore(tmp_path / "empty.duckdb"), lambda *a: None, models_home=tmp_path / "none")
     res = app.handle("GET", "/dashboard", {})
-    assert res.status == 200 and "no retrain yet" in res.body.decode()
+    assert res.status == 200 and "No retrain yet" in res.body.decode() and "<svg" not in res.body.decode()
     bad = app.handle("GET", "/api/dashboard?window=0", {})
     assert bad.status == 400 and "window must be" in json.loads(bad.body)["error"]
+
+
+# ---------------------------------------------------------------- issue 32: the page
+
+
+class _Cells(HTMLParser):
+    """The text of every cell of the page's ``tr.item`` rows, and the attributes of its tags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.tags: list[tuple[str, dict]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "tr" and "item" in (a.get("class") or "").split():
+            self.rows.append([])
+        elif tag == "td" and self.rows:
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr":
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _page(app) -> tuple[str, _Cells]:
+    res = app.handle("GET", "/", {})
+    assert res.status == 200
+    parsed = _Cells()
+    parsed.feed(res.body.decode())
+    return res.body.decode(), parsed
+
+
+def _script_data(page: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="items">(.*?)</script>', page, re.S).group(1))
+
+
+def test_every_intent_of_the_served_set_can_be_given_to_any_row(tmp_path):
+    """Item 1: a degraded row offers only its logged alternatives; every intent (and out of scope)
+    is still offered through the row's box, and the one a person picks is a human label."""
+    store = LogStore(tmp_path / "log.duckdb")
+    did = "d" * 32
+    write(store, [review_record(did, "when do you open on sundays", None, layer=Layer.EMBEDDING, l2=None,
+                                degraded="teacher down", tier=Tier.WEAK)])
+    app = _app(store)
+    page, parsed = _page(app)
+    item = _script_data(page)["items"][0]
+    assert item["choices"] == ["PLATFORM", "CODE_GENERATION"]    # neither model had the right one
+    options = [a["value"] for tag, a in parsed.tags if tag == "option"]
+    assert options == [*LABELS, "OUT_OF_SCOPE"]
+    assert _script_data(page)["intents"] == options
+    boxes = [a for tag, a in parsed.tags if tag == "input" and a.get("list") == "intents"]
+    assert len(boxes) == len(parsed.rows) == 1                   # one box on every row
+    assert _post(app, {"labels": [{"decision_id": did, "label": "CONVERSATIONAL"}]}).status == 200
+    assert _human(store) == {did: "CONVERSATIONAL"}
+
+
+def test_a_merged_row_says_how_many_and_carries_every_decision(tmp_path):
+    """Item 6: three decisions with one text are one row marked x3; the page's data holds
+    every id, so one label answers them all."""
+    store = LogStore(tmp_path / "log.duckdb")
+    ids = ["e" * 31 + str(i) for i in range(3)]
+    write(store, [review_record(d, "cancel my plan", "PLATFORM", l2="PLATFORM", teacher=teacher_call("RETRIEVAL"),
+                                age_days=i)
+                  for i, d in enumerate(ids)])
+    page, parsed = _page(_app(store))
+    assert len(parsed.rows) == 1 and parsed.rows[0][1] == "cancel my plan \u00d73"
+    item = _script_data(page)["items"][0]
+    assert sorted(item["decision_ids"]) == sorted(ids) and item["count"] == 3
+    assert "3 decisions with this text" in page
+
+
+def test_long_texts_are_clipped_with_a_way_to_expand(tmp_path):
+    """Item 6: a 4,000-character text is clipped to a few lines with a "more" control; a short one is not."""
+    store = LogStore(tmp_path / "log.duckdb")
+    long_id, short_id = "f" * 32, "0" * 32
+    write(store, [review_record(long_id, "x" * 4000, "PLATFORM", l2="PLATFORM", teacher=teacher_call("RETRIEVAL")),
+                  review_record(short_id, "short one", "PLATFORM", l2="PLATFORM", teacher=teacher_call("RETRIEVAL"))])
+    page, parsed = _page(_app(store))
+    texts = {a.get("class") for tag, a in parsed.tags if tag == "div" and "text" in (a.get("class") or "")}
+    assert texts == {"text clip", "text"}
+    assert ".clip{" in page and "line-clamp:3" in page
+    assert sum(1 for tag, a in parsed.tags if tag == "button" and a.get("class") == "more") == 1
+    assert "scrollIntoView" not in page.split("focus(0")[1][:40]          # no scroll on load
+
+
+def test_the_teacher_column_says_out_of_scope(tmp_path):
+    """Item 9, on the page: the teacher's out-of-scope answer reads OUT_OF_SCOPE, no answer stays blank."""
+    store = LogStore(tmp_path / "log.duckdb")
+    said, silent = "1" * 32, "2" * 32
+    write(store, [review_record(said, "what's the weather", "PLATFORM", teacher=teacher_call(None)),
+                  review_record(silent, "hmm", "PLATFORM", layer=Layer.EMBEDDING, degraded="teacher down")])
+    page, parsed = _page(_app(store))
+    by_id = {it["decision_id"]: row for it, row in zip(_script_data(page)["items"], parsed.rows)}
+    assert by_id[said][3] == "OUT_OF_SCOPE" and by_id[silent][3] == ""
+
+
+@pytest.mark.parametrize("length", ["-5", "1.5", "abc", "", "+3"])
+def test_a_content_length_that_is_not_a_whole_number_is_a_400(store, length):
+    """Left from the last round: a negative content-length was read as 0."""
+    server = make_server(_app(store), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for method, path in (("GET", "/api/health"), ("POST", "/api/labels")):
+            with socket.create_connection(server.server_address, timeout=5) as sock:
+                sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                             f"Content-Length: {length}\r\n\r\n".encode())
+                head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")
+            assert head.split()[1] == b"400", (method, head)
+            assert json.loads(body)["error"] == (f"content-length must be a whole number of bytes (0 or more), "
+                                                 f"got {length!r}")
+        assert _human(store) == {}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,8 +1,11 @@
 """The review page in a real browser (issue 25): Debian's headless chromium, driven by
 Selenium through chromedriver, against a real log with decisions and labels. Two queue
 items are labelled with the keyboard; both arrive as human labels and win over the
-teacher's at the next retrain's training set; a logged ``<script>`` shows as text. A
-screenshot is kept under ``$FLYWHEEL_ARTIFACTS`` (``.ci/run`` sets it), else the test's
+teacher's at the next retrain's training set; a logged ``<script>`` shows as text.
+Issue 32: an intent outside a row's choices typed into its box, and a row merging
+identical texts labelled with a click, reach the log as human labels (every merged
+decision); long texts are clipped and the page opens at its title and token box.
+Screenshots are kept under ``$FLYWHEEL_ARTIFACTS`` (``.ci/run`` sets it), else the test's
 tmp directory.
 
 ``.ci/run`` installs chromium and chromedriver (Debian packages); elsewhere the test is
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.classifier.decision import Layer, Tier
 from flywheel.training.trainset import build_training_set
 from flywheel.training.ui import ReviewApp, make_server
 from tests.support.records import review_record, teacher_call
@@ -99,14 +103,14 @@ def test_keyboard_labels_reach_the_log_and_win_at_the_next_retrain(browser, serv
     order = [r.get_attribute("data-id") for r in rows]
     assert order[0] == UNSURE and set(order) == {UNSURE, DISAGREE, SCRIPT}     # the teacher's candidate set first
     # the logged <script> is text on the page, and it did not run
-    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "td.text")]
+    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "div.text")]
     assert any(c.startswith("<script>document.title='pwned'</script>") for c in cells), cells
     assert browser.title == "flywheel review"
     assert "CODE_GENERATION" not in browser.page_source      # a logged alternative the intents no longer have
 
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.TAG_NAME, "h1").click()            # focus leaves the token box
-    first = browser.execute_script("return JSON.parse(document.getElementById('items').textContent)[0].choices")
+    first = browser.execute_script("return JSON.parse(document.getElementById('items').textContent).items[0].choices")
     ActionChains(browser).send_keys("2").perform()               # the first row: its second choice
     assert _wait(lambda: "recorded" in browser.find_element(By.ID, "status").text), \
         browser.find_element(By.ID, "status").text
@@ -130,3 +134,99 @@ def test_keyboard_labels_reach_the_log_and_win_at_the_next_retrain(browser, serv
         if did in rows_by_id:
             assert rows_by_id[did] == (label, "human"), (did, rows_by_id[did])
     assert any(did in rows_by_id for did in human), "neither label reached the training set"
+
+
+def _shot(browser, tmp_path, name: str) -> None:
+    shots = Path(os.environ.get("FLYWHEEL_ARTIFACTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(shots / name))
+
+
+def _serve(store, labels):
+    def write_label(did, label, author):
+        store.add_human_label(did, label, author=author)
+
+    server = make_server(ReviewApp(store, write_label, labels=labels, admin_token=TOKEN), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _human(store, ids) -> dict:
+    return {r.decision_id: r.human_label for r in store.labelled_rows() if r.has_human_label and r.decision_id in ids}
+
+
+def test_any_intent_and_merged_rows_reach_the_log_as_human_labels(browser, tmp_path):
+    """Issue 32 items 1 and 6: RETRIEVAL is none of the degraded row's choices; typed (in
+    lower case, half) into its box it is recorded as a human label. A row standing for three
+    decisions with one text says x3, and one click labels all three."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    degraded, same = "4" * 32, ["5" * 31 + str(i) for i in range(3)]
+    write(store, [review_record(degraded, "when do you open on sundays", None, layer=Layer.EMBEDDING, l2=None,
+                                degraded="teacher down", tier=Tier.WEAK)]
+          + [review_record(d, "cancel my plan", "RETRIEVAL", l2="RETRIEVAL", teacher=teacher_call("PLATFORM"),
+                           age_days=i) for i, d in enumerate(same)])
+    server, base = _serve(store, ("RETRIEVAL", "PLATFORM", "HOURS"))
+    try:
+        browser.get(base + "/")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        row = browser.find_element(By.CSS_SELECTOR, f'tr.item[data-id="{degraded}"]')
+        offered = [b.get_attribute("data-label") for b in row.find_elements(By.CSS_SELECTOR, "button.choice")]
+        assert "RETRIEVAL" not in offered, offered
+        box = row.find_element(By.CSS_SELECTOR, "form.other input")
+        box.send_keys("retr", Keys.ENTER)                        # a unique start of an intent, any case
+        assert _wait(lambda: "done" in row.get_attribute("class")), browser.find_element(By.ID, "status").text
+        assert row.find_element(By.CSS_SELECTOR, ".outcome").text == "RETRIEVAL"
+
+        merged = browser.find_element(By.CSS_SELECTOR, f'tr.item[data-id="{same[0]}"]')
+        assert merged.find_element(By.CSS_SELECTOR, ".count").text == "\u00d73"
+        merged.find_element(By.CSS_SELECTOR, 'button.choice[data-label="PLATFORM"]').click()
+        assert _wait(lambda: "for 3 decisions" in browser.find_element(By.ID, "status").text), \
+            browser.find_element(By.ID, "status").text
+        _shot(browser, tmp_path, "review-page-any-intent.png")
+        assert _human(store, {degraded, *same}) == {degraded: "RETRIEVAL", **{d: "PLATFORM" for d in same}}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_long_rows_are_clipped_and_the_page_opens_at_its_title(browser, tmp_path):
+    """Issue 32 item 6: three 4,000-character rows first in the queue; the page opens with its
+    title and token box in view, each long row is a few lines high until expanded."""
+    from selenium.webdriver.common.by import By
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    long_ids = [str(i) * 32 for i in range(6, 9)]
+    words = " ".join(f"word{i}" for i in range(800))[:4000]
+    write(store, [review_record(d, f"{i} {words}", "RETRIEVAL", teacher=teacher_call(None, False,
+                  "unsure: teacher unsure between RETRIEVAL, PLATFORM")) for i, d in enumerate(long_ids)]
+          + [review_record("9" * 32, "a short one", "RETRIEVAL", l2="RETRIEVAL", teacher=teacher_call("PLATFORM"),
+                           age_days=3)])
+    server, base = _serve(store, ("RETRIEVAL", "PLATFORM"))
+    try:
+        browser.get(base + "/")
+        order = [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr.item")]
+        assert sorted(order[:3]) == sorted(long_ids), order                # the long rows come first
+        view = browser.execute_script("return [window.scrollY, window.innerHeight]")
+        assert view[0] == 0, view
+        for el in (browser.find_element(By.TAG_NAME, "h1"), browser.find_element(By.ID, "token")):
+            top, bottom = browser.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                                 "return [r.top, r.bottom]", el)
+            assert 0 <= top and bottom <= view[1], (el.tag_name, top, bottom)
+        heights = {d: browser.find_element(By.CSS_SELECTOR, f'tr.item[data-id="{d}"]').size["height"]
+                   for d in long_ids}
+        assert all(h < 160 for h in heights.values()), heights     # 3 lines and the controls, not 4,000 chars
+        _shot(browser, tmp_path, "review-page-long.png")
+        row = browser.find_element(By.CSS_SELECTOR, f'tr.item[data-id="{long_ids[0]}"]')
+        row.find_element(By.CSS_SELECTOR, "button.more").click()
+        assert _wait(lambda: row.size["height"] > 3 * heights[long_ids[0]]), row.size
+        assert row.find_element(By.CSS_SELECTOR, "button.more").text == "less"
+    finally:
+        server.shutdown()
+        server.server_close()
