@@ -11,7 +11,7 @@ Each row offers its likely intents as buttons (``1``-``9``, as ``flywheel review
 Enter to label; ``/`` jumps to it), so the right label is there when neither model had
 it. A row that merges several decisions with the same text says how many (``×N``); its
 label is sent for every one of them. Long texts are clipped to a few lines with a
-``more`` control (``e`` on the keyboard). ``s`` or ``j`` next item, ``k`` previous.
+``more`` control (``f`` on the keyboard, as in ``flywheel review``). ``s`` or ``j`` next item, ``k`` previous.
 Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
 the tab only).
 """
@@ -26,7 +26,7 @@ from typing import Any
 __all__ = ["CLIP_CHARS", "CLIP_LINES", "render_page"]
 
 #: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
-CLIP_CHARS = 280
+CLIP_CHARS = 300
 #: the lines a clipped text shows
 CLIP_LINES = 3
 
@@ -130,7 +130,7 @@ _SCRIPT = """
       if (c !== undefined) label(at, c);
     } else if (e.key === 'o') { label(at, 'OUT_OF_SCOPE'); }
     else if (e.key === '/') { e.preventDefault(); rows[at].querySelector('form.other input').focus(); }
-    else if (e.key === 'e') { toggle(at); }
+    else if (e.key === 'f') { toggle(at); }
     else if (e.key === 's' || e.key === 'j') { focus(at + 1, true); }
     else if (e.key === 'k') { focus(at - 1, true); }
   });
@@ -188,7 +188,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'
     note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, o out of scope, "
-            "/ type any other intent (Enter labels), e show a long text whole, s or j next, k previous. "
+            "/ type any other intent (Enter labels), f show a long text whole, s or j next, k previous. "
             "A row marked \u00d7N stands for N decisions with the same text; its label answers all of them."
             ) if writable else "Read-only: start flywheel ui with --admin-token to label here."
     known = "" if not labels else f"<p class=\"why\">Intents: {html.escape(', '.join(labels))}</p>"
