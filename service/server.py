@@ -24,8 +24,10 @@ Lifecycle:
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +52,7 @@ from flywheel.service.servicer import SERVICE_NAME, IntentClassifierServicer
 
 log = logging.getLogger("flywheel.sidecar")
 
-__all__ = ["ServerOptions", "SidecarServer", "create_server", "serve", "DEFAULT_ADDRESS"]
+__all__ = ["ServerOptions", "SidecarServer", "check_address", "create_server", "serve", "DEFAULT_ADDRESS"]
 
 FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
 TEACHER_HEALTH = "flywheel.teacher"   # the health service's entry for the teacher's readiness
@@ -155,13 +157,16 @@ class SidecarServer:
         o = self.options
         target = f"unix:{o.uds}" if o.uds else o.address
         creds = _tls_credentials(o.tls_cert, o.tls_key)
+        if not o.uds:
+            check_address(o.address)
         try:
             port = (self.server.add_secure_port(target, creds) if creds is not None
                     else self.server.add_insecure_port(target))
-        except RuntimeError as exc:
-            raise ConfigError(f"cannot listen on {target}: {exc}") from None
-        if not o.uds and port == 0:
-            raise ConfigError(f"cannot listen on {target} (address in use or invalid)")
+        except RuntimeError:   # its reason went to grpc's own log line, not into the exception
+            port = 0
+        if port == 0:
+            raise ConfigError(f"cannot listen on {target}: grpc could not bind it (in use, or not an "
+                              "address of this machine)")
         return port
 
     def _host(self) -> str:
@@ -248,6 +253,44 @@ class SidecarServer:
             self.metrics.set_labels(clf.model.manifest.labels)  # a promotion may add or drop intents
 
 
+def check_address(address: str) -> None:
+    """Raise a one-line :class:`ConfigError` when ``host:port`` cannot be listened on here
+    (``address already in use (port N)``, or the system's reason), before grpc tries: grpc's
+    core logs the reason on a line of its own and raises without it. Like grpc, one
+    address of the host that binds is enough; port 0 (any free port) is not checked."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ConfigError(f"cannot listen on {address!r}: expected host:port")
+    port = int(port_text)
+    if port == 0:
+        return
+    try:
+        found = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {address}: unknown host ({exc.strerror})") from None
+    errors = [e for e in (_try_bind(family, addr) for family, _, _, _, addr in found) if e is not None]
+    if len(errors) < len(found):
+        return
+    if any(e.errno == errno.EADDRINUSE for e in errors):
+        raise ConfigError(f"cannot listen on {address}: address already in use (port {port}: another "
+                          "process listens there)")
+    raise ConfigError(f"cannot listen on {address}: {errors[0].strerror or errors[0]}")
+
+
+def _try_bind(family: int, addr: Any) -> OSError | None:
+    """Bind (and release) a socket as grpc would (address reuse on, IPv6 dual-stack)."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(addr)
+    except OSError as exc:
+        return exc
+    return None
+
+
 def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredentials | None:
     if cert is None and key is None:
         return None
@@ -263,7 +306,10 @@ def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredential
 def create_server(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decisions: bool = True,
                   **classifier_kwargs: Any) -> SidecarServer:
     """Open what ``flywheel classify`` would serve (same config, registry, log and teacher)
-    and bind the sidecar; call :meth:`SidecarServer.start` to serve."""
+    and bind the sidecar; call :meth:`SidecarServer.start` to serve. A TCP address that is
+    taken is refused before anything is opened."""
+    if not options.uds:
+        check_address(options.address)
     runtime = open_runtime(cfg, log_decisions=log_decisions, progress=False, background_reload=True,
                            **classifier_kwargs)
     try:
