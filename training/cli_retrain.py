@@ -9,6 +9,7 @@ never a traceback (``FLYWHEEL_DEBUG=1`` shows it).
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -18,7 +19,7 @@ import typer
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.output import echo_json
 from flywheel.training.options import RetrainOptions, resolve_tune
-from flywheel.training.report import RetrainResult, challenger_lines, fmt_share, fmt_value
+from flywheel.training.report import RetrainResult, challenger_lines, figures_line, write_reports
 
 if TYPE_CHECKING:
     from flywheel.classifier.intents import EmbedderSettings, IntentSet
@@ -91,14 +92,13 @@ def retrain_command(
         typer.echo(f"flywheel: error: retrain failed: {type(exc).__name__}: {exc} "
                    f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(1) from None
+    if result.dry_run and result.markdown:   # saved nowhere else: the report goes to a temporary directory
+        write_reports(Path(tempfile.mkdtemp(prefix="flywheel-retrain-dry-run-")), result)
     if as_json:
         echo_json(result.to_dict())
         return
     for line in _readable(result):
         typer.echo(line)
-    if result.dry_run and result.markdown:
-        typer.echo("")
-        typer.echo(result.markdown)
 
 
 def make_embedder(settings: EmbedderSettings, cache_root: Path | None = None) -> Embedder:
@@ -171,12 +171,8 @@ def _readable(result: RetrainResult) -> list[str]:
     for who, m in (("challenger", ch), ("champion", cp)) if not side_by_side else ():
         if not m:
             continue
-        e = m.get("eval", {})
-        out.append(f"  {who:<10} {m['version']}: accuracy {fmt_value(m.get('accuracy'))} ({m.get('gate_set')}, "
-                   f"n={m.get('n', 0):,}), in-scope {fmt_value(e.get('in_scope_accuracy'))}, oos recall "
-                   f"{fmt_value(e.get('oos_recall'))}, macro F1 {fmt_value(e.get('macro_f1'))}, "
-                   f"ECE {fmt_value(e.get('ece'))}, "
-                   f"LLM share {fmt_share(m.get('llm_share'))} ({m.get('llm_share_on')})")
+        gate = m.get("gate_set") or "eval"
+        out.append(f"  {who:<10} {m['version']}: {figures_line(m.get(gate) or {}, gate, m)}")
     out += side_by_side
     d = result.report.get("dataset", {})
     if d:
@@ -189,5 +185,7 @@ def _readable(result: RetrainResult) -> list[str]:
     for n in result.report.get("notes", []):
         out.append(f"  note: {n}")
     if result.report_path:
-        out.append(f"  report: {result.report_path}")
+        md = result.report_path.with_name("report.md")
+        where = "a dry run's, in a temporary directory" if result.dry_run else "report.json beside it"
+        out.append(f"  report: {md} ({where})")
     return out

@@ -48,6 +48,7 @@ language (without per-row languages it is judged on all rows, and the choice say
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,10 @@ from flywheel.classifier.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
-__all__ = ["MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "significant_gain", "decide",
-           "pick_challenger"]
+__all__ = ["MIN_GATE_ROWS", "MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "significant_gain",
+           "decide", "pick_challenger", "encoder_bytes"]
 
+MIN_GATE_ROWS = 20          # rows a figure needs before the gate leans on it (a summary flags fewer)
 MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
 CONFIDENCE = 0.95           # one-sided confidence of the drop's upper bound
 _EPS = 1e-12
@@ -202,13 +204,48 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
                           f"({acc['better']} better, {acc['worse']} worse); keeping the champion")
     if failed:
         return "kept", failed[0], checks
+    tie = _tie_to_the_smaller(challenger, champion, checks, tolerance)
+    if tie is not None:
+        return "kept", tie, checks
     parts = [f"{c['metric']} {_f(c['challenger'])} vs {_f(c['champion'])} ({c['worse']} worse, {c['better']} "
              f"better of {c['n']:,})" for c in checks if "worse" in c]
-    parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])}"
-              + (" (a rise traded for a significant accuracy gain)" if c["traded_for_accuracy"] else "")
+    parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])} (n={c['n']:,} {c['set']} queries"
+              + ("; a rise traded for a significant accuracy gain)" if c["traded_for_accuracy"] else ")")
               for c in checks if c["metric"] == "llm_share"]
     return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
                         f"queries: " + "; ".join(parts)), checks
+
+
+def encoder_bytes(model: IntentModel) -> int:
+    """The bytes of the encoder ``model`` carries (0: it uses the served encoder)."""
+    d = model.encoder_dir
+    if d is None:
+        return 0
+    return sum(p.stat().st_size for p in Path(d).rglob("*") if p.is_file())
+
+
+def _is_tie(pair: dict[str, Any], s_bigger: Any, s_smaller: Any, tolerance: float) -> bool:
+    """A tie: no query either way (0 worse, 0 better) and an LLM share not lower than the
+    smaller model's by more than ``tolerance`` (a lower one is a measured gain)."""
+    if pair["worse"] or pair["better"]:
+        return False
+    return s_bigger is None or s_smaller is None or s_bigger >= s_smaller - tolerance - _EPS
+
+
+def _tie_to_the_smaller(challenger: IntentModel, champion: IntentModel, checks: list[dict[str, Any]],
+                        tolerance: float) -> str | None:
+    """Why a tie keeps the champion: the challenger carries its own encoder and the champion
+    does not (a tie between two models of one size, or a smaller challenger: ``None``)."""
+    if challenger.encoder_dir is None or champion.encoder_dir is not None:
+        return None
+    acc = next(c for c in checks if c["metric"] == "accuracy")
+    share = next((c for c in checks if c["metric"] == "llm_share"), {})
+    if not _is_tie(acc, share.get("challenger"), share.get("champion"), tolerance):
+        return None
+    size = encoder_bytes(challenger) / 1e6
+    return (f"a tie (0 worse, 0 better of {acc['n']:,} queries; LLM share {_pct(share.get('challenger'))} vs "
+            f"{_pct(share.get('champion'))}) goes to the smaller model: the challenger's own encoder "
+            f"({size:.1f} MB) would be added for no measured gain; keeping the champion")
 
 
 def _accuracy(right: np.ndarray) -> float | None:
@@ -252,6 +289,10 @@ def pick_challenger(head_only: IntentModel, tuned: IntentModel | None, ch_head: 
         out["reason"] = f"tuned accuracy {_f(a_tuned)} < head-only {_f(a_head)} ({counts})"
         return out
     s_head, s_tuned = ch_head.get("llm_share"), ch_tuned.get("llm_share")
+    if tuned.encoder_dir is not None and head_only.encoder_dir is None and _is_tie(pair, s_tuned, s_head, tolerance):
+        out["reason"] = (f"a tie ({counts}; LLM share {_pct(s_tuned)} vs {_pct(s_head)}) goes to the smaller "
+                         f"model: the head-only one")
+        return out
     if s_head is not None and s_tuned is not None and s_tuned > s_head + tolerance + _EPS \
             and not significant_gain(pair):
         out["reason"] = (f"tuned LLM share {_pct(s_tuned)} > head-only {_pct(s_head)} + tolerance {tolerance:g} "

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RetrainResult", "fmt_value", "fmt_share", "jsonable", "render_markdown", "challenger_lines",
-           "teacher_markdown"]
+from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE
+
+__all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
+           "challenger_lines", "teacher_markdown", "write_reports"]
 
 
 @dataclass
@@ -55,20 +58,50 @@ class RetrainResult:
             name += " [tuned encoder]"
         ch = self.challenger or {}
         cp = self.champion
-        n = ch.get("n") or 0
+        acc = f"{fmt_n(ch.get('n'), what=_set_words(ch.get('gate_set')))}"
+        share = fmt_n(ch.get("llm_share_n"), what=_set_words(ch.get("llm_share_on")))
         if self.outcome in ("promoted", "would_promote"):
             if not cp:
-                return (f"{self.outcome} {name} (first model: accuracy {fmt_value(ch.get('accuracy'))} on {n:,} "
-                        f"eval queries; LLM share {fmt_share(ch.get('llm_share'))}): {self.reason}")
+                return (f"{self.outcome} {name} (first model: accuracy {fmt_value(ch.get('accuracy'))}, {acc}; "
+                        f"LLM share {fmt_share(ch.get('llm_share'))}, {share}): {self.reason}")
             return (f"{self.outcome} {name} (accuracy {fmt_value(cp.get('accuracy'))} -> "
-                    f"{fmt_value(ch.get('accuracy'))} on {n:,} eval queries; LLM share "
-                    f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))}): {self.reason}")
+                    f"{fmt_value(ch.get('accuracy'))}, {acc}; LLM share "
+                    f"{fmt_share(cp.get('llm_share'))} -> {fmt_share(ch.get('llm_share'))}, {share}): {self.reason}")
         champ = cp.get("version") if cp else "?"
         if self.outcome in ("shadowed", "would_shadow"):
             return (f"{self.outcome} {name} (passed the gate: accuracy "
-                    f"{fmt_value(cp.get('accuracy') if cp else None)} -> {fmt_value(ch.get('accuracy'))} on {n:,} "
-                    f"eval queries); still serving {champ}: {self.reason}")
+                    f"{fmt_value(cp.get('accuracy') if cp else None)} -> {fmt_value(ch.get('accuracy'))}, "
+                    f"{acc}); still serving {champ}: {self.reason}")
         return f"kept {champ}, challenger {name} not promoted: {self.reason}"
+
+
+def _set_words(name: Any) -> str:
+    """``eval`` -> ``eval queries``: what a figure's n counts."""
+    return f"{str(name or 'eval').replace('_', ' ')} queries"
+
+
+def fmt_n(n: Any, minimum: int = MIN_GATE_ROWS, what: str = "") -> str:
+    """The n a figure was measured on, flagged when it is below the gate's minimum:
+    ``n=2 recent queries, below the gate's minimum of 20``."""
+    k = int(n or 0)
+    out = f"n={k:,}" + (f" {what}" if what else "")
+    return out + (f", below the gate's minimum of {minimum}" if k < minimum else "")
+
+
+def figures_line(g: dict[str, Any], gate_set: str, llm: dict[str, Any]) -> str:
+    """One model's figures, each with the n it was measured on: ``g`` its metrics on
+    ``gate_set`` (:func:`training.gate.evaluate_layer2`), ``llm`` its ``llm_share``,
+    ``llm_share_on`` and ``llm_share_n``. A figure on fewer rows than the gate's minimum
+    says so (out-of-scope recall: :data:`~training.gate.MIN_OOS_FOR_GATE`)."""
+    whole = f"accuracy {fmt_value(g.get('accuracy'))}"
+    if "macro_f1" in g:
+        whole += f", macro F1 {fmt_value(g.get('macro_f1'))}"
+    inside = f"in-scope {fmt_value(g.get('in_scope_accuracy'))}"
+    if "ece" in g:
+        inside += f", ECE {fmt_value(g.get('ece'))}"
+    return (f"{whole} ({gate_set}, {fmt_n(g.get('n'))}); {inside} ({fmt_n(g.get('n_in_scope'))}); "
+            f"oos recall {fmt_value(g.get('oos_recall'))} ({fmt_n(g.get('n_out_of_scope'), MIN_OOS_FOR_GATE)}); "
+            f"LLM share {fmt_share(llm.get('llm_share'))} ({llm.get('llm_share_on')}, {fmt_n(llm.get('llm_share_n'))})")
 
 
 def fmt_value(x: Any) -> str:
@@ -118,14 +151,11 @@ def challenger_lines(report: dict[str, Any]) -> list[str]:
             continue
         enc = "own encoder " + str(m.get("encoder")) if m.get("own_encoder") else "served encoder"
         mark = "  <- put forward" if key == c.get("put_forward") else ""
-        out.append(f"  {who:<10} {m['version']} ({enc}): accuracy {fmt_value(m.get('accuracy'))}, in-scope "
-                   f"{fmt_value(m.get('in_scope_accuracy'))}, oos recall {fmt_value(m.get('oos_recall'))} "
-                   f"({c['gate_set']}, n={m.get('n') or 0:,}), LLM share {fmt_share(m.get('llm_share'))} "
-                   f"({m.get('llm_share_on')}){mark}")
+        out.append(f"  {who:<10} {m['version']} ({enc}): {figures_line(m, c['gate_set'], m)}{mark}")
     out.append(f"  put forward: {str(c.get('put_forward')).replace('_', '-')}: {c.get('reason')}")
     for lang, v in (c.get("languages") or {}).get("by_language", {}).items():
         out.append(f"  language {lang}: accuracy head-only {fmt_value(v['head_only'])}, tuned {fmt_value(v['tuned'])} "
-                   f"(n={v['n']:,})")
+                   f"({fmt_n(v['n'])})")
     t = report.get("tuning") or {}
     if t:
         tuner = t.get("tuner") or {}
@@ -192,8 +222,10 @@ def _challenger_markdown(r: dict[str, Any]) -> list[str]:
                              "stopped_by_budget") else "") + f"; loss {tuner.get('loss_first')} -> "
                          f"{tuner.get('loss_last')}; encoder `{t.get('encoder_id')}` "
                          f"({'int8' if tuner.get('quantized') else 'fp32'}, {tuner.get('encoder_bytes', 0):,} bytes)")
-            lines.append(f"- export {tuner.get('export_seconds')} s; re-encoding {t.get('reencoded_rows', 0):,} rows "
-                         f"{t.get('reencode_seconds')} s (not part of the tuning budget)")
+            lines.append(f"- export {tuner.get('export_seconds')} s (forecast {t.get('export_forecast_seconds')} s); "
+                         f"re-encoding {t.get('reencoded_rows', 0):,} rows {t.get('reencode_seconds')} s (forecast "
+                         f"{t.get('reencode_forecast_seconds')} s); both inside the budget: the tuner got "
+                         f"{t.get('tuner_budget_s')} s, {t.get('budget_overrun_seconds', 0)} s over")
     return lines
 
 
@@ -306,3 +338,11 @@ def render_markdown(result: RetrainResult) -> str:
             lines.append(f"- re-encoding the evaluation sets with the champion's own encoder "
                          f"{tm['champion_reencode_seconds']}s")
     return "\n".join(lines)
+
+
+def write_reports(path: Path, result: RetrainResult) -> None:
+    """``report.json`` and ``report.md`` of ``result`` into the directory ``path``
+    (``result.report_path`` then names the JSON one)."""
+    result.report_path = path / "report.json"
+    result.report_path.write_text(json.dumps(result.report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (path / "report.md").write_text(result.markdown + "\n", encoding="utf-8")

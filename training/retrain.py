@@ -29,7 +29,9 @@ function here):
    drops capped for the gate's sake), only with ``RetrainOptions.teacher_filter``; off, it
    reports what it would drop. ``teacher_filtered`` in the report: ``{reason: count}``;
 4b. ``_tune_encoder`` (only with ``RetrainOptions.tune``): fine-tunes the intent set's base
-   encoder (:func:`training.tuned_encoder.tune_and_export`, within ``tune.budget_s``) on the
+   encoder (:func:`training.tuned_encoder.tune_and_export`, within ``tune.budget_s``: the
+   tuner gets it less the forecasts of the re-encoding and of the ONNX export, see
+   :func:`training.tuned_trial.export_forecast`) on the
    training rows' texts, labels and weights (:func:`training.tuned_trial.tuning_rows`: rows
    whose text retention erased cannot be re-encoded and are left out, counted as
    ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
@@ -103,7 +105,6 @@ slice) when that has at least 20 rows.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -122,16 +123,17 @@ from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_n
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
 from flywheel.classifier.tiers import Thresholds, fmt_probs
-from flywheel.training.gate import decide, evaluate_layer2, pick_challenger
+from flywheel.training.gate import MIN_GATE_ROWS, decide, evaluate_layer2, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
-from flywheel.training.report import RetrainResult, jsonable, render_markdown
+from flywheel.training.report import RetrainResult, jsonable, render_markdown, write_reports
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import SPLIT_ID, build_training_set
 from flywheel.training.tuned_trial import (
     candidate_pairs,
     confusion_pairs,
+    export_forecast,
     hard_pairs_of,
     reencode,
     reencode_forecast,
@@ -147,7 +149,7 @@ __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_
 
 _T = TypeVar("_T")
 
-MIN_GATE_ROWS = 20          # traffic rows needed to gate a non-flywheel champion on traffic only
+# MIN_GATE_ROWS (training.gate): traffic rows needed to gate a non-flywheel champion on traffic only
 PROMOTE_TRIES = 3           # refused promotions (the champion moved) before the challenger is kept
 
 
@@ -304,6 +306,11 @@ def _record(job: _Job, result: RetrainResult) -> None:
               "reason": result.reason[:300]}
     if result.report.get("teacher_noise") is not None:   # flywheel_teacher_noise_ratio
         status["teacher_noise"] = result.report["teacher_noise"]
+    export = ((result.report.get("tuning") or {}).get("tuner") or {}).get("export_seconds")
+    if not isinstance(export, (int, float)):    # kept for the next tuned run's forecast
+        export = (job.registry.last_retrain() or {}).get("tune_export_seconds")
+    if isinstance(export, (int, float)):
+        status["tune_export_seconds"] = export
     try:
         job.registry.record_retrain(status)
     except FlywheelError as exc:
@@ -493,14 +500,18 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     if n_textless:
         job.say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
                 f"so the tuned challenger trains without them")
-    # re-encoding is part of the budget: the tuner gets what the forecast leaves (issue 22)
+    # re-encoding (issue 22) and the export (issue 32) are part of the budget: the tuner gets
+    # what their forecasts leave
     t0 = time.perf_counter()
     n_reencode = reencode_rows(ts, TRAFFIC_SAMPLE_ROWS if job.opts.llm_budget is not None else 0)
     forecast = reencode_forecast(job.embedder, texts, n_reencode)
-    budget = tuner_budget(tune.budget_s, forecast + (time.perf_counter() - t0))
-    report.update(reencode_forecast_seconds=round(forecast, 2), tuner_budget_s=round(budget, 2))
+    export = _export_forecast(job, champion)
+    budget = tuner_budget(tune.budget_s, forecast + export + (time.perf_counter() - t0))
+    report.update(reencode_forecast_seconds=round(forecast, 2), export_forecast_seconds=round(export, 2),
+                  tuner_budget_s=round(budget, 2))
     job.say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
-            f"{budget:.0f} s to tune, {forecast:.0f} s set aside to re-encode about {n_reencode:,} rows) ...")
+            f"{budget:.0f} s to tune, {export:.0f} s set aside for the ONNX export and {forecast:.0f} s to "
+            f"re-encode about {n_reencode:,} rows) ...")
     try:
         out = tune_and_export(texts, labels, job.intents.embedder, replace(tune, budget_s=budget), workdir,
                               sample_weight=weights, hard_pairs=hard,
@@ -523,12 +534,33 @@ def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
     report["budget_overrun_seconds"] = round(max(0.0, spent - tune.budget_s), 2)
     if report["budget_overrun_seconds"] > 0:
         job.say(f"the tuning step took {spent:.0f} s, {report['budget_overrun_seconds']:.0f} s over its "
-                f"{tune.budget_s:g} s budget (the export, or a re-encoding slower than forecast)")
+                f"{tune.budget_s:g} s budget (an export or re-encoding slower than forecast)")
     job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
             + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
             f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
     return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
                   views=out.views), report
+
+
+def _export_forecast(job: _Job, champion: _Champion) -> float:
+    """The tuned encoder's export forecast (:func:`training.tuned_trial.export_forecast`):
+    from the last export's seconds this registry recorded (the last run's record, else the
+    champion's manifest), else from the base encoder's weights (an adapter: none)."""
+    from flywheel.training import finetune
+    from flywheel.training.tuned_encoder import ADAPTER
+
+    tune = job.opts.tune
+    if tune is None or tune.objective == ADAPTER:
+        return 0.0
+    last = job.registry.last_retrain() or {}
+    previous = last.get("tune_export_seconds")
+    if not isinstance(previous, (int, float)) and champion.model is not None:
+        previous = champion.model.manifest.metrics.get("encoder_export_seconds")
+    try:
+        base = finetune.tunable_base(job.intents.embedder)
+    except (TrainingError, EmbedderError, OSError):
+        base = None          # the tuning fails on it in a moment, with its note
+    return export_forecast(base, previous if isinstance(previous, (int, float)) else None)
 
 
 def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
@@ -687,7 +719,7 @@ def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[st
     return {"version": m.version, "encoder": m.manifest.encoder.get("id"), "own_encoder": m.encoder_dir is not None,
             "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
             "oos_recall": per[gate]["oos_recall"], "gate_set": gate,
-            "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on,
+            "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on, "llm_share_n": per[share_on]["n"],
             "thresholds": Thresholds.for_model(m).to_dict(), **per}
 
 
@@ -710,6 +742,7 @@ def _with_run_metrics(model: IntentModel, ts: TrainingSet, ev: _Evaluation, tuni
                "confident_tuning": tuning["method"]}
     if tuned is not None:
         metrics.update(encoder_tuned=True, encoder_tune_seconds=tuned.report.get("step_seconds"),
+                       encoder_export_seconds=(tuned.report.get("tuner") or {}).get("export_seconds"),
                        encoder_rows_without_text=tuned.report.get("rows_without_text"))
     return replace(model, manifest=replace(model.manifest, metrics=metrics))
 
@@ -721,7 +754,7 @@ def _timing(trial: _Trial, champion: _Champion, model: IntentModel, t_eval: floa
            "embeddings_computed": emb["computed"], "fit_seconds": round(trial.t_fit, 3),
            "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
     r = trial.tune_report
-    if r is not None:   # the tuning budget bounds tune_seconds; export and re-encoding come on top
+    if r is not None:   # the tuning budget bounds the step: tuning, export and re-encoding (forecast)
         tuner = r.get("tuner") or {}
         out.update(tune_step_seconds=r.get("step_seconds"), tune_seconds=tuner.get("seconds"),
                    export_seconds=tuner.get("export_seconds"), reencode_seconds=r.get("reencode_seconds"),
@@ -731,7 +764,7 @@ def _timing(trial: _Trial, champion: _Champion, model: IntentModel, t_eval: floa
     return out
 
 
-_SIDE_KEYS = ("accuracy", "in_scope_accuracy", "oos_recall", "n", "n_out_of_scope")
+_SIDE_KEYS = ("accuracy", "in_scope_accuracy", "oos_recall", "n", "n_in_scope", "n_out_of_scope")
 
 
 def _side(m: dict[str, Any] | None, gate: str) -> dict[str, Any] | None:
@@ -741,7 +774,7 @@ def _side(m: dict[str, Any] | None, gate: str) -> dict[str, Any] | None:
     g = m.get(gate) or {}
     return {"version": m["version"], "encoder": m.get("encoder"), "own_encoder": m.get("own_encoder"),
             **{k: g.get(k) for k in _SIDE_KEYS}, "llm_share": m.get("llm_share"),
-            "llm_share_on": m.get("llm_share_on")}
+            "llm_share_on": m.get("llm_share_on"), "llm_share_n": m.get("llm_share_n")}
 
 
 def _challengers(job: _Job, ev: _Evaluation) -> dict[str, Any]:
@@ -878,6 +911,4 @@ def _overrule(job: _Job, result: RetrainResult, reason: str) -> RetrainResult:
 
 
 def _write_reports(path: Path, result: RetrainResult) -> None:
-    result.report_path = path / "report.json"
-    result.report_path.write_text(json.dumps(result.report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (path / "report.md").write_text(result.markdown + "\n", encoding="utf-8")
+    write_reports(path, result)

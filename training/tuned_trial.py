@@ -12,9 +12,11 @@ it oversamples, and the training set re-encoded by another encoder.
   ``embedder`` (same rows, same order), every distinct text encoded once;
   :func:`reencode_training_set` does it for a whole training set (rows without text left
   out), its evaluation sets and its synthetic negatives, in one ``encode`` call.
-- :func:`reencode_forecast` and :func:`tuner_budget`: re-encoding is part of
-  ``embedder.tune.budget_s`` (issue 22), so the tuner gets the budget less a forecast of
-  the re-encoding, timed on a probe of the texts before the tuning starts.
+- :func:`reencode_forecast`, :func:`export_forecast` and :func:`tuner_budget`: re-encoding
+  (issue 22) and the ONNX export (issue 32) are part of ``embedder.tune.budget_s``, so the
+  tuner gets the budget less a forecast of both: the re-encoding timed on a probe of the
+  texts before the tuning starts, the export from the last one's seconds (else the base
+  encoder's weight bytes).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,13 +33,17 @@ from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet, TrainingSet
 
-__all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "candidate_pairs", "confusion_pairs", "encode_texts", "hard_pairs_of",
+__all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "candidate_pairs", "confusion_pairs", "encode_texts",
+           "export_forecast", "hard_pairs_of",
            "reencode", "reencode_forecast", "reencode_rows", "reencode_training_set", "tuner_budget", "tuning_rows"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
 REENCODE_PROBE = 256     # texts encoded (and timed) to forecast the re-encoding
 REENCODE_MARGIN = 1.2    # the forecast's safety factor
 MIN_TUNER_SHARE = 0.25   # of the budget, always left to the tuner however long re-encoding will take
+#: a first export's forecast: MiniLM-L6's 90 MB of weights took 45 s to export, check and quantise (issue 32)
+EXPORT_BYTES_PER_S = 2e6
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def tuning_rows(ts: LabelledSet, self_training_weight: float) -> tuple[list[str], list[str | None], list[float], int]:
@@ -117,6 +124,19 @@ def reencode_forecast(embedder: Any, texts: Sequence[str], n_rows: int, seed: in
     t0 = time.perf_counter()
     embedder.encode(probe)
     return REENCODE_MARGIN * (time.perf_counter() - t0) * n_rows / len(probe)
+
+
+def export_forecast(base_dir: Path | None, previous_s: float | None = None) -> float:
+    """Seconds the ONNX export of a tuned encoder will take (it is part of the budget too):
+    the last export's seconds on this registry (``previous_s``) times :data:`REENCODE_MARGIN`,
+    else, for a first export, the base encoder's weight bytes at :data:`EXPORT_BYTES_PER_S`;
+    0 when neither is known (an adapter's export is a small file)."""
+    if previous_s is not None and previous_s > 0:
+        return REENCODE_MARGIN * float(previous_s)
+    if base_dir is None or not Path(base_dir).is_dir():
+        return 0.0
+    weights = sum(p.stat().st_size for p in Path(base_dir).rglob("*") if p.is_file() and p.suffix in _WEIGHTS)
+    return weights / EXPORT_BYTES_PER_S
 
 
 def tuner_budget(budget_s: float, forecast_s: float) -> float:

@@ -3,6 +3,8 @@ sample-size rule and the LLM share, with real heads on the synthetic world's que
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -133,7 +135,7 @@ def test_an_llm_share_rise_is_traded_only_for_a_significant_accuracy_gain(pair):
     assert outcome == "promoted", reason
     llm = [c for c in checks if c["metric"] == "llm_share"][0]
     assert llm["ok"] and llm["traded_for_accuracy"] and llm["rise"] == pytest.approx(0.27)
-    assert "LLM share 30.0% vs 3.0% (a rise traded for a significant accuracy gain)" in reason
+    assert "LLM share 30.0% vs 3.0% (n=130 eval queries; a rise traded for a significant accuracy gain)" in reason
     # better on the point estimate, but 4 vs 2 could be chance: the rise keeps the champion
     outcome, reason, checks = run(130, worse=2, better=4)
     assert outcome == "kept" and "without a significant accuracy gain (4 better, 2 worse)" in reason
@@ -157,3 +159,34 @@ def test_paired_drop_counts_disagreements_and_bounds_the_drop():
     assert wide == paired_drop(np.r_[np.zeros(4, bool), np.ones(296, bool)],
                                np.r_[np.ones(4, bool), np.zeros(2, bool), np.ones(294, bool)])
     assert wide["drop"] == pytest.approx(2 / 300, abs=1e-6) and wide["drop_upper"] > 0.01
+
+
+def test_a_tie_goes_to_the_smaller_model(pair, tmp_path):
+    # issue 32: a tuned challenger tied the champion (0 worse, 0 better of 8) and was promoted,
+    # adding 24 MB for no measured gain
+    enc = tmp_path / "encoder"
+    enc.mkdir()
+    (enc / "model.onnx").write_bytes(b"\0" * 2_000_000)
+    data = gate_set(pair, 45, worse=0, better=0)
+    champion, challenger = pair[0], pair[1]
+    tuned = dataclasses.replace(challenger, encoder_dir=enc)
+    ch, cp = metrics(challenger, data), metrics(champion, data)
+    ch["llm_share"] = cp["llm_share"]
+    outcome, reason, _ = decide(tuned, champion, ch, cp, data, "eval", 0.01, [])
+    assert outcome == "kept", reason
+    assert reason.startswith("a tie (0 worse, 0 better of 45 queries;") and "goes to the smaller model" in reason
+    assert "(2.0 MB)" in reason
+    # a tie between models of one size promotes as before; so does a tie with a smaller challenger
+    assert decide(challenger, champion, ch, cp, data, "eval", 0.01, [])[0] == "promoted"
+    assert decide(tuned, dataclasses.replace(champion, encoder_dir=enc), ch, cp, data, "eval", 0.01, [])[0] \
+        == "promoted"
+    assert decide(challenger, dataclasses.replace(champion, encoder_dir=enc), ch, cp, data, "eval", 0.01, [])[0] \
+        == "promoted"
+    # a lower LLM share is a measured gain: no tie
+    lower = {**ch, "llm_share": cp["llm_share"] - 0.05}
+    assert decide(tuned, champion, lower, cp, data, "eval", 0.01, [])[0] == "promoted"
+    # one query either way is no tie either
+    data = gate_set(pair, 45, worse=0, better=1)
+    ch, cp = metrics(challenger, data), metrics(champion, data)
+    ch["llm_share"] = cp["llm_share"]
+    assert decide(tuned, champion, ch, cp, data, "eval", 0.01, [])[0] == "promoted"

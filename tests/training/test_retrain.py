@@ -1021,3 +1021,39 @@ def test_decisions_whose_text_retention_removed_train_on_their_logged_vectors(wo
     assert all(s == "teacher" for _, s in rows.values())
     assert "" not in {normalise_key(t) for t in after.eval.texts + after.recent.texts}   # training only
     assert world.run().outcome in ("promoted", "kept")   # the job runs on them
+
+
+def test_cli_summary_gives_every_figure_its_n_and_a_dry_run_prints_where_the_report_is(world, tmp_path,
+                                                                                      monkeypatch):
+    # issue 32: "LLM share 100% -> 0%" was measured on 2 rows and said nothing of it; a dry
+    # run printed the whole report.md after the summary
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
+    world.seed_traffic(n_teacher=30, n_human=4)
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump(INTENT_DOC))
+    common = ["retrain", "--home", str(tmp_path / "home"), "--log-db", world.store.path, "--quiet",
+              "--intents", str(intents_file)]
+    app = build_app()
+    assert CliRunner().invoke(app, common).exit_code == 0
+    world.seed_traffic(n_teacher=20, n_human=4, seed=3)
+    r = CliRunner().invoke(app, [*common, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    res = json.loads(CliRunner().invoke(app, [*common, "--dry-run", "--json"]).stdout)
+    n_eval, n_recent = res["challenger"]["n"], res["challenger"]["llm_share_n"]
+    assert 0 < n_eval < 20 and 0 < n_recent < 20
+    below = "below the gate's minimum of 20"
+    assert f"n={n_eval} eval queries, {below}" in lines[0] and f"n={n_recent} recent queries, {below}" in lines[0]
+    figures = [ln for ln in lines if ln.lstrip().startswith(("challenger", "champion"))]
+    assert len(figures) == 2
+    for ln in figures:
+        for name in ("accuracy", "in-scope", "oos recall", "LLM share"):
+            assert name in ln
+        assert ln.count("n=") == 4 and ln.count(below) == 4, ln
+    # the summary and where the report is, never the report itself
+    assert not any(ln.startswith("#") or ln.startswith("|") for ln in lines), r.stdout
+    where = [ln for ln in lines if ln.lstrip().startswith("report: ")]
+    assert len(where) == 1 and "dry run" in where[0]
+    md = where[0].split("report: ", 1)[1].split(" (", 1)[0]
+    assert md.endswith("report.md") and open(md).read().startswith("# flywheel retrain:")
+    assert res["report_path"].endswith("report.json")

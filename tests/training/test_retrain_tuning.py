@@ -420,3 +420,55 @@ def test_the_rows_to_reencode_count_every_set_and_the_sample(world):
     negatives = world.intents.synthetic_negatives if ts.negatives is not None else 0
     base = with_text + len(ts.eval) + len(ts.recent) + negatives
     assert tuned_trial.reencode_rows(ts) == base and tuned_trial.reencode_rows(ts, 2000) == base + 2000
+
+
+def test_the_onnx_export_counts_inside_the_tuning_budget(world, monkeypatch, tmp_path):
+    # issue 32: --tune-budget 120 took 177 s, the 45 s export outside the budget
+    from flywheel.training import tuned_encoder
+
+    seen = []
+
+    def spy(texts, labels, settings, tune, workdir, **kw):
+        seen.append(tune.budget_s)
+        raise TuningError("stopped by the test after the budget was set")
+
+    monkeypatch.setattr(tuned_encoder, "tune_and_export", spy)
+    world.seed_traffic(n_teacher=100, n_human=10)
+    # the last export's seconds, as a run records them, forecast the next one
+    world.registry.record_retrain({"finished_at": time.time(), "outcome": "kept", "tune_export_seconds": 30.0})
+    res = world.run(tune=FAST, dry_run=True)
+    t = res.report["tuning"]
+    assert t["export_forecast_seconds"] == pytest.approx(36.0)            # 30 s with the forecast's margin
+    assert seen[-1] == pytest.approx(t["tuner_budget_s"], abs=0.01)
+    assert t["tuner_budget_s"] <= FAST.budget_s - 36.0 - t["reencode_forecast_seconds"] + 0.01
+    # a run that exported nothing keeps the last export's seconds for the next forecast
+    world.run(tune=FAST)
+    assert world.registry.last_retrain()["tune_export_seconds"] == 30.0
+    # a first export: forecast from the base encoder's weights
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"\0" * 8_000_000)
+    (base / "vocab.txt").write_text("x")
+    assert tuned_trial.export_forecast(base) == pytest.approx(8e6 / tuned_trial.EXPORT_BYTES_PER_S)
+    assert tuned_trial.export_forecast(base, 10.0) == pytest.approx(12.0)
+    assert tuned_trial.export_forecast(None) == 0.0
+    monkeypatch.setattr(finetune, "tunable_base", lambda settings: base)
+    world.registry.record_retrain({"finished_at": time.time(), "outcome": "kept"})
+    res = world.run(tune=FAST, dry_run=True)
+    assert res.report["tuning"]["export_forecast_seconds"] == pytest.approx(8e6 / tuned_trial.EXPORT_BYTES_PER_S)
+
+
+def test_a_tuned_challenger_that_ties_the_head_only_one_is_not_put_forward(world, tmp_path):
+    emb = HashEmbedder()
+    model = fit_model(world.intents, embedder=emb, version="v1")
+    data = _hashed(sample(60, seed=5), emb)
+    enc = tmp_path / "encoder"
+    enc.mkdir()
+    (enc / "model.onnx").write_bytes(b"\0" * 1000)
+    tuned = dataclasses.replace(model, encoder_dir=enc)
+    m = {"llm_share": 0.1}
+    choice = pick_challenger(model, tuned, m, m, data, data, 0.01)
+    assert choice["put_forward"] == "head_only"
+    assert choice["reason"].startswith("a tie (0 worse, 0 better of 60 gate queries") and "smaller" in choice["reason"]
+    # a lower LLM share is a gain: the tuned one goes forward
+    assert pick_challenger(model, tuned, m, {"llm_share": 0.05}, data, data, 0.01)["put_forward"] == "tuned"
