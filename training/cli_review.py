@@ -170,7 +170,7 @@ class Reviewer:
         n = self.items[self.position].count
         self.answered += n
         self.position += 1
-        return f"labelled {label_name(label)}" + (f" for all {n} decisions with this text" if n > 1 else "")
+        return f"labelled {label_name(label)}" + (f" ({n} decisions with this text)" if n > 1 else "")
 
     def _flush(self) -> None:
         if self._held is not None:
@@ -196,7 +196,7 @@ def show(item: ReviewItem, index: int, total: int, labels: Sequence[str] | None 
     conf = "" if item.confidence is None else f" ({item.confidence:.2f})"
     lines = [f"[{index + 1}/{total}] {_clipped(item.text)}"]
     if item.count > 1:
-        lines.append(f"  the same text {item.count} times: one label answers all {item.count} decisions")
+        lines.append(f"  {item.count} decisions with this text: one label answers them all")
     lines.append(f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}")
     if item.teacher_answered or item.candidates:
         said = ", ".join(label_name(c) for c in item.candidates) if item.candidates \

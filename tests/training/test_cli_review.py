@@ -225,8 +225,8 @@ def test_identical_texts_are_labelled_once_for_all_of_them(repeated):
     res = CliRunner().invoke(build_app(), ["review", "--log-db", str(repeated)], input="1q")
     assert res.exit_code == 0, res.output
     assert "2 items to review" in res.output
-    assert "the same text 3 times: one label answers all 3 decisions" in res.output
-    assert "labelled PLATFORM for all 3 decisions with this text" in res.output
+    assert "3 decisions with this text: one label answers them all" in res.output
+    assert "labelled PLATFORM (3 decisions with this text)" in res.output
     assert "labelled 1 (3 decisions), skipped 0, 1 left" in res.output
     assert _labels_of(repeated) == [(did, "PLATFORM") for did in IDS]
     # undone before the next key: nothing of it reaches the log
