@@ -42,6 +42,9 @@ _POINTER_NAMES = (CURRENT, HISTORY, SHADOW, LAST_RETRAIN)
 RETRAIN_LOCK = ".retrain.lock"     # the retrain lock (ModelRegistry.lock)
 POINTER_LOCK = ".current.lock"     # held for the moment CURRENT and HISTORY are compared and rewritten
 POINTER_LOCK_TIMEOUT_S = 30.0
+#: What a rollback with no earlier version says (both registries): where the way back is
+NOTHING_TO_ROLL_BACK = ("nothing to roll back to (flywheel models rollback --to-default serves the default "
+                        "model again)")
 #: How often a :class:`ModelWatcher` checks its pointer (at most; the classifier's and the shadow's)
 WATCH_INTERVAL_S = 2.0
 # a version being deleted is first renamed to ``..pruning-<name>-<random>``: hidden, so
@@ -279,7 +282,7 @@ class ModelRegistry:
         missing or does not verify, and nothing changes.
         """
         if not self.home.is_dir():
-            raise ModelError(f"{self.home}: nothing to roll back to")
+            raise ModelError(f"{self.home}: {NOTHING_TO_ROLL_BACK}")
         with self._pointer_lock():
             if expected is not None:
                 self._check_expected(expected)
@@ -288,7 +291,7 @@ class ModelRegistry:
             while hist and hist[-1] == cur:
                 hist.pop()
             if not hist:
-                raise ModelError(f"{self.home}: nothing to roll back to")
+                raise ModelError(f"{self.home}: {NOTHING_TO_ROLL_BACK}")
             prev = hist[-1]
             try:
                 self._verified(prev)

@@ -47,7 +47,15 @@ from typing import Any
 
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
-from flywheel.classifier.registry import LAST_RETRAIN, SHADOW, UNCHECKED, ModelRegistry, PromotionConflict, Unchecked
+from flywheel.classifier.registry import (
+    LAST_RETRAIN,
+    NOTHING_TO_ROLL_BACK,
+    SHADOW,
+    UNCHECKED,
+    ModelRegistry,
+    PromotionConflict,
+    Unchecked,
+)
 from flywheel.fleet.errors import PreconditionFailed
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 
@@ -342,7 +350,7 @@ class BucketRegistry:
         while history and history[-1] == now.version:
             history.pop()
         if not history:
-            raise ModelError(f"{self.objects.cfg.location(CURRENT_KEY)}: nothing to roll back to")
+            raise ModelError(f"{self.objects.cfg.location(CURRENT_KEY)}: {NOTHING_TO_ROLL_BACK}")
         prev = history[-1]
         try:
             self._verified(prev)

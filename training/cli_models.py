@@ -8,17 +8,29 @@ bucket, then the local models home (``--local-only``: the home alone).
 ``shadow VERSION`` makes every replica score VERSION beside the served one on live layer-2
 traffic, enforcing nothing (``--clear`` stops it); ``flywheel stats`` reports how it
 compares, and ``promote --from-shadow`` promotes it once it has answered at least
-``--min-shadow`` logged decisions (``--force`` skips that check)."""
+``--min-shadow`` logged decisions (``--force`` skips that check).
+
+``rollback --to-default`` serves the default model again: the one a home serves before
+anything is promoted (the configured intents file, else the starter set, trained into the
+cache as on first use). It becomes a version like any other, ``default-<its cache name>``
+(:func:`default_version`), promoted by compare-and-swap, so a running process swaps it in,
+a restart serves it, replicas follow it, and a plain ``rollback`` goes back again."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, load_config
+from flywheel.classifier.config import HOME_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
+from flywheel.classifier.model import MANIFEST
 from flywheel.classifier.output import echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
 
@@ -26,12 +38,15 @@ if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not
     from collections.abc import Callable
 
     from flywheel.classifier.protocols import Registry
-    from flywheel.fleet.site import Site
+    from flywheel.fleet.site import ListedRegistry, Site
 
-__all__ = ["DEFAULT_MIN_SHADOW", "models_app", "push_version"]
+__all__ = ["DEFAULT_MIN_SHADOW", "DEFAULT_PREFIX", "default_version", "default_version_name", "models_app",
+           "push_version"]
 
 #: Shadow answers a shadow version needs in the log before ``promote --from-shadow``.
 DEFAULT_MIN_SHADOW = 500
+#: How the default model is named as a version (``rollback --to-default``).
+DEFAULT_PREFIX = "default-"
 
 
 models_app = typer.Typer(help="Model versions: list, push, promote, rollback, shadow, prune.",
@@ -47,9 +62,13 @@ def _registry(models: Optional[Path], home: Optional[Path]) -> ModelRegistry:
 
 def _site(home: Optional[Path]) -> Site:
     """Where the registry and the log live: the local home, or the fleet's store."""
+    return _site_of(load_config(home=home))
+
+
+def _site_of(cfg: Config) -> Site:
     from flywheel.fleet.site import open_site
 
-    return open_site(load_config(home=home))
+    return open_site(cfg)
 
 
 def _where(reg: Registry) -> str:
@@ -61,11 +80,14 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
                 as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
     """List versions (the served one marked with *)."""
-    reg = _site(home).registry(models)
+    cfg = load_config(home=home)
+    reg = _site_of(cfg).registry(models)
     vs = reg.versions()
+    default = _default_name_or_none(cfg)
     if as_json:
-        echo_json([{"version": v.name, "current": v.current, "created_at": v.created_at,
-                     "training_size": v.training_size, "valid": v.valid, "metrics": v.metrics} for v in vs])
+        echo_json([{"version": v.name, "current": v.current, "default": v.name == default,
+                    "created_at": v.created_at, "training_size": v.training_size, "valid": v.valid,
+                    "metrics": v.metrics} for v in vs])
         return
     if not vs:
         typer.echo(f"no model versions in {_where(reg)}")
@@ -74,7 +96,10 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
         acc = v.metrics.get("oof_top1_accuracy")
         typer.echo(f"{'*' if v.current else ' '} {v.name:32} {v.created_at:21} n={v.training_size:<7}"
                    + (f" cv-top1={acc:.3f}" if isinstance(acc, (int, float)) else "")
+                   + ("  (the default model)" if v.name == default else "")
                    + ("" if v.valid else f"  INVALID: {v.problem}"))
+    if default is not None and default not in {v.name for v in vs}:
+        typer.echo("  (the default model: flywheel models rollback --to-default serves it again)")
 
 
 @models_app.command("promote")
@@ -191,12 +216,19 @@ def push_version(reg: Registry, directory: Path, *, promote: bool, say: bool = T
 
 
 @models_app.command("rollback")
-def models_rollback(models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
+def models_rollback(to_default: bool = typer.Option(
+                        False, "--to-default", help="Serve the default model again (the intents file, or the "
+                                                    "starter set, trained as on first use)."),
+                    models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve the previously promoted version again, checked as promote checks it
-    (fleet-wide with a store)."""
-    reg = _site(home).registry(models)
-    _, token = reg.current()
+    (fleet-wide with a store); --to-default serves the default model again."""
+    cfg = load_config(home=home)
+    reg = _site_of(cfg).registry(models)
+    current, token = reg.current()
+    if to_default:
+        _rollback_to_default(cfg, reg, current, token)
+        return
     new_token = reg.rollback(expected=token)   # the token is opaque (an etag in fleet mode): print the name
     name, now = reg.current()
     if now == new_token:
@@ -204,6 +236,82 @@ def models_rollback(models: Optional[Path] = typer.Option(None, "--models", help
     else:
         typer.echo(f"rolled back in {_where(reg)}; another promotion has moved it on since, to "
                    f"{name or 'nothing'}")
+
+
+def _rollback_to_default(cfg: Config, reg: ListedRegistry, current: Optional[str], token: Optional[str]) -> None:
+    name = default_version_name(cfg)
+    if current == name:
+        typer.echo(f"already serving the default model {name} in {_where(reg)}")
+        return
+    default_version(cfg, reg)
+    reg.promote(name, expected=token)   # checked as any promotion; refused if another one lands meanwhile
+    typer.echo(f"rolled back to the default model {name} in {_where(reg)}"
+               + (f" (was {current}; flywheel models rollback goes back to it)" if current else ""))
+
+
+def _default_source(cfg: Config) -> Path:
+    """The intent file the default model is trained from: the configured one, else the starter set."""
+    from flywheel.classifier.config import starter_intents_path
+
+    return Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
+
+
+def default_version_name(cfg: Config) -> str:
+    """The version name of the default model ``cfg`` serves before anything is promoted:
+    :data:`DEFAULT_PREFIX` + its cache directory's name (the intent file's stem and a digest
+    of its bytes and flywheel's version), so a changed intent file is another default.
+    Reads the intent file's bytes only (:class:`~classifier.errors.IntentFileError` when it
+    cannot be read); trains nothing."""
+    from flywheel.classifier.default import cached_model_dir
+
+    cached = cached_model_dir(cfg, _default_source(cfg)).name
+    return (DEFAULT_PREFIX + re.sub(r"[^A-Za-z0-9._+-]+", "_", cached))[:128]
+
+
+def _default_name_or_none(cfg: Config) -> Optional[str]:
+    try:
+        return default_version_name(cfg)
+    except FlywheelError:
+        return None
+
+
+def default_version(cfg: Config, reg: ListedRegistry) -> str:
+    """Make the default model a version of ``reg`` (published, not promoted); its name.
+
+    The default is what the home serves before any promotion
+    (:func:`classifier.default.default_model_dir`): the intent file trained into the cache,
+    trained now if it is not there yet. A version of that name already in ``reg`` is used
+    as it is; else the cached model is copied into ``reg``'s staging directory under the
+    name (its manifest says so) and published (in fleet mode: uploaded to the bucket)."""
+    from flywheel.classifier.default import cached_model_dir, ensure_trained
+
+    name = default_version_name(cfg)
+    if name in {v.name for v in reg.versions()}:
+        return name
+    source = _default_source(cfg)
+    cached = ensure_trained(source, cached_model_dir(cfg, source), cache_root=cfg.cache_root)
+    staged = reg.staging_dir(name)
+    if not (staged / MANIFEST).is_file():
+        _copy_version(cached, staged)
+    reg.publish(staged)
+    return name
+
+
+def _copy_version(src: Path, target: Path) -> None:
+    """Copy the version ``src`` to ``target`` (created whole, by a rename), named after it."""
+    from flywheel.classifier.model import IntentModel
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.copy-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(src, tmp)
+        doc = json.loads((tmp / MANIFEST).read_text(encoding="utf-8"))
+        doc["version"] = target.name
+        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        IntentModel.load(tmp)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @models_app.command("prune")

@@ -87,6 +87,47 @@ def test_models_rollback_names_the_version_and_refuses_a_corrupt_one(objects, tm
     assert name == "v3" and out.startswith("rolled back to v3 ") and etag.strip('"') not in out
 
 
+def test_models_rollback_to_default_serves_the_default_fleet_wide(objects, store_env, tmp_path, monkeypatch,
+                                                                  capsys):
+    """Issue 32, item 8: after the fleet's first promotion, ``rollback --to-default`` publishes the
+    default model (the intent file trained as on first use) to the bucket and promotes it:
+    replicas follow it, and a plain rollback goes back."""
+    import yaml
+
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.default import cached_model_dir
+    from flywheel.fleet.sync import RegistrySync
+    from flywheel.training.cli_models import default_version_name
+
+    intents = tmp_path / "intents.yaml"
+    intents.write_text(yaml.safe_dump(DOC))
+    monkeypatch.setenv("FLYWHEEL_INTENTS", str(intents))
+    cfg = load_config()
+    cached = cached_model_dir(cfg, intents)            # what the first classify trains (here a tiny model)
+    fit_model(parse_intents(DOC), embedder=HashEmbedder(), version=cached.name).save(cached)
+    trainer = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))   # another host promoted v1
+    publish(trainer, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1")
+    trainer.promote("v1", expected=None)
+    replica = ModelRegistry(tmp_path / "replica")
+    sync = RegistrySync(objects, replica, interval_s=60)
+    assert sync.poll() == "new" and replica.current_name() == "v1"
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 3 and "rollback --to-default" in err, err
+
+    rc, out, err = run(capsys, "models", "rollback", "--to-default")
+    name = default_version_name(cfg)
+    assert rc == 0 and out.startswith(f"rolled back to the default model {name} in BucketRegistry("), err
+    assert trainer.current()[0] == name and trainer.history() == ["v1", name]
+    assert {v.name for v in trainer.versions()} == {"v1", name}
+    assert sync.poll() == "new" and replica.current_name() == name          # replicas follow it
+    assert (replica.home / name / "head.npz").read_bytes() == (cached / "head.npz").read_bytes()
+    rc, out, err = run(capsys, "models", "list")
+    assert rc == 0 and f"* {name}" in out and "(the default model)" in out, out
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 0 and out.startswith("rolled back to v1 ") and trainer.current()[0] == "v1"
+    assert sync.poll() == "new" and replica.current_name() == "v1"
+
+
 def test_models_prune_cleans_the_bucket_then_the_local_home(objects, tmp_path, capsys):
     # issue 22: versions carry their encoder and weigh megabytes; prune works on the bucket too
     trainer = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))
