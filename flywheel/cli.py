@@ -5,13 +5,21 @@ The commands are thin functions over the library, defined next to the code they 
 Settings resolve flag > environment variable > config file > default (see
 :mod:`classifier.config`). Errors print one line ``flywheel: error: ...`` and exit
 with the error's code (2 for bad input or files, 3 for model problems).
+
+Help is click's plain text, wrapped to the terminal (at most 78 columns) instead of cut
+with "…"; :class:`FlywheelGroup` gives every option that takes a value the same metavar
+in every command (:data:`METAVARS`, else by type) and every command its whole first
+paragraph in the command lists.
 """
 
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.service.cli import classify_command, serve_command
@@ -27,12 +35,87 @@ from flywheel.training.cli_models import models_app
 from flywheel.training.cli_retrain import retrain_command
 from flywheel.training.cli_review import review_command, ui_command
 
-__all__ = ["app", "build_app", "main", "usage_error_line"]
+__all__ = ["DISTRIBUTION", "FlywheelGroup", "METAVARS", "app", "build_app", "distribution_version", "main",
+           "usage_error_line"]
+
+DISTRIBUTION = "flywheel-intent"
+
+#: The value an option takes, by option name: the same in every command that has it.
+METAVARS = {
+    "--intents": "FILE", "--train": "FILE", "--test": "FILE", "--calibration": "FILE", "--log-db": "FILE",
+    "--tls-cert": "FILE", "--tls-key": "FILE", "--export-label-studio": "FILE", "--import-label-studio": "FILE",
+    "--home": "DIR", "--models": "DIR", "--out": "DIR", "--save": "DIR", "--plots": "DIR",
+    "--model": "PATH", "--uds": "PATH", "--address": "HOST:PORT", "--metrics-address": "HOST", "--host": "HOST",
+    "--port": "PORT", "--metrics-port": "PORT", "--teacher-host": "URL", "--admin-token": "TOKEN",
+    "--author": "NAME", "--intent": "INTENT", "--tier": "TIER", "--layer": "LAYER", "--reason": "REASON",
+    "--session": "ID", "--history": "JSON", "--declared-type": "TYPE", "--days": "DAYS",
+    "--teacher": "MODE", "--tune-calibration": "MODE", "--dataset-format": "FORMAT", "--tune-objective": "OBJECTIVE",
+    "--window": "WINDOW", "--oos-label": "LABEL", "--text-column": "COLUMN", "--label-column": "COLUMN",
+    "--lang-column": "COLUMN", "--grace": "SECONDS", "--tune-budget": "SECONDS",
+}
+#: Otherwise by the value's type (typer would write ``<str>``, ``<int range>``, ``<list[str]>``).
+TYPE_METAVARS = {str: "TEXT", int: "INTEGER", float: "NUMBER"}
+
+
+class FlywheelGroup(TyperGroup):
+    """The root command: on construction it sets the metavar of every option in the tree that
+    takes a value and has none, and each command's short help to its whole first paragraph
+    (click would cut it with "..." in the list of commands; the list wraps it instead)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        _settle_help(self)
+
+
+def _settle_help(command: Any) -> None:
+    for param in command.params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False) or param.metavar is not None:
+            continue
+        param.metavar = _metavar(param)
+    for sub in getattr(command, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            sub.short_help = " ".join(sub.help.split("\n\n", 1)[0].replace("\b", " ").split())
+        _settle_help(sub)
+
+
+def _metavar(param: Any) -> str | None:
+    named = next((METAVARS[o] for o in getattr(param, "opts", ()) if o in METAVARS), None)
+    if named is not None:
+        return named
+    if param.param_type_name != "option":
+        return str(param.name).upper()   # an argument: DECISION_ID, as the docstrings name it
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return "|".join(str(c) for c in desc.choices or ())
+    if desc.is_path:
+        return "PATH"
+    args = getattr(desc.annotation, "__args__", None)   # List[str]: what one value is
+    return TYPE_METAVARS.get(args[0] if args else desc.annotation, "VALUE")
+
+
+def distribution_version() -> str:
+    """The installed distribution's version (``flywheel --version``)."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown (not installed)"
+
+
+def _version_option(value: bool) -> None:
+    if value:
+        typer.echo(f"{DISTRIBUTION} {distribution_version()}")
+        raise typer.Exit()
+
+
+def _root(version_: Optional[bool] = typer.Option(None, "--version", is_eager=True, callback=_version_option,
+                                                  help="Print the version and exit.")) -> None:
+    """flywheel: an intent classifier that gets cheaper the longer it runs."""
 
 
 def build_app() -> typer.Typer:
     """A typer app with every flywheel command."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                      cls=FlywheelGroup, rich_markup_mode=None, callback=_root,
                       help="flywheel: an intent classifier that gets cheaper the longer it runs.")
     app.command("classify")(classify_command)
     app.command("serve")(serve_command)

@@ -198,7 +198,7 @@ def eval_command(
                                                         "(default: score without them, with a warning)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
     tune_encoder: bool = typer.Option(
-        False, "--tune-encoder", help="Fine-tune the encoder on the training data first (training.finetune), "
+        False, "--tune-encoder", help="Fine-tune the encoder on the training data first, "
                                       "then fit and score the head on the tuned vectors (the JSON gets 'tuning')."),
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", min=1.0, help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
@@ -213,8 +213,9 @@ def eval_command(
              "embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
     tune_calibration: Optional[str] = typer.Option(
         None, "--tune-calibration",
-        help="holdout | crossfit: how the tuned head learns its cutoffs (default: embedder.tune.calibration, "
-             "else holdout; crossfit tunes two more encoders on the halves of the rows, about twice the time)."),
+        help="auto | holdout | crossfit: how the tuned head learns its cutoffs (default: "
+             "embedder.tune.calibration, else auto: crossfit up to 5,000 rows, holdout above; crossfit "
+             "tunes two more encoders on the halves of the rows, about twice the time)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""

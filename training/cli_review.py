@@ -397,7 +397,7 @@ def ui_command(
     log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
-    """Serve the review queue as a page and a JSON API (training.ui) until interrupted."""
+    """Serve the review queue as a page and a JSON API until interrupted."""
     from flywheel.training.feedback import known_labels
     from flywheel.training.ui import ReviewApp, make_server
 
