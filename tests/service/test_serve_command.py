@@ -13,7 +13,6 @@ from contextlib import contextmanager
 import pytest
 
 from flywheel.classifier.errors import ConfigError
-from flywheel.service.server import check_address
 from tests.support.paths import ROOT
 from tests.support.servers import flywheel_cmd
 
@@ -41,12 +40,16 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_and_exits_2(tmp_path):
 
 @pytest.mark.parametrize("address", ["127.0.0.1:{port}", "0.0.0.0:{port}", "localhost:{port}"])
 def test_a_taken_port_is_refused_for_every_form_of_the_address(address):
+    from flywheel.service.server import check_address
+
     with listening("0.0.0.0") as port:
         with pytest.raises(ConfigError, match=rf"address already in use \(port {port}"):
             check_address(address.format(port=port))
 
 
 def test_a_free_port_any_port_and_a_foreign_address():
+    from flywheel.service.server import check_address
+
     with listening() as port:
         pass
     check_address(f"127.0.0.1:{port}")   # free again
