@@ -402,13 +402,13 @@ class IntentHead(ClassifierMixin, BaseEstimator):
                     if self.gate_ is not None else 1.1)
         accepted = ~rejected
         confident = precision_cutoff(conf[accepted], correct[accepted], self.target_precision)
-        order = np.argsort(-pin, axis=1)
-        second_true = in_mask & (order[:, 1] == yi)
-        if second_true.any():
-            ratios = np.take_along_axis(pin, order[:, 1:2], 1)[:, 0] / np.clip(conf, 1e-12, None)
-            amb = float(np.clip(np.median(ratios[second_true]), 0.2, 0.9))
-        else:
-            amb = 0.5
+        amb = 0.5   # one intent (against out of scope) has no runner-up to be torn with
+        if pin.shape[1] > 1:
+            order = np.argsort(-pin, axis=1)
+            second_true = in_mask & (order[:, 1] == yi)
+            if second_true.any():
+                ratios = np.take_along_axis(pin, order[:, 1:2], 1)[:, 0] / np.clip(conf, 1e-12, None)
+                amb = float(np.clip(np.median(ratios[second_true]), 0.2, 0.9))
         return {"confident": confident, "ambiguous_ratio": amb, "oos": oos_t, "oos_confident": oos_conf}
 
     # ------------------------------------------------------------- predicting

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from flywheel.classifier.errors import IntentFileError
+from flywheel.classifier.label_names import OUT_OF_SCOPE_NAMES, suggest_label
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")
@@ -336,6 +337,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         raw = c.mapping(raw, "the intent", _INTENT_KEYS, name)
         if name in seen:
             raise c.fail("duplicate intent", name)
+        _check_name(c, name, seen)
         seen.add(name)
         examples = c.texts(raw.get("examples"), "examples", name)
         if not examples:
@@ -357,6 +359,10 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     oos = c.mapping(doc.get("out_of_scope"), "out_of_scope", _OOS_KEYS)
     oos_examples = c.texts(oos.get("examples"), "out_of_scope.examples")
     synthetic = c.integer(oos.get("synthetic", IntentSet.synthetic_negatives), "out_of_scope.synthetic", 0)
+    if len(intents) == 1 and not oos_examples and synthetic == 0:
+        raise c.fail("a single intent is trained against out of scope, and this file gives none: add "
+                     "out_of_scope.examples (what the intent is not) or leave out_of_scope.synthetic above 0",
+                     intents[0].name)
 
     languages = _languages(c, doc.get("languages"))
     e = c.mapping(doc.get("embedder"), "embedder", _EMBEDDER_KEYS)
@@ -419,7 +425,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     per_intent: dict[str, float] = {}
     for name, value in per.items():
         if name not in seen:
-            raise c.fail(f"thresholds.per_intent names an unknown intent {name!r}")
+            raise c.fail(f"thresholds.per_intent names an unknown intent {name!r}{_did_you_mean(name, seen)}")
         if isinstance(value, dict):
             value = c.mapping(value, "thresholds.per_intent", _PER_INTENT_KEYS, name).get("confident")
         per_intent[name] = c.number(value, "thresholds.per_intent", 0.0, 1.0, name)
@@ -440,6 +446,24 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
                      languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher,
                      thresholds=thresholds, source=source)
+
+
+def _check_name(c: _Checker, name: str, seen: set[str]) -> None:
+    """Refuse an intent name that reads as out of scope (:data:`~classifier.label_names.OUT_OF_SCOPE_NAMES`,
+    any case) or that differs only in case from an earlier one (``book``, ``Book``): a label
+    given in the wrong case is answered "did you mean ...", which must name one intent."""
+    if name.upper() in OUT_OF_SCOPE_NAMES:
+        raise c.fail(f"the name {name!r} means out of scope in flywheel ({', '.join(sorted(OUT_OF_SCOPE_NAMES))}, "
+                     "any case): put these examples under out_of_scope.examples, or rename the intent", name)
+    twin = next((s for s in seen if s.casefold() == name.casefold()), None)
+    if twin is not None:
+        raise c.fail(f"intents {twin!r} and {name!r} differ only in case: merge them or rename one", name)
+
+
+def _did_you_mean(name: Any, intents: set[str]) -> str:
+    """``" (did you mean X?)"`` for the intent ``name`` was probably meant to be, else ``""``."""
+    hint = suggest_label(name, sorted(intents)) if isinstance(name, str) else None
+    return f" (did you mean {hint}?)" if hint else ""
 
 
 def _optional_count(c: _Checker, t: dict[str, Any], key: str) -> int | None:
@@ -536,7 +560,7 @@ def _parse_rule(c: _Checker, raw: Any, n: int, intents: set[str]) -> Rule:
     intent = raw.get("intent")
     c.mapping(raw, f"rule {rid!r}", _RULE_KEYS, intent if isinstance(intent, str) else None)
     if intent not in intents:
-        raise c.fail(f"rule {rid!r} names an unknown intent", str(intent))
+        raise c.fail(f"rule {rid!r} names an unknown intent{_did_you_mean(intent, intents)}", str(intent))
     kinds = [k for k in RULE_KINDS if k in raw]
     if len(kinds) != 1:
         raise c.fail(f"rule {rid!r} must have exactly one of {', '.join(RULE_KINDS)}", intent)

@@ -9,11 +9,12 @@ also accepts the aliases in :data:`OUT_OF_SCOPE_NAMES` (any case).
 
 from __future__ import annotations
 
+import difflib
 from typing import Sequence
 
 from flywheel.classifier.errors import InvalidInputError, UnknownLabelError
 
-__all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "parse_label", "label_name"]
+__all__ = ["OUT_OF_SCOPE", "OUT_OF_SCOPE_NAMES", "parse_label", "label_name", "suggest_label"]
 
 #: How out of scope is written wherever a label is a string.
 OUT_OF_SCOPE = "OUT_OF_SCOPE"
@@ -44,7 +45,27 @@ def parse_label(value: object, labels: Sequence[str] | None, *, what: str = "lab
     if labels is None:
         return name
     known = ", ".join(list(labels)[:20]) + (f", … ({len(labels)} in all)" if len(labels) > 20 else "")
-    raise UnknownLabelError(f"unknown {what} {value!r}; known: {known}, {OUT_OF_SCOPE}")
+    hint = suggest_label(name, labels)
+    raise UnknownLabelError(f"unknown {what} {value!r}{f'; did you mean {hint}?' if hint else ''}; "
+                            f"known: {known}, {OUT_OF_SCOPE}")
+
+
+def suggest_label(name: str, labels: Sequence[str]) -> str | None:
+    """The label ``name`` was probably meant to be: the one that differs from it only in case,
+    else the closest by :func:`difflib.get_close_matches` (compared case-folded), else ``None``.
+    A suggestion, never an answer: no label is accepted in another case than its own.
+
+    >>> suggest_label("hours", ["BOOK", "HOURS"])
+    'HOURS'
+    >>> suggest_label("CANSEL", ["BOOK", "CANCEL"])
+    'CANCEL'
+    """
+    folded = {str(label).casefold(): str(label) for label in labels}
+    key = name.strip().casefold()
+    if key in folded:
+        return folded[key]
+    close = difflib.get_close_matches(key, list(folded), n=1, cutoff=0.75)
+    return folded[close[0]] if close else None
 
 
 def label_name(label: str | None) -> str:

@@ -514,7 +514,11 @@ class Classifier:
     def _from_layer2(self, rt: _ModelBundle, res: Layer2Result, c: CleanText, lat: dict[str, float],
                      suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None) -> Decision:
         """Layer 2's answer as the decision; ``degraded`` (a reason) when layer 2 was unsure
-        and the teacher did not answer."""
+        and the teacher it deferred to did not answer (failed, skipped, over budget): the answer
+        is then served as a best guess, tier ``weak``, even where layer 2 said ``ambiguous`` (its
+        prediction set stays in the alternatives), so a host that acts on ``ambiguous`` never acts
+        on an answer that was meant to be checked and was not. Without a teacher (``no_teacher``)
+        the caller keeps layer 2's tier: there layer 2 is the final word, not a fallback."""
         tier = res.tier
         if degraded is not None and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
             tier = Tier.WEAK  # the teacher was needed and failed: layer 2's answer is a best guess
@@ -602,7 +606,8 @@ class Classifier:
                 call: TeacherCall | None, how: str, lat: dict[str, float]) -> Decision:
         """The decision for an unsure teacher answer (a candidate set, or cannot tell):
         layer 2's best guess among the candidates when it ranks one of them (tier
-        ``ambiguous``), else layer 2's best guess (tier ``weak``). The teacher's call is
+        ``ambiguous``, the alternatives: those candidates as layer 2 ranks them), else layer 2's
+        best guess (tier ``weak``, layer 2's alternatives). The teacher's call is
         logged as not valid, with ``unsure:`` and the set in its error, so it is never a
         training label."""
         picks: dict[str | None, Candidate] = {}
@@ -619,7 +624,7 @@ class Classifier:
             call = TeacherCall(model=call.model, label=None, valid=False, latency_ms=call.latency_ms,
                                error=f"unsure: {ans.unsure_reason()}")
         reason = f"llm {ans.model}: {ans.unsure_reason()}; layer 2's best guess{which} ({how}layer 2: {res.reason})"
-        alts = ranked[1:] if ranked else res.alternatives
+        alts = ranked or res.alternatives   # as for layer 2's own unsure answers: the served label first
         return self._decision(rt, label, conf, tier, Layer.LLM, reason, c, lat, alts, call)
 
     def teacher_requests(self, texts: Sequence[str],

@@ -273,7 +273,11 @@ def eval_command(
         # a label the model cannot answer would count as an error: score without those rows, or refuse
         test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
         if skipped:
-            listed = ", ".join(f"{k} ({v})" for k, v in list(skipped.items())[:20])
+            from flywheel.classifier.label_names import suggest_label
+
+            hints = {k: suggest_label(k, m.manifest.labels) for k in list(skipped)[:20]}
+            listed = ", ".join(f"{k} ({v}{f', did you mean {hints[k]}?' if hints[k] else ''})"
+                               for k, v in list(skipped.items())[:20])
             listed += f", … ({len(skipped)} labels in all)" if len(skipped) > 20 else ""
             what = f"{sum(skipped.values())} row(s) with labels the model does not know: {listed}"
             if strict:

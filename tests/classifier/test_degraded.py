@@ -79,3 +79,26 @@ def test_stats_show_the_degraded_share_per_window(tmp_path):
     assert [w["degraded_reasons"] for w in stats["windows"]] == [{}, {"no_teacher": 1, "unavailable": 3}]
     table = format_table(stats)
     assert "degraded: 40.0% of decisions did not get the layer they needed (no_teacher 1, unavailable 3)" in table
+
+
+def test_the_tier_table_says_what_the_pipeline_serves_without_a_teacher_answer():
+    """README's "Results come in tiers" and the pipeline say one thing (issue 32): a teacher
+    that does not answer makes layer 2's unsure answer ``weak`` (its prediction set kept as
+    the alternatives); with no teacher configured layer 2's tier stays."""
+    import re
+
+    from tests.support.paths import ROOT
+
+    slow = ScriptedTeacher(error=TeacherError("timeout", "slow"))
+    down = clf(ALWAYS_UNSURE, teacher=slow).classify("show my invoices")
+    alone = clf(ALWAYS_UNSURE).classify("show my invoices")
+    assert (alone.tier, alone.degraded) == (Tier.AMBIGUOUS, "no_teacher")   # ratio 0.0: every intent close
+    assert (down.tier, down.degraded) == (Tier.WEAK, "timeout")
+    assert down.alternatives == alone.alternatives and down.alternatives[0].label == down.label
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = " ".join(readme.split("## Results come in tiers", 1)[1].split("\n## ", 1)[0].split())
+    assert "served with its tier" not in section
+    assert f"tier `{down.tier.value}` even where layer 2 said `{alone.tier.value}`" in section
+    assert f"its tier is kept and `degraded` is `{alone.degraded}`" in section
+    assert re.search(r"`alternatives` is empty for a sure answer and, for an unsure one, "
+                     r"starts with the served `label`", section)

@@ -157,3 +157,16 @@ def test_bad_cross_fitted_views_are_named(views, words):
     m = np.arange(len(X)) % 2 == 0
     with pytest.raises(ValueError, match=words):
         IntentHead(cv=3).fit(X, y, cv_views=views(X, m))
+
+
+def test_one_intent_against_out_of_scope_fits_and_predicts():
+    """A single intent is a yes/no head: the intent against the out-of-scope rows (issue 32:
+    ``_learn_thresholds`` read a runner-up that one intent does not have)."""
+    X, y, centres = blobs(k=2)
+    y1 = [None if v != "L0" else v for v in y]
+    head = IntentHead(cv=3).fit(X, y1)
+    assert list(head.classes_) == ["L0"] and head.has_oos_
+    assert head.thresholds_["ambiguous_ratio"] == 0.5          # no runner-up to learn it from
+    assert list(head.predict(centres)) == ["L0", None]
+    s = head.scores(centres)
+    assert s.probs.shape == (2, 1) and s.p_oos[1] > s.p_oos[0]

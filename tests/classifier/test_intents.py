@@ -58,6 +58,15 @@ def test_toml_file_is_read(tmp_path):
     (doc(thresholds={"per_intent": {"NOPE": 0.5}}), None, "unknown intent 'NOPE'"),
     (doc(embedder={"backend": "word2vec"}), None, "embedder.backend"),
     (doc(surprise=1), None, "unknown key 'surprise'"),
+    # issue 32: out of scope is not an intent, and intents differing only in case are one too many
+    *[(doc(intents=[*BASE["intents"], {"name": n, "examples": ["x"]}]), n, "means out of scope")
+      for n in ("OUT_OF_SCOPE", "out_of_scope", "Oos", "none")],
+    (doc(intents=[{"name": "book", "examples": ["x"]}, {"name": "Book", "examples": ["y"]}]), "Book",
+     "intents 'book' and 'Book' differ only in case"),
+    (doc(intents=[{"name": "A", "examples": ["x", "y"]}], out_of_scope={"synthetic": 0}), "A",
+     "a single intent is trained against out of scope, and this file gives none"),
+    (doc(rules=[{"id": "r", "intent": "a", "contains": "x"}]), "a", "unknown intent (did you mean A?)"),
+    (doc(thresholds={"per_intent": {"b": 0.5}}), None, "unknown intent 'b' (did you mean B?)"),
 ])
 def test_bad_files_name_file_intent_and_problem(bad, intent, words):
     with pytest.raises(IntentFileError) as ei:
@@ -94,6 +103,27 @@ def test_cli_exit_code_2_on_bad_file(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "dup.yaml: intent 'A': duplicate intent" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_single_intent_is_a_valid_file():
+    one = parse_intents({"intents": [{"name": "HOURS", "examples": ["when are you open", "opening hours"]}]})
+    assert one.labels == ("HOURS",) and one.synthetic_negatives > 0
+    assert parse_intents({"intents": [{"name": "HOURS", "examples": ["when are you open", "opening hours"]}],
+                          "out_of_scope": {"examples": ["book a table"], "synthetic": 0}}).oos_examples
+
+
+@pytest.mark.slow   # a flywheel process per file
+@pytest.mark.parametrize("names, words", [
+    (["book", "Book"], "intent 'Book': intents 'book' and 'Book' differ only in case"),
+    (["BOOK", "OUT_OF_SCOPE"], "intent 'OUT_OF_SCOPE': the name 'OUT_OF_SCOPE' means out of scope"),
+])
+def test_cli_refuses_case_twins_and_out_of_scope_as_an_intent_in_one_line(tmp_path, names, words):
+    p = tmp_path / "set.yaml"
+    p.write_text("intents:\n" + "".join(f"  - {{name: {n}, examples: [{n} one, {n} two]}}\n" for n in names))
+    r = subprocess.run([sys.executable, "-m", "flywheel", "train", "--intents", str(p), "--out",
+                        str(tmp_path / "m")], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"flywheel: error: {p}: {words}") and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_embedder_layers_and_threads_are_validated():

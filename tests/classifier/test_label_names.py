@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flywheel.classifier.errors import InvalidInputError, TeacherError, UnknownLabelError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
+from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label, suggest_label
 from flywheel.classifier.teachers import OllamaTeacher
 from tests.support.fakes import make_classifier
 
@@ -46,3 +46,22 @@ def test_teacher_answer_uses_the_parser():
         parse('{"label": "BILLING"}', list(LABELS), True)
     with pytest.raises(TeacherError, match="unknown_label"):
         parse('{"label": ""}', list(LABELS), True)
+
+
+def test_an_unknown_label_suggests_the_intent_it_was_meant_to_be():
+    """``hours`` is not ``HOURS``: it is refused, with the one intent it differs from only in
+    case, or the closest name (issue 32); never accepted in another case."""
+    labels = ("BOOK", "CANCEL", "HOURS")
+    with pytest.raises(UnknownLabelError, match=r"unknown feedback label 'hours'; did you mean HOURS\?; known: "):
+        parse_label("hours", labels, what="feedback label")
+    with pytest.raises(UnknownLabelError, match=r"'cancle'; did you mean CANCEL\?"):
+        parse_label("cancle", labels)
+    with pytest.raises(UnknownLabelError) as ei:
+        parse_label("weather", labels)
+    assert "did you mean" not in str(ei.value)
+    assert suggest_label(" Book ", labels) == "BOOK" and suggest_label("zzz", labels) is None
+
+
+def test_a_declared_type_in_another_case_is_refused_with_a_suggestion():
+    with pytest.raises(UnknownLabelError, match=r"unknown declared type 'platform'; did you mean PLATFORM\?"):
+        make_classifier().classify("what is addvar", declared_type="platform")

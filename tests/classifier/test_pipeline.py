@@ -187,3 +187,32 @@ def test_audit_sample_sends_confident_decisions_to_teacher():
     assert d.layer is Layer.EMBEDDING
     assert len(got) == 1 and got[0][0].decision.id == d.id and got[0][1].label == "PLATFORM"
     assert got[0][0].audit
+
+
+def _one_intent(**over):
+    """DOC cut to its first intent (RETRIEVAL) and its out-of-scope examples: a yes/no file."""
+    return {**DOC, "rules": [], "intents": DOC["intents"][:1], **over}
+
+
+def test_one_intent_trains_classifies_and_evaluates(tmp_path):
+    """A file with a single intent is that intent against out of scope (issue 32: it crashed
+    in train, classify and eval), with real out-of-scope examples or synthetic ones only."""
+    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.pipeline import Classifier
+    from flywheel.training.evaluate import evaluate
+
+    emb = HashEmbedder()
+    model = fit_model(parse_intents(_one_intent()), embedder=emb)
+    assert model.manifest.labels == ["RETRIEVAL"]
+    served = Classifier(IntentModel.load(model.save(tmp_path / "one")), embedder=emb)
+    seen = served.classify("what does addresult return")
+    assert (seen.label, seen.layer) == ("RETRIEVAL", Layer.EMBEDDING)
+    assert served.classify("weather tomorrow").label is None
+    teacher = ScriptedTeacher(answer=lambda req: "RETRIEVAL")
+    unsure = make_classifier(ALWAYS_UNSURE, teacher=teacher, doc=_one_intent()).classify("explain addvar")
+    assert unsure.label == "RETRIEVAL" and [o.name for o in teacher.requests[0].options] == ["RETRIEVAL"]
+    report = evaluate(served, ["what is addvar", "how do loops work", "cook pasta", "football score"],
+                      ["RETRIEVAL", "RETRIEVAL", None, None], progress=False, latency_sample=0)
+    assert report["n"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+    synthetic_only = _one_intent(out_of_scope={"synthetic": 30})
+    assert make_classifier(doc=synthetic_only).classify("what is addvar").label in ("RETRIEVAL", None)

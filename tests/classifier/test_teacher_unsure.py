@@ -139,6 +139,8 @@ def test_a_candidate_set_serves_layer_2s_best_guess_among_them():
     assert d.label == (None if l2 is None else other)      # layer 2's ranking, restricted to the set
     assert d.tier is Tier.AMBIGUOUS
     assert f"unsure between {other}, {OUT_OF_SCOPE}" in d.reason and "best guess among them" in d.reason
+    # the alternatives hold the served label first, as layer 2's own unsure answers do (issue 32)
+    assert d.alternatives[0].label == d.label and {a.label for a in d.alternatives} <= {other, None}
     call = sink.records[0].decision.teacher
     assert call is not None and not call.valid and call.label is None
     assert call.error == f"unsure: teacher unsure between {other}, {OUT_OF_SCOPE}"
@@ -149,6 +151,7 @@ def test_cannot_tell_serves_layer_2s_best_guess_as_weak():
     d = make_classifier(ALWAYS_UNSURE, teacher=ScriptedTeacher(lambda req: ScriptedTeacher.CANNOT_TELL),
                         teacher_cache=None).classify(TEXT)
     assert d.label == l2 and d.tier is Tier.WEAK and d.degraded is None and d.layer is Layer.LLM
+    assert d.alternatives and d.alternatives[0].label == d.label
     assert "teacher cannot tell" in d.reason
     assert d.teacher is not None and d.teacher.error == "unsure: teacher cannot tell"
 
