@@ -44,8 +44,9 @@ RUN python -m venv /opt/flywheel \
 # The default encoders (USE multilingual for the starter set, MiniLM for English-only sets)
 # ship inside installed packages, so nothing is downloaded at run time (HF_HUB_OFFLINE);
 # unset it for an intent set whose encoder must be fetched. MiniLM's ONNX export is cached
-# under $FLYWHEEL_HOME/cache/onnx on first use.
+# on first use in FLYWHEEL_ONNX_CACHE, on the volume so a new container does not export again.
 ENV FLYWHEEL_HOME=/var/lib/flywheel \
+    FLYWHEEL_ONNX_CACHE=/var/lib/flywheel/cache/onnx \
     HOME=/home/flywheel \
     PATH=/opt/flywheel/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -58,8 +58,8 @@ def default_home() -> Path:
 
 
 def cache_dir(kind: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """``<root>/<kind>``: where encoders keep what they build once (ONNX exports, the
-    parsed USE tokenizer). ``root`` is a resolved home's :attr:`Config.cache_root`; without
+    """``<root>/<kind>``: where an encoder keeps what it builds once per home (the parsed
+    USE tokenizer). ``root`` is a resolved home's :attr:`Config.cache_root`; without
     one, ``<home>/cache`` for the home the environment gives (``$FLYWHEEL_HOME``, else the
     user data dir), which knows nothing of a ``--home`` flag."""
     if root is None:
@@ -103,8 +103,8 @@ class Config:
 
     @property
     def cache_root(self) -> Path:
-        """``<home>/cache``: the default model trained on first use, and what the encoders
-        build once (``onnx/`` exports, the parsed ``use/`` tokenizer)."""
+        """``<home>/cache``: the default model trained on first use and the parsed ``use/``
+        tokenizer (ONNX exports are shared by every home: ``onnx_runner.default_cache_dir``)."""
         return self.home / "cache"
 
     @property

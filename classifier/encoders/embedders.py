@@ -281,9 +281,9 @@ class MiniLMEmbedder(_LazyEmbedder):
         an int8 copy. Falls back to torch, with a logged warning, if the export is unusable.
         See :mod:`classifier.encoders.onnx_runner`.
     onnx_cache_dir : path, optional
-        Where exports are cached (default ``$FLYWHEEL_ONNX_CACHE``, else
-        ``<FLYWHEEL_HOME>/cache/onnx``: :func:`~classifier.encoders.onnx_runner.default_cache_dir`;
-        :func:`~classifier.encoders.factory.make_embedder` passes the resolved home's).
+        Where exports are cached (default ``$FLYWHEEL_ONNX_CACHE``, else the user cache
+        directory's ``flywheel/onnx``, one for every home:
+        :func:`~classifier.encoders.onnx_runner.default_cache_dir`).
     """
 
     def __init__(self, batch_size: int = 64, device: str | None = None, *,

@@ -47,11 +47,11 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
         Wrap it in a :class:`~classifier.encoders.cache.CachedEmbedder`.
     cache_root : path, optional
         The resolved home's ``cache`` directory (:attr:`classifier.config.Config.cache_root`),
-        where the encoder keeps what it builds once: ONNX exports in ``onnx/`` (unless
-        ``$FLYWHEEL_ONNX_CACHE`` names a shared cache) and the parsed USE tokenizer in
-        ``use/``. Default: the home the environment gives (:func:`classifier.config.cache_dir`),
-        which knows nothing of a ``--home`` flag: code that resolved a
-        :class:`~classifier.config.Config` passes its ``cache_root``.
+        where the USE encoder keeps its parsed tokenizer (``use/``). Default: the home the
+        environment gives (:func:`classifier.config.cache_dir`), which knows nothing of a
+        ``--home`` flag: code that resolved a :class:`~classifier.config.Config` passes its
+        ``cache_root``. ONNX exports are not kept per home: they go to the machine's cache
+        (:func:`~classifier.encoders.onnx_runner.default_cache_dir`), keyed by content.
 
     Raises
     ------
@@ -65,8 +65,7 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     quantize = settings.quantize
     if quantize is None:
         quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
-    # None: each runner resolves the environment's home when it loads
-    onnx_cache_dir = default_cache_dir(cache_root) if cache_root is not None else None
+    onnx_cache_dir = default_cache_dir()   # one for every home: entries are keyed by content
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": bool(quantize), "num_threads": settings.num_threads,

@@ -18,7 +18,9 @@ transformers.
   tokenizer transformers used, so serving needs no transformers) and ``manifest.json``
   (key, source, versions, verified cosine, a probe vector). The whole directory is
   built under a temporary name and renamed into place, so a reader never sees half an
-  export. ``cache_dir`` defaults to :func:`default_cache_dir`. See :func:`cache_key`.
+  export. ``cache_dir`` defaults to :func:`default_cache_dir`, one cache for every home
+  on the machine; a file lock per entry keeps two processes from exporting it at once,
+  and the one that exports says so on stderr first. See :func:`cache_key`.
 - **Cache hits** re-encode the probe text and compare it to the manifest's vector (one
   forward pass), which catches a corrupt or foreign file without torch.
 - **int8** (``quantize: true``): ``onnxruntime.quantization.quantize_dynamic`` of the
@@ -38,6 +40,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -96,17 +99,17 @@ def _count(name: str) -> None:
         STATS[name] += 1
 
 
-def default_cache_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
-    """``FLYWHEEL_ONNX_CACHE`` when set (one cache shared by several homes, e.g. a test
-    session), else ``<cache_root>/onnx`` (``cache_root`` is a resolved home's ``cache``
-    directory, :attr:`classifier.config.Config.cache_root`), else
-    ``<FLYWHEEL_HOME>/cache/onnx`` (:func:`classifier.config.cache_dir`)."""
-    from flywheel.classifier.config import cache_dir
-
+def default_cache_dir() -> Path:
+    """``FLYWHEEL_ONNX_CACHE`` when set, else ``onnx/`` in the user cache directory
+    (platformdirs: ``~/.cache/flywheel/onnx`` on Linux). One cache for every home on the
+    machine: an entry is keyed by the content it was exported from (:func:`cache_key`), so
+    a new home never exports the same encoder again."""
     shared = os.environ.get("FLYWHEEL_ONNX_CACHE")
     if shared:
         return Path(shared).expanduser()
-    return cache_dir("onnx", cache_root)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("flywheel", appauthor=False)) / "onnx"
 
 
 def _version(package: str) -> str:
@@ -468,27 +471,53 @@ def load_onnx_runner(source: str | os.PathLike[str], *, reference: Callable[[], 
     except Exception as exc:  # noqa: BLE001 - unreadable model dir, bad home...
         return _fall_back(fallback, f"cannot key the ONNX cache for {source} ({_brief(exc)})")
     entry = root / key
-    if (entry / MANIFEST).is_file():
+    if not (entry / MANIFEST).is_file():
         try:
-            runner = _open(entry, quantize, max_length, num_threads)
-        except _Int8Error as exc:
-            return _fall_back(fallback, f"{entry}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - corrupt file, wrong graph...
-            shutil.rmtree(entry, ignore_errors=True)  # the next load exports afresh
-            return _fall_back(fallback, f"the cached ONNX export {entry} is unusable and was removed "
-                                        f"({_brief(exc)})")
-        _count("cache_hits")
-        return runner
-    try:
-        _build(entry, source, key, reference, pooling, layer_t, max_length, num_threads)
-    except Exception as exc:  # noqa: BLE001 - exporter errors are many and varied
-        return _fall_back(fallback, f"exporting {source} to ONNX failed or did not match torch, "
-                                    f"nothing was cached ({_brief(exc)})")
+            built = _build_once(entry, source, reference, pooling, layer_t, max_length, num_threads)
+        except Exception as exc:  # noqa: BLE001 - exporter errors are many and varied
+            return _fall_back(fallback, f"exporting {source} to ONNX failed or did not match torch, "
+                                        f"nothing was cached ({_brief(exc)})")
+        if built:
+            try:
+                return _open(entry, quantize, max_length, num_threads)
+            except Exception as exc:  # noqa: BLE001 - int8 conversion failed...
+                return _fall_back(fallback, f"{entry}: {_brief(exc)}")
+    # in the cache: from an earlier run, or exported by another process while this one waited
     try:
         runner = _open(entry, quantize, max_length, num_threads)
-    except Exception as exc:  # noqa: BLE001 - int8 conversion failed...
-        return _fall_back(fallback, f"{entry}: {_brief(exc)}")
+    except _Int8Error as exc:
+        return _fall_back(fallback, f"{entry}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - corrupt file, wrong graph...
+        shutil.rmtree(entry, ignore_errors=True)  # the next load exports afresh
+        return _fall_back(fallback, f"the cached ONNX export {entry} is unusable and was removed "
+                                    f"({_brief(exc)})")
+    _count("cache_hits")
     return runner
+
+
+def _build_once(entry: Path, source: Path, reference: Callable[[], tuple[Runner, Any, Any]], pooling: str,
+                layers: tuple[int, ...] | None, max_length: int | None, num_threads: int | None) -> bool:
+    """Export ``source`` into the cache entry ``entry`` unless another process did while this
+    one waited for the entry's lock (a file lock beside it: two processes, two homes, never
+    export the same entry at once); return whether this call exported it. Says so on stderr
+    first: an export takes about a minute, once per encoder and machine."""
+    from filelock import FileLock
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    lock = entry.parent / f".{entry.name}.lock"
+    with FileLock(str(lock)):
+        try:
+            if (entry / MANIFEST).is_file():
+                return False
+            print(f"flywheel: exporting {source} to ONNX once (about a minute); cached in {entry.parent}",
+                  file=sys.stderr, flush=True)
+            _build(entry, source, entry.name, reference, pooling, layers, max_length, num_threads)
+            return True
+        finally:
+            # removed while held: a process waiting on it finds the entry installed; one that
+            # comes later checks the entry before it locks (after a failed export, two
+            # processes may then both try again: _build keeps the first one installed)
+            lock.unlink(missing_ok=True)
 
 
 def _brief(exc: BaseException) -> str:

@@ -47,9 +47,9 @@ def test_bad_fleet_settings_name_the_key(monkeypatch, var, value, words):
 
 
 def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
-    """A ``--home`` flag reaches the encoders' caches (ONNX exports, the USE tokenizer), for
-    the served model and for the default model trained on first use; FLYWHEEL_ONNX_CACHE
-    still names one shared export cache. Nothing is loaded."""
+    """A ``--home`` flag reaches the encoder's per-home cache (the USE tokenizer), for the
+    served model and for the default model trained on first use; ONNX exports go to one
+    cache for every home (the user cache dir, or FLYWHEEL_ONNX_CACHE). Nothing is loaded."""
     import flywheel.classifier.trainer
     from flywheel.classifier.default import build_classifier, default_model_dir
     from flywheel.classifier.trainer import fit_model
@@ -59,14 +59,15 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
     env_home, flag_home = tmp_path / "env-home", tmp_path / "flag-home"
     monkeypatch.setenv("FLYWHEEL_HOME", str(env_home))
     monkeypatch.delenv("FLYWHEEL_ONNX_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # platformdirs' user cache dir on Linux
     cfg = load_config(home=flag_home, teacher="off")
     assert cfg.cache_root == flag_home / "cache"
 
-    # a served English model: MiniLM on ONNX Runtime, exports under the flag's home
+    # a served English model: MiniLM on ONNX Runtime, exports in the machine's cache, not the home's
     model_dir = fit_model(parse_intents(DOC), embedder=HashEmbedder(384, "minilm:all-MiniLM-L6-v2:int8"),
                           version="en-v1").save(tmp_path / "en-v1")
     served = build_classifier(load_config(home=flag_home, model=str(model_dir), teacher="off"))
-    assert served.embedder.inner.onnx_cache_dir == flag_home / "cache" / "onnx"
+    assert served.embedder.inner.onnx_cache_dir == tmp_path / "xdg" / "flywheel" / "onnx"
     assert not served.embedder.inner.is_loaded
     monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(tmp_path / "shared"))
     shared = build_classifier(load_config(home=flag_home, model=str(model_dir), teacher="off"))

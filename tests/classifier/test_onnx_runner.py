@@ -325,12 +325,48 @@ def test_the_default_settings_serve_minilm_on_onnx() -> None:
                                       {"name": "B", "examples": ["beta one", "beta two"]}]}).embedder.runtime == "auto"
 
 
-def test_onnx_cache_env_var_is_shared_across_homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_onnx_cache_is_the_machines_not_the_homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(tmp_path / "shared"))
     assert onnx_runner.default_cache_dir() == tmp_path / "shared"
     monkeypatch.delenv("FLYWHEEL_ONNX_CACHE")
-    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
-    assert onnx_runner.default_cache_dir() == tmp_path / "home" / "cache" / "onnx"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))   # platformdirs' user cache dir on Linux
+    for home in ("one", "two"):
+        monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / home))
+        assert onnx_runner.default_cache_dir() == tmp_path / "xdg" / "flywheel" / "onnx"
+
+
+@pytest.mark.slow   # an ONNX export
+def test_a_new_home_reuses_the_export_and_only_the_export_says_so(
+        tiny_minilm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The first use exports once, saying so on stderr; two loads at once (other thread
+    counts: two registry entries) export once, and a second home exports nothing."""
+    monkeypatch.delenv("FLYWHEEL_ONNX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home-one"))
+    before = dict(onnx_runner.STATS)
+    runners: list[object] = []
+    threads = [threading.Thread(target=lambda n=n: runners.append(
+        MiniLMEmbedder(device="cpu", runtime="onnx", num_threads=n).load()._loaded)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cache = tmp_path / "xdg" / "flywheel" / "onnx"
+    assert all(isinstance(r, OnnxRunner) for r in runners) and len(_entries(cache)) == 1
+    assert onnx_runner.STATS["exports"] - before["exports"] == 1
+    entry = _entries(cache)[0]
+    mtime = (entry / "model.onnx").stat().st_mtime_ns
+    err = capfd.readouterr().err
+    assert err.count(f"flywheel: exporting {tiny_minilm} to ONNX once (about a minute); "
+                     f"cached in {cache}") == 1, err
+
+    clear_loaded_models()
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home-two"))
+    emb = make_embedder(EmbedderSettings(runtime="onnx", quantize=False, num_threads=1), cache=False).load()
+    assert isinstance(emb._loaded, OnnxRunner) and emb._loaded.entry == entry
+    assert onnx_runner.STATS["exports"] - before["exports"] == 1
+    assert (entry / "model.onnx").stat().st_mtime_ns == mtime
+    assert "exporting" not in capfd.readouterr().err
 
 
 # --------------------------------------------------------------------------- the real MiniLM
