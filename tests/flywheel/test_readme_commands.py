@@ -42,10 +42,11 @@ _WORD = re.compile(r"[a-z][a-z0-9-]*")
 class Cli:
     commands: dict[str, object]                    # "classify", "models push", ...: click command
     groups: dict[str, set[str]] = field(default_factory=dict)
+    root_flags: set[str] = field(default_factory=set)     # `flywheel --version`
 
     @classmethod
     def of(cls, root) -> Cli:
-        cli = cls({})
+        cli = cls({}, root_flags={o for p in root.params for o in p.opts if o.startswith("-")})
         for name, cmd in root.commands.items():
             cli.commands[name] = cmd
             subs = getattr(cmd, "commands", None)   # typer bundles its own click: no isinstance
@@ -61,7 +62,7 @@ class Cli:
                          if o.startswith("-")}
 
     def all_flags(self) -> set[str]:
-        return set().union(*(self.flags(c) for c in self.commands))
+        return set().union(self.root_flags, *(self.flags(c) for c in self.commands))
 
 
 @pytest.fixture(scope="module")
