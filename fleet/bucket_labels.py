@@ -50,9 +50,19 @@ class BucketLabels:
     def __repr__(self) -> str:
         return f"BucketLabels({self.objects!r}, {self.store!r})"
 
-    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None) -> None:
-        """Record a human label (``None`` = out of scope); the latest one wins."""
-        self.add_many([LabelRecord.human(decision_id, label, author=author)])
+    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None,
+                        label_uid: str | None = None) -> bool:
+        """Record a human label (``None`` = out of scope); the latest one wins. ``False``,
+        and nothing written, when the local store already holds it
+        (:meth:`~logstore.store.LogStore.is_recorded`: its ``label_uid``, or the same latest
+        label from the same author). A ``label_uid`` given again names the same object
+        (``cli-<label_uid>.parquet``, create-only), so two hosts that import the same
+        export write it once, and every mirror keeps each ``label_uid`` once."""
+        rec = LabelRecord.human(decision_id, label, author=author, label_uid=label_uid)
+        if self.store is not None and self.store.is_recorded(rec):
+            return False
+        self.add_many([rec])
+        return True
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
                           latency_ms: float | None = None) -> None:

@@ -57,9 +57,17 @@ class LabelSink(Protocol):
     raises :class:`~logstore.errors.UnknownDecisionError` for one not in the log; one
     that cannot (:class:`~logstore.sink.SpoolSink`: the decision may have been logged
     by another replica) accepts it, and the label counts once its decision is in.
+
+    The same label for the same decision from the same author is recorded once:
+    ``add_human_label`` returns ``False`` (and writes nothing) when the log already holds a
+    label of that ``label_uid`` (an import given again: :func:`~logstore.label_records.stable_label_uid`)
+    or the decision's latest human label is this one from this author; ``True`` when it
+    wrote (or queued) it. A sink that cannot look (the spool) queues it, and the log
+    counts a repeat once (:meth:`~logstore.store.LogStore.count_new_labels`).
     """
 
-    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None) -> None: ...
+    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None,
+                        label_uid: str | None = None) -> bool: ...
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
                           latency_ms: float | None = None) -> None: ...

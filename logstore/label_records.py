@@ -9,6 +9,7 @@ often its segment is shipped or mirrored.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.schema import SCHEMA_VERSION
 
 __all__ = ["LABEL_COLUMNS_V3", "LABEL_SCHEMA", "LABEL_SOURCES", "LabelColumnError", "LabelRecord",
-           "conform_labels", "label_records_to_table", "new_label_uid"]
+           "conform_labels", "label_records_to_table", "new_label_uid", "stable_label_uid"]
 
 LABEL_SOURCES = ("human", "teacher", "shadow")
 
@@ -57,6 +58,16 @@ def new_label_uid() -> str:
     return os.urandom(16).hex()
 
 
+def stable_label_uid(*parts: str | None) -> str:
+    """The id of a label that an import may bring more than once (32 hex chars), the same
+    for the same ``parts`` (say: where it comes from, the decision, the label, who gave it
+    and the annotation's own id and time): written twice, it is still one label
+    (:meth:`LogStore.add_human_label`, and every segment or object ingestion, keep each
+    ``label_uid`` once)."""
+    text = "\x1f".join("\x00" if p is None else p for p in parts)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class LabelRecord:
     """One label of one decision. ``label`` ``None`` = out of scope; ``source`` is
@@ -87,8 +98,13 @@ class LabelRecord:
             raise LogStoreError(f"label must be a string or None, got {self.label!r}")
 
     @classmethod
-    def human(cls, decision_id: str, label: str | None, *, author: str | None = None) -> "LabelRecord":
-        return cls(decision_id, "human", label, author=author)
+    def human(cls, decision_id: str, label: str | None, *, author: str | None = None,
+              label_uid: str | None = None) -> "LabelRecord":
+        """A human label; ``label_uid`` for one an import may bring again
+        (:func:`stable_label_uid`), else a new random one."""
+        if label_uid is None:
+            return cls(decision_id, "human", label, author=author)
+        return cls(decision_id, "human", label, author=author, label_uid=label_uid)
 
     @classmethod
     def teacher(cls, decision_id: str, label: str | None, model: str, valid: bool,

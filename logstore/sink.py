@@ -451,9 +451,12 @@ class SpoolSink:
             self._wake.set()
         buf.append(record)
 
-    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None) -> None:
-        """Enqueue a human label (``None`` = out of scope) for the spool; see :class:`LabelSink`."""
-        self.write(LabelRecord.human(decision_id, label, author=author))
+    def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None,
+                        label_uid: str | None = None) -> bool:
+        """Enqueue a human label (``None`` = out of scope) for the spool; see :class:`LabelSink`
+        (the spool cannot tell a repeat: always ``True``; the log counts a repeat once)."""
+        self.write(LabelRecord.human(decision_id, label, author=author, label_uid=label_uid))
+        return True
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
                           latency_ms: float | None = None) -> None:

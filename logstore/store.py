@@ -175,6 +175,24 @@ ORDER BY d.created_at, d.decision_id
 """
 
 
+# human labels that repeat the decision's previous human label (same label, same author)
+# are one label; teacher labels count each valid answer
+_COUNT_NEW_LABELS_SQL = """
+WITH l AS (
+    SELECT decision_id, source, valid, created_at, logged_at,
+           source = 'human' AND lag(label_id) OVER w IS NOT NULL
+               AND lag(label) OVER w IS NOT DISTINCT FROM label
+               AND lag(author) OVER w IS NOT DISTINCT FROM author AS repeat
+    FROM labels WHERE source = 'human' OR (source = 'teacher' AND valid)
+    WINDOW w AS (PARTITION BY decision_id, source ORDER BY created_at, label_id)
+)
+SELECT (SELECT count(*) FROM decisions WHERE teacher_valid AND coalesce(logged_at, created_at) > ?)
+     + (SELECT count(*) FROM l JOIN decisions d ON d.decision_id = l.decision_id
+        WHERE NOT l.repeat
+          AND greatest(coalesce(l.logged_at, l.created_at), coalesce(d.logged_at, d.created_at)) > ?)
+"""
+
+
 _FORGET_SQL = """
 UPDATE decisions SET text = '',
     history = list_transform(history, lambda h: {'label': h.label, 'snippet': ''}),
@@ -182,6 +200,20 @@ UPDATE decisions SET text = '',
 WHERE created_at < ? AND (text <> '' OR teacher_error LIKE '%:%'
     OR coalesce(len(list_filter(history, lambda h: coalesce(h.snippet, '') <> '')), 0) > 0)
 """
+
+
+_LATEST_HUMAN_SQL = ("SELECT label, author FROM labels WHERE decision_id = ? AND source = 'human' "
+                     "ORDER BY created_at DESC, label_id DESC LIMIT 1")
+
+
+def _recorded(con: duckdb.DuckDBPyConnection, rec: LabelRecord) -> bool:
+    """Whether the log on ``con`` already holds ``rec`` (see :meth:`LogStore.is_recorded`)."""
+    if scalar(con, "SELECT count(*) FROM labels WHERE label_uid = ?", [rec.label_uid]):
+        return True
+    if rec.source != "human":
+        return False
+    latest = con.execute(_LATEST_HUMAN_SQL, [rec.decision_id]).fetchone()
+    return latest is not None and (latest[0], latest[1]) == (rec.label, rec.author)
 
 
 def _sql_str(s: str) -> str:
@@ -337,32 +369,56 @@ class LogStore:
         if not isinstance(decision_id, str) or not decision_id:
             raise UnknownDecisionError(f"unknown decision id {decision_id!r}", log=self.path)
 
-    def _add_label(self, rec: LabelRecord) -> None:
+    def _add_label(self, rec: LabelRecord) -> bool:
+        """Insert ``rec`` unless it is already recorded (:func:`_recorded`): ``True`` inserted,
+        ``False`` already there; the check and the insert in one transaction."""
         decision_id = rec.decision_id
 
-        def op(con: duckdb.DuckDBPyConnection) -> bool:
+        def op(con: duckdb.DuckDBPyConnection) -> bool | None:
             if not scalar(con, "SELECT count(*) FROM decisions WHERE decision_id = ?", [decision_id]):
-                return False
-            now = utcnow()
-            con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, "
-                        "author, created_at, label_uid, logged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [decision_id, rec.source, rec.label, rec.model, rec.valid, rec.latency_ms,
-                         rec.author, now, rec.label_uid, now])
+                return None
+            con.execute("BEGIN TRANSACTION")
+            try:
+                if _recorded(con, rec):
+                    con.execute("ROLLBACK")
+                    return False
+                now = utcnow()
+                con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, "
+                            "author, created_at, label_uid, logged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [decision_id, rec.source, rec.label, rec.model, rec.valid, rec.latency_ms,
+                             rec.author, now, rec.label_uid, now])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
             return True
 
-        if self._run(op):
-            return
+        done = self._run(op)
+        if done is not None:
+            return done
         for sink in list(self._sinks):  # maybe still buffered in this process
             sink.flush()
-        if not self._run(op):
+        done = self._run(op)
+        if done is None:
             raise UnknownDecisionError(f"unknown decision id {decision_id!r}", log=self.path)
+        return done
+
+    def is_recorded(self, rec: LabelRecord) -> bool:
+        """Whether the log already holds ``rec``: a label of its ``label_uid``, or (a human
+        label) the decision's latest human label is the same label from the same author."""
+        return bool(self._run(lambda con: _recorded(con, rec)))
 
     def add_human_label(self, decision_id: str, label: str | None, *,
-                        author: str | None = None) -> None:
+                        author: str | None = None, label_uid: str | None = None) -> bool:
         """Record a human label (``None`` = out of scope); the latest one wins and it
-        always beats the teacher's. Unknown ``decision_id`` -> :class:`UnknownDecisionError`."""
+        always beats the teacher's. Unknown ``decision_id`` -> :class:`UnknownDecisionError`.
+
+        The same label for the same decision from the same author is recorded once: nothing
+        is written, and ``False`` returned, when the log holds a label of ``label_uid``
+        already (an import given again, :func:`~logstore.label_records.stable_label_uid`) or
+        the decision's latest human label is this one from ``author``. ``True``: recorded."""
         self._check_id(decision_id)
-        self._add_label(LabelRecord.human(decision_id, label, author=author))
+        return self._add_label(LabelRecord.human(decision_id, label, author=author, label_uid=label_uid))
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str,
                           valid: bool, latency_ms: float | None = None) -> None:
@@ -496,15 +552,11 @@ class LogStore:
         log after ``since`` (unix seconds; ``None``: all). An inline teacher answer counts
         from when its decision was ingested (``logged_at``), so a decision that was still
         spooled while a model was trained counts as new; a label from when both it and its
-        decision are in (a label whose decision is not in yet does not count)."""
+        decision are in (a label whose decision is not in yet does not count). A human
+        label that repeats the decision's previous one (same label, same author: written
+        twice through a sink that could not tell, say on two replicas) does not count."""
         ts = _to_utc(since if since is not None else 0.0)
-        return int(self._run(lambda con: scalar(
-            con, "SELECT (SELECT count(*) FROM decisions WHERE teacher_valid "
-            "AND coalesce(logged_at, created_at) > ?) + (SELECT count(*) FROM labels l "
-            "JOIN decisions d ON d.decision_id = l.decision_id "
-            "WHERE (l.source = 'human' OR (l.source = 'teacher' AND l.valid)) "
-            "AND greatest(coalesce(l.logged_at, l.created_at), coalesce(d.logged_at, d.created_at)) > ?)",
-            [ts, ts])))
+        return int(self._run(lambda con: scalar(con, _COUNT_NEW_LABELS_SQL, [ts, ts])))
 
     def invalid_teacher_answers(self) -> int:
         """Teacher answers logged as invalid (inline or back-filled): never training data."""

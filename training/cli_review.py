@@ -288,20 +288,22 @@ def check_terminal() -> None:
 
 
 def _open_review(home: Optional[Path], log_db: Optional[str], author: Optional[str]
-                 ) -> tuple[Any, Any, Callable[..., None], bool]:
+                 ) -> tuple[Any, Any, Callable[..., Any], bool]:
     """``(config, log, write, fleet)`` for the review commands: the log (mirrored in fleet
-    mode) and ``write(decision_id, label, who=author)``, which records a human label the way
-    ``flywheel feedback`` does (through the fleet's labels in fleet mode, so it ships)."""
+    mode) and ``write(decision_id, label, who=author, uid=None)``, which records a human label
+    the way ``flywheel feedback`` does (through the fleet's labels in fleet mode, so it ships)
+    and returns whether it was new (the same label from the same author is recorded once)."""
     from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import record_feedback
+    from flywheel.training.feedback import add_feedback
 
     cfg = load_config(home=home, log_db=log_db)
     site = open_site(cfg)
     store = site.open_log()
     labels = site.labels(store) if site.fleet else None
 
-    def write(decision_id: str, label: str | None, who: str | None = author) -> None:
-        record_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels)
+    def write(decision_id: str, label: str | None, who: str | None = author, uid: str | None = None) -> bool:
+        return add_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels,
+                            label_uid=uid)[1]
 
     return cfg, store, write, site.fleet
 
@@ -318,12 +320,12 @@ def _export_label_studio(path: Path, items: Sequence[ReviewItem], cfg: Any) -> N
     typer.echo(f"wrote {len(items)} Label Studio task(s) to {path} and the labeling config to {config}")
 
 
-def _import_label_studio(path: Path, cfg: Any, write: Callable[..., None], author: str | None,
+def _import_label_studio(path: Path, cfg: Any, write: Callable[..., bool], author: str | None,
                          known: Callable[[str], bool] | None) -> None:
     import json
 
     from flywheel.training.feedback import known_labels
-    from flywheel.training.label_studio import LabelStudioError, read_annotations
+    from flywheel.training.label_studio import LabelStudioError, import_annotations, read_annotations
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -331,15 +333,10 @@ def _import_label_studio(path: Path, cfg: Any, write: Callable[..., None], autho
         raise LabelStudioError(f"{path}: cannot read a Label Studio export: {exc}") from None
     rows, skipped = read_annotations(doc, known_labels(cfg))
     merged = _merged_ids(path, doc)
-    rows = [(one, label, who) for did, label, who in rows for one in merged.get(did, (did,))]
-    missing = [did for did, _, _ in rows if known is not None and not known(did)]
-    if missing:
-        raise LabelStudioError(f"{path}: {len(missing)} task(s) name decisions not in the log (first: "
-                               f"{missing[0]}); nothing was recorded")
-    for did, label, who in rows:
-        write(did, label, author or who)
-    typer.echo(f"recorded {len(rows)} human label(s) from {path}"
-               + (f"; {skipped} task(s) without a finished annotation skipped" if skipped else ""))
+    rows = [a._replace(decision_id=one) for a in rows for one in merged.get(a.decision_id, (a.decision_id,))]
+    # each label once: the same export imported again records nothing and says so
+    report = import_annotations(rows, skipped, write, author=author, known=known, where=path)
+    typer.echo(report.summary(path))
 
 
 def _merged_ids(path: Path, doc: Any) -> dict[str, tuple[str, ...]]:

@@ -17,19 +17,27 @@ annotation has a ``result`` list whose items name the control (``from_name``), t
   cancelled gives one choice, which must be one of the intents or ``OUT_OF_SCOPE``.
   Tasks with no (or only cancelled) annotations are skipped and counted. A malformed item
   raises :class:`LabelStudioError` naming the task; nothing is lost, nothing is written.
+- :func:`import_annotations`: records them as human labels, each once: a label's id is
+  made from the decision, the choice, the author and the annotation's id and time
+  (:func:`~logstore.label_records.stable_label_uid`), so importing the same export again
+  (on this host or another one of the fleet) records nothing new, and says so
+  (:class:`ImportReport`); an annotation changed in Label Studio is a new label.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
+from flywheel.logstore.label_records import stable_label_uid
 from flywheel.training.review import ReviewItem
 
-__all__ = ["FROM_NAME", "TO_NAME", "LabelStudioError", "export_tasks", "labeling_config", "read_annotations"]
+__all__ = ["FROM_NAME", "TO_NAME", "Annotation", "ImportReport", "LabelStudioError", "export_tasks",
+           "import_annotations", "labeling_config", "read_annotations"]
 
 FROM_NAME = "intent"
 TO_NAME = "text"
@@ -70,9 +78,41 @@ def _where(i: int, task: Any) -> str:
     return f"task {i}" + (f" (id {tid})" if tid is not None else "")
 
 
-def _choice(i: int, task: dict[str, Any], labels: Sequence[str] | None) -> tuple[str | None, str | None] | None:
-    """``(label, author)`` of the task's newest annotation that was not cancelled; ``None``
-    when it has none."""
+class Annotation(NamedTuple):
+    """One task's answer: the decision, the label (``None`` = out of scope), who gave it
+    (``label-studio:<user>``) and ``ref``, the annotation's id and time in Label Studio."""
+
+    decision_id: str
+    label: str | None
+    author: str | None
+    ref: str
+
+    def label_uid(self, author: str | None) -> str:
+        """The id of this answer as a label given by ``author``: the same for the same
+        export, another one once the annotation was changed."""
+        return stable_label_uid("label-studio", self.decision_id, self.label, author, self.ref)
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What :func:`import_annotations` did: labels ``recorded``, labels the log ``already``
+    had (the same export imported before), tasks ``skipped`` (no finished annotation)."""
+
+    recorded: int
+    already: int
+    skipped: int
+
+    def summary(self, where: object) -> str:
+        return (f"recorded {self.recorded} human label(s) from {where}"
+                + (f"; {self.already} already recorded (imported before), not counted again" if self.already
+                   else "")
+                + (f"; {self.skipped} task(s) without a finished annotation skipped" if self.skipped else ""))
+
+
+def _choice(i: int, task: dict[str, Any], labels: Sequence[str] | None
+            ) -> tuple[str | None, str | None, str] | None:
+    """``(label, author, ref)`` of the task's newest annotation that was not cancelled;
+    ``None`` when it has none."""
     anns = task.get("annotations") or []
     if not isinstance(anns, list):
         raise LabelStudioError(f"{_where(i, task)}: 'annotations' is not a list")
@@ -94,13 +134,13 @@ def _choice(i: int, task: dict[str, Any], labels: Sequence[str] | None) -> tuple
     author = ann.get("completed_by")
     if isinstance(author, dict):
         author = author.get("email") or author.get("id")
-    return label, None if author is None else f"label-studio:{author}"
+    ref = f"{ann.get('id', '')}@{ann.get('updated_at') or ann.get('created_at') or ''}"
+    return label, None if author is None else f"label-studio:{author}", ref
 
 
-def read_annotations(doc: Any, labels: Sequence[str] | None) -> tuple[list[tuple[str, str | None, str | None]], int]:
-    """``([(decision_id, label, author), ...], skipped)`` from Label Studio's JSON export
-    ``doc``; raises :class:`LabelStudioError` before returning anything when one task is
-    malformed."""
+def read_annotations(doc: Any, labels: Sequence[str] | None) -> tuple[list[Annotation], int]:
+    """``([Annotation, ...], skipped)`` from Label Studio's JSON export ``doc``; raises
+    :class:`LabelStudioError` before returning anything when one task is malformed."""
     if not isinstance(doc, list):
         raise LabelStudioError("a Label Studio export is a JSON list of tasks")
     out, skipped = [], 0
@@ -115,5 +155,27 @@ def read_annotations(doc: Any, labels: Sequence[str] | None) -> tuple[list[tuple
         if got is None:
             skipped += 1
             continue
-        out.append((did.strip(), got[0], got[1]))
+        out.append(Annotation(did.strip(), *got))
     return out, skipped
+
+
+def import_annotations(rows: Sequence[Annotation], skipped: int,
+                       write: Callable[[str, str | None, str | None, str], bool], *,
+                       author: str | None = None, known: Callable[[str], bool] | None = None,
+                       where: object = "the export") -> ImportReport:
+    """Record the annotations ``rows`` (:func:`read_annotations`; ``skipped``: the tasks it
+    skipped) as human labels, each once.
+
+    ``write(decision_id, label, author, label_uid)`` records one and returns whether it was
+    new (:func:`training.feedback.add_feedback`); ``author`` overrides each annotation's.
+    With ``known``, every decision must be in the log first: else :class:`LabelStudioError`
+    and nothing is written."""
+    missing = [a.decision_id for a in rows if known is not None and not known(a.decision_id)]
+    if missing:
+        raise LabelStudioError(f"{where}: {len(missing)} task(s) name decisions not in the log (first: "
+                               f"{missing[0]}); nothing was recorded")
+    recorded = 0
+    for a in rows:
+        who = author or a.author
+        recorded += bool(write(a.decision_id, a.label, who, a.label_uid(who)))
+    return ImportReport(recorded, len(rows) - recorded, skipped)

@@ -175,3 +175,39 @@ def test_review_reads_the_fleets_log_and_its_labels_ship(objects, store_env, tmp
     fresh = LogStore(tmp_path / "another-host.duckdb")     # another host mirrors the label from the bucket
     mirror(objects, fresh)
     assert {r.decision_id: r.human_label for r in fresh.labelled_rows() if r.has_human_label} == {d.id: "RETRIEVAL"}
+
+
+def test_the_same_label_studio_export_imported_twice_ships_its_labels_once(objects, store_env, tmp_path,
+                                                                         monkeypatch, capsys):
+    """Issue 32, item 11, fleet-wide: the same export imported again, on this host or on another
+    one, writes no second label object, and every host's mirror counts each label once."""
+    from flywheel.fleet.bucket_labels import BucketLabels
+    from flywheel.fleet.mirror import mirror
+    from flywheel.logstore.label_records import stable_label_uid
+    from tests.support.bucket import log_keys
+
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    ids = _ship(objects, tmp_path, ["what is addVar", "show my quota"])
+    done = [{"data": {"decision_id": did}, "annotations": [{"id": i, "completed_by": 3, "updated_at": "2026-11-27",
+                                                           "result": [{"from_name": "intent", "value": {
+                                                               "choices": [choice]}}]}]}
+            for i, (did, choice) in enumerate(zip(ids, ["RETRIEVAL", "PLATFORM"]))]
+    (tmp_path / "ls.json").write_text(json.dumps(done))
+    rc, out, err = run(capsys, "review", "--import-label-studio", str(tmp_path / "ls.json"))
+    assert rc == 0 and "recorded 2 human label(s)" in out, err
+    labels_before = log_keys(objects, "labels")
+    rc, out, err = run(capsys, "review", "--import-label-studio", str(tmp_path / "ls.json"))
+    assert rc == 0 and "recorded 0 human label(s)" in out and "2 already recorded" in out, out
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "another-host"))     # a host that has mirrored nothing yet
+    rc, out, err = run(capsys, "review", "--import-label-studio", str(tmp_path / "ls.json"))
+    assert rc == 0 and "2 already recorded" in out, out
+    assert log_keys(objects, "labels") == labels_before and len(labels_before) == 2
+    # two hosts writing the same import at once (neither has seen the other's): one object
+    uid = stable_label_uid("label-studio", ids[0], "PLATFORM", "label-studio:9", "7@t")
+    for _ in range(2):
+        assert BucketLabels(objects).add_human_label(ids[0], "PLATFORM", author="label-studio:9", label_uid=uid)
+    assert len(log_keys(objects, "labels")) == 3
+    fresh = LogStore(tmp_path / "fresh.duckdb")
+    mirror(objects, fresh)
+    assert fresh.query("SELECT count(*) FROM labels WHERE source = 'human'")[0][0] == 3
+    assert fresh.count_new_labels(None) == 3
