@@ -130,8 +130,9 @@ def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
     else:
         diff = "same intents, other examples, rules or settings"
     raise ConfigError(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
-                      f"trained on another intent set ({diff}); run flywheel retrain --intents {intents.source} to "
-                      f"promote a version of it, or drop the intents setting to serve {version_dir.name}")
+                      f"trained on another intent set ({diff}); run flywheel retrain --intents {intents.source} "
+                      f"to train it on the labels already logged and promote it (labels of removed intents are "
+                      f"dropped), or drop the intents setting to serve {version_dir.name}")
 
 
 def build_classifier(cfg: Config | None = None, *, progress: bool = True,

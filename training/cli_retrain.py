@@ -19,7 +19,13 @@ import typer
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.output import echo_json
 from flywheel.training.options import RetrainOptions, resolve_tune
-from flywheel.training.report import RetrainResult, challenger_lines, figures_line, write_reports
+from flywheel.training.report import (
+    RetrainResult,
+    challenger_lines,
+    figures_line,
+    intent_change_lines,
+    write_reports,
+)
 
 if TYPE_CHECKING:
     from flywheel.classifier.intents import EmbedderSettings, IntentSet
@@ -182,6 +188,7 @@ def _readable(result: RetrainResult) -> list[str]:
                    f"dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
                    f"{d['dropped_unknown_intent']['total']:,} removed intents, "
                    f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
+    out += intent_change_lines(result.report)
     for n in result.report.get("notes", []):
         out.append(f"  note: {n}")
     if result.report_path:

@@ -29,6 +29,20 @@ serving thresholds, so the comparison is paired. With ``tolerance`` (``--toleran
    overconfident (BENCHMARKS.md §14.2: 3% LLM share at 86% accuracy, against challengers
    that were right more often and asked more) must not keep every better model out.
 
+5. a **tie goes to the smaller model**: a challenger that carries its own encoder (a tuned
+   one) while the champion does not is kept out when the gate rows show no difference (0
+   worse, 0 better) and its LLM share is not lower by more than ``tolerance``: it would add
+   its encoder for no measured gain. Between models of one size (both or neither carry an
+   encoder), or with a smaller challenger, a tie promotes as before.
+
+A **changed intent set** (:func:`decide_changed`) is gated the other way round, on the rows
+of the intents both sets share: the champion cannot serve the new intent file, so the
+challenger is kept out only when it is *measurably* worse there: when, for accuracy (for
+out-of-scope recall with at least :data:`MIN_OOS_FOR_GATE` out-of-scope rows; for the LLM
+share unless the accuracy gain is significant), the exact one-sided 95% *lower* bound of
+the paired drop (:func:`drop_lower`) is above ``tolerance``. Few rows, a tie or no shared
+rows promote it; ``--tolerance 1`` always does.
+
 A champion or challenger that carries its own encoder scores the same gate rows encoded
 by that encoder (``champion_data``: same rows, same order), so the comparison stays paired.
 
@@ -43,7 +57,8 @@ above: the tuned one only when, on the same gate rows, its accuracy is at least 
 head-only one's, its LLM share is not higher by more than ``tolerance`` (unless, as in rule
 4, its accuracy gain is significant), and, where the
 rows carry a language, its accuracy is at least the head-only one's for every declared
-language (without per-row languages it is judged on all rows, and the choice says so).
+language (without per-row languages it is judged on all rows, and the choice says so); a
+tie with the head-only one (rule 5) goes to the head-only one.
 """
 
 from __future__ import annotations
@@ -59,7 +74,7 @@ from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
 __all__ = ["MIN_GATE_ROWS", "MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "significant_gain",
-           "decide", "pick_challenger", "encoder_bytes"]
+           "decide", "decide_changed", "drop_lower", "pick_challenger", "encoder_bytes"]
 
 MIN_GATE_ROWS = 20          # rows a figure needs before the gate leans on it (a summary flags fewer)
 MIN_OOS_FOR_GATE = 20       # out-of-scope eval queries needed to gate on out-of-scope recall
@@ -214,6 +229,86 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
               for c in checks if c["metric"] == "llm_share"]
     return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
                         f"queries: " + "; ".join(parts)), checks
+
+
+def drop_lower(pair: dict[str, Any], confidence: float = CONFIDENCE) -> float:
+    """The smallest drop a :func:`paired_drop` is consistent with at ``confidence`` (one-sided,
+    exact): above 0 when the challenger is worse beyond chance."""
+    from scipy.stats import binomtest
+
+    worse, better, n = pair["worse"], pair["better"], pair["n"]
+    d = worse + better
+    if n == 0 or d == 0:
+        return 0.0
+    p_lo = binomtest(worse, d, 0.5, alternative="greater").proportion_ci(confidence_level=confidence).low
+    return round(min(pair["drop"], (2.0 * float(p_lo) - 1.0) * d / n), 6)
+
+
+def _right(model: IntentModel, data: LabelledSet) -> np.ndarray:
+    return np.array([p == y for p, y in zip(layer2_predict(model, data.vectors).labels, data.labels)], dtype=bool)
+
+
+def decide_changed(challenger: IntentModel, champion: IntentModel, data: LabelledSet, champion_data: LabelledSet,
+                   share_data: LabelledSet, champion_share_data: LabelledSet, tolerance: float, notes: list[str],
+                   change: str) -> tuple[str, str, list[dict[str, Any]]]:
+    """``(outcome, reason, checks)`` for a challenger trained on a **changed intent set**
+    (``change`` says how, in words), on the rows of the intents both sets share (``data``,
+    and ``champion_data``: the same rows with the champion's vectors; ``share_data`` and
+    ``champion_share_data``: the recent ones for the LLM share). The champion cannot serve
+    the new intent file, so the rule is turned round: the challenger is kept out only when
+    it is **measurably worse** on the shared rows, i.e. when, for accuracy (out-of-scope
+    recall with at least :data:`MIN_OOS_FOR_GATE` out-of-scope rows; the LLM share, unless
+    the accuracy gain is significant), the exact one-sided 95% *lower* bound of the paired
+    drop (:func:`drop_lower`) is above ``tolerance``. A tie, too few rows, or no shared
+    rows at all promote it."""
+    checks: list[dict[str, Any]] = []
+    n = len(data)
+    if n == 0:
+        return "promoted", (f"intent set changed ({change}); no evaluation rows of the intents both sets share: "
+                            f"nothing to compare on, promoted"), checks
+    if list(champion_data.labels) != list(data.labels) or list(champion_share_data.labels) != list(share_data.labels):
+        raise ValueError("the champion's rows must be the challenger's, in the same order")
+    r_ch, r_cp = _right(challenger, data), _right(champion, champion_data)
+    oos = np.array([y is None for y in data.labels], dtype=bool)
+    paired = [("accuracy", np.ones_like(oos))]
+    if int(oos.sum()) >= MIN_OOS_FOR_GATE:
+        paired.append(("oos_recall", oos))
+    else:
+        notes.append(f"out-of-scope recall not gated: {int(oos.sum())} out-of-scope shared queries "
+                     f"(< {MIN_OOS_FOR_GATE})")
+    failed: list[str] = []
+    for metric, mask in paired:
+        pair = paired_drop(r_ch[mask], r_cp[mask])
+        low = drop_lower(pair)
+        a, b = _accuracy(r_ch[mask]), _accuracy(r_cp[mask])
+        checks.append({"metric": metric, "challenger": a, "champion": b, **pair, "drop_lower": low,
+                       "tolerance": tolerance, "ok": low <= tolerance + _EPS})
+        if low > tolerance + _EPS:
+            failed.append(f"{metric} {_f(a)} < champion {_f(b)} on {pair['n']:,} shared queries ({pair['worse']} "
+                          f"worse, {pair['better']} better): a drop of at least {low:.3f}")
+    gain = significant_gain(checks[0])
+    sure_ch = layer2_predict(challenger, share_data.vectors).sure
+    sure_cp = layer2_predict(champion, champion_share_data.vectors).sure
+    share = paired_drop(np.asarray(sure_ch, bool), np.asarray(sure_cp, bool))   # "worse": deferred, the champion sure
+    low = drop_lower(share)
+    s_ch = None if not len(share_data) else round(float(1.0 - np.mean(sure_ch)), 6)
+    s_cp = None if not len(share_data) else round(float(1.0 - np.mean(sure_cp)), 6)
+    rose = low > tolerance + _EPS
+    checks.append({"metric": "llm_share", "challenger": s_ch, "champion": s_cp, "n": share["n"],
+                   "rise": share["drop"], "rise_lower": low, "tolerance": tolerance, "ok": not rose or gain,
+                   "traded_for_accuracy": rose and gain})
+    if rose and not gain:
+        failed.append(f"LLM share {_pct(s_ch)} > champion {_pct(s_cp)} on {share['n']:,} shared queries: a rise of "
+                      f"at least {low:.3f}")
+    if failed:
+        return "kept", (f"intent set changed ({change}); measurably worse on the intents both sets share: "
+                        f"{failed[0]} (95%, tolerance {tolerance:g}); keeping the champion (retrain --tolerance 1 "
+                        f"promotes it anyway)"), checks
+    acc = checks[0]
+    return "promoted", (f"intent set changed ({change}); not measurably worse on the {n:,} queries of the intents "
+                        f"both sets share: accuracy {_f(acc['challenger'])} vs {_f(acc['champion'])} "
+                        f"({acc['worse']} worse, {acc['better']} better), LLM share {_pct(s_ch)} vs {_pct(s_cp)} "
+                        f"(n={share['n']:,})"), checks
 
 
 def encoder_bytes(model: IntentModel) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE
 
 __all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
-           "challenger_lines", "teacher_markdown", "write_reports"]
+           "challenger_lines", "intent_change_lines", "teacher_markdown", "write_reports"]
 
 
 @dataclass
@@ -259,6 +259,19 @@ def teacher_markdown(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def intent_change_lines(r: dict[str, Any], lead: str = "  ") -> list[str]:
+    """What changed in the intent set since the champion, and the labels that cost (empty
+    when it did not change)."""
+    c = r.get("intent_change")
+    if not c:
+        return []
+    by = ", ".join(f"{k} {v:,}" for k, v in (c.get("labels_dropped") or {}).items())
+    return [f"{lead}intent set changed: added {', '.join(c['added']) or 'none'}; removed "
+            f"{', '.join(c['removed']) or 'none'}; {c['labels_dropped_total']:,} logged labels of removed intents "
+            f"dropped{f' ({by})' if by else ''}; gated on {c['gate_rows']:,} rows of the shared intents "
+            f"({', '.join(c['shared']) or 'none'}, out of scope)"]
+
+
 def render_markdown(result: RetrainResult) -> str:
     """The readable ``report.md``."""
     r = result.report
@@ -274,7 +287,8 @@ def render_markdown(result: RetrainResult) -> str:
              f"- gate: accuracy on the `{r['gate']['set']}` set ({r['gate']['n']:,} queries), "
              f"tolerance {r['gate']['tolerance']:g}"]
     lines += [f"- note: {n}" for n in r.get("notes", [])]
-    for part in ("eval", "recent") + (("eval_traffic",) if "eval_traffic" in ch else ()):
+    lines += intent_change_lines(r, "- ")
+    for part in ("eval", "recent") + tuple(k for k in ("eval_traffic", "shared", "recent_shared") if k in ch):
         c = ch.get(part) or {}
         p = cp.get(part) if cp else None
         lines += ["", f"## {part} ({c.get('n', 0):,} queries, {c.get('n_out_of_scope', 0):,} out of scope)", "",

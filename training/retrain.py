@@ -97,6 +97,19 @@ notes say which version it found.
 The challenger put forward is picked at the first gate and kept through a re-gate (it is
 the one saved).
 
+A changed intent set
+--------------------
+When ``intents`` differs from the champion's bundled set (an example added, an intent added,
+removed or renamed: a rename is a removal plus an addition), the run moves to the new set
+with the labels already logged: labels of removed intents are dropped and counted
+(``dataset.dropped_unknown_intent``, ``intent_change`` in the report, the summary), and the
+challenger trains on the new file plus the logged teacher and human labels. It is gated on
+the ``shared`` set: the held-out rows (``eval`` and ``recent``) whose label both sets know,
+out of scope included, less every text the champion may have trained on (its examples its
+own split did not hold out; new examples it may have seen as logged teacher rows), with
+:func:`training.gate.decide_changed`: the champion cannot serve the new file, so the
+challenger is kept out only when it is measurably worse there.
+
 Gate set: the fixed ``eval`` set. A champion not trained by this job (its manifest lacks
 ``metrics.eval_split == SPLIT_ID``) may have trained on the held-out intent examples, so
 it is compared on the traffic part instead (held-out human-labelled texts + the recent
@@ -122,14 +135,21 @@ from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
+from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, fmt_probs
-from flywheel.training.gate import MIN_GATE_ROWS, decide, evaluate_layer2, pick_challenger
+from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, evaluate_layer2, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.report import RetrainResult, jsonable, render_markdown, write_reports
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import NoiseEstimate, check_training_set, estimate_from_log, format_noise
-from flywheel.training.trainset import SPLIT_ID, build_training_set
+from flywheel.training.trainset import (
+    RECENT_HOLDOUT_SHARE,
+    SPLIT_ID,
+    build_training_set,
+    held_out_examples,
+    split_value,
+)
 from flywheel.training.tuned_trial import (
     candidate_pairs,
     confusion_pairs,
@@ -207,6 +227,39 @@ class _Evaluation:
     head_only: dict[str, Any] | None = None
     tuned: dict[str, Any] | None = None
     choice: dict[str, Any] = field(default_factory=dict)
+    change: _Change | None = None
+
+
+@dataclass(frozen=True)
+class _Change:
+    """How the intent set differs from the champion's (see the module docs, "A changed
+    intent set"): the intents added, removed and shared, whether examples, rules or
+    settings changed too, and the normalised texts the champion may have trained on
+    (``seen``: never gate rows)."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    shared: frozenset[str]
+    seen: frozenset[str]
+    dropped: dict[str, int]       # labels of removed intents dropped from the log, per label
+
+    def rows(self, data: LabelledSet) -> LabelledSet:
+        """``data``'s rows whose label both sets know (out of scope included) and whose text
+        the champion did not train on."""
+        return data.select(i for i, (t, y) in enumerate(zip(data.texts, data.labels))
+                           if (y is None or y in self.shared) and normalise_key(t) not in self.seen)
+
+    def words(self) -> str:
+        parts = [f"added {', '.join(self.added)}" if self.added else "",
+                 (f"removed {', '.join(self.removed)} ({sum(self.dropped.values()):,} logged labels dropped)"
+                  if self.removed else ""),
+                 "" if self.added or self.removed else "same intents, other examples, rules or settings"]
+        return "; ".join(p for p in parts if p)
+
+    def report(self, n_shared: int) -> dict[str, Any]:
+        return {"added": list(self.added), "removed": list(self.removed), "shared": sorted(self.shared),
+                "labels_dropped": dict(self.dropped), "labels_dropped_total": sum(self.dropped.values()),
+                "champion_trained_texts_left_out": len(self.seen), "gate_rows": n_shared}
 
 
 @dataclass(frozen=True)
@@ -651,21 +704,29 @@ def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
     vectors and its serving thresholds; with a tuned challenger, the pick of the one put
     forward (fixed at the first gate: it is the one saved)."""
     ts, cp = trial.ts, champion.model
-    gate = _gate_name(job, cp, ts)
-    sets = _sets(ts.eval, ts.recent, gate)
+    change = _intent_change(job, cp, ts) if cp is not None else None
+    gate = _gate_name(job, cp, ts) if change is None else "shared"
+    sets = _sets(ts.eval, ts.recent, gate, change)
+    if change is not None:
+        rename = (" (a renamed intent is a removal plus an addition: the old name's logged labels are dropped)"
+                  if change.added and change.removed else "")
+        job.notes.append(f"the intent set changed since champion {cp.version if cp else '?'} ({change.words()}): "
+                         f"gated on the {len(sets['shared']):,} held-out rows of the intents both sets share "
+                         f"(out of scope included; none of the {len(change.seen):,} texts the champion trained on), "
+                         f"kept only if measurably worse there{rename}")
     head = _metrics(trial.challenger, sets, gate)
     cp_sets = None
     if cp is not None:
         own = _champion_sets(job, champion, ts)
-        cp_sets = _sets(own["eval"], own["recent"], gate)
+        cp_sets = _sets(own["eval"], own["recent"], gate, change)
     cp_metrics = _metrics(cp, cp_sets, gate) if cp is not None and cp_sets is not None else None
     tuned = trial.tuned
     if tuned is None or tuned.challenger is None:
         why = "encoder tuning is off" if trial.tune_report is None else "encoder tuning failed"
         return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
                            {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
-                            "languages": "none"})
-    t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate)
+                            "languages": "none"}, change)
+    t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
     t_metrics = _metrics(tuned.challenger, t_sets, gate)
     choice = pick_challenger(trial.challenger, tuned.challenger, head, t_metrics, sets[gate], t_sets[gate],
                              job.opts.tolerance, job.intents.languages, getattr(sets[gate], "langs", None))
@@ -677,20 +738,44 @@ def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
                   "reason": f"the {_CHALLENGER[trial.pick]} challenger was put forward at the first gate and saved "
                             f"(on this gate set: {choice['reason']})"}
     if choice["put_forward"] == "tuned":
-        return _Evaluation(gate, t_sets, t_metrics, cp_metrics, cp_sets, head, t_metrics, choice)
-    return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, t_metrics, choice)
+        return _Evaluation(gate, t_sets, t_metrics, cp_metrics, cp_sets, head, t_metrics, choice, change)
+    return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, t_metrics, choice, change)
 
 
 _CHALLENGER = {"head_only": "head-only", "tuned": "tuned"}
 
 
-def _sets(ev: LabelledSet, recent: LabelledSet, gate: str) -> dict[str, LabelledSet]:
+def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: _Change | None = None) -> dict[str, LabelledSet]:
     """The evaluation sets for the gate set ``gate`` from ``eval`` and ``recent`` (any
-    encoder's vectors: the rows and their order depend only on the training set)."""
+    encoder's vectors: the rows and their order depend only on the training set). With a
+    changed intent set, ``shared`` (the gate set: the rows of ``eval`` and ``recent`` of
+    the intents both sets share) and ``recent_shared`` (the LLM share's)."""
     sets = {"eval": ev, "recent": recent}
     if gate == "eval_traffic":
         sets["eval_traffic"] = ev.where(lambda s: s != "intent_example").concat(recent)
+    if change is not None:
+        sets["shared"] = change.rows(ev.concat(recent))
+        sets["recent_shared"] = change.rows(recent)
     return sets
+
+
+def _intent_change(job: _Job, champion: IntentModel, ts: TrainingSet) -> _Change | None:
+    """How ``job.intents`` differs from the champion's bundled intent set (``None``: not at
+    all). ``seen``: the champion's intent examples its own split did not hold out (all of
+    them for a champion the retrain did not train), and the new examples it may have
+    trained on as logged teacher rows (teacher texts outside the recent holdout)."""
+    old, new = champion.intents, job.intents
+    if intents_to_doc(old) == intents_to_doc(new):
+        return None
+    old_texts, old_labels = old.training_pairs()
+    old_keys = {normalise_key(t) for t in old_texts}
+    held = held_out_examples(old_texts, old_labels) if champion.manifest.metrics.get("eval_split") == SPLIT_ID \
+        else set()
+    new_keys = {normalise_key(t) for t in new.training_pairs()[0]} - old_keys
+    seen = (old_keys - held) | {k for k in new_keys if k in ts.logged_keys and split_value(k) >= RECENT_HOLDOUT_SHARE}
+    dropped = ts.report.get("dropped_unknown_intent", {}).get("by_label", {})
+    return _Change(tuple(sorted(set(new.labels) - set(old.labels))), tuple(sorted(set(old.labels) - set(new.labels))),
+                   frozenset(set(new.labels) & set(old.labels)), frozenset(seen), dict(dropped))
 
 
 def _gate_name(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> str:
@@ -715,7 +800,8 @@ def _gate_name(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> str:
 
 def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[str, Any]:
     per = {k: evaluate_layer2(m, v) for k, v in sets.items()}
-    share_on = "recent" if per["recent"]["n"] else gate
+    recent = "recent_shared" if "recent_shared" in per else "recent"
+    share_on = recent if per[recent]["n"] else gate
     return {"version": m.version, "encoder": m.manifest.encoder.get("id"), "own_encoder": m.encoder_dir is not None,
             "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
             "oos_recall": per[gate]["oos_recall"], "gate_set": gate,
@@ -725,6 +811,11 @@ def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[st
 
 def _decide(job: _Job, challenger: IntentModel, champion: IntentModel | None,
             ev: _Evaluation) -> tuple[str, str, list[dict[str, Any]]]:
+    if ev.change is not None and champion is not None and ev.champion_sets is not None:
+        share_on = "recent_shared" if len(ev.sets["recent_shared"]) else "shared"
+        return decide_changed(challenger, champion, ev.sets["shared"], ev.champion_sets["shared"],
+                              ev.sets[share_on], ev.champion_sets[share_on], job.opts.tolerance, job.notes,
+                              ev.change.words())
     return decide(challenger, champion, ev.challenger, ev.champion,
                   ev.sets[ev.gate] if ev.champion else None, ev.gate, job.opts.tolerance, job.notes,
                   champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None)
@@ -801,6 +892,8 @@ def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, chec
     with encoder tuning on, also ``challengers`` and ``tuning``."""
     dry_run = job.opts.dry_run
     extra = {} if trial.tune_report is None else {"challengers": _challengers(job, ev), "tuning": trial.tune_report}
+    if ev.change is not None:
+        extra["intent_change"] = ev.change.report(len(ev.sets["shared"]))
     return {
         "outcome": outcome, "version": None if dry_run else name, "reason": reason,
         "promoted": outcome == "promoted" and not dry_run, "dry_run": dry_run,

@@ -85,7 +85,7 @@ from flywheel.training.layer2 import noisy_teacher_guard
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
-           "SELF_TRAINING_MAX", "build_training_set", "split_value", "split_role"]
+           "SELF_TRAINING_MAX", "build_training_set", "held_out_examples", "split_value", "split_role"]
 
 #: Recorded in the manifests of models trained by the retrain job: they never saw
 #: the evaluation rows of this split.
@@ -118,6 +118,28 @@ def split_role(text: str, source: str) -> str:
     if source == "teacher":
         return "holdout" if u < RECENT_HOLDOUT_SHARE else "train"
     raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
+
+
+def held_out_examples(texts: Sequence[str], labels: Sequence[str | None]) -> set[str]:
+    """The normalised intent examples the fixed split holds out for evaluation (see the
+    module docs: ``split_value < 0.20``, unless that leaves the intent fewer than 2 to train
+    on; an example listed under two intents stays in training). ``texts`` and ``labels``:
+    an intent set's :meth:`~classifier.intents.IntentSet.training_pairs`."""
+    labels_of: dict[str, list[str | None]] = {}
+    for text, label in zip(texts, labels):
+        seen = labels_of.setdefault(normalise_key(text), [])
+        if label not in seen:
+            seen.append(label)
+    by_label: dict[Any, list[str]] = {}
+    for key, labs in labels_of.items():
+        for lab in labs:
+            by_label.setdefault(lab, []).append(key)
+    held: set[str] = set()
+    for keys in by_label.values():
+        cand = {k for k in keys if len(labels_of[k]) == 1 and split_value(k) < EXAMPLE_EVAL_SHARE}
+        if len(set(keys)) - len(cand) >= 2:
+            held |= cand
+    return held
 
 
 @dataclass
@@ -364,15 +386,7 @@ def _log_label(g: _Group, conflicts: Counter) -> tuple[Any, str | None]:
 def _fixed_split(groups: dict[str, _Group], resolved: _Resolved, intents: IntentSet,
                  ex_texts: Sequence[str]) -> _Split:
     """Assign every text to training, evaluation or the recent-traffic holdout by its hash."""
-    held_examples: set[str] = set()
-    by_label: dict[Any, list[str]] = {}
-    for key, g in groups.items():
-        for lab in g.example_labels:
-            by_label.setdefault(lab, []).append(key)
-    for lab, keys in by_label.items():
-        cand = {k for k in keys if len(groups[k].example_labels) == 1 and split_value(k) < EXAMPLE_EVAL_SHARE}
-        if len(set(keys)) - len(cand) >= 2:
-            held_examples |= cand
+    held_examples = held_out_examples(*intents.training_pairs())
     roles: dict[str, list[str]] = {"train": [], "eval": [], "holdout": []}
     for key, (_, source) in resolved.labels.items():
         if source != "intent_example":

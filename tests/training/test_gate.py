@@ -11,7 +11,7 @@ import pytest
 from flywheel.classifier.head import IntentHead
 from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.trainer import fit_model
-from flywheel.training.gate import decide, evaluate_layer2, paired_drop
+from flywheel.training.gate import decide, decide_changed, drop_lower, evaluate_layer2, paired_drop
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 from tests.support.fakes import HashEmbedder
@@ -190,3 +190,30 @@ def test_a_tie_goes_to_the_smaller_model(pair, tmp_path):
     ch, cp = metrics(challenger, data), metrics(champion, data)
     ch["llm_share"] = cp["llm_share"]
     assert decide(tuned, champion, ch, cp, data, "eval", 0.01, [])[0] == "promoted"
+
+
+def test_a_changed_intent_set_is_kept_only_when_measurably_worse_on_the_shared_intents(pair):
+    # issue 32: after one example was added, 0.750 < 0.875 on 8 queries kept the old champion,
+    # which cannot serve the new file: the user was stuck
+    champion, challenger = pair[0], pair[1]
+
+    def changed(data, tolerance=0.01):
+        return decide_changed(challenger, champion, data, data, data, data, tolerance, [], "added HOURS")
+
+    small = gate_set(pair, 8, worse=1, better=0)
+    assert decide(challenger, champion, metrics(challenger, small), metrics(champion, small), small, "eval", 0.01,
+                  [])[0] == "kept"                                            # an unchanged set: kept, as before
+    outcome, reason, checks = changed(small)
+    assert outcome == "promoted", reason
+    assert reason.startswith("intent set changed (added HOURS); not measurably worse on the 8 queries")
+    assert checks[0]["drop_lower"] <= 0.01 and checks[0]["worse"] == 1
+    # 12 worse, 0 better of 45: a drop of at least 0.16 at 95%
+    worse = gate_set(pair, 45, worse=12, better=0)
+    outcome, reason, checks = changed(worse)
+    assert outcome == "kept" and "measurably worse on the intents both sets share: accuracy" in reason
+    assert reason.endswith("keeping the champion (retrain --tolerance 1 promotes it anyway)")
+    assert checks[0]["drop_lower"] == drop_lower(paired_drop(np.r_[np.zeros(12, bool), np.ones(33, bool)],
+                                                             np.ones(45, bool))) > 0.1
+    assert changed(worse, tolerance=1.0)[0] == "promoted"
+    # no shared rows at all (every intent renamed, no out of scope): nothing to compare, promoted
+    assert changed(worse.select([]))[0] == "promoted"

@@ -1057,3 +1057,84 @@ def test_cli_summary_gives_every_figure_its_n_and_a_dry_run_prints_where_the_rep
     md = where[0].split("report: ", 1)[1].split(" (", 1)[0]
     assert md.endswith("report.md") and open(md).read().startswith("# flywheel retrain:")
     assert res["report_path"].endswith("report.json")
+
+
+HOURS = {"name": "HOURS", "description": "opening hours",
+         "examples": ["when are you open", "what are your opening hours", "are you open on sunday",
+                      "what time do you close"]}
+
+
+def test_an_edited_intent_file_moves_to_the_new_set_with_the_logged_labels(world, tmp_path, monkeypatch, capsys):
+    # issue 32: after an edit, classify refused (exit 2) and advised `flywheel retrain --intents
+    # FILE`, which kept the old champion, so classify still refused
+    import flywheel.classifier.encoders
+
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
+    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: HashEmbedder())
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    world.seed_traffic(n_teacher=30, n_human=6, seed=0)
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump(INTENT_DOC))
+    home = ["--home", str(tmp_path / "home"), "--log-db", world.store.path]
+    retrain_cmd = ["retrain", *home, "--quiet", "--intents", str(intents_file)]
+    app = build_app()
+    first = CliRunner().invoke(app, retrain_cmd)
+    assert first.exit_code == 0 and first.stdout.startswith("promoted"), first.output
+    champion = ModelRegistry(tmp_path / "home" / "models").current_name()
+    # edit: PLATFORM removed, HOURS added
+    doc = copy.deepcopy(INTENT_DOC)
+    doc["intents"] = [doc["intents"][0], HOURS]
+    intents_file.write_text(yaml.safe_dump(doc))
+    classify = ["classify", *home, "--no-log", "--intents", str(intents_file), "what does addvar do"]
+    from flywheel.cli import main
+
+    assert main(classify) == 2                                      # refused, in one line naming the command
+    err = capsys.readouterr().err
+    assert f"run flywheel retrain --intents {intents_file} to train it on the labels already logged" in err
+    moved = CliRunner().invoke(app, [*retrain_cmd, "--json"])      # the command the error names
+    assert moved.exit_code == 0, moved.output
+    res = json.loads(moved.stdout)
+    assert res["outcome"] == "promoted", res["reason"]
+    dropped = res["dataset"]["dropped_unknown_intent"]
+    assert dropped["total"] > 0 and set(dropped["by_label"]) == {"PLATFORM"}
+    assert res["reason"].startswith(f"intent set changed (added HOURS; removed PLATFORM ({dropped['total']} logged "
+                                    f"labels dropped)); not measurably worse on the ")
+    report = json.loads(open(res["report_path"]).read())
+    change = report["intent_change"]
+    assert change["added"] == ["HOURS"] and change["removed"] == ["PLATFORM"] and change["shared"] == ["RETRIEVAL"]
+    assert change["labels_dropped_total"] == dropped["total"]
+    # the gate compared the two only on the rows both sets know: RETRIEVAL and out of scope
+    assert report["gate"]["set"] == "shared" and report["gate"]["n"] == change["gate_rows"] > 0
+    per = report["challenger"]["shared"]["per_intent"]
+    assert {k for k, v in per.items() if v["support"]} == {"RETRIEVAL", "OUT_OF_SCOPE"}
+    # the teacher's and humans' labels of the kept intents trained it, not the file alone
+    assert res["dataset"]["train"]["by_source"]["teacher"] > 0
+    assert ModelRegistry(tmp_path / "home" / "models").current_name() not in (None, champion)
+    assert main(classify) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == "RETRIEVAL"
+
+
+def test_a_changed_intent_set_is_gated_on_shared_rows_the_champion_never_trained_on(world):
+    # "when do you open tomorrow" hashes into the eval share; with 2 examples HOURS keeps it for
+    # training, with 3 it is held out: the champion trained on it, so it must not gate
+    assert split_value("when do you open tomorrow") < 0.2
+    doc = copy.deepcopy(INTENT_DOC)
+    doc["intents"].append({"name": "HOURS", "description": "opening hours",
+                           "examples": ["when do you open tomorrow", "when are you open"]})
+    world.intents = parse_intents(doc, source="v1.yaml")
+    world.seed_traffic(n_teacher=200, n_human=20)
+    first = world.run()
+    assert first.outcome == "promoted"
+    doc["intents"][-1]["examples"].append("what time do you close")           # one example more
+    world.intents = parse_intents(doc, source="v2.yaml")
+    ts = build_training_set(world.store, world.intents, embedder=HashEmbedder())
+    rows = ts.eval.concat(ts.recent)
+    assert "when do you open tomorrow" in ts.eval.texts
+    res = world.run()
+    assert res.outcome == "promoted", res.reason
+    assert res.reason.startswith("intent set changed (same intents, other examples, rules or settings); not "
+                                 "measurably worse on the ")
+    change = res.report["intent_change"]
+    assert change["added"] == change["removed"] == [] and change["labels_dropped_total"] == 0
+    assert res.report["gate"]["set"] == "shared" and change["gate_rows"] == len(rows) - 1   # that example left out
+    assert any(n.startswith("the intent set changed since champion") for n in res.report["notes"])
