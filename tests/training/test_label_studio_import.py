@@ -88,3 +88,27 @@ def test_feedback_given_twice_is_one_label(logged, capsys):
     assert _human_rows(logged) == [(IDS[1], "RETRIEVAL", "ana")] and count_new_labels(store, None) == before + 1
     assert main(["feedback", IDS[1], "RETRIEVAL", "--author", "bo", "--log-db", str(logged)]) == 0
     assert len(_human_rows(logged)) == 2 and count_new_labels(store, None) == before + 2
+
+
+def test_a_second_import_does_not_reach_the_retrains_min_new_labels(tmp_path):
+    """The retrain's ``--min-new-labels`` after the same export was imported twice: it counts
+    the labels once, so the run still skips."""
+    from flywheel.training.label_studio import import_annotations, read_annotations
+    from tests.support.worlds import World
+
+    world = World(tmp_path)
+    recs, items = world.seed_traffic(n_teacher=200, n_human=10)
+    first = world.run()
+    assert first.outcome == "promoted"
+    done = [{"data": {"decision_id": r.decision.id}, "annotations": _annotation(y or "OUT_OF_SCOPE", "2026-11-27", i)}
+            for i, (r, (_, y)) in enumerate(zip(recs[:3], items[:3]))]
+
+    def write(did, label, who, uid):
+        return world.store.add_human_label(did, label, author=who, label_uid=uid)
+
+    for n in (3, 0):
+        report = import_annotations(*read_annotations(done, world.intents.labels), write)
+        assert (report.recorded, report.already) == (n, 3 - n)
+    skipped = world.run(min_new_labels=4)
+    assert skipped.outcome == "skipped" and skipped.reason.startswith("3 new labels since "), skipped.reason
+    assert world.run(min_new_labels=3, dry_run=True).outcome != "skipped"
