@@ -78,9 +78,13 @@ def _where(reg: Registry) -> str:
 @models_app.command("list")
 def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
-                as_json: bool = typer.Option(False, "--json", help="Print a JSON list.")) -> None:
-    """List versions (the served one marked with *)."""
-    cfg = load_config(home=home)
+                as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+                intents: Optional[Path] = typer.Option(None, "--intents",
+                                                       help="The intent file whose default model to mark "
+                                                            "(default: the intents setting, else the starter set).")
+                ) -> None:
+    """List versions (the served one marked with *, the default model named)."""
+    cfg = load_config(home=home, intents=str(intents) if intents is not None else None)
     reg = _site_of(cfg).registry(models)
     vs = reg.versions()
     default = _default_name_or_none(cfg)
@@ -219,11 +223,18 @@ def push_version(reg: Registry, directory: Path, *, promote: bool, say: bool = T
 def models_rollback(to_default: bool = typer.Option(
                         False, "--to-default", help="Serve the default model again (the intents file, or the "
                                                     "starter set, trained as on first use)."),
+                    intents: Optional[Path] = typer.Option(None, "--intents",
+                                                           help="With --to-default: the intent file whose default "
+                                                                "model to serve (default: the intents setting, "
+                                                                "else the starter set)."),
                     models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve the previously promoted version again, checked as promote checks it
     (fleet-wide with a store); --to-default serves the default model again."""
-    cfg = load_config(home=home)
+    if intents is not None and not to_default:
+        raise InvalidInputError("--intents goes with --to-default (a plain rollback serves the version "
+                                "promoted before, whatever its intent set)")
+    cfg = load_config(home=home, intents=str(intents) if intents is not None else None)
     reg = _site_of(cfg).registry(models)
     current, token = reg.current()
     if to_default:
@@ -247,6 +258,23 @@ def _rollback_to_default(cfg: Config, reg: ListedRegistry, current: Optional[str
     reg.promote(name, expected=token)   # checked as any promotion; refused if another one lands meanwhile
     typer.echo(f"rolled back to the default model {name} in {_where(reg)}"
                + (f" (was {current}; flywheel models rollback goes back to it)" if current else ""))
+    if current and not cfg.intents:
+        _note_starter_set(reg, current, name)
+
+
+def _note_starter_set(reg: ListedRegistry, replaced: str, name: str) -> None:
+    """Say so when the default just served is the starter set (no intents setting) and the
+    version it replaced served another intent set: that user's own default needs --intents."""
+    try:
+        theirs = reg.load(replaced).intents.labels
+        starter = reg.load(name).intents.labels
+    except FlywheelError:
+        return
+    if set(theirs) != set(starter):
+        typer.echo(f"flywheel: note: with no intents setting the default model is the starter set's "
+                   f"({', '.join(starter)}), and {replaced} served another intent set ({', '.join(theirs)}); "
+                   f"flywheel models rollback goes back to it, and flywheel models rollback --to-default "
+                   f"--intents FILE serves your intent file's default model", err=True)
 
 
 def _default_source(cfg: Config) -> Path:

@@ -10,9 +10,9 @@ import json
 import pytest
 import yaml
 
-from flywheel.classifier.config import load_config
+from flywheel.classifier.config import load_config, starter_intents_path
 from flywheel.classifier.default import cached_model_dir, default_model_dir
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.intents import load_intents, parse_intents
 from flywheel.classifier.registry import ModelRegistry, ModelWatcher
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
@@ -87,3 +87,37 @@ def test_rollback_to_default_refuses_a_corrupt_cached_default(served_default, ca
     rc, out, err = run(capsys, "models", "rollback", "--to-default")
     assert rc == 3 and err.startswith("flywheel: error: ") and "head.npz" in err and "Traceback" not in err, err
     assert home.current_name() == "v1" and [v.name for v in home.versions()] == ["v1"]
+
+
+def test_rollback_to_default_takes_the_intent_file_given_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """A user who passes ``--intents FILE`` to every command (no intents setting) gets their
+    own file's default model back with ``rollback --to-default --intents FILE``; without it
+    the starter set is served, and a note says the replaced version served another set."""
+    monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)
+    intents = tmp_path / "home intents.yaml"
+    intents.write_text(yaml.safe_dump(DOC))
+    cfg = load_config()
+    for source in (intents, starter_intents_path()):   # both defaults already in the cache (as first use leaves them)
+        cached = cached_model_dir(cfg, source)
+        fit_model(load_intents(source), embedder=HashEmbedder(), version=cached.name).save(cached)
+    home = ModelRegistry(cfg.models_dir)
+    fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="v1").save(home.version_dir("v1"))
+    home.promote("v1")
+
+    rc, out, err = run(capsys, "models", "rollback", "--to-default", "--intents", str(intents))
+    mine = default_version_name(load_config(intents=str(intents)))
+    assert rc == 0 and mine.startswith("default-home_intents-"), err
+    assert out.startswith(f"rolled back to the default model {mine} ") and "note" not in err, (out, err)
+    assert home.current_name() == mine
+    rc, out, err = run(capsys, "models", "list", "--intents", str(intents))
+    assert rc == 0 and f"* {mine}" in out and "(the default model)" in out, out
+
+    rc, out, err = run(capsys, "models", "rollback", "--intents", str(intents))   # --intents needs --to-default
+    assert rc == 2 and "--intents goes with --to-default" in err and home.current_name() == mine, err
+    assert run(capsys, "models", "rollback")[0] == 0 and home.current_name() == "v1"
+
+    rc, out, err = run(capsys, "models", "rollback", "--to-default")   # no intents setting: the starter set
+    starter = default_version_name(cfg)
+    assert rc == 0 and starter.startswith("default-starter_intents-") and home.current_name() == starter, err
+    assert err.startswith("flywheel: note: with no intents setting the default model is the starter set's"), err
+    assert "v1 served another intent set" in err and "--to-default --intents FILE" in err, err
