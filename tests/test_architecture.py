@@ -16,6 +16,7 @@ inside a function, so a late import cannot hide a cycle.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,22 @@ def _cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_tree_was_found():
     assert {"classifier.pipeline", "logstore.store", "fleet.objects", "service.runtime", "training.retrain",
             "flywheel.cli"} <= set(MODULES)
+    # the walk does not follow flywheel/<room> (the links below): every file counts once
+    assert len({p.resolve() for p in MODULES.values()}) == len(MODULES)
+    assert not [m for m in MODULES if m.startswith(tuple(f"flywheel.{r}" for r in LIBRARY_ROOMS))]
+
+
+def test_each_room_is_a_committed_link_in_the_flywheel_package():
+    """``flywheel.<room>`` is the folder ``flywheel/<room>``, a relative link to ``<room>/``: the
+    wheel, the checkout and every static reader (mypy, an editor, an import graph) see one tree.
+    A top-level package folder without its link would be missing from the wheel."""
+    rooms = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"flywheel", "tests"}
+    assert rooms == set(LIBRARY_ROOMS)
+    for room in LIBRARY_ROOMS:
+        link = ROOT / "flywheel" / room
+        assert link.is_symlink(), f"{link} is not a link (a clone with git's core.symlinks=false?)"
+        assert os.readlink(link) == f"../{room}", os.readlink(link)
+        assert (link / "__init__.py").is_file()
 
 
 def _python_files() -> list[Path]:

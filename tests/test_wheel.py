@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -112,6 +113,16 @@ def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_in
     assert {n.split("/")[0] for n in names if not n.startswith("flywheel_intent-")} == {"flywheel"}
     assert {n.split("/")[1] for n in names if n.startswith("flywheel/") and n.count("/") > 1} == {
         "classifier", "logstore", "fleet", "service", "training"}
+    # the checkout's flywheel/<room> links arrive as the room's files, every module of it
+    infos = zipfile.ZipFile(wheel).infolist()
+    assert not [i.filename for i in infos if (i.external_attr >> 16) & 0o170000 == 0o120000]
+    for room in ("classifier", "logstore", "fleet", "service", "training"):
+        shipped = {n for n in names if n.startswith(f"flywheel/{room}/") and n.endswith(".py")}
+        tracked = {f"flywheel/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / room).rglob("*.py")
+                   if "__pycache__" not in p.parts}
+        assert shipped == tracked, (room, sorted(tracked ^ shipped))
+    assert {"flywheel/service/protos/flywheel/v1/classifier.proto",
+            "flywheel/service/protos/flywheel/v1/classifier_pb2.pyi"} <= set(names)
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     assert "Name: flywheel-intent" in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
 
@@ -217,6 +228,21 @@ def test_installed_sidecar_serves_and_stops_cleanly(wheel_install, tmp_path):
 
     ids = [r[0] for r in LogStore(home / "log" / "flywheel.duckdb").query("SELECT decision_id FROM decisions")]
     assert result["decision"]["id"] in ids
+
+
+def test_every_package_folder_is_found_for_the_wheel():
+    """setuptools finds the packages (``packages.find`` in pyproject.toml) through the
+    ``flywheel/<room>`` links: every folder with an ``__init__.py`` under a room, with no list
+    to keep up to date, and nothing outside ``flywheel``."""
+    setuptools = pytest.importorskip("setuptools")
+    with (ROOT / "pyproject.toml").open("rb") as fh:
+        find = tomllib.load(fh)["tool"]["setuptools"]["packages"]["find"]
+    found = set(setuptools.find_packages(str(ROOT), include=find["include"]))
+    rooms = ("classifier", "logstore", "fleet", "service", "training")
+    expected = {"flywheel"} | {".".join(("flywheel", *p.parent.relative_to(ROOT).parts))
+                               for room in rooms for p in (ROOT / room).rglob("__init__.py")}
+    assert found == expected
+    assert {"flywheel.classifier.encoders", "flywheel.service.protos.flywheel.v1"} <= found
 
 
 # ------------------------------------------------------------------ deployment files (cheap)
