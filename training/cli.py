@@ -316,21 +316,24 @@ def feedback_command(
     """Record a human label for a logged decision (it always wins over the teacher's)."""
     from flywheel.classifier.decision import looks_like_decision_id
     from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import record_feedback
+    from flywheel.training.feedback import add_feedback
 
     cfg = load_config(home=home, log_db=log_db)
     site = open_site(cfg)
     if not site.fleet:
-        stored = record_feedback(cfg, decision_id, label, author=author)
+        stored, new = add_feedback(cfg, decision_id, label, author=author)
     else:  # fleet mode: the decision may be on a replica's spool still; checked at retrain
         if not looks_like_decision_id(decision_id):
             raise InvalidInputError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
         store = site.open_log()
-        stored = record_feedback(cfg, decision_id, label, author=author, labels=site.labels(store))
+        stored, new = add_feedback(cfg, decision_id, label, author=author, labels=site.labels(store))
         if not store.has_decision(decision_id):
             typer.echo(f"flywheel: note: decision {decision_id} is not in the fleet's log yet; the label "
                        f"is kept and counts once the decision arrives", err=True)
-    typer.echo(f"recorded {label_name(stored)} for decision {decision_id}")
+    if new:
+        typer.echo(f"recorded {label_name(stored)} for decision {decision_id}")
+    else:   # the same label from the same author: recorded once
+        typer.echo(f"already recorded {label_name(stored)} for decision {decision_id} (nothing written)")
 
 
 def label_command(

@@ -22,7 +22,7 @@ def logged(tmp_path):
     path = tmp_path / "log.duckdb"
     write(LogStore(path), [
         review_record(IDS[0], "docs or my plan?", "RETRIEVAL",
-                      teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+                      teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM"))),
         review_record(IDS[1], "show my quota", "PLATFORM", teacher=teacher_call("PLATFORM")),
         review_record(IDS[2], "<b>bold</b> question", "PLATFORM", teacher=teacher_call("PLATFORM"), age_days=3),
     ])
@@ -88,6 +88,19 @@ def test_feedback_given_twice_is_one_label(logged, capsys):
     assert _human_rows(logged) == [(IDS[1], "RETRIEVAL", "ana")] and count_new_labels(store, None) == before + 1
     assert main(["feedback", IDS[1], "RETRIEVAL", "--author", "bo", "--log-db", str(logged)]) == 0
     assert len(_human_rows(logged)) == 2 and count_new_labels(store, None) == before + 2
+
+
+def test_feedback_given_again_says_nothing_was_written(logged, capsys):
+    """The repeat's output says it was already recorded (a second 'recorded' read as a
+    second label); a changed label is recorded as a new one."""
+    said = []
+    for label in ("RETRIEVAL", "RETRIEVAL", "PLATFORM"):
+        assert main(["feedback", IDS[1], label, "--log-db", str(logged)]) == 0
+        said.append(capsys.readouterr().out.strip())
+    assert said == [f"recorded RETRIEVAL for decision {IDS[1]}",
+                    f"already recorded RETRIEVAL for decision {IDS[1]} (nothing written)",
+                    f"recorded PLATFORM for decision {IDS[1]}"], said
+    assert [r[1] for r in _human_rows(logged)] == ["RETRIEVAL", "PLATFORM"]
 
 
 def test_a_second_import_does_not_reach_the_retrains_min_new_labels(tmp_path):
