@@ -96,9 +96,10 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
     if not vs:
         typer.echo(f"no model versions in {_where(reg)}")
         return
+    width = max(32, *(len(v.name) for v in vs))   # a default-<file>-<digest> name is longer than v<time>
     for v in vs:
         acc = v.metrics.get("oof_top1_accuracy")
-        typer.echo(f"{'*' if v.current else ' '} {v.name:32} {v.created_at:21} n={v.training_size:<7}"
+        typer.echo(f"{'*' if v.current else ' '} {v.name:{width}} {v.created_at:21} n={v.training_size:<7}"
                    + (f" cv-top1={acc:.3f}" if isinstance(acc, (int, float)) else "")
                    + ("  (the default model)" if v.name == default else "")
                    + ("" if v.valid else f"  INVALID: {v.problem}"))

@@ -6,6 +6,7 @@ fleet's side is in tests/fleet/test_cli_fleet.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -111,6 +112,8 @@ def test_rollback_to_default_takes_the_intent_file_given_on_the_command_line(tmp
     assert home.current_name() == mine
     rc, out, err = run(capsys, "models", "list", "--intents", str(intents))
     assert rc == 0 and f"* {mine}" in out and "(the default model)" in out, out
+    dates = {re.search(r" \d{4}-\d\d-\d\dT", line).start() for line in out.splitlines()}   # one column
+    assert len(dates) == 1 and len(mine) > 32, out
 
     rc, out, err = run(capsys, "models", "rollback", "--intents", str(intents))   # --intents needs --to-default
     assert rc == 2 and "--intents goes with --to-default" in err and home.current_name() == mine, err
