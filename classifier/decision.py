@@ -62,13 +62,24 @@ class Layer2Answer:
 
 @dataclass(frozen=True)
 class TeacherCall:
-    """What the LLM teacher was asked and answered, kept for the traffic log."""
+    """What the LLM teacher was asked and answered, kept for the traffic log.
+
+    ``candidates`` is an unsure answer's set (logged as ``teacher_candidates``): ``None``
+    when the teacher was sure or did not answer, ``()`` for "cannot tell", else the 2 or 3
+    labels it could not pick between (``None`` among them: out of scope). An unsure call
+    is not valid (never a training label) and has no ``error``: it is an answer."""
 
     model: str
     label: str | None
     valid: bool
     latency_ms: float
     error: str | None = None
+    candidates: tuple[str | None, ...] | None = None
+
+    @property
+    def unsure(self) -> bool:
+        """Whether the teacher answered with a candidate set or "cannot tell"."""
+        return self.candidates is not None
 
 
 def _new_process_keys() -> tuple[str, bytes]:

@@ -608,8 +608,8 @@ class Classifier:
         layer 2's best guess among the candidates when it ranks one of them (tier
         ``ambiguous``, the alternatives: those candidates as layer 2 ranks them), else layer 2's
         best guess (tier ``weak``, layer 2's alternatives). The teacher's call is
-        logged as not valid, with ``unsure:`` and the set in its error, so it is never a
-        training label."""
+        logged as not valid with the set as data (:attr:`TeacherCall.candidates`, the
+        log's ``teacher_candidates``), so it is never a training label."""
         picks: dict[str | None, Candidate] = {}
         for c_ in (Candidate(res.label, res.confidence), *res.candidates):   # best first
             if c_.label in ans.candidates:
@@ -622,7 +622,7 @@ class Classifier:
             which = " (it ranks none of them)" if ans.candidates else ""
         if call is not None:
             call = TeacherCall(model=call.model, label=None, valid=False, latency_ms=call.latency_ms,
-                               error=f"unsure: {ans.unsure_reason()}")
+                               candidates=ans.candidate_set)
         reason = f"llm {ans.model}: {ans.unsure_reason()}; layer 2's best guess{which} ({how}layer 2: {res.reason})"
         alts = ranked or res.alternatives   # as for layer 2's own unsure answers: the served label first
         return self._decision(rt, label, conf, tier, Layer.LLM, reason, c, lat, alts, call)
@@ -702,13 +702,13 @@ class Classifier:
         t0 = time.perf_counter()
         try:
             ans = self.teacher.label(req)
-            call = (TeacherCall(ans.model, None, False, ans.latency_ms, f"unsure: {ans.unsure_reason()}")
+            call = (TeacherCall(ans.model, None, False, ans.latency_ms, candidates=ans.candidate_set)
                     if ans.unsure else TeacherCall(ans.model, ans.label, True, ans.latency_ms))
         except TeacherError as exc:
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), str(exc))
         except Exception as exc:  # noqa: BLE001
             call = TeacherCall(self.teacher.model, None, False, _ms(t0), f"error: {exc}")
-        outcome = ("unsure" if (call.error or "").startswith("unsure:") else "failed" if not call.valid
+        outcome = ("unsure" if call.unsure else "failed" if not call.valid
                    else "agree" if call.label == record.decision.label else "disagree")
         with self._lock:
             self.audit_outcomes[outcome] += 1

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runti
 import numpy as np
 
 from flywheel.classifier.decision import Decision, Layer2Answer
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.label_names import label_name
 
 if TYPE_CHECKING:
     from flywheel.classifier.model import IntentModel
@@ -108,10 +108,6 @@ class TeacherRequest:
     order_seed: int = 0
 
 
-#: How :meth:`TeacherAnswer.unsure_reason` starts a candidate set (logged after ``unsure: ``).
-UNSURE_BETWEEN = "teacher unsure between "
-
-
 @dataclass(frozen=True)
 class TeacherAnswer:
     """A validated answer: ``label`` is one of the offered names, or ``None`` (out of scope).
@@ -135,22 +131,24 @@ class TeacherAnswer:
         """Whether the teacher did not give one confident label."""
         return self.cannot_tell or bool(self.candidates)
 
+    @property
+    def candidate_set(self) -> tuple[str | None, ...] | None:
+        """The unsure answer as data (:attr:`TeacherCall.candidates
+        <classifier.decision.TeacherCall>`, the log's ``teacher_candidates``): ``None`` when
+        sure, ``()`` for "cannot tell", else the candidates."""
+        if self.cannot_tell:
+            return ()
+        return tuple(self.candidates) if self.candidates else None
+
     def unsure_reason(self) -> str:
-        """The unsure answer in words, e.g. ``teacher unsure between A, B`` (``""`` when sure)."""
+        """The unsure answer in words for a decision's reason, e.g. ``teacher unsure
+        between A, B`` (``""`` when sure). Prose only: the set itself travels as
+        :attr:`candidate_set`."""
         if self.cannot_tell:
             return "teacher cannot tell"
         if self.candidates:
-            return UNSURE_BETWEEN + ", ".join(label_name(c) for c in self.candidates)
+            return "teacher unsure between " + ", ".join(label_name(c) for c in self.candidates)
         return ""
-
-    @staticmethod
-    def candidates_in(reason: str) -> tuple[str | None, ...]:
-        """The candidate set an :meth:`unsure_reason` names (``None``: out of scope); ``()``
-        for "cannot tell" or any other text. The inverse of :meth:`unsure_reason`."""
-        if not reason.startswith(UNSURE_BETWEEN):
-            return ()
-        names = [n.strip() for n in reason[len(UNSURE_BETWEEN):].split(",") if n.strip()]
-        return tuple(None if n == OUT_OF_SCOPE else n for n in names)
 
 
 @dataclass(frozen=True)

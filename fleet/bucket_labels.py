@@ -65,9 +65,11 @@ class BucketLabels:
         return True
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
-                          latency_ms: float | None = None) -> None:
-        """Record a back-filled teacher answer (``valid=False``: kept for statistics only)."""
-        self.add_many([LabelRecord.teacher(decision_id, label, model, valid, latency_ms)])
+                          latency_ms: float | None = None,
+                          candidates: Sequence[str | None] | None = None) -> None:
+        """Record a teacher answer made after the decision (``valid=False``: kept for
+        statistics only; ``candidates``: an unsure answer's set, see :class:`~logstore.drain.LabelSink`)."""
+        self.add_many([LabelRecord.teacher(decision_id, label, model, valid, latency_ms, candidates)])
 
     def add_many(self, records: Sequence[LabelRecord]) -> str | None:
         """Write ``records`` as ONE object (create-only) and, with a store, insert them

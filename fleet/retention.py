@@ -10,7 +10,8 @@ is rewritten without text as ``log/redacted/date=D/<name>`` (create-only; an exi
 copy, left by an interrupted run, counts as done) and then the original is deleted. The
 copy keeps every column but the text: ``text`` becomes ``''``, history snippets ``''``
 (their labels stay) and ``teacher_error`` its kind (the part before ``:``, since it may
-quote the LLM's answer); ids, times, answers, inline teacher labels, layer-2 answers and
+quote the LLM's answer); ids, times, answers, inline teacher labels, an unsure answer's
+candidate set (``teacher_candidates``: intent names, data), layer-2 answers and
 embeddings are kept. An object of the cutoff's own day that still holds newer rows waits
 for the next run (:attr:`PruneReport.waiting`). Label objects hold no query text and
 stay. The object store frees a deleted object's bytes when it compacts its volumes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 from flywheel.logstore.connection import connect, process_lock
 from flywheel.logstore.errors import LogStoreBusyError, LogStoreError
@@ -64,13 +64,19 @@ class LabelSink(Protocol):
     or the decision's latest human label is this one from this author; ``True`` when it
     wrote (or queued) it. A sink that cannot look (the spool) queues it, and the log
     counts a repeat once (:meth:`~logstore.store.LogStore.count_new_labels`).
+
+    ``add_teacher_label`` takes a teacher answer made after the decision (an audit's, a
+    back-filled one). An unsure answer comes with ``valid=False`` and ``candidates``, its
+    set as data (:attr:`classifier.decision.TeacherCall.candidates`: ``()`` "cannot
+    tell", ``None`` out of scope among them), logged as ``labels.teacher_candidates``.
     """
 
     def add_human_label(self, decision_id: str, label: str | None, *, author: str | None = None,
                         label_uid: str | None = None) -> bool: ...
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
-                          latency_ms: float | None = None) -> None: ...
+                          latency_ms: float | None = None,
+                          candidates: Sequence[str | None] | None = None) -> None: ...
 
 
 class LocalIngest:

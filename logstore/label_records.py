@@ -38,6 +38,9 @@ _LABEL_FIELDS: list[tuple[str, pa.DataType]] = [
     # a shadow model's answer (source "shadow", model = its version): its confidence, its
     # tier, and whether it was sure (would have decided without the teacher)
     ("confidence", pa.float64()), ("tier", pa.string()), ("sure", pa.bool_()),
+    # a teacher's unsure answer (schema version 5): the labels it could not pick between
+    # (null among them: out of scope), [] for "cannot tell"; null when it was sure
+    ("teacher_candidates", pa.list_(pa.string())),
 ]
 LABEL_SCHEMA = pa.schema(_LABEL_FIELDS,
                          metadata={"flywheel.schema_version": str(SCHEMA_VERSION), "flywheel.kind": "labels"})
@@ -74,7 +77,9 @@ class LabelRecord:
     ``"human"``, ``"teacher"`` or ``"shadow"`` (a shadow model version's answer, never a
     training label); a teacher record with ``valid=False`` is kept for statistics only;
     ``created_at`` is unix seconds. ``confidence``, ``tier`` and ``sure`` are set for
-    shadow answers only."""
+    shadow answers only; ``teacher_candidates`` for a teacher's unsure answer only
+    (:attr:`classifier.decision.TeacherCall.candidates`: ``()`` "cannot tell", else the
+    set; such a record is never valid)."""
 
     decision_id: str
     source: str
@@ -88,6 +93,7 @@ class LabelRecord:
     confidence: float | None = None
     tier: str | None = None
     sure: bool | None = None
+    teacher_candidates: tuple[str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.decision_id, str) or not self.decision_id:
@@ -96,6 +102,12 @@ class LabelRecord:
             raise LogStoreError(f"label source must be one of {LABEL_SOURCES}, got {self.source!r}")
         if self.label is not None and not isinstance(self.label, str):
             raise LogStoreError(f"label must be a string or None, got {self.label!r}")
+        if self.teacher_candidates is not None:
+            if self.source != "teacher" or self.valid:
+                raise LogStoreError("only a teacher's answer that is not valid (an unsure one) has candidates")
+            if any(c is not None and not isinstance(c, str) for c in self.teacher_candidates):
+                raise LogStoreError(f"candidates must be strings or None, got {self.teacher_candidates!r}")
+            object.__setattr__(self, "teacher_candidates", tuple(self.teacher_candidates))
 
     @classmethod
     def human(cls, decision_id: str, label: str | None, *, author: str | None = None,
@@ -108,9 +120,13 @@ class LabelRecord:
 
     @classmethod
     def teacher(cls, decision_id: str, label: str | None, model: str, valid: bool,
-                latency_ms: float | None = None) -> "LabelRecord":
+                latency_ms: float | None = None,
+                candidates: Sequence[str | None] | None = None) -> "LabelRecord":
+        """A teacher's answer (an audit's or a back-filled one); ``candidates``: an unsure
+        answer's set (``()``: "cannot tell"), with ``valid=False``."""
         return cls(decision_id, "teacher", label, model=model, valid=bool(valid),
-                   latency_ms=None if latency_ms is None else float(latency_ms))
+                   latency_ms=None if latency_ms is None else float(latency_ms),
+                   teacher_candidates=None if candidates is None else tuple(candidates))
 
     @classmethod
     def shadow(cls, decision_id: str, version: str, label: str | None, confidence: float, tier: str,
@@ -151,6 +167,8 @@ _COLUMNS: dict[str, Callable[[Sequence[LabelRecord], pa.DataType], pa.Array]] = 
     "confidence": lambda rs, t: pa.array([r.confidence for r in rs], t),
     "tier": lambda rs, t: pa.array([r.tier for r in rs], t),
     "sure": lambda rs, t: pa.array([r.sure for r in rs], t),
+    "teacher_candidates": lambda rs, t: pa.array([None if r.teacher_candidates is None
+                                                  else list(r.teacher_candidates) for r in rs], t),
 }
 
 

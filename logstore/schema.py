@@ -46,6 +46,17 @@ for shadow answers (``labels.source = 'shadow'``, ``model`` = the shadow version
 ``labels.confidence``, ``labels.tier`` and ``labels.sure``. Readers of training labels
 select ``source IN ('human', 'teacher')``; a shadow answer is never a training label.
 
+Migration 5 makes a teacher's unsure answer data: ``decisions.teacher_candidates`` and
+``labels.teacher_candidates`` (``VARCHAR[]``; NULL: the teacher was sure or did not
+answer; ``[]``: "cannot tell"; else the candidates it could not pick between, NULL among
+them for out of scope), on the inline call, an audit's answer and a back-filled one. An
+unsure answer is never valid and its ``teacher_error`` is NULL. Rows logged before it
+held the set as prose in ``teacher_error`` (``unsure: teacher unsure between A, B``);
+:data:`UNSURE_FROM_ERROR` turns those into the column once (and rows of older segments as
+they arrive, :func:`logstore.segments.insert_segments`), the only place that reads it.
+The view ``unsure_answers`` (decision_id, candidates, model, created_at, ord) lists every
+unsure answer from both tables, oldest first by ``created_at, ord``.
+
 Labels may name a decision that is not (yet) in ``decisions``: a label made at one
 replica for a decision logged at another, whose segment arrives later. They are kept;
 every reader starts from ``decisions`` and joins, so such a label counts only once its
@@ -72,7 +83,7 @@ import duckdb
 from flywheel.logstore.connection import scalar
 from flywheel.logstore.errors import LogStoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "apply_migrations", "current_version", "utcnow"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "UNSURE_FROM_ERROR", "apply_migrations", "current_version", "utcnow"]
 
 _DECISION_LABELS_VIEW = """
 CREATE VIEW decision_labels AS
@@ -99,6 +110,32 @@ SELECT coalesce(t.decision_id, h.decision_id) AS decision_id,
        h.human_labels, h.human_authors, h.human_at,
        h.human_labels[-1] AS human_label, h.decision_id IS NOT NULL AS has_human
 FROM t FULL OUTER JOIN h ON h.decision_id = t.decision_id;
+"""
+
+#: Frozen with migration 5: the unsure answers of rows written before it (their set as prose
+#: in ``teacher_error``, ``unsure: teacher unsure between A, B`` or ``unsure: teacher cannot
+#: tell``, or cut to ``unsure`` by retention) moved into ``teacher_candidates`` (``[]`` when
+#: it names none), ``teacher_error`` cleared. Never edit it: it reads what old code wrote.
+UNSURE_FROM_ERROR = """
+UPDATE decisions SET
+    teacher_candidates = CASE WHEN starts_with(teacher_error, 'unsure: teacher unsure between ')
+        THEN list_transform(
+            list_filter(string_split(teacher_error[length('unsure: teacher unsure between ') + 1:], ','),
+                        lambda n: trim(n) <> ''),
+            lambda n: nullif(trim(n), 'OUT_OF_SCOPE'))
+        ELSE []::VARCHAR[] END,
+    teacher_error = NULL
+WHERE teacher_valid = false AND teacher_candidates IS NULL
+  AND (teacher_error = 'unsure' OR starts_with(teacher_error, 'unsure:'));
+"""
+
+_UNSURE_ANSWERS_VIEW = """
+CREATE VIEW unsure_answers AS
+SELECT decision_id, teacher_candidates AS candidates, teacher_model AS model, created_at, 0::BIGINT AS ord
+FROM decisions WHERE teacher_candidates IS NOT NULL
+UNION ALL
+SELECT decision_id, teacher_candidates, model, created_at, label_id
+FROM labels WHERE source = 'teacher' AND teacher_candidates IS NOT NULL;
 """
 
 MIGRATIONS: list[tuple[int, str]] = [
@@ -196,6 +233,10 @@ INSERT INTO labels_v4 (label_id, decision_id, source, label, model, valid, laten
 DROP TABLE labels;
 ALTER TABLE labels_v4 RENAME TO labels;
 """ + _DECISION_LABELS_VIEW),
+    (5, """
+ALTER TABLE decisions ADD COLUMN teacher_candidates VARCHAR[];
+ALTER TABLE labels ADD COLUMN teacher_candidates VARCHAR[];
+""" + UNSURE_FROM_ERROR + _UNSURE_ANSWERS_VIEW),
 ]
 
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]

@@ -37,7 +37,7 @@ from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherC
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.label_records import conform_labels
-from flywheel.logstore.schema import SCHEMA_VERSION, utcnow
+from flywheel.logstore.schema import SCHEMA_VERSION, UNSURE_FROM_ERROR, utcnow
 
 __all__ = ["DECISIONS", "LABELS", "SEGMENT_SCHEMA", "SEGMENT_SUFFIX", "SPOOL_ID_FILE", "from_parquet",
            "ingest_spool", "insert_objects", "insert_segments", "list_segments", "read_segment",
@@ -69,6 +69,7 @@ _SEGMENT_FIELDS: list[tuple[str, pa.DataType]] = [
     ("teacher_error", pa.string()), ("audit", pa.bool_()), ("pending", pa.bool_()),
     ("l2_label", pa.string()), ("l2_confidence", pa.float64()), ("l2_tier", pa.string()),
     ("embedding", pa.list_(pa.float32())), ("degraded", pa.string()),
+    ("teacher_candidates", pa.list_(pa.string())),
 ]
 SEGMENT_SCHEMA = pa.schema(_SEGMENT_FIELDS, metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
@@ -168,6 +169,8 @@ _COLUMNS: dict[str, Callable[[_Batch, pa.DataType], pa.Array]] = {
     "l2_tier": lambda b, t: pa.array([_v(a.tier) if a else None for a in b.l2], t),
     "embedding": _embedding,
     "degraded": lambda b, t: pa.array([d.degraded for d in b.ds], t),
+    "teacher_candidates": lambda b, t: pa.array([list(x.candidates) if x and x.candidates is not None else None
+                                                 for x in b.ts], t),
 }
 
 #: Columns a record must fill (``NOT NULL`` in ``decisions`` and not filled in for it, as
@@ -368,7 +371,7 @@ _DATA_ERRORS = (duckdb.ConstraintException, duckdb.ConversionException, duckdb.B
                 duckdb.InvalidInputException, pa.ArrowException)
 
 _LABEL_COLUMNS = ("decision_id, source, label, model, valid, latency_ms, author, created_at, label_uid, "
-                  "confidence, tier, sure")
+                  "confidence, tier, sure, teacher_candidates")
 
 
 def _first_new(con: duckdb.DuckDBPyConnection, table: pa.Table, column: str, sql: str) -> pa.Table:
@@ -431,6 +434,13 @@ def _split(items: Sequence[tuple[str, pa.Table]],
     return (_concat(dec) if dec else None), (_concat(lab) if lab else None)
 
 
+def _unsure_as_prose(items: Sequence[tuple[str, pa.Table]], kind_of: Callable[[str], str]) -> bool:
+    """Whether a decisions table of ``items`` predates migration 5 (no ``teacher_candidates``:
+    its unsure answers are prose in ``teacher_error``, which :data:`UNSURE_FROM_ERROR` moves
+    once its rows are in)."""
+    return any(kind_of(n) == DECISIONS and "teacher_candidates" not in t.schema.names for n, t in items)
+
+
 def _transaction(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table | None], body: Callable[[], _T]) -> _T:
     """Register ``tables`` (skipping ``None``), run ``body()`` in one transaction, clean up."""
     registered = [n for n, t in tables.items() if t is not None]
@@ -460,6 +470,7 @@ def insert_segments(con: duckdb.DuckDBPyConnection, chunk: Sequence[tuple[str, p
     labels (each ``label_uid`` once; labels of decisions not in the log are kept). With
     ``clear_names`` first forget the names of earlier segments (their files are gone)."""
     dec, lab = _split(chunk, segment_kind)
+    old = _unsure_as_prose(chunk, segment_kind)
     names = pa.table({"name": pa.array([n for n, _ in chunk], pa.string()),
                       "rows": pa.array([t.num_rows for _, t in chunk], pa.int64())})
     now = utcnow()
@@ -471,6 +482,8 @@ def insert_segments(con: duckdb.DuckDBPyConnection, chunk: Sequence[tuple[str, p
         if dec is not None:
             rows += con.execute(_INSERT_DECISIONS.format("_flywheel_seg"), [now]).fetchall()[0][0]
             con.execute(_INSERT_EMBEDDINGS.format("_flywheel_seg"))
+            if old:
+                con.execute(UNSURE_FROM_ERROR)
         if lab is not None:
             rows += _insert_rows(con, _INSERT_LABELS, _new_labels(con, lab), [now])
         con.execute("INSERT INTO ingested_segments SELECT name, rows, ?::TIMESTAMP "
@@ -510,7 +523,9 @@ def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, st
     if not todo:
         return 0
     keys = keys.filter(pa.array([k not in done for k, _, _ in firsts]))
-    dec, lab = _split([(k, t) for k, _, t in todo], {k: kd for k, kd, _ in todo}.__getitem__)
+    kinds = {k: kd for k, kd, _ in todo}
+    dec, lab = _split([(k, t) for k, _, t in todo], kinds.__getitem__)
+    old = _unsure_as_prose([(k, t) for k, _, t in todo], kinds.__getitem__)
     now = utcnow()
 
     def body() -> int:
@@ -519,6 +534,8 @@ def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, st
             new = _new_decisions(con, dec)
             rows += _insert_rows(con, _INSERT_DECISIONS, new, [now])
             _insert_rows(con, _INSERT_EMBEDDINGS, new, [])
+            if old:
+                con.execute(UNSURE_FROM_ERROR)
         if lab is not None:
             rows += _insert_rows(con, _INSERT_LABELS, _new_labels(con, lab), [now])
         con.execute("INSERT INTO ingested_objects SELECT key, kind, rows, ?::TIMESTAMP "

@@ -20,7 +20,7 @@ import time
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Union, cast
+from typing import TYPE_CHECKING, Sequence, Union, cast
 
 import pyarrow as pa
 
@@ -459,9 +459,10 @@ class SpoolSink:
         return True
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str, valid: bool,
-                          latency_ms: float | None = None) -> None:
-        """Enqueue a back-filled teacher answer for the spool; see :class:`LabelSink`."""
-        self.write(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))
+                          latency_ms: float | None = None,
+                          candidates: Sequence[str | None] | None = None) -> None:
+        """Enqueue a teacher answer (an audit's, a back-filled one) for the spool; see :class:`LabelSink`."""
+        self.write(LabelRecord.teacher(decision_id, label, model, valid, latency_ms, candidates))
 
     def add_shadow_answer(self, answer: ShadowAnswer) -> None:
         """Enqueue a shadow version's answer (a :class:`classifier.shadow.ShadowAnswer`) for

@@ -329,8 +329,9 @@ class LogStore:
         """Remove the raw query text of every decision created before ``before`` (unix
         seconds or datetime): ``text`` becomes ``''``, history snippets ``''`` (their
         labels stay) and ``teacher_error`` its kind (the part before ``:``, which may quote
-        an answer). Ids, answers, labels and embeddings stay. Returns the decisions
-        changed. The old strings stay in the file's free blocks until :meth:`compact`."""
+        an answer). Ids, answers (an unsure one's candidate set too), labels and embeddings
+        stay. Returns the decisions changed. The old strings stay in the file's free blocks
+        until :meth:`compact`."""
         return int(self._run(lambda con: scalar(con, _FORGET_SQL, [_to_utc(before)])))
 
     def compact(self) -> int:
@@ -383,10 +384,12 @@ class LogStore:
                     con.execute("ROLLBACK")
                     return False
                 now = utcnow()
-                con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, "
-                            "author, created_at, label_uid, logged_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                con.execute("INSERT INTO labels (decision_id, source, label, model, valid, latency_ms, author, "
+                            "created_at, label_uid, logged_at, teacher_candidates) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             [decision_id, rec.source, rec.label, rec.model, rec.valid, rec.latency_ms,
-                             rec.author, now, rec.label_uid, now])
+                             rec.author, now, rec.label_uid, now,
+                             None if rec.teacher_candidates is None else list(rec.teacher_candidates)])
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -421,11 +424,13 @@ class LogStore:
         return self._add_label(LabelRecord.human(decision_id, label, author=author, label_uid=label_uid))
 
     def add_teacher_label(self, decision_id: str, label: str | None, model: str,
-                          valid: bool, latency_ms: float | None = None) -> None:
-        """Record a back-filled teacher answer. ``valid=False`` rows are kept for stats
-        and never reported as a teacher label."""
+                          valid: bool, latency_ms: float | None = None,
+                          candidates: Sequence[str | None] | None = None) -> None:
+        """Record a teacher answer made after the decision (an audit's, a back-filled one).
+        ``valid=False`` rows are kept for stats and never reported as a teacher label;
+        ``candidates`` is an unsure answer's set (``()``: "cannot tell"), see :class:`LabelSink`."""
         self._check_id(decision_id)
-        self._add_label(LabelRecord.teacher(decision_id, label, model, valid, latency_ms))
+        self._add_label(LabelRecord.teacher(decision_id, label, model, valid, latency_ms, candidates))
 
     def pending(self, limit: int | None = None) -> list[tuple[str, str, tuple[HistoryEntry, ...]]]:
         """Decisions that needed the teacher while it was unavailable and have neither a
@@ -566,24 +571,23 @@ class LogStore:
             "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id))")))
 
     def unsure_teacher_answers(self) -> int:
-        """Layer-3 teacher answers that were a candidate set or "cannot tell" (logged as not
-        valid, ``teacher_error`` of kind ``unsure``): never training data, kept for review."""
+        """Teacher answers that were a candidate set or "cannot tell" (the ``unsure_answers``
+        view: inline, audits and back-fills, of decisions in the log): never training
+        data, kept for review."""
         return int(self._run(lambda con: scalar(
-            con, "SELECT count(*) FROM decisions WHERE teacher_valid = false "
-            "AND split_part(teacher_error, ':', 1) = 'unsure'")))
+            con, "SELECT count(*) FROM unsure_answers u "
+            "WHERE EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = u.decision_id)")))
 
     def unsure_candidate_sets(self, since: float | None = None) -> list[tuple[str | None, ...]]:
-        """The candidate sets of the unsure teacher answers logged after ``since`` (all when
-        ``None``), oldest first; "cannot tell" answers name none and are left out, and so
-        are those whose error retention has cut to its kind (``unsure``)."""
-        from flywheel.classifier.protocols import TeacherAnswer
-
+        """The candidate sets of the unsure teacher answers (inline, audits and back-fills,
+        of decisions in the log) made after ``since`` (all when ``None``), oldest first;
+        "cannot tell" answers name none and are left out."""
         rows = self._run(lambda con: con.execute(
-            "SELECT teacher_error FROM decisions WHERE teacher_valid = false AND teacher_error LIKE 'unsure: %' "
-            "AND created_at >= ? ORDER BY created_at, decision_id",
+            "SELECT u.candidates FROM unsure_answers u WHERE len(u.candidates) >= 2 AND u.created_at >= ? "
+            "AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = u.decision_id) "
+            "ORDER BY u.created_at, u.ord, u.decision_id",
             [_to_utc(since if since is not None else 0.0)]).fetchall())
-        sets = (TeacherAnswer.candidates_in(str(r[0]).split(": ", 1)[1]) for r in rows)
-        return [s for s in sets if len(s) >= 2]
+        return [tuple(r[0]) for r in rows]
 
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``

@@ -221,10 +221,12 @@ def _start(watcher: ModelWatcher | None, shadow_watcher: ModelWatcher | None, sy
 
 
 def _audit_recorder(labels: LabelSink) -> Callable[[DecisionRecord, TeacherCall], None]:
-    """The audit callback: the teacher's answer becomes a teacher label of the decision."""
+    """The audit callback: the teacher's answer becomes a teacher label of the decision
+    (an unsure one with its candidate set)."""
     def on_audit(record: DecisionRecord, call: TeacherCall) -> None:
         try:
-            labels.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms)
+            labels.add_teacher_label(record.decision.id, call.label, call.model, call.valid, call.latency_ms,
+                                     candidates=call.candidates)
         except FlywheelError as exc:
             log.warning("audit answer for %s not stored: %s", record.decision.id, exc)
     return on_audit

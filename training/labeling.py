@@ -18,7 +18,8 @@ def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, 
     """Ask the teacher for decisions that needed it while it was down, in batches.
 
     Valid answers become teacher labels and the decision leaves the pending list;
-    invalid answers are stored as invalid (never training data) and resolved too;
+    invalid answers are stored as invalid (never training data) and resolved too, an
+    unsure one with its candidate set (for the review queue and the tuner's hard pairs);
     when the teacher is unreachable the run stops and the rest stays pending. Answers go
     to ``labels`` (in fleet mode the bucket, so every host sees them), else to ``store``.
     """
@@ -41,7 +42,8 @@ def backfill_pending(store: LogStore, clf: Classifier, *, batch_size: int = 32, 
                 try:
                     ans = clf.teacher.label(req)
                     if ans.unsure:   # a candidate set or "cannot tell": never a training label
-                        sink.add_teacher_label(did, None, ans.model, False, ans.latency_ms)
+                        sink.add_teacher_label(did, None, ans.model, False, ans.latency_ms,
+                                               candidates=ans.candidate_set)
                         counts["unsure"] = counts.get("unsure", 0) + 1
                     else:
                         sink.add_teacher_label(did, ans.label, ans.model, True, ans.latency_ms)

@@ -6,7 +6,8 @@ rows, best first. A decision is in the queue for one or more *reasons*
 (:data:`REASONS`, each with its weight in :data:`REASON_WEIGHTS`):
 
 ==================  ========================================================================
-``unsure``          the teacher answered with a candidate set or "cannot tell" (never a label)
+``unsure``          the teacher answered with a candidate set or "cannot tell" (never a label):
+                    inline, in an audit or in a back-fill (its latest answer)
 ``teacher_vs_l2``   layer 3 answered something else than layer 2's top intent
 ``audit_vs_l2``     a background audit disagreed with layer 2's confident answer
 ``shadow_vs_l2``    the shadow version answered something else than the champion
@@ -52,7 +53,6 @@ from typing import Any, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
-from flywheel.classifier.protocols import TeacherAnswer
 
 __all__ = ["CONFUSED_PAIRS", "HALF_LIFE_DAYS", "REASONS", "REASON_WEIGHTS", "ReviewError", "ReviewFilters",
            "ReviewItem", "all_choices", "review_queue"]
@@ -156,18 +156,24 @@ _SQL = """
 WITH sh AS (
     SELECT decision_id, arg_max(label, created_at) AS shadow_label FROM labels
     WHERE source = 'shadow' GROUP BY decision_id
+), u AS (   -- the latest unsure teacher answer (inline, an audit's, a back-filled one) no valid one followed
+    SELECT ua.decision_id, arg_max(ua.candidates, ua.created_at) AS candidates
+    FROM unsure_answers ua LEFT JOIN decision_labels t USING (decision_id)
+    WHERE t.teacher_at IS NULL OR ua.created_at >= t.teacher_at
+    GROUP BY ua.decision_id
 ), d AS (   -- l2: layer 2's own answer (the served one when layer 2 decided)
     SELECT *, CASE WHEN l2_confidence IS NOT NULL THEN l2_label ELSE label END AS l2 FROM decisions
 )
 SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
-       d.teacher_label, d.teacher_valid, d.teacher_error, d.audit, d.pending, d.degraded,
+       d.teacher_label, d.teacher_valid, u.candidates, d.audit, d.pending, d.degraded,
        sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
        [a.label FOR a IN coalesce(d.alternatives, [])]
 FROM d
 LEFT JOIN decision_labels dl USING (decision_id)
 LEFT JOIN sh USING (decision_id)
+LEFT JOIN u USING (decision_id)
 WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ?
-  AND ((d.teacher_valid = false AND d.teacher_error LIKE 'unsure:%')
+  AND (u.candidates IS NOT NULL
        OR (d.teacher_valid AND d.teacher_label IS DISTINCT FROM d.l2)
        OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
        OR d.degraded IS NOT NULL OR d.pending OR coalesce(dl.has_human, false))
@@ -191,10 +197,10 @@ def _pair(a: str | None, b: str | None) -> tuple[str | None, str | None]:
 
 
 def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
-    (_, _, _, label, _, _, layer, l2, teacher, t_valid, t_error, audit, pending, degraded, shadow, _, has_human,
+    (_, _, _, label, _, _, layer, l2, teacher, t_valid, unsure, audit, pending, degraded, shadow, _, has_human,
      _) = row
     out = []
-    if t_valid is False and str(t_error or "").startswith("unsure:"):
+    if unsure is not None:
         out.append("unsure")
     if t_valid and teacher != l2:
         out.append("audit_vs_l2" if audit else "teacher_vs_l2")
@@ -265,10 +271,9 @@ def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ..
 
 def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
           now: float, labels: Sequence[str] | None) -> ReviewItem:
-    (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, t_error, _, _, _, shadow, human, _,
+    (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, unsure, _, _, _, shadow, human, _,
      alts) = row
-    cands = TeacherAnswer.candidates_in(str(t_error).split(": ", 1)[1]) \
-        if t_valid is False and str(t_error or "").startswith("unsure:") else ()
+    cands: tuple[str | None, ...] = tuple(unsure or ())
     other = teacher if t_valid else shadow if shadow is not None else (cands[0] if cands else l2)
     stake = teacher if t_valid else label
     worth = max(REASON_WEIGHTS[r] for r in reasons)

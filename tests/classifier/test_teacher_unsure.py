@@ -1,7 +1,8 @@
 """An unsure teacher (issue 24 items 2 and 4): the answer may be a candidate set (2 or 3
 intents) or "cannot tell"; both backends send a schema that allows it; the pipeline serves
 layer 2's best guess among the candidates; such an answer is logged as a not-valid teacher
-call (``teacher_error`` ``unsure: ...``) and never becomes a training label (the retrain
+call with its set as data (``TeacherCall.candidates``, the log's ``teacher_candidates``; issue
+33) and never becomes a training label (the retrain
 counts it as ``teacher_unsure``). ``teacher.ask_twice`` (off by default) asks again, the
 options in another order, when the teacher and layer 2 disagree; two different answers
 make a candidate set."""
@@ -143,7 +144,7 @@ def test_a_candidate_set_serves_layer_2s_best_guess_among_them():
     assert d.alternatives[0].label == d.label and {a.label for a in d.alternatives} <= {other, None}
     call = sink.records[0].decision.teacher
     assert call is not None and not call.valid and call.label is None
-    assert call.error == f"unsure: teacher unsure between {other}, {OUT_OF_SCOPE}"
+    assert call.error is None and call.unsure and call.candidates == (other, None)
 
 
 def test_cannot_tell_serves_layer_2s_best_guess_as_weak():
@@ -153,7 +154,7 @@ def test_cannot_tell_serves_layer_2s_best_guess_as_weak():
     assert d.label == l2 and d.tier is Tier.WEAK and d.degraded is None and d.layer is Layer.LLM
     assert d.alternatives and d.alternatives[0].label == d.label
     assert "teacher cannot tell" in d.reason
-    assert d.teacher is not None and d.teacher.error == "unsure: teacher cannot tell"
+    assert d.teacher is not None and d.teacher.error is None and d.teacher.candidates == ()
 
 
 def test_an_unsure_audit_is_counted_and_not_a_label():
@@ -165,7 +166,7 @@ def test_an_unsure_audit_is_counted_and_not_a_label():
     clf.classify(TEXT)
     clf.close()
     assert clf.audit_outcomes["unsure"] == 1
-    assert not got[0].valid and got[0].error.startswith("unsure:")
+    assert not got[0].valid and got[0].error is None and got[0].candidates == ("RETRIEVAL", "PLATFORM")
 
 
 # ------------------------------------------------------------------ never a training label
@@ -206,8 +207,10 @@ def test_the_log_store_counts_unsure_after_the_text_is_forgotten(tmp_path):
     write(store, sink.records)
     assert store.unsure_teacher_answers() == 1
     assert store.forget_text(time.time() + 60) == 1
-    assert store.query("SELECT teacher_error FROM decisions") == [("unsure",)]
-    assert store.unsure_teacher_answers() == 1          # retention keeps the kind
+    assert store.query("SELECT teacher_error, teacher_candidates FROM decisions") == [
+        (None, ["RETRIEVAL", "PLATFORM"])]
+    assert store.unsure_teacher_answers() == 1          # retention keeps the set: data, no text
+    assert store.unsure_candidate_sets() == [("RETRIEVAL", "PLATFORM")]
 
 
 # ------------------------------------------------------------------ ask twice
@@ -251,7 +254,7 @@ def test_ask_twice_disagreement_becomes_a_candidate_set():
     assert "asked twice" in d.reason and f"unsure between {other}, {OUT_OF_SCOPE}" in d.reason
     assert d.tier in (Tier.AMBIGUOUS, Tier.WEAK) and d.degraded is None
     call = sink.records[0].decision.teacher
-    assert not call.valid and call.error.startswith("unsure:")
+    assert not call.valid and call.error is None and call.candidates == (other, None)
 
 
 def test_ask_twice_agreement_is_a_normal_label():
@@ -294,8 +297,8 @@ def test_a_first_option_answer_is_caught_by_asking_twice_through_the_simulated_t
     assert [a[2] for a in sim.answers] == [order[0] for order in offered] and sim.counts["first_option"] == 2
     # two answers: a candidate set, never a training label
     call = sink.records[0].decision.teacher
-    assert not call.valid and call.error.startswith("unsure:") and "asked twice" in d.reason
-    assert set(offered[0][:1] + offered[1][:1]) <= set(call.error.split(":", 1)[1].replace(",", " ").split())
+    assert not call.valid and call.unsure and "asked twice" in d.reason
+    assert set(offered[0][:1] + offered[1][:1]) <= set(call.candidates)
 
 
 def test_the_position_bias_is_checked():
@@ -303,10 +306,14 @@ def test_the_position_bias_is_checked():
         SimulatedOllama({}, position_bias=1.5)
 
 
-def test_a_candidate_set_reads_back_from_its_reason():
+def test_an_unsure_answer_is_data_and_its_reason_is_prose():
+    from flywheel.classifier import protocols
     from flywheel.classifier.protocols import TeacherAnswer
 
     ans = TeacherAnswer("RETRIEVAL", "m", 1.0, candidates=("RETRIEVAL", None, "PLATFORM"))
-    assert TeacherAnswer.candidates_in(ans.unsure_reason()) == ("RETRIEVAL", None, "PLATFORM")
-    assert TeacherAnswer.candidates_in(TeacherAnswer(None, "m", 1.0, cannot_tell=True).unsure_reason()) == ()
-    assert TeacherAnswer.candidates_in("malformed answer") == ()
+    assert ans.candidate_set == ("RETRIEVAL", None, "PLATFORM")
+    assert ans.unsure_reason() == f"teacher unsure between RETRIEVAL, {OUT_OF_SCOPE}, PLATFORM"
+    assert TeacherAnswer(None, "m", 1.0, cannot_tell=True).candidate_set == ()
+    assert TeacherAnswer("A", "m", 1.0).candidate_set is None
+    # nothing reads a set back out of the prose any more (issue 33)
+    assert not hasattr(TeacherAnswer, "candidates_in") and not hasattr(protocols, "UNSURE_BETWEEN")

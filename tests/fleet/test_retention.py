@@ -138,6 +138,26 @@ def test_redact_table_removes_text_and_keeps_everything_else():
     assert red.select(keep).equals(table.select(keep))
 
 
+def test_a_redacted_or_forgotten_unsure_answer_keeps_its_set(tmp_path):
+    """An unsure answer's set is intent names, no text: retention keeps it as data, so the
+    review queue and the tuner's hard pairs still see it (issue 33; before, the set was prose
+    in ``teacher_error``, which retention cut to ``unsure``)."""
+    unsure = TeacherCall("llm", None, False, 3.0, candidates=("billing", None))
+    table = records_to_table([make_record("u1", text="my card is 4111", teacher=unsure)])
+    red = redact_table(table)
+    assert red.column("text").to_pylist() == [""]
+    assert red.column("teacher_candidates").to_pylist() == [["billing", None]]
+    store = LogStore(tmp_path / "log.duckdb")
+    store.insert_objects([("k/red", "decisions", red)])
+    store.insert_objects([("k/new", "decisions", records_to_table([make_record("u2", teacher=unsure)]))])
+    store.add_teacher_label("u2", None, "llm", False, 5.0, candidates=("shipping", "billing"))   # an audit's
+    assert store.forget_text(time.time() + DAY) == 1      # u2 (u1 came redacted)
+    assert store.query("SELECT decision_id, text, teacher_candidates FROM decisions ORDER BY 1") == [
+        ("u1", "", ["billing", None]), ("u2", "", ["billing", None])]
+    assert sorted(store.unsure_candidate_sets()) == sorted([("billing", None), ("billing", None),
+                                                            ("shipping", "billing")])
+
+
 def _files(store: LogStore) -> list[str]:
     return [p for p in (store.path, store.path + ".wal") if os.path.exists(p)]
 

@@ -67,9 +67,11 @@ def test_every_not_null_column_is_filled_for_a_bare_record(labels_table):
 
 
 def _full_record() -> LabelRecord:
-    """A record in which every column has a value."""
-    return LabelRecord("d-1", "shadow", "billing", model="v2", valid=True, latency_ms=12.5, author="ana",
-                       created_at=1_700_000_000.25, confidence=0.4, tier="weak", sure=False)
+    """A record in which every column has a value (no real record fills them all: the
+    shadow columns and an unsure teacher answer's candidates)."""
+    return LabelRecord("d-1", "teacher", "billing", model="v2", valid=False, latency_ms=12.5, author="ana",
+                       created_at=1_700_000_000.25, confidence=0.4, tier="weak", sure=False,
+                       teacher_candidates=("billing", None))
 
 
 def test_a_full_record_fills_every_column_of_the_labels_table(tmp_path):
@@ -81,8 +83,9 @@ def test_a_full_record_fills_every_column_of_the_labels_table(tmp_path):
     names = [r[0] for r in store.query("DESCRIBE labels")]
     row = dict(zip(names, store.query("SELECT * FROM labels")[0]))
     assert [n for n, v in row.items() if v is None] == []
-    assert {n: row[n] for n in LABEL_SCHEMA.names if n != "created_at"} == {
-        n: getattr(record, n) for n in LABEL_SCHEMA.names if n != "created_at"}
+    assert {n: row[n] for n in LABEL_SCHEMA.names if n not in ("created_at", "teacher_candidates")} == {
+        n: getattr(record, n) for n in LABEL_SCHEMA.names if n not in ("created_at", "teacher_candidates")}
+    assert row["teacher_candidates"] == ["billing", None]
     assert row["created_at"] == datetime.fromtimestamp(record.created_at, timezone.utc).replace(tzinfo=None)
 
 
@@ -90,7 +93,19 @@ def test_older_label_rows_are_conformed_to_the_schema():
     v3 = label_records_to_table([_full_record()]).select(list(LABEL_COLUMNS_V3))
     table = conform_labels(v3)
     assert set(table.column_names) == set(LABEL_SCHEMA.names)
-    assert [table.column(n).null_count for n in ("confidence", "tier", "sure")] == [1, 1, 1]
+    assert [table.column(n).null_count for n in ("confidence", "tier", "sure", "teacher_candidates")] == [1] * 4
+
+
+def test_only_an_unsure_teacher_answer_has_candidates():
+    rec = LabelRecord.teacher("d-1", None, "m", False, candidates=["A", None])
+    assert rec.teacher_candidates == ("A", None)
+    assert LabelRecord.teacher("d-1", None, "m", False, candidates=()).teacher_candidates == ()
+    with pytest.raises(LogStoreError, match="unsure"):
+        LabelRecord.teacher("d-1", "A", "m", True, candidates=("A", "B"))
+    with pytest.raises(LogStoreError, match="unsure"):
+        LabelRecord("d-1", "human", "A", teacher_candidates=("A", "B"))
+    with pytest.raises(LogStoreError, match="strings or None"):
+        LabelRecord.teacher("d-1", None, "m", False, candidates=("A", 3))  # type: ignore[arg-type]
 
 
 def test_a_schema_column_without_a_builder_is_refused(monkeypatch):

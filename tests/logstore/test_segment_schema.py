@@ -66,9 +66,10 @@ def test_every_not_null_column_is_filled_for_a_bare_record(decisions):
 
 
 def _full_record() -> DecisionRecord:
-    """A record in which every column has a value."""
+    """A record in which every column has a value (no real call has both an error and candidates)."""
     r = make_record("full-1", embedding=np.ones(4, np.float32), audit=True, pending=True,
-                    teacher=TeacherCall(model="m", label="billing", valid=True, latency_ms=12.5, error="none"))
+                    teacher=TeacherCall(model="m", label="billing", valid=False, latency_ms=12.5, error="none",
+                                        candidates=("billing", None)))
     r.declared_type = "billing"
     r.decision.degraded = "timeout"
     r.layer2 = Layer2Answer(label="billing", confidence=0.4, tier=Tier.WEAK)
@@ -86,6 +87,7 @@ def test_a_full_record_fills_every_column_of_the_log(tmp_path):
     assert [n for n, v in row.items() if v is None] == []
     assert (row["degraded"], row["l2_tier"], row["teacher_error"], row["declared_type"]) == (
         "timeout", "weak", "none", "billing")
+    assert row["teacher_candidates"] == ["billing", None]
     assert store.query("SELECT dim FROM embeddings") == [(4,)]
 
 

@@ -272,11 +272,14 @@ def test_labels_through_the_spool_land_with_label_uid(tmp_path):
 
 def test_label_records_and_parquet_round_trip():
     recs = [LabelRecord.human("a" * 32, None, author="bob"),
-            LabelRecord.teacher("b" * 32, "billing", "m", False, 3.0)]
+            LabelRecord.teacher("b" * 32, "billing", "m", False, 3.0),
+            LabelRecord.teacher("c" * 32, None, "m", False, 3.0, candidates=("billing", None))]
     table = label_records_to_table(recs)
     assert table.schema.equals(LABEL_SCHEMA, check_metadata=True)
     back = from_parquet(to_parquet(table))
-    assert back.schema.equals(LABEL_SCHEMA, check_metadata=True) and back.equals(table)
+    # (Parquet names a list's item "element": equal types, other child-field names)
+    assert back.schema.equals(LABEL_SCHEMA) and back.schema.metadata == LABEL_SCHEMA.metadata
+    assert back.equals(table) and back.column("teacher_candidates").to_pylist() == [None, None, ["billing", None]]
     dec = records_to_table([rec("p1"), rec("p2", embedding=None)])
     assert from_parquet(to_parquet(dec)).equals(dec)
     with pytest.raises(LogStoreError):
@@ -348,7 +351,7 @@ def test_migration_3_on_a_v2_database(tmp_path):
                 "VALUES ('old1', 'human', 'refund', true, TIMESTAMP '2025-01-02 00:00:00')")
     con.close()
     store = LogStore(path)
-    assert store.migrations_applied == [3, 4] and store.schema_version == SCHEMA_VERSION == 4
+    assert store.migrations_applied == [3, 4, 5] and store.schema_version == SCHEMA_VERSION == 5
     (row,) = store.labelled_rows()
     assert row.target == ("refund", "human")
     assert store.query("SELECT label_uid, logged_at FROM labels") == [(None, None)]

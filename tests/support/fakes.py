@@ -23,6 +23,7 @@ import numpy as np
 from flywheel.classifier import Classifier
 from flywheel.classifier.errors import TeacherError
 from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.label_names import OUT_OF_SCOPE
 from flywheel.classifier.protocols import TeacherAnswer, TeacherRequest, TeacherStatus
 from flywheel.classifier.trainer import fit_model
 from tests.support.docs import DOC
@@ -85,7 +86,7 @@ class ScriptedTeacher:
     """Answers from a function of the request (default: the first option offered), or
     raises a scripted TeacherError; ``delay_s`` before answering. Remembers every request.
 
-    The function returns a label (``None``: out of scope), a list or tuple of labels (the
+    The function returns a label (``None`` or ``OUT_OF_SCOPE``: out of scope), a list or tuple of labels (the
     teacher is unsure between them: a candidate set) or :data:`CANNOT_TELL`.
 
     A :class:`~classifier.protocols.ManagedTeacher`: ``check()`` is always ready, ``close()``
@@ -117,9 +118,10 @@ class ScriptedTeacher:
         got = self.answer(request)
         if got is ScriptedTeacher.CANNOT_TELL:
             return TeacherAnswer(None, self._model, self.delay_s * 1000, cannot_tell=True)
-        if isinstance(got, (list, tuple)):
-            return TeacherAnswer(got[0], self._model, self.delay_s * 1000, candidates=tuple(got))
-        return TeacherAnswer(got, self._model, self.delay_s * 1000)
+        if isinstance(got, (list, tuple)):   # OUT_OF_SCOPE reads as None, as a real teacher's answer
+            cands = tuple(None if g == OUT_OF_SCOPE else g for g in got)
+            return TeacherAnswer(cands[0], self._model, self.delay_s * 1000, candidates=cands)
+        return TeacherAnswer(None if got == OUT_OF_SCOPE else got, self._model, self.delay_s * 1000)
 
     def check(self) -> TeacherStatus:
         return TeacherStatus(True, f"scripted teacher {self._model!r}: no server to check")

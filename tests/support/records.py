@@ -60,6 +60,7 @@ def review_record(did: str, text: str, label: str | None, *, layer: Layer = Laye
                           pending=pending, layer2=Layer2Answer(l2, 0.5, Tier.WEAK))
 
 
-def teacher_call(label, valid=True, error=None):
-    """An inline teacher call (``valid`` false with ``error`` ``unsure: ...`` for a candidate set)."""
-    return TeacherCall("llm", label, valid, 10.0, error)
+def teacher_call(label, valid=True, error=None, candidates=None):
+    """An inline teacher call (an unsure one: ``valid`` false with its ``candidates``, ``()``
+    for "cannot tell")."""
+    return TeacherCall("llm", label, valid, 10.0, error, candidates)

@@ -25,7 +25,7 @@ def logged(tmp_path, monkeypatch):
     store = LogStore(path)
     write(store, [
         review_record(IDS[0], "docs or my plan?", "RETRIEVAL",
-             teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+             teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM"))),
         review_record(IDS[1], "show my quota", "PLATFORM", teacher=teacher_call("PLATFORM")),
         review_record(IDS[2], "<b>bold</b> question", "PLATFORM", teacher=teacher_call("PLATFORM"), age_days=3),
     ])

@@ -219,12 +219,12 @@ def test_objective_adapter_gates_an_adapted_challenger_and_a_promoted_one_carrie
     assert leftover_workdirs(world) == []
 
 
-def _unsure(text: str, reason: str):
+def _unsure(text: str, candidates: tuple):
     from flywheel.classifier.decision import TeacherCall
 
     r = record(text, teacher=None, valid=False)
     return dataclasses.replace(r, decision=dataclasses.replace(
-        r.decision, teacher=TeacherCall("fake-llm", None, False, 15.0, f"unsure: {reason}")))
+        r.decision, teacher=TeacherCall("fake-llm", None, False, 15.0, candidates=candidates)))
 
 
 def test_the_teachers_candidate_sets_are_hard_pairs_for_the_tuner_never_labels(world, monkeypatch):
@@ -243,10 +243,10 @@ def test_the_teachers_candidate_sets_are_hard_pairs_for_the_tuner_never_labels(w
 
     monkeypatch.setattr(tuned_encoder, "tune_and_export", spy)
     world.seed_traffic(n_teacher=200, n_human=10)
-    write(world.store, [_unsure("show my invoice or the docs", "teacher unsure between RETRIEVAL, PLATFORM"),
-                        _unsure("docs or my plan", "teacher unsure between PLATFORM, RETRIEVAL"),
-                        _unsure("three ways", "teacher unsure between RETRIEVAL, PLATFORM, OUT_OF_SCOPE"),
-                        _unsure("no idea", "teacher cannot tell")])
+    write(world.store, [_unsure("show my invoice or the docs", ("RETRIEVAL", "PLATFORM")),
+                        _unsure("docs or my plan", ("PLATFORM", "RETRIEVAL")),
+                        _unsure("three ways", ("RETRIEVAL", "PLATFORM", None)),
+                        _unsure("no idea", ())])
     res = world.run(tune=dataclasses.replace(FAST, objective="adapter"))
     t = res.report["tuning"]
     assert t["candidate_set_pairs"][0] == {"pair": ["PLATFORM", "RETRIEVAL"], "sets": 3}

@@ -18,7 +18,7 @@ def store(tmp_path):
     write(s, [
         review_record("agree", "find the docs", "RETRIEVAL", teacher=teacher_call("RETRIEVAL")),  # not in the queue
         review_record("unsure", "docs or my plan?", "RETRIEVAL",
-             teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+             teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM"))),
         review_record("disagree", "show my quota", "PLATFORM", teacher=teacher_call("PLATFORM")),
         review_record("old-disagree", "quota left?", "PLATFORM", teacher=teacher_call("PLATFORM"), age_days=30),
         review_record("audit", "write a loop", "CODE_GENERATION", layer=Layer.EMBEDDING, l2="CODE_GENERATION",
@@ -27,7 +27,7 @@ def store(tmp_path):
              l2="RETRIEVAL", tier=Tier.WEAK, confidence=0.4, degraded="teacher_down", pending=True),
         review_record("corrected", "my invoices", "RETRIEVAL", layer=Layer.EMBEDDING, l2="RETRIEVAL"),
         review_record("shadowed", "explain addparam", "RETRIEVAL", layer=Layer.EMBEDDING, l2="RETRIEVAL"),
-        review_record("erased", "", "PLATFORM", teacher=teacher_call(None, False, "unsure: teacher cannot tell")),
+        review_record("erased", "", "PLATFORM", teacher=teacher_call(None, False, candidates=())),
     ])
     s.add_human_label("corrected", "PLATFORM", author="ana")
     s.insert_objects([("shadow-1", "labels", label_records_to_table(

@@ -31,7 +31,7 @@ def store(tmp_path):
     s = LogStore(tmp_path / "log.duckdb")
     write(s, [
         review_record(IDS[0], "docs or my plan?", "RETRIEVAL",
-                      teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+                      teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM"))),
         review_record(IDS[1], "<script>alert('x')</script> & <b>me</b>", "PLATFORM", teacher=teacher_call("PLATFORM")),
         review_record(IDS[2], "write a loop", "CODE_GENERATION", l2="CODE_GENERATION",
                       teacher=teacher_call("CODE_GENERATION")),

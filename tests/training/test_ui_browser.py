@@ -61,7 +61,7 @@ def served(tmp_path):
     world.seed_traffic(n_teacher=200, n_human=10)
     write(world.store, [
         review_record(UNSURE, "where do I see my invoices or the docs", "RETRIEVAL",
-                      teacher=teacher_call(None, False, "unsure: teacher unsure between RETRIEVAL, PLATFORM")),
+                      teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM"))),
         review_record(DISAGREE, "show my current plan and quota", "PLATFORM", l2="RETRIEVAL",
                       teacher=teacher_call("PLATFORM"), age_days=1),
         review_record(SCRIPT, "<script>document.title='pwned'</script> my invoices", "RETRIEVAL", l2="PLATFORM",
@@ -205,7 +205,7 @@ def test_long_rows_are_clipped_and_the_page_opens_at_its_title(browser, tmp_path
     long_ids = [str(i) * 32 for i in range(6, 9)]
     words = " ".join(f"word{i}" for i in range(800))[:4000]
     write(store, [review_record(d, f"{i} {words}", "RETRIEVAL", teacher=teacher_call(None, False,
-                  "unsure: teacher unsure between RETRIEVAL, PLATFORM")) for i, d in enumerate(long_ids)]
+                  candidates=("RETRIEVAL", "PLATFORM"))) for i, d in enumerate(long_ids)]
           + [review_record("9" * 32, "a short one", "RETRIEVAL", l2="RETRIEVAL", teacher=teacher_call("PLATFORM"),
                            age_days=3)])
     server, base = _serve(store, ("RETRIEVAL", "PLATFORM"))
