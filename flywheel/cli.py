@@ -8,8 +8,9 @@ with the error's code (2 for bad input or files, 3 for model problems).
 
 Help is click's plain text, wrapped to the terminal (at most 78 columns) instead of cut
 with "…"; :class:`FlywheelGroup` gives every option that takes a value the same metavar
-in every command (:data:`METAVARS`, else by type) and every command its whole first
-paragraph in the command lists.
+in every command (:data:`METAVARS`, else by type), every argument one by its name
+(``DECISION_ID``, ``TEXT...``: no typer ``{DECISION_ID}``, ``<str>``) and every command its
+whole first paragraph in the command lists.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.service.cli import classify_command, serve_command
@@ -52,6 +53,7 @@ METAVARS = {
     "--teacher": "MODE", "--tune-calibration": "MODE", "--dataset-format": "FORMAT", "--tune-objective": "OBJECTIVE",
     "--window": "WINDOW", "--oos-label": "LABEL", "--text-column": "COLUMN", "--label-column": "COLUMN",
     "--lang-column": "COLUMN", "--grace": "SECONDS", "--tune-budget": "SECONDS",
+    "texts": "TEXT",   # an argument, by its name (one value; FlywheelArgument adds "..."); else the name upper-cased
 }
 #: Otherwise by the value's type (typer would write ``<str>``, ``<int range>``, ``<list[str]>``).
 TYPE_METAVARS = {str: "TEXT", int: "INTEGER", float: "NUMBER"}
@@ -67,8 +69,27 @@ class FlywheelGroup(TyperGroup):
         _settle_help(self)
 
 
+class FlywheelArgument(TyperArgument):
+    """An argument shown as click shows one, by its metavar alone: ``DECISION_ID``, ``[VERSION]``,
+    ``TEXT...`` (typer writes ``{DECISION_ID}`` in the usage line and ``DECISION_ID <str>``,
+    ``TEXTS <list[str]>`` in the list of arguments)."""
+
+    def _shown(self) -> str:
+        return str(self.metavar) + ("..." if self.nargs != 1 else "")
+
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        shown = str(self.metavar) if self.required else f"[{self.metavar}]"
+        return [shown + ("..." if self.nargs != 1 else "")]
+
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        return None if record is None else (self._shown(), record[1])
+
+
 def _settle_help(command: Any) -> None:
     for param in command.params:
+        if type(param) is TyperArgument:
+            param.__class__ = FlywheelArgument   # built by typer from the signature; only its rendering differs
         if getattr(param, "is_flag", False) or getattr(param, "count", False) or param.metavar is not None:
             continue
         param.metavar = _metavar(param)

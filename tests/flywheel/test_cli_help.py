@@ -61,6 +61,9 @@ def test_help_reads_whole_at_80_columns(path, capsys, monkeypatch):
     assert "…" not in out                                                # nothing cut by a table
     assert not [ln for ln in out.splitlines() if ln.rstrip().endswith("...") and not ln.startswith("Usage")]
     assert "<bool>" not in out and not re.search(r"--[\w-]+ <", out)   # flags take no value; no <str>
+    # nor typer's look for arguments: {DECISION_ID} in the usage line, DECISION_ID <str>, TEXTS <list[str]>
+    assert not re.search(r"<(str|int|float|bool|path|list\[[^>]*\]|[a-z]+ range)>", out), out
+    assert "<list[" not in out and not re.search(r"\{[A-Z][A-Z_]*\}", out), out
     assert not re.search(r"\b(training|classifier|service|logstore|fleet)\.[a-z_]+\b", out), out   # modules
 
 
@@ -94,6 +97,18 @@ def test_an_option_takes_the_same_metavar_in_every_command(capsys, monkeypatch):
     assert seen["--intents"] == {"FILE"} and seen["--home"] == {"DIR"} and seen["--log-db"] == {"FILE"}
     assert seen["--model"] == {"PATH"} and seen["--teacher-host"] == {"URL"}
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def test_arguments_read_like_options_one_metavar_by_name(capsys, monkeypatch):
+    feedback = render(capsys, monkeypatch, "feedback")
+    assert feedback.splitlines()[0].endswith(" feedback [OPTIONS] DECISION_ID LABEL"), feedback
+    assert re.search(r"^  DECISION_ID +The decision's id", feedback, re.M), feedback
+    assert re.search(r"^  LABEL +The right label", feedback, re.M), feedback
+    classify = render(capsys, monkeypatch, "classify")
+    assert classify.splitlines()[0].endswith(" classify [OPTIONS] [TEXT]..."), classify
+    assert re.search(r"^  TEXT\.\.\. +Queries to classify", classify, re.M), classify
+    promote = render(capsys, monkeypatch, "models", "promote")
+    assert promote.splitlines()[0].endswith(" models promote [OPTIONS] [VERSION]"), promote
 
 
 def test_eval_names_every_tune_calibration_and_ui_no_module(capsys, monkeypatch):
