@@ -7,6 +7,7 @@
 Modules, by layer:
 
 - :mod:`~classifier.pipeline`: the :class:`Classifier`: declared type / rules -> embeddings -> teacher
+- :mod:`~classifier.bundle`: the served bundle (a version, its encoder, rules and cutoffs), warmed before a swap
 - :mod:`~classifier.decision`: what a classification returns (:class:`Decision`, tiers, layers)
 - :mod:`~classifier.protocols`: the pluggable parts (embedder, teacher, log sink) as protocols
 - :mod:`~classifier.text`: input checks and normalisation shared by every layer

@@ -45,7 +45,7 @@ TEACHER_CHOICES = ("on", "ollama", "openai", "off")
 #: The help text of every command's ``--teacher`` option.
 TEACHER_HELP = "on (the intent file's teacher.backend) | ollama | openai (that backend) | off"
 #: The help text of every command's ``--teacher-host`` option (alias ``--ollama-host``): the
-#: flag sets both ``ollama_host`` and ``teacher_host``, so it reaches whichever backend is used.
+#: flag sets ``teacher_host``, the teacher's host for whichever backend is used.
 TEACHER_HOST_HELP = "The teacher's host, for either backend (an openai base URL ends in /v1)."
 #: The help text of every command's ``--home`` option.
 HOME_HELP = "flywheel home (default: $FLYWHEEL_HOME or the user data dir)"
@@ -80,15 +80,15 @@ class Config:
     intents: str | None = None        # intent file for the default model
     log_db: str | None = None         # None: <home>/log/flywheel.duckdb
     teacher: str = "on"               # see TEACHER_CHOICES
-    ollama_host: str | None = None
-    teacher_host: str | None = None   # the openai teacher's base URL (over the intent file's teacher.host)
+    teacher_host: str | None = None   # the teacher's host, either backend (over the intent file's teacher.host)
+    ollama_host: str | None = None    # the ollama backend's host only, under teacher_host (OLLAMA_HOST)
     teacher_model: str | None = None
     teacher_timeout_s: float | None = None
     audit_rate: float = 0.02
     # fleet mode (see fleet/): the shared object store, s3://BUCKET/PREFIX; credentials and the
     # endpoint come only from the standard AWS_* environment variables, never from this file
     store: str | None = None
-    replica: str | None = None        # this process's name in logs and metrics (default: the host name)
+    replica: str | None = None        # signs this host's moves of the fleet's pointers (default: user@host)
     store_poll_s: float = 5.0         # how often a replica checks the fleet's CURRENT model
     ship_interval_s: float = 5.0      # how often finished log segments are shipped to the store
     spool_max_mb: float = 256.0       # unshipped log kept on local disk at most; past it, batches are dropped
@@ -107,12 +107,19 @@ class Config:
         tokenizer (ONNX exports are shared by every home: ``onnx_runner.default_cache_dir``)."""
         return self.home / "cache"
 
-    @property
-    def replica_name(self) -> str:
-        """``replica``, else the host name (a pod's name in Kubernetes)."""
-        import socket
-
-        return self.replica or socket.gethostname()
+    def teacher_host_for(self, backend: str) -> str | None:
+        """The configured host of the ``backend`` teacher (``None``: the intent file's
+        ``teacher.host``, else the backend's default): ``teacher_host`` (``--teacher-host``,
+        ``FLYWHEEL_TEACHER_HOST``), for either backend; for ``ollama``, ``ollama_host``
+        (``OLLAMA_HOST``) too, where it comes from a higher source (flag > env > file) than
+        ``teacher_host``, and from the same one it yields."""
+        if backend != "ollama" or self.ollama_host is None:
+            return self.teacher_host
+        if self.teacher_host is None:
+            return self.ollama_host
+        rank = ("flag", "env", "file").index
+        ollama_first = rank(self.sources.get("ollama_host", "file")) < rank(self.sources.get("teacher_host", "file"))
+        return self.ollama_host if ollama_first else self.teacher_host
 
     @property
     def log_path(self) -> Path:

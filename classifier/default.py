@@ -9,6 +9,9 @@ model or promoted version wins, it must bundle that same intent set, else a
 :class:`~classifier.errors.ConfigError` names the file and the version served instead.
 The encoders keep their own caches (ONNX exports, the USE tokenizer) under the same
 resolved home (:attr:`Config.cache_root`).
+
+:func:`served_model` resolves it once, for :func:`build_classifier` and for the serving
+runtime (``service.runtime.open_runtime``) alike: the model, and the models home it follows.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flywheel.classifier.config import Config, load_config, starter_intents_path
 from flywheel.classifier.errors import ConfigError, IntentFileError
@@ -135,28 +138,52 @@ def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
                       f"dropped), or drop the intents setting to serve {version_dir.name}")
 
 
+class ServedModel(NamedTuple):
+    """The version to serve, and the models home it was promoted in (``None``: a version
+    directory, nothing to follow)."""
+
+    model: IntentModel
+    home: ModelRegistry | None
+
+
+def served_model(cfg: Config, *, progress: bool = True, into_home: bool = False) -> ServedModel:
+    """The model ``cfg`` serves (:func:`default_model_dir`), loaded, with the models home
+    to follow. ``into_home`` (a fleet replica whose home the fleet's sync fills): when no
+    ``model`` is configured and the models home has no version yet, the default model is
+    published and promoted there once, so that the home's watcher follows the fleet's
+    first promotion."""
+    path = default_model_dir(cfg, progress=progress)
+    if into_home and cfg.model is None and not (path / CURRENT).is_file():
+        home = ModelRegistry(cfg.models_dir)
+        home.promote(home.publish(path))
+        log.info("replica: the fleet has promoted no model yet; serving %s locally until it does",
+                 home.current_name())
+        path = home.home
+    if (path / CURRENT).is_file():   # a models home: serve CURRENT and follow promotions
+        registry = ModelRegistry(path)
+        return ServedModel(registry.load_current(), registry)
+    return ServedModel(IntentModel.load(path), None)
+
+
 def build_classifier(cfg: Config | None = None, *, progress: bool = True,
                      background_reload: bool = False, **kwargs: Any) -> Any:
     """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
     :class:`~classifier.pipeline.Classifier`. Served from a models home, it follows
-    promotions (:meth:`Classifier.from_registry`): on a watcher thread with
-    ``background_reload``, else checked on the calling thread. The encoder keeps its
-    caches under ``cfg``'s home."""
+    promotions (``follow``): on a watcher thread with ``background_reload``, else checked
+    on the calling thread. The encoder keeps its caches under ``cfg``'s home."""
     from flywheel.classifier.pipeline import Classifier
     from flywheel.classifier.teachers.factory import build_teacher
 
     cfg = cfg or load_config()
-    path = default_model_dir(cfg, progress=progress)
-    kwargs.setdefault("cache_root", cfg.cache_root)
     # the parts first: the served model, then the teacher its intent set names (the config
     # overrides it), then one Classifier that joins them
-    registry = ModelRegistry(path) if (path / CURRENT).is_file() else None   # a models home: follow promotions
-    model = registry.load_current() if registry is not None else IntentModel.load(path)
+    served = served_model(cfg, progress=progress)
+    kwargs.setdefault("cache_root", cfg.cache_root)
     if "teacher" not in kwargs:
-        kwargs["teacher"] = build_teacher(cfg, model.intents)
-    clf = Classifier(model, **kwargs)
-    if registry is not None:
-        clf.watch(registry, background=background_reload)
+        kwargs["teacher"] = build_teacher(cfg, served.model.intents)
+    clf = Classifier(served.model, follow=served.home, **kwargs)
+    if background_reload and clf.watcher is not None:
+        clf.watcher.start()
     return clf
 
 

@@ -1,11 +1,12 @@
 """The three-layer pipeline: declared type / rules -> embeddings -> LLM teacher.
 
 :class:`Classifier` holds one immutable runtime bundle (model, encoder, rules,
-thresholds) that :meth:`Classifier.swap_model` replaces in a single assignment, so a
-request in flight finishes on the model (and the encoder) it started with while new ones
-use the new one. A version that carries its own encoder brings it into the bundle
+thresholds: :class:`~classifier.bundle.ModelBundle`) that :meth:`Classifier.swap_model`
+replaces in a single assignment, so a request in flight finishes on the model (and the
+encoder) it started with while new ones use the new one. A version that carries its own
+encoder brings it into the bundle
 (:class:`~classifier.encoders.version_encoder.VersionEncoderEmbedder`), built and warmed
-before the swap.
+before the swap. Served from a models home, it is built with what it follows (``follow``).
 
 Layer 3 and the background audits build the teacher's request the same way
 (:meth:`Classifier._request`: :func:`~classifier.teachers.base.offered_options`, layer 2's
@@ -30,8 +31,9 @@ import numpy as np
 
 from flywheel.classifier.anchoring import AnchoringMonitor
 from flywheel.classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, AuditQueue
+from flywheel.classifier.bundle import ModelBundle, new_embedder, warmed_bundle
 from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
-from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, ModelError, TeacherError
+from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
 from flywheel.classifier.history import SessionHistory, coerce_history
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.label_names import label_name, parse_label
@@ -40,49 +42,23 @@ from flywheel.classifier.protocols import (
     DecisionRecord,
     Embedder,
     HistoryEntry,
-    LabelOption,
     LogSink,
     Teacher,
     TeacherAnswer,
     TeacherRequest,
 )
-from flywheel.classifier.registry import WATCH_INTERVAL_S, ModelWatcher
-from flywheel.classifier.rules import RuleEngine
+from flywheel.classifier.registry import WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers.base import offered_options
-from flywheel.classifier.teachers.cache import TeacherCache, intent_set_revision
+from flywheel.classifier.teachers.cache import TeacherCache
 from flywheel.classifier.text import CleanText, clean_text
-from flywheel.classifier.tiers import Layer2Result, Thresholds, tier_rows
+from flywheel.classifier.tiers import Layer2Result, tier_rows
 
 log = logging.getLogger("flywheel.classifier")
 
 # Teacher failures that mean "ask again later" (the query is marked pending); ``budget``:
 # the LLM call budget (classifier.teachers.budget) was spent, ``flywheel label`` asks later.
 RETRYABLE_TEACHER_ERRORS = frozenset({"unavailable", "timeout", "circuit_open", "budget"})
-
-
-@dataclass(frozen=True)
-class _ModelBundle:
-    model: IntentModel
-    rules: RuleEngine
-    thresholds: Thresholds
-    labels: tuple[str, ...]
-    options: dict[str, LabelOption]         # label -> what the teacher is shown, in ``labels`` order
-    metadata: dict[str, dict[str, str]]     # label -> the intent's metadata
-    embedder: Embedder                      # makes the vectors this model's head scores
-    revision: str = ""                      # the intent set's content hash (the teacher cache's key)
-
-    @classmethod
-    def build(cls, model: IntentModel, embedder: Embedder) -> "_ModelBundle":
-        intents = model.intents
-        thresholds = Thresholds.for_model(model)
-        n_ex = intents.teacher.examples_per_intent
-        by_name = {i.name: LabelOption(i.name, i.description, tuple(i.examples[:n_ex])) for i in intents.intents}
-        labels = tuple(model.manifest.labels)
-        options = {n: by_name[n] for n in labels if n in by_name}
-        metadata = {i.name: dict(i.metadata) for i in intents.intents}
-        return cls(model, RuleEngine(intents.rules), thresholds, labels, options, metadata, embedder,
-                   intent_set_revision(intents))
 
 
 def _encoded(p: "Pending") -> np.ndarray:
@@ -117,7 +93,7 @@ class Pending:
     it started with: a hot swap never changes a query in flight.
     """
 
-    rt: _ModelBundle
+    rt: ModelBundle
     clean: CleanText
     history: tuple[HistoryEntry, ...] | None    # given by the caller (else the session's)
     declared: str | None                        # the declared type as logged
@@ -157,10 +133,13 @@ class Classifier:
         Where the encoder built from the model's settings keeps what it builds once (a
         resolved home's ``cache``: :attr:`classifier.config.Config.cache_root`); default
         the environment's home. Unused with ``embedder``.
-    watcher : ModelWatcher, optional
-        Follows a models home's ``CURRENT`` and hands each promoted version to
-        :meth:`swap_model` (see :meth:`watch`); polled before a request while no thread of
-        its own runs it, stopped by :meth:`close`.
+    follow : ModelRegistry, optional
+        The models home ``model`` was promoted in: :attr:`watcher` (a
+        :class:`~classifier.registry.ModelWatcher` built here) follows its ``CURRENT``
+        and hands each newly promoted version to :meth:`swap_model` (one that fails to load
+        is refused and the old one keeps serving). It checks at most every
+        ``follow_interval_s`` seconds before a request, until ``watcher.start()`` runs it
+        on a thread of its own (a long-running process); :meth:`close` stops it.
     shadow : ShadowScorer, optional
         Offered every query that reached layer 2 (a shadow version scored beside this one).
     teacher_cache : TeacherCache, None or "auto"
@@ -190,7 +169,8 @@ class Classifier:
                  rng: random.Random | None = None,
                  redact: Callable[[str], str] | None = None,
                  cache_root: str | Path | None = None,
-                 watcher: ModelWatcher | None = None,
+                 follow: ModelRegistry | None = None,
+                 follow_interval_s: float = WATCH_INTERVAL_S,
                  shadow: ShadowScorer | None = None,
                  teacher_cache: TeacherCache | None | str = "auto",
                  ask_twice: bool | None = None) -> None:
@@ -201,8 +181,8 @@ class Classifier:
         self._given_embedder = embedder     # the caller's: reused by any version trained on it
         self._cache_root = cache_root
         if embedder is None:
-            embedder = self._new_embedder(model)
-        self._rt = _ModelBundle.build(model, embedder)
+            embedder = new_embedder(model, cache_root)
+        self._rt = ModelBundle.build(model, embedder)
         self.teacher = teacher
         self.log_sink = log_sink
         self.on_long = on_long
@@ -213,7 +193,8 @@ class Classifier:
         self._rng = rng or random.Random()
         self._audits = AuditQueue(max_pending_audits)
         self._lock = threading.Lock()
-        self.watcher = watcher    # set when serving from a models home (or by watch())
+        self.watcher = (ModelWatcher(follow, self._swap_promoted, follow_interval_s, current=model.version)
+                        if follow is not None else None)   # serving from a models home
         self.shadow = shadow
         # teacher audits of confident layer-2 decisions by outcome (read by the metrics)
         self.audit_outcomes: dict[str, int] = dict.fromkeys(AUDIT_OUTCOMES, 0)
@@ -241,29 +222,14 @@ class Classifier:
     def from_registry(cls, home: str | Path, *, watch: bool = True, interval_s: float = WATCH_INTERVAL_S,
                       background: bool = False, **kwargs: Any) -> "Classifier":
         """Serve the ``CURRENT`` version of a models home; with ``watch``, a newly promoted
-        version is swapped in without a restart (checked at most every ``interval_s``;
-        see :meth:`watch` for ``background``)."""
-        from flywheel.classifier.registry import ModelRegistry
-
+        version is swapped in without a restart (``follow``), checked at most every
+        ``interval_s``: before a ``classify`` call (a short-lived process needs no thread), or
+        with ``background`` on the watcher's thread, so no request pays for a reload."""
         reg = ModelRegistry(home)
-        clf = cls(reg.load_current(), **kwargs)
-        if watch:
-            clf.watch(reg, interval_s, background=background)
+        clf = cls(reg.load_current(), follow=reg if watch else None, follow_interval_s=interval_s, **kwargs)
+        if background and clf.watcher is not None:
+            clf.watcher.start()
         return clf
-
-    def watch(self, registry: Any, interval_s: float = WATCH_INTERVAL_S, *, background: bool = False) -> None:
-        """Follow ``registry``'s CURRENT pointer (hot reload on promotion).
-
-        ``background=False``: the check runs on the calling thread, rate-limited, at the
-        start of a ``classify`` call (a short-lived process needs no thread).
-        ``background=True``: a watcher thread checks every ``interval_s`` and loads a new
-        version there, so no request ever pays for a reload (long-running processes).
-        """
-        if self.watcher is not None:
-            self.watcher.stop()
-        self.watcher = ModelWatcher(registry, self._swap_promoted, interval_s, current=self.model_version)
-        if background:
-            self.watcher.start()
 
     @property
     def model(self) -> IntentModel:
@@ -288,24 +254,6 @@ class Classifier:
         the one serving now (a shadow version scores the champion's vectors)."""
         model.check_encoder(self.embedder.id, self.embedder.dim)
 
-    def _new_embedder(self, model: IntentModel) -> Embedder:
-        """A fresh (lazy) embedder for ``model``: its own encoder, else its encoder settings'."""
-        from flywheel.classifier.encoders import CachedEmbedder, make_embedder, open_version_encoder
-
-        s = model.encoder_settings
-        if model.encoder_dir is not None:
-            return CachedEmbedder(open_version_encoder(model.encoder_dir, s, cache_root=self._cache_root))
-        return make_embedder(s, cache_root=self._cache_root)
-
-    def _embedder_for(self, model: IntentModel) -> Embedder:
-        """The encoder ``model``'s head needs: the serving one or the caller's when the id
-        matches (a content id for a version's own encoder), else a new one (not loaded)."""
-        want = model.manifest.encoder.get("id")
-        for known in (self._rt.embedder, self._given_embedder):
-            if known is not None and known.id == want:
-                return known
-        return self._new_embedder(model)
-
     def _swap_promoted(self, model: IntentModel | None) -> None:
         """The ``CURRENT`` watcher's callback (it reports ``None`` only for a cleared ``SHADOW``)."""
         if model is not None:
@@ -320,24 +268,12 @@ class Classifier:
         encoder loaded and checked, one scoring pass) before the swap, on the caller's
         thread; queries already begun finish on the bundle they started with. Refuses with
         :class:`~classifier.errors.ModelError`, and changes nothing, a model whose encoder
-        cannot be built, loaded or verified, or is not the one its head was trained with."""
-        try:
-            embedder = self._embedder_for(model)
-            enc = model.manifest.encoder
-            if embedder.id != enc.get("id"):   # before reading dim, which may load a model
-                raise ModelError(f"model {model.version} was trained with encoder {enc.get('id')!r} "
-                                 f"({enc.get('dim')}-d), its settings make {embedder.id!r}")
-            model.check_encoder(embedder.id, embedder.dim)
-            rt = _ModelBundle.build(model, embedder)
-            rt.model.head.scores(embedder.encode(["warm-up"]))
-        except ModelError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken encoder or head is refused, never served
-            raise ModelError(f"model {model.version}: cannot serve it with encoder "
-                             f"{model.manifest.encoder.get('id')!r}: {type(exc).__name__}: {exc}") from exc
+        cannot be built, loaded or verified, or is not the one its head was trained with
+        (:func:`~classifier.bundle.warmed_bundle`)."""
+        rt = warmed_bundle(model, (self._rt.embedder, self._given_embedder), self._cache_root)
         with self._lock:
             self._rt = rt
-        log.info("now serving model %s (encoder %s)", model.version, embedder.id)
+        log.info("now serving model %s (encoder %s)", model.version, rt.embedder.id)
 
     # ------------------------------------------------------------- classify
     def classify(self, text: str, *, history: Iterable[Any] | None = None,
@@ -501,7 +437,7 @@ class Classifier:
         return d
 
     # ------------------------------------------------------------- internals
-    def _decision(self, rt: _ModelBundle, label: str | None, confidence: float, tier: Tier, layer: Layer,
+    def _decision(self, rt: ModelBundle, label: str | None, confidence: float, tier: Tier, layer: Layer,
                   reason: str, c: CleanText, latency: dict[str, float],
                   alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None) -> Decision:
         if c.truncated:
@@ -511,7 +447,7 @@ class Classifier:
                         latency_ms=latency, teacher=teacher,
                         metadata=dict(rt.metadata.get(label, {})) if label is not None else {})
 
-    def _from_layer2(self, rt: _ModelBundle, res: Layer2Result, c: CleanText, lat: dict[str, float],
+    def _from_layer2(self, rt: ModelBundle, res: Layer2Result, c: CleanText, lat: dict[str, float],
                      suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None) -> Decision:
         """Layer 2's answer as the decision; ``degraded`` (a reason) when layer 2 was unsure
         and the teacher it deferred to did not answer (failed, skipped, over budget): the answer
@@ -530,7 +466,7 @@ class Classifier:
         d.degraded = degraded
         return d
 
-    def _layer3(self, rt: _ModelBundle, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
+    def _layer3(self, rt: ModelBundle, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
                 lat: dict[str, float]) -> Decision:
         teacher = self.teacher
         assert teacher is not None
@@ -602,7 +538,7 @@ class Classifier:
             return replace(first, latency_ms=latency, raw=raw, asks=2)
         return replace(first, candidates=(first.label, second.label), latency_ms=latency, raw=raw, asks=2)
 
-    def _unsure(self, rt: _ModelBundle, c: CleanText, res: Layer2Result, ans: TeacherAnswer,
+    def _unsure(self, rt: ModelBundle, c: CleanText, res: Layer2Result, ans: TeacherAnswer,
                 call: TeacherCall | None, how: str, lat: dict[str, float]) -> Decision:
         """The decision for an unsure teacher answer (a candidate set, or cannot tell):
         layer 2's best guess among the candidates when it ranks one of them (tier
@@ -639,7 +575,7 @@ class Classifier:
         return [self._request(rt, t, _scored(p), tuple(histories[j]) if histories else ())
                 for j, (t, p) in enumerate(zip(texts, pending))]
 
-    def _request(self, rt: _ModelBundle, text: str, res: Layer2Result, history: tuple[HistoryEntry, ...],
+    def _request(self, rt: ModelBundle, text: str, res: Layer2Result, history: tuple[HistoryEntry, ...],
                  decided: str | None = None) -> TeacherRequest:
         """The teacher's request for ``text``: the one way layer 3, the audits and the
         back-fill build it. The options are :func:`~classifier.teachers.base.offered_options`
@@ -650,7 +586,7 @@ class Classifier:
                                   res.label if decided is None else decided)
         return TeacherRequest(text=text, options=options, history=history, allow_out_of_scope=True)
 
-    def _after(self, rt: _ModelBundle, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
+    def _after(self, rt: ModelBundle, d: Decision, c: CleanText, hist_arg: tuple[HistoryEntry, ...] | None,
                declared: str | None, session_id: str | None, vector: np.ndarray | None,
                layer2: Layer2Answer | None, ranked: Layer2Result | None = None) -> None:
         history = hist_arg if hist_arg is not None else (self.sessions.get(session_id) if session_id else ())
@@ -688,7 +624,7 @@ class Classifier:
         """Audits dropped because the backlog was full."""
         return self._audits.dropped
 
-    def _submit_audit(self, rt: _ModelBundle, record: DecisionRecord, text: str,
+    def _submit_audit(self, rt: ModelBundle, record: DecisionRecord, text: str,
                       history: tuple[HistoryEntry, ...], ranked: Layer2Result) -> None:
         """Queue a teacher audit of ``record``: the request layer 3 would have sent for this
         query (:meth:`_request`: layer 2's top candidates, the decided label among them).

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Protocol
 
 from flywheel.classifier.config import Config
-from flywheel.classifier.default import default_model_dir
 from flywheel.classifier.protocols import Registry
-from flywheel.classifier.registry import CURRENT, ModelRegistry, VersionInfo
+from flywheel.classifier.registry import ModelRegistry, VersionInfo
 from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.config import StoreConfig
 from flywheel.fleet.mirror import mirror
@@ -37,18 +36,13 @@ from flywheel.fleet.objects import ObjectStore
 from flywheel.fleet.registry import BucketRegistry, BucketVersion
 from flywheel.fleet.retention import PruneReport, prune_log
 from flywheel.fleet.shipper import ObjectShipper
-from flywheel.fleet.sync import RegistrySync
+from flywheel.fleet.sync import FIRST_SYNC_TIMEOUT_S, RegistrySync
 from flywheel.logstore import LabelSink, LocalIngest, LogStore, SpoolDrain, SpoolSink
 
 __all__ = ["FIRST_SYNC_TIMEOUT_S", "FleetSite", "ListedRegistry", "LocalSite", "ServingLog", "Site",
            "mirror_progress", "open_site"]
 
 log = logging.getLogger("flywheel.serving")
-
-#: How long a starting replica waits for the fleet's current model before it serves what
-#: it has (the store may be down: serving never waits for it longer than this).
-FIRST_SYNC_TIMEOUT_S = 30.0
-
 
 class ListedRegistry(Registry, Protocol):
     """A :class:`~classifier.protocols.Registry` that also lists its versions, by name
@@ -97,9 +91,11 @@ class Site(Protocol):
         """Where a serving spool's finished segments go."""
         ...
 
-    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> RegistrySync | None:
-        """What makes the local models home follow the fleet's (``None``: nothing to
-        follow); ``on_new`` is called after it installed a newly promoted version."""
+    def follow(self, on_new: Callable[[], object]) -> RegistrySync | None:
+        """What makes the local models home follow the fleet's, not started and not synced
+        yet (``None``: nothing to follow); ``on_new`` is called after it installed a newly
+        promoted version. A starting replica's first sync is the caller's
+        (:meth:`RegistrySync.sync_once`, at most :data:`FIRST_SYNC_TIMEOUT_S`)."""
         ...
 
     def prune_log(self, store: LogStore | None, days: float, *, progress: bool = False) -> PruneReport:
@@ -184,7 +180,7 @@ class LocalSite(_SiteBase):
     def drain(self) -> SpoolDrain:
         return LocalIngest(self.cfg.log_path, busy_timeout_s=0.0)
 
-    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> None:
+    def follow(self, on_new: Callable[[], object]) -> None:
         return None
 
 
@@ -202,7 +198,7 @@ class FleetSite(_SiteBase):
         return f"FleetSite({self.objects})"
 
     def registry(self, models: Path | None = None) -> BucketRegistry:
-        return BucketRegistry(self.objects, self._local(models))
+        return BucketRegistry(self.objects, self._local(models), by=self.cfg.replica)   # None: user@host
 
     def open_log(self, *, progress: bool = False) -> LogStore:
         store = LogStore(self.cfg.log_path)
@@ -225,26 +221,6 @@ class FleetSite(_SiteBase):
     def drain(self) -> SpoolDrain:
         return ObjectShipper(self.objects)
 
-    def follow(self, on_new: Callable[[], object], *, progress: bool = False) -> RegistrySync:
-        """A :class:`RegistrySync` into the local models home, not started. When the model
-        comes from that home (no ``cfg.model``), a fresh replica first waits (at most
-        :data:`FIRST_SYNC_TIMEOUT_S`) for the fleet's current version, so it starts on it;
-        before the fleet has promoted anything, the default model is installed there."""
-        local = self._local()
-        sync = RegistrySync(self.objects, local, interval_s=self.cfg.store_poll_s, on_new=on_new)
-        if self.cfg.model is None:
-            sync.sync_once(FIRST_SYNC_TIMEOUT_S)
-            self._serve_from_models_home(local, progress)
-        return sync
-
-    def _serve_from_models_home(self, local: ModelRegistry, progress: bool) -> None:
-        """Before the fleet has promoted anything, serve the default model from the local models
-        home (installed there once), so that the watcher follows the fleet's first promotion."""
-        if (local.home / CURRENT).is_file():
-            return
-        path = default_model_dir(self.cfg, progress=progress)
-        if (path / CURRENT).is_file():
-            return
-        name = local.publish(path)
-        local.promote(name)
-        log.info("replica: the fleet has promoted no model yet; serving %s locally until it does", name)
+    def follow(self, on_new: Callable[[], object]) -> RegistrySync:
+        """A :class:`RegistrySync` into the local models home, neither synced nor started."""
+        return RegistrySync(self.objects, self._local(), interval_s=self.cfg.store_poll_s, on_new=on_new)

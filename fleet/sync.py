@@ -21,11 +21,15 @@ from flywheel.classifier.registry import ModelRegistry, PromotionConflict
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 from flywheel.fleet.registry import CURRENT_KEY, LAST_RETRAIN_KEY, SHADOW_KEY, BucketRegistry, Pointer, parse_status
 
-__all__ = ["SYNC_OUTCOMES", "RegistrySync"]
+__all__ = ["FIRST_SYNC_TIMEOUT_S", "SYNC_OUTCOMES", "RegistrySync"]
 
 log = logging.getLogger("flywheel.fleet.registry")
 
 SYNC_OUTCOMES = ("not_modified", "unchanged", "new", "refused", "error")
+
+#: How long a starting replica waits for the fleet's current model (:meth:`RegistrySync.sync_once`)
+#: before it serves what it has (the store may be down: serving never waits for it longer than this).
+FIRST_SYNC_TIMEOUT_S = 30.0
 
 
 class RegistrySync:
@@ -206,7 +210,7 @@ class RegistrySync:
         self._failing = True
         return "error"
 
-    def sync_once(self, timeout_s: float = 30.0) -> str:
+    def sync_once(self, timeout_s: float = FIRST_SYNC_TIMEOUT_S) -> str:
         """One poll for a replica that is starting, waiting at most ``timeout_s``: an empty
         home gets the fleet's current version. Returns the outcome; ``error`` (logged, never
         raised) when the store is down or too slow: serving goes on with what is local (a

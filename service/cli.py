@@ -21,8 +21,8 @@ __all__ = ["classify_command", "serve_command"]
 MODEL_OPTION = typer.Option(None, "--model", help="Model version dir or models home with CURRENT.")
 INTENTS_OPTION = typer.Option(None, "--intents", help="Intent file for the default model.")
 TEACHER_OPTION = typer.Option(None, "--teacher", help=TEACHER_HELP)
-# --teacher-host (alias --ollama-host) sets both ollama_host and teacher_host: either backend
-OLLAMA_HOST_OPTION = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP)
+# --teacher-host (alias --ollama-host) sets teacher_host, the teacher's host for either backend
+TEACHER_HOST_OPTION = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP)
 LOG_OPTION = typer.Option(True, "--log/--no-log", help="Log decisions to the DuckDB traffic log.")
 LOG_DB_OPTION = typer.Option(None, "--log-db", help="Traffic log DuckDB file (default: <home>/log/flywheel.duckdb).")
 HOME_OPTION = typer.Option(None, "--home", help=HOME_HELP)
@@ -38,14 +38,14 @@ def classify_command(
     session: Optional[str] = typer.Option(None, "--session", help="Session id: keeps a compact history."),
     history: Optional[str] = typer.Option(None, "--history", help='JSON list of {"label","text"} earlier turns.'),
     teacher: Optional[str] = TEACHER_OPTION,
-    ollama_host: Optional[str] = OLLAMA_HOST_OPTION,
+    teacher_host: Optional[str] = TEACHER_HOST_OPTION,
     log: bool = LOG_OPTION,
     log_db: Optional[str] = LOG_DB_OPTION,
     home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Classify queries; prints one JSON decision per line."""
-    cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
-                      teacher_host=ollama_host, log_db=log_db)
+    cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, teacher_host=teacher_host,
+                      log_db=log_db)
     hist = None
     if history is not None:
         try:
@@ -95,7 +95,7 @@ def serve_command(
     model: Optional[str] = MODEL_OPTION,
     intents: Optional[str] = INTENTS_OPTION,
     teacher: Optional[str] = TEACHER_OPTION,
-    ollama_host: Optional[str] = OLLAMA_HOST_OPTION,
+    teacher_host: Optional[str] = TEACHER_HOST_OPTION,
     log: bool = LOG_OPTION,
     log_db: Optional[str] = LOG_DB_OPTION,
     home: Optional[Path] = HOME_OPTION,
@@ -104,8 +104,8 @@ def serve_command(
     from flywheel.service.server import serve
 
     configure_logging()
-    cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, ollama_host=ollama_host,
-                      teacher_host=ollama_host, log_db=log_db)
+    cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, teacher_host=teacher_host,
+                      log_db=log_db)
     options = ServerOptions(address=address, uds=uds, grace_s=grace, max_message_bytes=max_message_bytes,
                             admin_token=admin_token or None, tls_cert=tls_cert, tls_key=tls_key,
                             metrics_port=metrics_port, metrics_address=metrics_address,

@@ -16,10 +16,12 @@ the log and the registry live is the site's to say (:func:`fleet.site.open_site`
   A fresh replica syncs once before it loads a model, so it starts on the fleet's version.
   No local DuckDB is opened: raw text stays on the replica only until it has shipped.
 
-The parts are built first (log, model sync, model, teacher, watchers, shadow), then joined
-in one :class:`~classifier.pipeline.Classifier`; the parts built before it that call into it
-(the watcher's hot swap, the sync's "swap it now", the shadow's encoder check) reach it
-through a :class:`_ClassifierSlot`, filled once, right after it is built.
+The parts are built first (log, model sync and its first sync, the served model
+(:func:`~classifier.default.served_model`, as :func:`~classifier.default.build_classifier`
+resolves it), teacher, shadow), then joined in one :class:`~classifier.pipeline.Classifier`,
+built with the models home it follows (its watcher hot-swaps each promotion); the parts
+built before it that call into it (the sync's "swap it now", the shadow's encoder check)
+reach it through a :class:`_ClassifierSlot`, filled once, right after it is built.
 
 A long-running process (the sidecar) passes ``background_reload=True``: the watchers and the
 sync then run on their own threads, never on a request.
@@ -34,16 +36,16 @@ from typing import Any, Callable
 
 from flywheel.classifier.config import Config
 from flywheel.classifier.decision import TeacherCall
-from flywheel.classifier.default import default_model_dir
+from flywheel.classifier.default import served_model
 from flywheel.classifier.errors import FlywheelError
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teacher
-from flywheel.classifier.registry import CURRENT, SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
+from flywheel.classifier.registry import SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers import build_teacher
-from flywheel.fleet.site import FIRST_SYNC_TIMEOUT_S, ServingLog, Site, open_site
-from flywheel.fleet.sync import RegistrySync
+from flywheel.fleet.site import ServingLog, Site, open_site
+from flywheel.fleet.sync import FIRST_SYNC_TIMEOUT_S, RegistrySync
 from flywheel.logstore import LabelSink, LogStore, SpoolSink
 
 __all__ = ["Runtime", "open_runtime", "FIRST_SYNC_TIMEOUT_S"]
@@ -98,11 +100,11 @@ class Runtime:
 
 class _ClassifierSlot:
     """Where the classifier will be, for the parts built before it that call into it: the
-    watcher hands it each promoted version (:meth:`swap_model`), the fleet's sync asks for
-    that at once (:meth:`reload_now`), the shadow checks a version's encoder against the
-    serving one (:meth:`check_encoder`). :meth:`fill` puts the classifier in, once, right
-    after it is built; nothing calls these before (the first sync, which comes earlier,
-    finds nothing to reload: the model is loaded after it)."""
+    fleet's sync asks its watcher to swap a promoted version in at once (:meth:`reload_now`),
+    the shadow checks a version's encoder against the serving one (:meth:`check_encoder`).
+    :meth:`fill` puts the classifier in, once, right after it is built; nothing calls these
+    before (the first sync, which comes earlier, finds nothing to reload: the model is
+    loaded after it)."""
 
     def __init__(self) -> None:
         self._classifier: Classifier | None = None
@@ -118,10 +120,6 @@ class _ClassifierSlot:
         if self._classifier is None:
             raise RuntimeError("the classifier is not built yet")
         return self._classifier
-
-    def swap_model(self, model: IntentModel | None) -> None:
-        if model is not None:     # the CURRENT pointer never clears
-            self.classifier.swap_model(model)
 
     def check_encoder(self, model: IntentModel) -> None:
         self.classifier.check_encoder(model)
@@ -144,9 +142,10 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
     before any model is loaded.
 
     The parts come first, in this order: the site, the log (store, sink, labels), the
-    fleet's model sync (which syncs once), the served model, the teacher, the model watcher
-    and the shadow; then one ``Classifier`` joins them, and then the threads start. A part
-    that fails closes what was opened before it.
+    fleet's model sync (which syncs once when the models home serves), the served model,
+    the teacher and the shadow; then one ``Classifier`` joins them, built with the models
+    home it follows, and then the threads start. A part that fails closes what was opened
+    before it.
     """
     if cfg.mask_pii:
         from flywheel.classifier.masking import mask_pii
@@ -159,33 +158,23 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
         if served.sink is not None:
             undo.callback(served.sink.close)
             kwargs.setdefault("log_sink", served.sink)   # a caller's own sink is used as is
-        sync = site.follow(slot.reload_now, progress=progress)
-        model, home = _served_model(cfg, progress)
+        sync = site.follow(slot.reload_now)
+        if sync is not None and cfg.model is None:   # a fresh replica starts on the fleet's version
+            sync.sync_once(FIRST_SYNC_TIMEOUT_S)
+        model, home = served_model(cfg, progress=progress, into_home=sync is not None)
         own_teacher = "teacher" not in kwargs
         teacher: Teacher | None = build_teacher(cfg, model.intents) if own_teacher else kwargs.pop("teacher")
-        watcher = (ModelWatcher(home, slot.swap_model, WATCH_INTERVAL_S, current=model.version)
-                   if home is not None else None)
         shadow_sink = served.sink if served.sink is not None else kwargs.get("log_sink")
         shadow, shadow_watcher = _shadow_parts(cfg, home, shadow_sink, slot)
         if served.labels is not None:
             kwargs.setdefault("audit_rate", cfg.audit_rate)
             kwargs.setdefault("audit_callback", _audit_recorder(served.labels))
         kwargs.setdefault("cache_root", cfg.cache_root)
-        classifier = slot.fill(Classifier(model, teacher=teacher, watcher=watcher, shadow=shadow, **kwargs))
+        classifier = slot.fill(Classifier(model, teacher=teacher, follow=home, shadow=shadow, **kwargs))
         undo.pop_all()
-    _start(watcher, shadow_watcher, sync, background_reload)
+    _start(classifier.watcher, shadow_watcher, sync, background_reload)
     return Runtime(classifier, labels=served.labels, store=served.store, sink=served.sink, sync=sync,
                    teacher=teacher if own_teacher else None, shadow=shadow, shadow_watcher=shadow_watcher)
-
-
-def _served_model(cfg: Config, progress: bool) -> tuple[IntentModel, ModelRegistry | None]:
-    """The version to serve (:func:`~classifier.default.default_model_dir`), and the models
-    home it was promoted in (``None``: a version directory, nothing to follow)."""
-    path = default_model_dir(cfg, progress=progress)
-    if (path / CURRENT).is_file():  # a models home: serve CURRENT and follow promotions
-        home = ModelRegistry(path)
-        return home.load_current(), home
-    return IntentModel.load(path), None
 
 
 def _shadow_parts(cfg: Config, home: ModelRegistry | None, sink: object,

@@ -351,7 +351,7 @@ def label_command(
     from flywheel.fleet.site import open_site
     from flywheel.training.labeling import backfill_pending
 
-    cfg = load_config(home=home, log_db=log_db, teacher=teacher, ollama_host=teacher_host, teacher_host=teacher_host)
+    cfg = load_config(home=home, log_db=log_db, teacher=teacher, teacher_host=teacher_host)
     if cfg.teacher == "off":
         raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
     site = open_site(cfg)

@@ -24,10 +24,11 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
     """The teacher ``cfg`` and the intent set's ``teacher`` section describe (``None`` when
     ``teacher = off``); flags, environment and config file win over the intent file. The
     backend is ``cfg.teacher`` when that names one (``ollama``, ``openai``), else (``on``) the
-    intent file's ``teacher.backend``: ``ollama`` (host: ``ollama_host``,
-    else ``teacher.host``, else :func:`~classifier.teachers.ollama.resolve_host`'s ``OLLAMA_HOST``
-    and default) or ``openai`` (host: ``teacher_host``, else ``teacher.host``; there is no
-    default, a missing one is a :class:`~classifier.errors.ConfigError`); ``teacher.host``
+    intent file's ``teacher.backend``: ``ollama`` or ``openai``. Its host is the configured one
+    (:meth:`~classifier.config.Config.teacher_host_for`: ``teacher_host``, and for ``ollama``
+    also ``ollama_host``), else ``teacher.host``, else for ``ollama``
+    :func:`~classifier.teachers.ollama.resolve_host`'s ``OLLAMA_HOST`` and default (``openai``
+    has no default: a missing one is a :class:`~classifier.errors.ConfigError`); ``teacher.host``
     counts only for the backend the intent file names. The teacher is behind the intent
     file's call budget when it sets one (:func:`~classifier.teachers.budget.apply_budget`). No
     connection is made."""
@@ -39,8 +40,8 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
     breaker = CircuitBreaker(t.breaker_failures, t.breaker_reset_s)
     backend = t.backend if cfg.teacher == "on" else cfg.teacher
     file_host = t.host if backend == t.backend else None   # the intent file's host is its own backend's
+    host = cfg.teacher_host_for(backend) or file_host
     if backend == "openai":
-        host = cfg.teacher_host or file_host
         if not host or not str(host).strip():
             raise ConfigError(f"{intents.source}: the openai teacher needs the server's base URL: set "
                               "teacher.host (e.g. http://127.0.0.1:8000/v1), FLYWHEEL_TEACHER_HOST or "
@@ -48,6 +49,6 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
         teacher: Teacher = OpenAITeacher(model=model, host=str(host), timeout_s=timeout_s, breaker=breaker,
                                          response_format=t.response_format, system_prompt=t.system_prompt)
     else:
-        teacher = OllamaTeacher(model=model, host=cfg.ollama_host or file_host, timeout_s=timeout_s,
+        teacher = OllamaTeacher(model=model, host=host, timeout_s=timeout_s,
                                 breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
     return apply_budget(teacher, t)   # max_calls_per_minute / daily_budget, per process

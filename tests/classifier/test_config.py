@@ -15,7 +15,38 @@ def test_fleet_keys_default_to_one_machine(monkeypatch):
     cfg = load_config()
     assert cfg.store is None and cfg.mask_pii is False and cfg.log_retention_days is None
     assert cfg.store_poll_s == 5.0 and cfg.ship_interval_s == 5.0 and cfg.spool_max_mb == 256.0
-    assert cfg.replica_name   # the host name when not configured
+    assert cfg.replica is None   # the fleet's pointer moves are signed user@host
+
+
+def _host(cfg, backend="ollama"):
+    from flywheel.classifier.teachers import build_teacher
+    from tests.support.docs import DOC
+
+    doc = {**DOC, "teacher": {"backend": backend, "model": "m"}}
+    return build_teacher(cfg, parse_intents(doc)).host
+
+
+def test_teacher_host_is_one_setting_for_either_backend(monkeypatch, tmp_path):
+    """``--teacher-host`` arrives as ``teacher_host`` and reaches the ollama backend too, from
+    a flag, ``FLYWHEEL_TEACHER_HOST`` or the config file; the old ``ollama_host`` (key, and
+    ``OLLAMA_HOST``) still reaches ollama, where it comes from a higher source."""
+    monkeypatch.setenv("OLLAMA_HOST", "http://ollama-env:11434")
+    assert _host(load_config(teacher_host="http://flag:11434")) == "http://flag:11434"
+    assert _host(load_config(teacher_host="http://flag:8000/v1"), "openai") == "http://flag:8000/v1"
+    assert _host(load_config()) == "http://ollama-env:11434"                 # OLLAMA_HOST as before
+    monkeypatch.setenv("FLYWHEEL_TEACHER_HOST", "http://teacher-env:11434")
+    assert _host(load_config()) == "http://teacher-env:11434"                # the same source: teacher_host
+    monkeypatch.delenv("FLYWHEEL_TEACHER_HOST")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    (home / "config.toml").write_text('teacher_host = "http://teacher-file:11434"\n')
+    assert _host(load_config()) == "http://ollama-env:11434"                 # env beats the file
+    monkeypatch.delenv("OLLAMA_HOST")
+    assert _host(load_config()) == "http://teacher-file:11434"
+    (home / "config.toml").write_text('ollama_host = "http://old-key:11434"\n')  # the old key still works
+    assert _host(load_config()) == "http://old-key:11434"
+    assert load_config().teacher_host is None
 
 
 def test_env_beats_file_and_flag_beats_env(monkeypatch, tmp_path):

@@ -106,5 +106,22 @@ def test_a_fresh_replica_follows_the_fleet_and_starts_on_its_version(objects, st
     site = open_site(load_config(home=tmp_path / "replica"))
     news: list[str] = []
     sync = site.follow(lambda: news.append("new"))
-    assert sync is not None and not sync.running                  # synced once, not started
-    assert ModelRegistry(tmp_path / "replica" / "models").current_name() == "v1" and news == ["new"]
+    local = ModelRegistry(tmp_path / "replica" / "models")
+    assert sync is not None and not sync.running                  # not started
+    assert sum(sync.polls.values()) == 0 and local.current_name() is None and news == []   # nor synced
+    assert sync.sync_once() == "new"                              # the first sync is the caller's
+    assert local.current_name() == "v1" and news == ["new"]
+
+
+@pytest.mark.slow   # talks to the real server
+def test_the_replica_setting_signs_this_hosts_moves_of_the_fleets_pointers(objects, store_env, tmp_path):
+    """``replica`` (``FLYWHEEL_REPLICA``) names the host in the fleet's ``CURRENT`` and
+    ``SHADOW`` (``by``: shown when a promotion loses a race); unset, ``user@host``."""
+    site = open_site(load_config(home=tmp_path / "retrain", replica="retrain"))
+    reg = site.registry()
+    publish(reg, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1", "v2")
+    token = reg.promote("v1", expected=None)
+    assert reg.pointer().by == "retrain"
+    other = open_site(load_config(home=tmp_path / "admin")).registry()
+    other.promote("v2", expected=token)
+    assert "@" in other.pointer().by and other.pointer().by != "retrain"

@@ -105,3 +105,34 @@ def test_a_replica_swaps_in_what_the_fleet_promotes_at_once(objects, store_env, 
         assert rt.classifier.model_version == "v2"                  # swapped by the sync, not the watcher's clock
     finally:
         rt.close()
+
+
+@pytest.mark.slow   # talks to the real server
+def test_a_replica_of_a_fleet_that_promoted_nothing_serves_the_default_and_follows(objects, store_env, tmp_path,
+                                                                                   monkeypatch):
+    """Before the fleet's first promotion a replica serves the default model from its models
+    home (installed there once by the runtime, not by the site's ``follow``), so that its
+    watcher swaps in what the fleet promotes first."""
+    import yaml
+
+    from flywheel.classifier.default import cached_model_dir
+    from flywheel.fleet.registry import BucketRegistry
+    from tests.support.bucket import publish
+
+    intents = tmp_path / "intents.yaml"
+    intents.write_text(yaml.safe_dump(DOC))
+    monkeypatch.setenv("FLYWHEEL_INTENTS", str(intents))
+    cfg = load_config(home=tmp_path / "replica", teacher="off")
+    cached = cached_model_dir(cfg, intents)           # the default model, as the first use trains it
+    fit_model(parse_intents(DOC), embedder=HashEmbedder(), version=cached.name).save(cached)
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder())
+    try:
+        assert rt.classifier.model_version == cached.name
+        assert ModelRegistry(cfg.models_dir).current_name() == cached.name     # served from the home
+        fleet = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))
+        publish(fleet, _fitted("base", ALWAYS_SURE), "v1")
+        fleet.promote("v1", expected=None)
+        assert rt.sync is not None and rt.sync.poll() == "new"
+        assert rt.classifier.model_version == "v1"                    # the fleet's first promotion
+    finally:
+        rt.close()

@@ -414,7 +414,7 @@ def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world)
 
 
 def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
-    from flywheel.classifier.pipeline import _ModelBundle
+    from flywheel.classifier.bundle import ModelBundle
     from flywheel.classifier.tiers import Thresholds
 
     returned = []
@@ -438,7 +438,7 @@ def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
     # what retrain evaluated is what the loaded model serves, in the pipeline too
     assert Thresholds.for_model(saved).ambiguous_ratio == res.challenger["thresholds"]["ambiguous_ratio"] == 0.77
     assert Thresholds.for_model(saved).to_dict() == res.challenger["thresholds"]
-    assert _ModelBundle.build(saved, HashEmbedder()).thresholds == Thresholds.for_model(saved)
+    assert ModelBundle.build(saved, HashEmbedder()).thresholds == Thresholds.for_model(saved)
 
 
 def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again(world, monkeypatch):
@@ -532,7 +532,7 @@ def test_champions_not_trained_by_retrain(world):
 
 
 def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
-    from flywheel.classifier.pipeline import _ModelBundle
+    from flywheel.classifier.bundle import ModelBundle
     from flywheel.classifier.tiers import Thresholds
 
     doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "confident": 0.0, "per_intent": {"PLATFORM": 0.7}})
@@ -543,7 +543,7 @@ def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
     assert th.ambiguous_ratio == learned["ambiguous_ratio"] and th.oos_confident == learned["oos_confident"]
     assert th.per_intent == {"PLATFORM": 0.7}
     # what retrain evaluates is what the pipeline serves
-    assert _ModelBundle.build(model, HashEmbedder()).thresholds == th
+    assert ModelBundle.build(model, HashEmbedder()).thresholds == th
 
 
 # ----------------------------------------------------------------------- the CLI
