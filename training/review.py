@@ -103,8 +103,10 @@ class ReviewItem:
     """One decision worth reviewing (or several with the same text). Labels are names,
     ``None`` = out of scope; ``teacher_answered`` tells the teacher's valid out-of-scope
     answer (``teacher_label`` ``None``) from no valid answer (it is set whenever
-    ``teacher_label`` is not ``None``). ``decision_ids``: every decision this item answers, the
-    representative ``decision_id`` first (``()``: just ``decision_id``)."""
+    ``teacher_label`` is not ``None``), and ``l2_answered`` layer 2's out-of-scope answer
+    from none (rules or a declared type decided: layer 2 did not run). ``decision_ids``: every
+    decision this item answers, the representative ``decision_id`` first (``()``: just
+    ``decision_id``)."""
 
     decision_id: str
     created_at: float
@@ -123,10 +125,13 @@ class ReviewItem:
     choices: tuple[str | None, ...] = field(default=())
     teacher_answered: bool = False
     decision_ids: tuple[str, ...] = ()
+    l2_answered: bool = False
 
     def __post_init__(self) -> None:
         if self.teacher_label is not None and not self.teacher_answered:
             object.__setattr__(self, "teacher_answered", True)
+        if self.l2_label is not None and not self.l2_answered:
+            object.__setattr__(self, "l2_answered", True)
         if not self.decision_ids:
             object.__setattr__(self, "decision_ids", (self.decision_id,))
         elif self.decision_ids[0] != self.decision_id:
@@ -142,6 +147,7 @@ class ReviewItem:
         for k in ("label", "l2_label", "teacher_label", "shadow_label", "human_label"):
             d[k] = label_name(d[k]) if (d[k] is not None or k == "label") else None
         d["teacher_label"] = label_name(self.teacher_label) if self.teacher_answered else None
+        d["l2_label"] = label_name(self.l2_label) if self.l2_answered else None
         d["decision_ids"] = list(self.decision_ids)
         d["count"] = self.count
         d["candidates"] = [label_name(c) for c in self.candidates]
@@ -167,7 +173,8 @@ WITH sh AS (
 SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
        d.teacher_label, d.teacher_valid, u.candidates, d.audit, d.pending, d.degraded,
        sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
-       [a.label FOR a IN coalesce(d.alternatives, [])]
+       [a.label FOR a IN coalesce(d.alternatives, [])],
+       d.l2_confidence IS NOT NULL OR d.layer = 'embedding'   -- layer 2 answered (not rules, declared)
 FROM d
 LEFT JOIN decision_labels dl USING (decision_id)
 LEFT JOIN sh USING (decision_id)
@@ -198,7 +205,7 @@ def _pair(a: str | None, b: str | None) -> tuple[str | None, str | None]:
 
 def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
     (_, _, _, label, _, _, layer, l2, teacher, t_valid, unsure, audit, pending, degraded, shadow, _, has_human,
-     _) = row
+     _, _) = row
     out = []
     if unsure is not None:
         out.append("unsure")
@@ -272,7 +279,7 @@ def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ..
 def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
           now: float, labels: Sequence[str] | None) -> ReviewItem:
     (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, unsure, _, _, _, shadow, human, _,
-     alts) = row
+     alts, l2_ran) = row
     cands: tuple[str | None, ...] = tuple(unsure or ())
     other = teacher if t_valid else shadow if shadow is not None else (cands[0] if cands else l2)
     stake = teacher if t_valid else label
@@ -284,15 +291,17 @@ def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled:
     choices = list(dict.fromkeys([c for c in (*cands, teacher if t_valid else None, shadow, label, l2, *alts)
                                   if c is not None and (labels is None or c in labels)]))
     return ReviewItem(decision_id=did, created_at=float(created), text=text, label=label, confidence=conf,
-                      tier=tier, layer=layer, l2_label=l2, teacher_label=teacher if t_valid else None,
+                      tier=tier, layer=layer, l2_label=l2 if l2_ran else None,
+                      teacher_label=teacher if t_valid else None,
                       shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,
-                      choices=tuple(choices[:9]), teacher_answered=bool(t_valid))
+                      choices=tuple(choices[:9]), teacher_answered=bool(t_valid), l2_answered=bool(l2_ran))
 
 
 def _keep(item: ReviewItem, f: ReviewFilters) -> bool:
     if f.intent is not None:
         want = None if f.intent.upper() == OUT_OF_SCOPE else f.intent
-        said = (item.label, item.l2_label, *((item.teacher_label,) if item.teacher_answered else ()))
+        said = (item.label, *((item.l2_label,) if item.l2_answered else ()),
+                *((item.teacher_label,) if item.teacher_answered else ()))
         if want not in said:
             return False
     if f.tier is not None and item.tier != f.tier:

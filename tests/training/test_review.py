@@ -139,3 +139,22 @@ def test_every_served_intent_is_a_choice_the_likely_ones_first(store):
     assert item.choices == ("RETRIEVAL", "PLATFORM")
     assert all_choices(item, served) == ("RETRIEVAL", "PLATFORM", "BOOK", "HOURS")
     assert all_choices(item, None) == item.choices
+
+
+def test_layer_2s_out_of_scope_answer_is_not_no_answer(tmp_path):
+    from dataclasses import replace
+
+    s = LogStore(tmp_path / "log.duckdb")
+    rules = replace(review_record("rules", "book me a room", "PLATFORM", layer=Layer.RULES,
+                                  teacher=teacher_call("RETRIEVAL")), layer2=None)   # layer 2 did not run
+    write(s, [review_record("l2-oos", "tell me a joke", "PLATFORM", l2=None, teacher=teacher_call("PLATFORM")),
+              review_record("l2-said", "my quota", "PLATFORM", l2="RETRIEVAL", teacher=teacher_call("PLATFORM")),
+              rules])
+    items = {it.decision_id: it for it in review_queue(s, now=NOW)}
+    assert set(items) == {"l2-oos", "l2-said", "rules"}
+    d = {k: it.to_dict() for k, it in items.items()}
+    assert d["l2-oos"]["l2_label"] == "OUT_OF_SCOPE" and d["l2-oos"]["l2_answered"]
+    assert d["l2-said"]["l2_label"] == "RETRIEVAL" and d["l2-said"]["l2_answered"]
+    assert d["rules"]["l2_label"] is None and not d["rules"]["l2_answered"]
+    assert d["rules"]["reasons"] == ["teacher_vs_l2"]              # still the served label against the teacher's
+    assert {it.decision_id for it in review_queue(s, ReviewFilters(intent="OUT_OF_SCOPE"), now=NOW)} == {"l2-oos"}
