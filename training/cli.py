@@ -21,7 +21,7 @@ from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.intents import IntentSet, TuneSettings
 from flywheel.classifier.label_names import label_name
 from flywheel.classifier.model import IntentModel
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.output import counted, echo_json
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
     from flywheel.fleet.site import Site
@@ -366,7 +366,7 @@ def label_command(
     if as_json:
         echo_json(counts)
     elif down is None:
-        typer.echo(f"labelled {counts['labelled']} of {counts['pending']} pending decisions "
+        typer.echo(f"labelled {counts['labelled']} of {counted(counts['pending'], 'pending decision')} "
                    f"({counts['invalid']} invalid answers, {counts['remaining']} still pending)")
         if "stopped_because" in counts:
             typer.echo(f"stopped early: {counts['stopped_because']}")
@@ -380,8 +380,9 @@ def _teacher_down(counts: dict) -> str | None:
     answered = int(counts["pending"]) - int(counts["remaining"])
     if "stopped_because" not in counts or answered > 0:
         return None
-    return (f"the teacher is down ({counts['stopped_because']}); none of {counts['pending']:,} pending "
-            f"decisions could be labelled, all still pending (run flywheel label again once it answers)")
+    return (f"the teacher is down ({counts['stopped_because']}); none of "
+            f"{counted(counts['pending'], 'pending decision')} could be labelled, all still pending "
+            f"(run flywheel label again once it answers)")
 
 
 def stats_command(

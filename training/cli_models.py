@@ -31,7 +31,7 @@ import typer
 from flywheel.classifier.config import HOME_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
 from flywheel.classifier.model import MANIFEST
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.output import counted, echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
@@ -147,7 +147,7 @@ def _ready_shadow(site: Site, reg: Registry, min_shadow: int, force: bool) -> st
         return name
     n = count_shadow(site.open_log(), name)
     if n < min_shadow:
-        raise InvalidInputError(f"shadow {name} has answered {n} logged decisions, fewer than --min-shadow "
+        raise InvalidInputError(f"shadow {name} has answered {counted(n, 'logged decision')}, fewer than --min-shadow "
                                 f"{min_shadow}; wait for more traffic or pass --force")   # exit 2
     typer.echo(f"shadow {name}: {n:,} logged answers (>= {min_shadow:,})")
     return name

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.output import counted
 from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE
 
 __all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
@@ -255,7 +256,7 @@ def teacher_markdown(r: dict[str, Any]) -> list[str]:
                      f"{f['runner_up_from']}")
         for p in f.get("pairs") or []:
             lines.append(f"- humans corrected the teacher's {p['teacher']} to {p['human']} on {p['n']:,} of "
-                         f"{p['of']:,} checked decisions")
+                         f"{counted(p['of'], 'checked decision')}")
     return lines
 
 
@@ -315,7 +316,7 @@ def render_markdown(result: RetrainResult) -> str:
                   f"- training rows: {d['train']['n']:,} ({tr['intent_example']:,} intent examples, "
                   f"{tr['teacher']:,} teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} layer-2 self-training; "
                   f"{d['train']['n_out_of_scope']:,} out of scope)",
-                  f"- log: {d['log_rows']:,} labelled decisions ({d['log_rows_human']:,} with a human label); "
+                  f"- log: {counted(d['log_rows'], 'labelled decision')} ({d['log_rows_human']:,} with a human label); "
                   f"{d['unique_texts']:,} unique texts, {d['duplicates_merged']:,} duplicates merged",
                   f"- invalid teacher answers ignored: {d['invalid_teacher_answers_ignored']:,} "
                   f"({d.get('teacher_unsure', 0):,} unsure: a candidate set or cannot tell, kept for review)",

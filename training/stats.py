@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import label_name
+from flywheel.classifier.output import counted
 from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
 from flywheel.training.shadow_stats import empty_shadow, format_shadow, shadow_section
 from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_section
@@ -407,7 +408,7 @@ def format_table(stats: dict[str, Any]) -> str:
     lines: list[str] = []
     total = int(stats.get("total", 0))
     where = f" (log: {stats['log_path']})" if stats.get("log_path") else ""
-    lines.append(f"flywheel stats: {total:,} decisions{where}")
+    lines.append(f"flywheel stats: {counted(total, 'decision')}{where}")
     if stats.get("missing"):
         lines.append("  no traffic log yet: nothing has been logged")
         return "\n".join(lines)
@@ -456,7 +457,7 @@ def format_table(stats: dict[str, Any]) -> str:
                         + [_pct(s["layer_share"].get(k, 0.0)) for k in layer_keys]
                         + [_pct(s["tier_share"].get(k, 0.0)) for k in tier_keys]
                         + [_audit_cell(s), str(s["pending"]), _pct(s["degraded_share"])])
-        title = f"per window of {w:,} decisions" if by_count else f"per {w} (UTC)"
+        title = f"per window of {counted(w, 'decision')}" if isinstance(w, int) else f"per {w} (UTC)"
         shown = len(windows)
         if shown < _n_windows(stats):
             title += f", last {shown} of {_n_windows(stats)}"

@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from flywheel.classifier.label_names import label_name
+from flywheel.classifier.output import counted
 from flywheel.classifier.scoring import normalise_rows
 
 __all__ = ["CONFIDENCE", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
@@ -195,7 +196,7 @@ def format_noise(noise: dict[str, Any] | None, by_intent: dict[str, Any] | None 
     if not noise or not noise.get("n"):
         return "teacher noise: no decision has both a teacher and a human label yet"
     line = (f"teacher noise: {_pct(noise['estimate'])} (95% CI {_pct(noise['low'])}-{_pct(noise['high'])}) wrong "
-            f"on {noise['n']:,} decisions with a teacher and a human label")
+            f"on {counted(noise['n'], 'decision')} with a teacher and a human label")
     noisy = [(k, v) for k, v in (by_intent or {}).items() if v.get("estimate")][:top]
     if noisy:
         line += "; noisiest: " + ", ".join(f"{k} {_pct(v['estimate'])} (n={v['n']})" for k, v in noisy)

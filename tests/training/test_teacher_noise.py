@@ -311,3 +311,15 @@ def test_the_metric_follows_the_last_retrain(tmp_path):
     assert get("flywheel_teacher_noise_ratio") is None                   # no decision with both labels
     reg.record_retrain({"finished_at": 2.0, "outcome": "kept", "teacher_noise": noise_interval(3, 12)})
     assert get("flywheel_teacher_noise_ratio") == 0.25
+
+
+def test_one_decision_is_not_1_decisions(world):
+    rec = record("show my quota", teacher="RETRIEVAL")
+    write(world.store, [rec])
+    human_labels(world.store, [(rec.decision.id, "PLATFORM")])
+    text = format_table(convergence(world.store))
+    assert text.startswith("flywheel stats: 1 decision\n") or text.startswith("flywheel stats: 1 decision ("), text
+    assert "wrong on 1 decision with a teacher and a human label" in text, text
+    assert "1 decisions" not in text
+    md = "\n".join(teacher_markdown({"teacher_noise": noise_interval(1, 1)}))
+    assert "wrong on 1 decision with" in md and "wrong on 2 decisions with" in format_noise(noise_interval(1, 2))
