@@ -115,7 +115,9 @@ def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
     """Raise :class:`~classifier.errors.ConfigError` when the version ``served`` (a version
     directory, or a models home's ``CURRENT``) bundles another intent set than ``intents``,
     the configured ``intents`` file: examples, rules and settings included, as the retrain
-    compares them. A directory without a bundled intent set is left for loading to reject."""
+    compares them. A directory without a bundled intent set is left for loading to reject.
+    When ``served`` is a models home that stores a version of exactly ``intents`` (after
+    ``flywheel models rollback``, say), the error names ``flywheel models promote`` for it."""
     from flywheel.classifier.model import INTENTS_FILE, intents_to_doc
     from flywheel.classifier.registry import ModelRegistry
 
@@ -132,10 +134,30 @@ def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
                 f"only in {version_dir.name}: {', '.join(only_model) or 'none'}")
     else:
         diff = "same intents, other examples, rules or settings"
+    stored = _stored_version_of(intents, served) if (served / CURRENT).is_file() else None
+    promote = (f"flywheel models promote {stored} to serve {stored}, already trained on this intent set, or "
+               if stored else "")
     raise ConfigError(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
-                      f"trained on another intent set ({diff}); run flywheel retrain --intents {intents.source} "
-                      f"to train it on the labels already logged and promote it (labels of removed intents are "
-                      f"dropped), or drop the intents setting to serve {version_dir.name}")
+                      f"trained on another intent set ({diff}); run {promote}flywheel retrain --intents "
+                      f"{intents.source} to train it on the labels already logged and promote it (labels of removed "
+                      f"intents are dropped), or drop the intents setting to serve {version_dir.name}")
+
+
+def _stored_version_of(intents: IntentSet, home: Path) -> str | None:
+    """The newest valid version in the models home ``home`` that bundles exactly ``intents``
+    (compared as :func:`check_served_intents` compares them), or ``None``."""
+    from flywheel.classifier.model import INTENTS_FILE, intents_to_doc
+
+    want = intents_to_doc(intents)
+    for v in sorted(ModelRegistry(home).versions(), key=lambda v: (v.created_at, v.name), reverse=True):
+        if not v.valid or v.current or not (v.path / INTENTS_FILE).is_file():
+            continue
+        try:
+            if intents_to_doc(load_intents(v.path / INTENTS_FILE)) == want:
+                return v.name
+        except IntentFileError:   # a damaged copy: not one to advise
+            continue
+    return None
 
 
 class ServedModel(NamedTuple):

@@ -62,6 +62,32 @@ def test_a_version_of_another_intent_set_refuses_the_setting(tmp_path, _isolated
     assert not (_isolated_home / "cache").exists()
 
 
+def test_after_a_rollback_the_refusal_names_the_stored_version_of_the_file(tmp_path, _isolated_home):
+    """Issue 32 walkthrough: a version trained on exactly the file is in the models home, so
+    promoting it serves the file again without training; the refusal names it, on one line."""
+    edited = copy.deepcopy(DOC)
+    edited["intents"][0]["examples"].append("where is the api reference")
+    path = _write(tmp_path / "edited.yaml", edited)
+    cfg = load_config(intents=str(path))
+    reg = _promote(_isolated_home)
+    with pytest.raises(ConfigError) as before:        # no stored version of the file yet: retrain it
+        default_model_dir(cfg, progress=False)
+    assert "models promote" not in str(before.value)
+    fit_model(parse_intents(edited), embedder=HashEmbedder(), version="v2").save(reg.version_dir("v2"))
+    reg.promote("v2")
+    assert default_model_dir(cfg, progress=False) == reg.home      # served: the file's own version
+    assert reg.rollback() == "v1"
+    with pytest.raises(ConfigError) as after:
+        default_model_dir(cfg, progress=False)
+    msg = str(after.value)
+    assert "\n" not in msg and "serves v1, trained on another intent set" in msg
+    assert "run flywheel models promote v2 to serve v2, already trained on this intent set, or " \
+           f"flywheel retrain --intents {path}" in msg, msg
+    reg.promote("v2")                                               # as advised: served again, nothing trained
+    assert default_model_dir(cfg, progress=False) == reg.home and reg.current_name() == "v2"
+    assert not (_isolated_home / "cache").exists()
+
+
 def test_the_cached_default_model_is_keyed_by_this_distributions_version(tmp_path, monkeypatch):
     """An upgrade of flywheel-intent retrains the cached default model; another package's
     version (the unrelated PyPI ``flywheel``) never keys it."""
