@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
+from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.model import MANIFEST, IntentModel
+from flywheel.classifier.registry_policy import history_without, prune_plan, rollback_target
 
 log = logging.getLogger("flywheel.registry")
 
@@ -107,15 +108,6 @@ def _read_bytes(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
-
-
-def check_keep_counts(keep_promoted: Any, keep_recent: Any) -> None:
-    """:class:`InvalidInputError` unless both of a prune's keep counts are integers >= 0."""
-    for arg, value in (("keep_promoted", keep_promoted), ("keep_recent", keep_recent)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidInputError(f"{arg} must be an integer >= 0, got {value!r}")
-        if value < 0:
-            raise InvalidInputError(f"{arg} must be >= 0, got {value}")
 
 
 def is_models_home(path: str | os.PathLike[str]) -> bool:
@@ -286,13 +278,10 @@ class ModelRegistry:
         with self._pointer_lock():
             if expected is not None:
                 self._check_expected(expected)
-            hist = self.history()
-            cur = self.current_name()
-            while hist and hist[-1] == cur:
-                hist.pop()
-            if not hist:
+            target = rollback_target(self.history(), self.current_name())
+            if target is None:
                 raise ModelError(f"{self.home}: {NOTHING_TO_ROLL_BACK}")
-            prev = hist[-1]
+            prev, hist = target
             try:
                 self._verified(prev)
             except ModelError as exc:
@@ -502,13 +491,8 @@ class ModelRegistry:
         ModelError
             If a version directory cannot be moved out of the way.
         """
-        check_keep_counts(keep_promoted, keep_recent)
-        names = [v.name for v in self.versions()]
-        protected = set(names[-keep_recent:]) if keep_recent else set()
-        if keep_promoted:
-            protected.update(self.history()[-keep_promoted:])
-        protected.update(n for n in (self.current_name(), self.shadow_name()) if n is not None)
-        doomed = [n for n in names if n not in protected]
+        doomed = prune_plan([v.name for v in self.versions()], self.history(), served=self.current_name(),
+                            shadow=self.shadow_name(), keep_promoted=keep_promoted, keep_recent=keep_recent)
         if dry_run or not doomed:
             if not dry_run:
                 self._remove_leftovers()
@@ -517,9 +501,8 @@ class ModelRegistry:
         gone = set(doomed)
         with self._pointer_lock():
             hist = self.history()
-            kept_hist = [n for n in hist if n not in gone]
-            if kept_hist != hist:
-                kept_hist = [n for i, n in enumerate(kept_hist) if i == 0 or kept_hist[i - 1] != n]
+            if any(n in gone for n in hist):
+                kept_hist = history_without(hist, gone)
                 _atomic_write(self.home / HISTORY, "".join(n + "\n" for n in kept_hist))
         removed = []
         for name in doomed:

@@ -56,6 +56,7 @@ from flywheel.classifier.registry import (
     PromotionConflict,
     Unchecked,
 )
+from flywheel.classifier.registry_policy import check_keep_counts, history_without, prune_plan, rollback_target
 from flywheel.fleet.errors import PreconditionFailed
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 
@@ -346,12 +347,10 @@ class BucketRegistry:
         now = self.pointer()
         if expected is not None and now.etag != expected:
             raise self._conflict(expected, now)
-        history = list(now.history)
-        while history and history[-1] == now.version:
-            history.pop()
-        if not history:
+        target = rollback_target(now.history, now.version)
+        if target is None:
             raise ModelError(f"{self.objects.cfg.location(CURRENT_KEY)}: {NOTHING_TO_ROLL_BACK}")
-        prev = history[-1]
+        prev, history = target
         try:
             self._verified(prev)
         except ModelError as exc:
@@ -377,23 +376,17 @@ class BucketRegistry:
         tampered version) and is deleted by the next prune. Before each version is deleted
         the pointers are read again, and a version promoted or shadowed meanwhile stays.
         Store failures raise :class:`~fleet.errors.FleetError`."""
-        from flywheel.classifier.registry import check_keep_counts
-
-        check_keep_counts(keep_promoted, keep_recent)
+        check_keep_counts(keep_promoted, keep_recent)   # before any request
         by_version = self._files_by_version()
-        names = sorted(n for n, files in by_version.items() if MANIFEST in files)
         now = self.pointer()
-        protected = set(names[-keep_recent:]) if keep_recent else set()
-        if keep_promoted:
-            protected.update(now.history[-keep_promoted:])
-        protected.update(n for n in (now.version, self.shadow()) if n is not None)
-        doomed = [n for n in names if n not in protected]
+        doomed = prune_plan(sorted(n for n, files in by_version.items() if MANIFEST in files), now.history,
+                            served=now.version, shadow=self.shadow(), keep_promoted=keep_promoted,
+                            keep_recent=keep_recent)
         if dry_run or not doomed:
             return doomed
         gone = set(doomed)
         if any(n in gone for n in now.history):
-            kept = [n for n in now.history if n not in gone]
-            kept = [n for i, n in enumerate(kept) if i == 0 or kept[i - 1] != n]
+            kept = history_without(now.history, gone)
             self._swap(now.moved_to(now.version, kept, self.by), now.etag, str(now.version),
                        verb="pruned the rollback history; still serving")
         removed = []

@@ -345,6 +345,33 @@ def test_an_interrupted_prune_leaves_a_version_that_is_refused_and_pruned_next_t
     assert [v.name for v in bucket.versions()] == ["v2"]
 
 
+def test_the_bucket_prunes_and_rolls_back_as_the_local_home_does(objects, tmp_path, bucket, trained):
+    """One policy (classifier.registry_policy): the scenario of
+    tests/classifier/test_registry_policy.py, on both registries, gives the same answers."""
+    from flywheel.classifier.registry_policy import prune_plan
+
+    names = [f"v{i}" for i in range(1, 9)]
+    local = ModelRegistry(tmp_path / "local-home")
+    publish(bucket, trained, *names)
+    token = None
+    for name in names:
+        save_version(local, trained, name)
+    for name in ("v1", "v2", "v3", "v4"):
+        local.promote(name, verify=False)
+        token = bucket.promote(name, expected=token, verify=False)
+    answers = []
+    for reg in (local, bucket):
+        reg.rollback()
+        reg.set_shadow("v5")
+        plan = prune_plan(names, reg.history(), served=reg.current()[0], shadow="v5", keep_promoted=2, keep_recent=2)
+        removed = reg.prune(keep_promoted=2, keep_recent=2)
+        assert removed == plan
+        answers.append((removed, reg.history(), reg.current()[0], [v.name for v in reg.versions()]))
+        reg.rollback()
+        answers[-1] += (reg.current()[0],)
+    assert answers[0] == answers[1] == (["v1", "v4", "v6"], ["v2", "v3"], "v3", ["v2", "v3", "v5", "v7", "v8"], "v2")
+
+
 def test_prune_checks_its_counts(bucket):
     from flywheel.classifier.errors import InvalidInputError
 
