@@ -1,6 +1,6 @@
 """What a tuned encoder costs to serve, against the default it was tuned from (issue 22).
 
-Tunes MiniLM for one epoch on a 10-shot CLINC150 split (``training.tuned_encoder.tune_and_export``,
+Tunes MiniLM for one epoch on a 10-shot CLINC150 split (``training.tuner.export.tune_and_export``,
 the path ``flywheel train --tune-encoder`` and the retrain take: exported to ONNX, int8 where
 it holds), then times, in one run and interleaved query by query so machine noise hits both
 alike, one thread each:
@@ -42,7 +42,7 @@ from bench_sidecar import write_json  # noqa: E402
 
 from flywheel.classifier.encoders import MiniLMEmbedder, VersionEncoderEmbedder  # noqa: E402
 from flywheel.classifier.intents import EmbedderSettings, TuneSettings  # noqa: E402
-from flywheel.training.tuned_encoder import tune_and_export  # noqa: E402
+from flywheel.training.tuner.export import tune_and_export  # noqa: E402
 
 
 def split(path: str, k: int) -> tuple[list[str], list[str | None]]:

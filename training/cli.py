@@ -109,7 +109,7 @@ def train_command(
 def _tune_settings(intent_set: IntentSet, flag: Optional[bool], budget: Optional[float]) -> TuneSettings | None:
     """Whether and how to tune the encoder: ``--tune-encoder/--no-tune-encoder`` over the
     intent file's ``embedder.tune``; ``--tune-budget`` over its ``budget_s``."""
-    from flywheel.training.tuned_encoder import settings_with
+    from flywheel.training.tuner.export import settings_with
 
     if flag is False or (flag is None and intent_set.embedder.tune is None):
         return None
@@ -123,7 +123,7 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
     from dataclasses import replace
 
     from flywheel.classifier.trainer import fit_model
-    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
+    from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
     def say(line: str) -> None:
         if not quiet:
@@ -246,7 +246,7 @@ def eval_command(
                 raise typer.BadParameter("give --train, --intents or --model")
             if tune_encoder:
                 from flywheel.classifier.encoders import open_version_encoder
-                from flywheel.training.tuned_encoder import settings_with
+                from flywheel.training.tuner.export import settings_with
 
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
                 stack.callback(shutil.rmtree, work, ignore_errors=True)

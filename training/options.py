@@ -62,7 +62,7 @@ class RetrainOptions:
         score it on live traffic, enforcing nothing; ``flywheel models promote
         --from-shadow`` promotes it) instead of being promoted. Outcome ``shadowed``.
     tune : TuneSettings, optional
-        Fine-tune the encoder too (:mod:`training.finetune`): a second challenger on a tuned
+        Fine-tune the encoder too (:mod:`training.tuner.finetune`): a second challenger on a tuned
         encoder competes with the head-only one and the champion (see
         :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it from the
         intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`).

@@ -29,15 +29,15 @@ function here):
    drops capped for the gate's sake), only with ``RetrainOptions.teacher_filter``; off, it
    reports what it would drop. ``teacher_filtered`` in the report: ``{reason: count}``;
 4b. ``_tune_encoder`` (only with ``RetrainOptions.tune``): fine-tunes the intent set's base
-   encoder (:func:`training.tuned_encoder.tune_and_export`, within ``tune.budget_s``: the
+   encoder (:func:`training.tuner.export.tune_and_export`, within ``tune.budget_s``: the
    tuner gets it less the forecasts of the re-encoding and of the ONNX export, see
-   :func:`training.tuned_trial.export_forecast`) on the
-   training rows' texts, labels and weights (:func:`training.tuned_trial.tuning_rows`: rows
+   :func:`training.tuner.step.export_forecast`) on the
+   training rows' texts, labels and weights (:func:`training.tuner.step.tuning_rows`: rows
    whose text retention erased cannot be re-encoded and are left out, counted as
    ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
-   (:func:`training.tuned_trial.confusion_pairs` on the eval and recent sets, the
+   (:func:`training.tuner.step.confusion_pairs` on the eval and recent sets, the
    champion's own vectors) and the pairs the teacher's candidate sets name most
-   (:func:`training.tuned_trial.candidate_pairs`: an unsure answer is never a label, but
+   (:func:`training.tuner.step.candidate_pairs`: an unsure answer is never a label, but
    its intents are hard negatives; ``candidate_set_pairs`` in the report). The export goes
    to a temporary directory removed when the run ends (a saved version holds its own
    copy). Then every training row that has a text, the synthetic negatives and the
@@ -129,7 +129,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError, TrainingError
+from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError
 from flywheel.classifier.head import CrossFitView, IntentHead
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
@@ -150,19 +150,8 @@ from flywheel.training.trainset import (
     held_out_examples,
     split_value,
 )
-from flywheel.training.tuned_trial import (
-    candidate_pairs,
-    confusion_pairs,
-    export_forecast,
-    hard_pairs_of,
-    reencode,
-    reencode_forecast,
-    reencode_rows,
-    reencode_training_set,
-    tuner_budget,
-    tuning_rows,
-)
-from flywheel.training.tuning import TRAFFIC_SAMPLE_ROWS, learned_thresholds, retune, traffic_sample, with_thresholds
+from flywheel.training.tuner.step import TunedStep, reencode, tune_encoder
+from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -277,16 +266,9 @@ class _Champion:
 
 
 @dataclass
-class _Tuned:
+class _Tuned(TunedStep):
     """The tuned challenger and what it was made from (step 4b)."""
 
-    ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
-    embedder: Any                 # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
-    export_path: Path             # the export, in the run's temporary directory
-    report: dict[str, Any]        # the tuning step's report
-    sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
-    fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
-    views: tuple[CrossFitView, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows
     fitted: IntentModel | None = None
     challenger: IntentModel | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
@@ -530,90 +512,13 @@ def _teacher_fields(job: _Job) -> dict[str, Any]:
 
 def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
                   workdir: str) -> tuple[_Tuned | None, dict[str, Any]]:
-    """Step 4b (see the module docs): the tuned encoder and the training set re-encoded by
-    it, or ``None`` when tuning failed (a note says why); and the step's report."""
-    from dataclasses import asdict
-
-    from flywheel.training.tuned_encoder import tune_and_export
-
-    tune = job.opts.tune
-    assert tune is not None
-    texts, labels, weights, n_textless = tuning_rows(ts, job.opts.self_training)
-    pairs = confusion_pairs(champion.model, list(_champion_sets(job, champion, ts).values())) \
-        if champion.model is not None else []
-    # the teacher's candidate sets: never a training label, but intents it found close (issue 24)
-    cand = candidate_pairs(job.store.unsure_candidate_sets()) if job.opts.candidate_pairs else []
-    hard = hard_pairs_of(pairs, cand)
-    report: dict[str, Any] = {
-        "settings": asdict(tune), "base": job.intents.embedder.backend, "rows": len(texts),
-        "rows_without_text": n_textless, "hard_pairs": pairs,
-        "hard_pairs_from": (f"champion {champion.model.version}'s errors on the eval and recent sets"
-                            if champion.model is not None else "no champion: none"),
-        "candidate_set_pairs": cand}
-    if n_textless:
-        job.say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
-                f"so the tuned challenger trains without them")
-    # re-encoding (issue 22) and the export (issue 32) are part of the budget: the tuner gets
-    # what their forecasts leave
-    t0 = time.perf_counter()
-    n_reencode = reencode_rows(ts, TRAFFIC_SAMPLE_ROWS if job.opts.llm_budget is not None else 0)
-    forecast = reencode_forecast(job.embedder, texts, n_reencode)
-    export = _export_forecast(job, champion)
-    budget = tuner_budget(tune.budget_s, forecast + export + (time.perf_counter() - t0))
-    report.update(reencode_forecast_seconds=round(forecast, 2), export_forecast_seconds=round(export, 2),
-                  tuner_budget_s=round(budget, 2))
-    job.say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
-            f"{budget:.0f} s to tune, {export:.0f} s set aside for the ONNX export and {forecast:.0f} s to "
-            f"re-encode about {n_reencode:,} rows) ...")
-    try:
-        out = tune_and_export(texts, labels, job.intents.embedder, replace(tune, budget_s=budget), workdir,
-                              sample_weight=weights, hard_pairs=hard,
-                              progress=lambda line: job.say(f"tuning: {line}"))
-        report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
-                      stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)
-        t1 = time.perf_counter()
-        tuned_ts = reencode_training_set(ts, out.embedder)
-        sample = (traffic_sample(job.store, job.embedder.id, tuned_ts, encoder=out.embedder)
-                  if job.opts.llm_budget is not None else None)
-    except (TrainingError, EmbedderError) as exc:
-        report["error"] = str(exc)
-        report.setdefault("step_seconds", round(time.perf_counter() - t0, 3))
-        job.notes.append(f"encoder tuning failed ({exc}); only the head-only challenger was fitted")
-        job.say(job.notes[-1])
-        return None, report
-    report["reencode_seconds"] = round(time.perf_counter() - t1, 3)
-    report["reencoded_rows"] = len(tuned_ts) + len(tuned_ts.eval) + len(tuned_ts.recent)
-    spent = time.perf_counter() - t0
-    report["budget_overrun_seconds"] = round(max(0.0, spent - tune.budget_s), 2)
-    if report["budget_overrun_seconds"] > 0:
-        job.say(f"the tuning step took {spent:.0f} s, {report['budget_overrun_seconds']:.0f} s over its "
-                f"{tune.budget_s:g} s budget (an export or re-encoding slower than forecast)")
-    job.say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
-            + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
-            f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
-    return _Tuned(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
-                  views=out.views), report
-
-
-def _export_forecast(job: _Job, champion: _Champion) -> float:
-    """The tuned encoder's export forecast (:func:`training.tuned_trial.export_forecast`):
-    from the last export's seconds this registry recorded (the last run's record, else the
-    champion's manifest), else from the base encoder's weights (an adapter: none)."""
-    from flywheel.training import finetune
-    from flywheel.training.tuned_encoder import ADAPTER
-
-    tune = job.opts.tune
-    if tune is None or tune.objective == ADAPTER:
-        return 0.0
-    last = job.registry.last_retrain() or {}
-    previous = last.get("tune_export_seconds")
-    if not isinstance(previous, (int, float)) and champion.model is not None:
-        previous = champion.model.manifest.metrics.get("encoder_export_seconds")
-    try:
-        base = finetune.tunable_base(job.intents.embedder)
-    except (TrainingError, EmbedderError, OSError):
-        base = None          # the tuning fails on it in a moment, with its note
-    return export_forecast(base, previous if isinstance(previous, (int, float)) else None)
+    """Step 4b (:func:`training.tuner.step.tune_encoder`): the tuned encoder and the
+    training set re-encoded by it, or ``None`` when tuning failed; and the step's report."""
+    sets = _champion_sets(job, champion, ts).values() if champion.model is not None else ()
+    made, report = tune_encoder(ts, champion.model, list(sets), store=job.store, opts=job.opts,
+                                intents=job.intents, embedder=job.embedder, registry=job.registry,
+                                workdir=workdir, say=job.say, notes=job.notes)
+    return (None if made is None else _Tuned(**vars(made))), report
 
 
 def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
@@ -634,7 +539,7 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
     ``encoder_id``, default the served encoder's; the held-out intent examples are not
     among them); the model bundles the full intent set. ``tuned_fit_only``: the rows a
     tuned encoder trained on, which never calibrate the head (see
-    :func:`training.tuned_encoder.tune_and_export`); ``views``: its cross-fitted
+    :func:`training.tuner.export.tune_and_export`); ``views``: its cross-fitted
     calibration's views of the rows (``embedder.tune.calibration: crossfit``)."""
     from flywheel.classifier.trainer import fit_from_vectors
 

@@ -2,7 +2,7 @@
 fine-tuned in place (the numpy USE default, a bge-m3 served as is), issue 22 item 5.
 
 The adapter is an affine map trained on the encoder's frozen vectors
-(:class:`training.adapter.AdapterTrainer`); a version that carries one keeps it in its
+(:class:`training.tuner.adapter_trainer.AdapterTrainer`); a version that carries one keeps it in its
 ``encoder/`` directory, every file hashed in the version's manifest like a tuned encoder's::
 
     adapter.npz     ``weight`` (base dim x dim) and ``bias`` (dim), float32, read with

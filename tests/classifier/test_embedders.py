@@ -466,7 +466,7 @@ def test_bge_m3_gets_an_adapter_served_over_its_real_vectors(tiny_bge: Path, tmp
     from flywheel.classifier.encoders import open_version_encoder
     from flywheel.classifier.encoders.adapter import AdaptedEmbedder
     from flywheel.classifier.intents import TuneSettings
-    from flywheel.training.tuned_encoder import tune_and_export
+    from flywheel.training.tuner.export import tune_and_export
 
     settings = EmbedderSettings(backend="bge-m3", model=str(tiny_bge), device="cpu", runtime="torch")
     labels = ["greet", "greet", "greet", "thanks", "thanks", "thanks"]

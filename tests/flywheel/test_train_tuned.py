@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from flywheel.cli import main
-from flywheel.training import finetune
+from flywheel.training.tuner import finetune
 from tests.support.docs import DOC
 from tests.support.tiny_encoder import build_tiny_bert
 from tests.support.version_encoders import DOC_TEXTS, flip_byte

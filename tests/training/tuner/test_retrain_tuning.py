@@ -3,7 +3,7 @@ picked on the same gate rows, saved with its encoder; a champion that carries it
 encoder scored on its own vectors; the options and their precedence.
 
 The base encoder is a tiny random BERT (tests/support/tiny_encoder.py) in place of MiniLM
-(``training.finetune.tunable_base`` patched), tuned with tiny budgets on one thread. Tests
+(``training.tuner.finetune.tunable_base`` patched), tuned with tiny budgets on one thread. Tests
 that export an encoder to ONNX are ``slow``."""
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from flywheel.classifier.intents import TuneSettings
 from flywheel.classifier.model import file_sha256
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
-from flywheel.training import cli_retrain, finetune, tuned_trial
+from flywheel.training import cli_retrain
 from flywheel.training import retrain as retrain_mod
-from flywheel.training.finetune import TuningError
 from flywheel.training.gate import evaluate_layer2, pick_challenger
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.options import RetrainOptionError, RetrainOptions, resolve_tune
 from flywheel.training.report import RetrainResult
 from flywheel.training.rows import LabelledSet
 from flywheel.training.trainset import build_training_set
-from flywheel.training.tuned_trial import confusion_pairs, reencode, tuning_rows
+from flywheel.training.tuner import finetune, step
+from flywheel.training.tuner.finetune import TuningError
+from flywheel.training.tuner.step import confusion_pairs, reencode, tuning_rows
 from tests.support.fakes import HashEmbedder
 from tests.support.tiny_encoder import build_tiny_bert
 from tests.support.worlds import INTENT_DOC, QUERIES, World, record, sample, write
@@ -230,18 +231,18 @@ def _unsure(text: str, candidates: tuple):
 def test_the_teachers_candidate_sets_are_hard_pairs_for_the_tuner_never_labels(world, monkeypatch):
     import flywheel.classifier.encoders as encoders
     import flywheel.classifier.encoders.factory as factory
-    from flywheel.training import tuned_encoder
+    from flywheel.training.tuner import export
 
     monkeypatch.setattr(encoders, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
     monkeypatch.setattr(factory, "make_embedder", lambda settings, cache=True, **kw: world.embedder)
     seen = []
-    real = tuned_encoder.tune_and_export
+    real = export.tune_and_export
 
     def spy(*args, **kw):
         seen.append(kw.get("hard_pairs"))
         return real(*args, **kw)
 
-    monkeypatch.setattr(tuned_encoder, "tune_and_export", spy)
+    monkeypatch.setattr(export, "tune_and_export", spy)
     world.seed_traffic(n_teacher=200, n_human=10)
     write(world.store, [_unsure("show my invoice or the docs", ("RETRIEVAL", "PLATFORM")),
                         _unsure("docs or my plan", ("PLATFORM", "RETRIEVAL")),
@@ -379,7 +380,7 @@ def test_the_reencoding_forecast_times_the_encoder_not_its_cache(monkeypatch):
     from flywheel.classifier.encoders import CachedEmbedder
 
     clock = _Clock()
-    monkeypatch.setattr(tuned_trial.time, "perf_counter", clock)
+    monkeypatch.setattr(step.time, "perf_counter", clock)
 
     class Ticking(HashEmbedder):
         def encode(self, texts, **kw):        # 10 ms a text on the fake clock
@@ -389,8 +390,8 @@ def test_the_reencoding_forecast_times_the_encoder_not_its_cache(monkeypatch):
     cached = CachedEmbedder(Ticking())
     texts = [f"query {i}" for i in range(300)]
     cached.encode(texts)                       # every probe text cached: the cache would forecast nothing
-    forecast = tuned_trial.reencode_forecast(cached, texts + [""], 5000)
-    assert forecast == pytest.approx(tuned_trial.REENCODE_MARGIN * 0.01 * 5000)
+    forecast = step.reencode_forecast(cached, texts + [""], 5000)
+    assert forecast == pytest.approx(step.REENCODE_MARGIN * 0.01 * 5000)
     # the probe is a sample, not the first rows: long texts late in the list are timed too
     seen: list[str] = []
 
@@ -401,16 +402,16 @@ def test_the_reencoding_forecast_times_the_encoder_not_its_cache(monkeypatch):
             return super().encode(texts, **kw)
 
     short_then_long = ["hi"] * 50 + [f"a long question number {i} " * 8 for i in range(500)]
-    per_char = tuned_trial.reencode_forecast(Recording(), short_then_long, 1000)
-    assert any(len(t) > 100 for t in seen[8:]) and per_char > tuned_trial.REENCODE_MARGIN * 0.1 * 1000
-    assert tuned_trial.reencode_forecast(cached, [], 5000) == 0.0
-    assert tuned_trial.reencode_forecast(cached, texts, 0) == 0.0
+    per_char = step.reencode_forecast(Recording(), short_then_long, 1000)
+    assert any(len(t) > 100 for t in seen[8:]) and per_char > step.REENCODE_MARGIN * 0.1 * 1000
+    assert step.reencode_forecast(cached, [], 5000) == 0.0
+    assert step.reencode_forecast(cached, texts, 0) == 0.0
 
 
 def test_the_tuner_gets_the_budget_less_the_forecast_but_never_too_little():
-    assert tuned_trial.tuner_budget(900.0, 120.0) == 780.0
-    assert tuned_trial.tuner_budget(900.0, 0.0) == 900.0
-    assert tuned_trial.tuner_budget(900.0, 5000.0) == tuned_trial.MIN_TUNER_SHARE * 900.0
+    assert step.tuner_budget(900.0, 120.0) == 780.0
+    assert step.tuner_budget(900.0, 0.0) == 900.0
+    assert step.tuner_budget(900.0, 5000.0) == step.MIN_TUNER_SHARE * 900.0
 
 
 def test_the_rows_to_reencode_count_every_set_and_the_sample(world):
@@ -419,12 +420,12 @@ def test_the_rows_to_reencode_count_every_set_and_the_sample(world):
     with_text = sum(1 for t in ts.texts if t)
     negatives = world.intents.synthetic_negatives if ts.negatives is not None else 0
     base = with_text + len(ts.eval) + len(ts.recent) + negatives
-    assert tuned_trial.reencode_rows(ts) == base and tuned_trial.reencode_rows(ts, 2000) == base + 2000
+    assert step.reencode_rows(ts) == base and step.reencode_rows(ts, 2000) == base + 2000
 
 
 def test_the_onnx_export_counts_inside_the_tuning_budget(world, monkeypatch, tmp_path):
     # issue 32: --tune-budget 120 took 177 s, the 45 s export outside the budget
-    from flywheel.training import tuned_encoder
+    from flywheel.training.tuner import export
 
     seen = []
 
@@ -432,7 +433,7 @@ def test_the_onnx_export_counts_inside_the_tuning_budget(world, monkeypatch, tmp
         seen.append(tune.budget_s)
         raise TuningError("stopped by the test after the budget was set")
 
-    monkeypatch.setattr(tuned_encoder, "tune_and_export", spy)
+    monkeypatch.setattr(export, "tune_and_export", spy)
     world.seed_traffic(n_teacher=100, n_human=10)
     # the last export's seconds, as a run records them, forecast the next one
     world.registry.record_retrain({"finished_at": time.time(), "outcome": "kept", "tune_export_seconds": 30.0})
@@ -449,13 +450,13 @@ def test_the_onnx_export_counts_inside_the_tuning_budget(world, monkeypatch, tmp
     base.mkdir()
     (base / "model.safetensors").write_bytes(b"\0" * 8_000_000)
     (base / "vocab.txt").write_text("x")
-    assert tuned_trial.export_forecast(base) == pytest.approx(8e6 / tuned_trial.EXPORT_BYTES_PER_S)
-    assert tuned_trial.export_forecast(base, 10.0) == pytest.approx(12.0)
-    assert tuned_trial.export_forecast(None) == 0.0
+    assert step.export_forecast(base) == pytest.approx(8e6 / step.EXPORT_BYTES_PER_S)
+    assert step.export_forecast(base, 10.0) == pytest.approx(12.0)
+    assert step.export_forecast(None) == 0.0
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: base)
     world.registry.record_retrain({"finished_at": time.time(), "outcome": "kept"})
     res = world.run(tune=FAST, dry_run=True)
-    assert res.report["tuning"]["export_forecast_seconds"] == pytest.approx(8e6 / tuned_trial.EXPORT_BYTES_PER_S)
+    assert res.report["tuning"]["export_forecast_seconds"] == pytest.approx(8e6 / step.EXPORT_BYTES_PER_S)
 
 
 def test_a_tuned_challenger_that_ties_the_head_only_one_is_not_put_forward(world, tmp_path):

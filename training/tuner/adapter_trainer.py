@@ -12,7 +12,7 @@ as is), the retrain can still learn from its labels in the vector space: an affi
   which is how the probe's MLP adapter lost 1.6 points on USE
   (``../shared/design/encoder-tuning-probe-2026-11-26.md``).
 - **Objective**: the same cosine-softmax cross-entropy as the encoder tuner
-  (:mod:`training.finetune`): class weights start at the centred class centroids, out-of-scope
+  (:mod:`training.tuner.finetune`): class weights start at the centred class centroids, out-of-scope
   rows aim at the uniform distribution and are never a class.
 - **Full batch** on the vectors: each epoch is one step (milliseconds for a few thousand
   rows), bounded by ``epochs`` and ``budget_s``.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.classifier.encoders.adapter import apply_adapter
-from flywheel.training.finetune import TuningError
+from flywheel.training.tuner.finetune import TuningError
 
 __all__ = ["AdapterTrainer"]
 

@@ -1,6 +1,6 @@
 """One step that train, eval and retrain share: fine-tune the encoder, export it, serve it.
 
-:func:`tune_and_export` fits an :class:`~training.finetune.EncoderTuner` on labelled texts,
+:func:`tune_and_export` fits an :class:`~training.tuner.finetune.EncoderTuner` on labelled texts,
 saves the tuned weights, exports them to ONNX beside a version
 (:func:`classifier.encoders.export_encoder`: checked against torch, int8 where the
 settings ask for it and it holds) and returns a
@@ -143,14 +143,14 @@ def adapt_and_export(texts: Sequence[str], labels: Sequence[str | None], setting
                      tune: TuneSettings, workdir: Path, *, sample_weight: Sequence[float] | None = None,
                      progress: Callable[[str], None] | None = None) -> TunedEncoder:
     """``tune.objective == "adapter"``: train an adapter on ``settings``' frozen encoder
-    (:class:`training.adapter.AdapterTrainer`, any backend, the numpy USE default and bge-m3
+    (:class:`training.tuner.adapter_trainer.AdapterTrainer`, any backend, the numpy USE default and bge-m3
     included) and write it into ``workdir/encoder``; the calibration holdout and
     ``fit_only`` are as for a tuned encoder (:func:`tune_and_export`). Out-of-scope rows
     take part (they aim at the uniform distribution), held-out rows do not."""
     from flywheel.classifier.encoders import make_embedder
     from flywheel.classifier.encoders.adapter import AdaptedEmbedder, write_adapter
-    from flywheel.training.adapter import AdapterTrainer
-    from flywheel.training.finetune import TuningError
+    from flywheel.training.tuner.adapter_trainer import AdapterTrainer
+    from flywheel.training.tuner.finetune import TuningError
 
     if tune.calibration == CROSSFIT:
         raise TuningError("embedder.tune.calibration: crossfit applies to a tuned encoder, not to an adapter; "
@@ -199,7 +199,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         memorised those rows (tuned on them, out-of-fold OOS recall was 1.0 and unseen OOS
         recall fell from 72.7% to 53.6% on CLINC150 10-shot: BENCHMARKS.md §14.1).
     settings : EmbedderSettings
-        The intent set's encoder: its base weights (:func:`training.finetune.tunable_base`)
+        The intent set's encoder: its base weights (:func:`training.tuner.finetune.tunable_base`)
         and whether to serve int8 (``quantize``; ``auto``: as the base encoder would).
     tune : TuneSettings
         The tuning's objective, budget and optimiser settings.
@@ -207,7 +207,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         Where the tuned weights (``hf/``, removed after the export) and the export
         (``encoder/``) are written; the caller owns it.
     sample_weight, hard_pairs, progress
-        Passed to :class:`training.finetune.EncoderTuner`.
+        Passed to :class:`training.tuner.finetune.EncoderTuner`.
 
     The tuner trains on every in-scope row except a calibration holdout
     (:func:`calibration_holdout`, ``tune.holdout`` of each intent's rows): the head fitted
@@ -218,12 +218,12 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
 
     Raises
     ------
-    training.finetune.TuningError
+    training.tuner.finetune.TuningError
         An encoder that cannot be tuned, or unusable data.
     classifier.errors.EmbedderError
         The export did not match torch.
     """
-    from flywheel.training.finetune import EncoderTuner, TuningError, tunable_base
+    from flywheel.training.tuner.finetune import EncoderTuner, TuningError, tunable_base
 
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -296,7 +296,7 @@ def _crossfit_views(texts: Sequence[str], labels: Sequence[str | None], tuner_fo
     (:func:`crossfit_folds`), an encoder tuned on the other half's labelled rows (budget
     ``CROSSFIT_BUDGET_SHARE`` of ``tune.budget_s``) encodes every row in torch; the view
     predicts the half it did not see. Returns the views and each half tuner's report."""
-    from flywheel.training.finetune import TuningError
+    from flywheel.training.tuner.finetune import TuningError
 
     fold = crossfit_folds(labels, tune.seed)
     views: list[CrossFitView] = []

@@ -16,26 +16,40 @@ it oversamples, and the training set re-encoded by another encoder.
   (issue 22) and the ONNX export (issue 32) are part of ``embedder.tune.budget_s``, so the
   tuner gets the budget less a forecast of both: the re-encoding timed on a probe of the
   texts before the tuning starts, the export from the last one's seconds (else the base
-  encoder's weight bytes).
+  encoder's weight bytes); :func:`export_seconds` finds that last export for a registry.
+- :func:`tune_encoder`: the step itself (retrain step 4b): tune and export the intent set's
+  base encoder within the budget, with those hard pairs, and re-encode the training set by
+  it (a :class:`TunedStep`), or ``None`` and a note when the tuning fails.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from flywheel.classifier.errors import EmbedderError, TrainingError
 from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.training.layer2 import layer2_predict
+from flywheel.training.options import RetrainOptions
+from flywheel.training.protocols import TrafficLog
 from flywheel.training.rows import LabelledSet, TrainingSet
+from flywheel.training.tuning import TRAFFIC_SAMPLE_ROWS, traffic_sample
 
-__all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "candidate_pairs", "confusion_pairs", "encode_texts",
-           "export_forecast", "hard_pairs_of",
-           "reencode", "reencode_forecast", "reencode_rows", "reencode_training_set", "tuner_budget", "tuning_rows"]
+if TYPE_CHECKING:   # the head (scikit-learn) and the intent model load with the retrain, not with this module
+    from flywheel.classifier.head import CrossFitView
+    from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
+    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.protocols import Embedder, Registry
+
+__all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "TunedStep", "candidate_pairs", "confusion_pairs",
+           "encode_texts", "export_forecast", "export_seconds", "hard_pairs_of", "reencode", "reencode_forecast",
+           "reencode_rows", "reencode_training_set", "tune_encoder", "tuner_budget", "tuning_rows"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
 REENCODE_PROBE = 256     # texts encoded (and timed) to forecast the re-encoding
@@ -177,3 +191,105 @@ def reencode_training_set(ts: TrainingSet, embedder: Any) -> TrainingSet:
     return replace(ts, texts=rows.texts, labels=rows.labels, vectors=rows.vectors, sources=rows.sources,
                    decision_ids=rows.decision_ids, eval=_rows(ts.eval, vectors, dim),
                    recent=_rows(ts.recent, vectors, dim), negatives=negatives)
+
+
+@dataclass
+class TunedStep:
+    """What the tuning step made: the tuned encoder and the training set re-encoded by it."""
+
+    ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
+    embedder: Any                 # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
+    export_path: Path             # the export, in the run's temporary directory
+    report: dict[str, Any]        # the tuning step's report
+    sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
+    fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
+    views: tuple[CrossFitView, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows
+
+
+def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: Sequence[LabelledSet], *,
+                 store: TrafficLog, opts: RetrainOptions, intents: IntentSet, embedder: Embedder,
+                 registry: Registry, workdir: str, say: Callable[[str], None],
+                 notes: list[str]) -> tuple[TunedStep | None, dict[str, Any]]:
+    """Retrain step 4b (see :mod:`training.retrain`): the tuned encoder and the training set
+    re-encoded by it, or ``None`` when tuning failed (a note says why); and the step's
+    report. ``champion_sets``: the evaluation sets with the champion's vectors (its
+    confusions are the hard pairs); ``embedder``: the served encoder (the forecasts')."""
+    from flywheel.training.tuner.export import tune_and_export
+
+    tune = opts.tune
+    assert tune is not None
+    texts, labels, weights, n_textless = tuning_rows(ts, opts.self_training)
+    pairs = confusion_pairs(champion, list(champion_sets)) if champion is not None else []
+    # the teacher's candidate sets: never a training label, but intents it found close (issue 24)
+    cand = candidate_pairs(store.unsure_candidate_sets()) if opts.candidate_pairs else []
+    hard = hard_pairs_of(pairs, cand)
+    report: dict[str, Any] = {
+        "settings": asdict(tune), "base": intents.embedder.backend, "rows": len(texts),
+        "rows_without_text": n_textless, "hard_pairs": pairs,
+        "hard_pairs_from": (f"champion {champion.version}'s errors on the eval and recent sets"
+                            if champion is not None else "no champion: none"),
+        "candidate_set_pairs": cand}
+    if n_textless:
+        say(f"{n_textless:,} training rows have no text (retention erased it): they cannot be re-encoded, "
+            f"so the tuned challenger trains without them")
+    # re-encoding (issue 22) and the export (issue 32) are part of the budget: the tuner gets
+    # what their forecasts leave
+    t0 = time.perf_counter()
+    n_reencode = reencode_rows(ts, TRAFFIC_SAMPLE_ROWS if opts.llm_budget is not None else 0)
+    forecast = reencode_forecast(embedder, texts, n_reencode)
+    export = export_seconds(registry, champion, intents.embedder, tune)
+    budget = tuner_budget(tune.budget_s, forecast + export + (time.perf_counter() - t0))
+    report.update(reencode_forecast_seconds=round(forecast, 2), export_forecast_seconds=round(export, 2),
+                  tuner_budget_s=round(budget, 2))
+    say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
+        f"{budget:.0f} s to tune, {export:.0f} s set aside for the ONNX export and {forecast:.0f} s to "
+        f"re-encode about {n_reencode:,} rows) ...")
+    try:
+        out = tune_and_export(texts, labels, intents.embedder, replace(tune, budget_s=budget), workdir,
+                              sample_weight=weights, hard_pairs=hard,
+                              progress=lambda line: say(f"tuning: {line}"))
+        report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
+                      stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)
+        t1 = time.perf_counter()
+        tuned_ts = reencode_training_set(ts, out.embedder)
+        sample = (traffic_sample(store, embedder.id, tuned_ts, encoder=out.embedder)
+                  if opts.llm_budget is not None else None)
+    except (TrainingError, EmbedderError) as exc:
+        report["error"] = str(exc)
+        report.setdefault("step_seconds", round(time.perf_counter() - t0, 3))
+        notes.append(f"encoder tuning failed ({exc}); only the head-only challenger was fitted")
+        say(notes[-1])
+        return None, report
+    report["reencode_seconds"] = round(time.perf_counter() - t1, 3)
+    report["reencoded_rows"] = len(tuned_ts) + len(tuned_ts.eval) + len(tuned_ts.recent)
+    spent = time.perf_counter() - t0
+    report["budget_overrun_seconds"] = round(max(0.0, spent - tune.budget_s), 2)
+    if report["budget_overrun_seconds"] > 0:
+        say(f"the tuning step took {spent:.0f} s, {report['budget_overrun_seconds']:.0f} s over its "
+            f"{tune.budget_s:g} s budget (an export or re-encoding slower than forecast)")
+    say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
+        + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
+        f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
+    return TunedStep(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
+                     views=out.views), report
+
+
+def export_seconds(registry: Registry, champion: IntentModel | None, settings: EmbedderSettings,
+                   tune: TuneSettings) -> float:
+    """The tuned encoder's export forecast (:func:`export_forecast`): from the last export's
+    seconds ``registry`` recorded (the last run's record, else the champion's manifest),
+    else from the base encoder's weights (an adapter: none)."""
+    from flywheel.training.tuner import finetune
+    from flywheel.training.tuner.export import ADAPTER
+
+    if tune.objective == ADAPTER:
+        return 0.0
+    last = registry.last_retrain() or {}
+    previous = last.get("tune_export_seconds")
+    if not isinstance(previous, (int, float)) and champion is not None:
+        previous = champion.manifest.metrics.get("encoder_export_seconds")
+    try:
+        base = finetune.tunable_base(settings)
+    except (TrainingError, EmbedderError, OSError):
+        base = None          # the tuning fails on it in a moment, with its note
+    return export_forecast(base, previous if isinstance(previous, (int, float)) else None)

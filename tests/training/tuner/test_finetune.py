@@ -1,4 +1,4 @@
-"""training.finetune: the encoder tuner on a tiny random BERT (tests/support/tiny_encoder.py),
+"""training.tuner.finetune: the encoder tuner on a tiny random BERT (tests/support/tiny_encoder.py),
 never the real weights: determinism, separation, the budget, save -> MeanPoolRunner, the
 in-process embedder, hard pairs, the batch plan, and errors for bad input."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flywheel.classifier.errors import NotFittedError, TrainingError
-from flywheel.training.finetune import CHUNK, EncoderTuner, TuningError, plan_batches, tunable_base
+from flywheel.training.tuner.finetune import CHUNK, EncoderTuner, TuningError, plan_batches, tunable_base
 
 CANCEL = ["cancel my order", "cancel the order", "cancel my last order", "please cancel order",
           "cancel orders", "cancel my orders now"]
@@ -255,8 +255,8 @@ def test_eval_tune_encoder_reports_the_tuned_model(tuned, tmp_path, capsys):
 def test_tune_and_export_keeps_out_of_scope_rows_out_of_the_tuning(tiny, tmp_path, monkeypatch):
     from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.classifier.trainer import fit_model
-    from flywheel.training import finetune
-    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
+    from flywheel.training.tuner import finetune
+    from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
@@ -281,8 +281,8 @@ def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, mo
 
     from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.classifier.trainer import fit_model
-    from flywheel.training import finetune
-    from flywheel.training.tuned_encoder import intent_pairs, tune_and_export
+    from flywheel.training.tuner import finetune
+    from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
@@ -311,8 +311,8 @@ def test_crossfit_calibrates_every_row_on_the_half_encoder_that_never_saw_it(tin
     # tuned on one half, encode the rows so that each half is calibrated by the encoder of the other
     from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.classifier.trainer import fit_model
-    from flywheel.training import finetune
-    from flywheel.training.tuned_encoder import crossfit_folds, intent_pairs, tune_and_export
+    from flywheel.training.tuner import finetune
+    from flywheel.training.tuner.export import crossfit_folds, intent_pairs, tune_and_export
 
     monkeypatch.setattr(finetune, "tunable_base", lambda settings: tiny)
     intents = (Intent("cancel", "cancel", tuple(CANCEL)), Intent("reset", "reset", tuple(RESET)))
@@ -339,7 +339,7 @@ def test_crossfit_calibrates_every_row_on_the_half_encoder_that_never_saw_it(tin
 
 
 def test_auto_calibration_cross_fits_few_rows_and_holds_out_many():
-    from flywheel.training.tuned_encoder import CROSSFIT_MAX_ROWS, resolve_calibration
+    from flywheel.training.tuner.export import CROSSFIT_MAX_ROWS, resolve_calibration
 
     assert resolve_calibration("auto", 1500) == "crossfit"
     assert resolve_calibration("auto", CROSSFIT_MAX_ROWS) == "crossfit"
@@ -348,7 +348,7 @@ def test_auto_calibration_cross_fits_few_rows_and_holds_out_many():
 
 
 def test_crossfit_folds_deal_each_label_to_both_halves():
-    from flywheel.training.tuned_encoder import crossfit_folds
+    from flywheel.training.tuner.export import crossfit_folds
 
     labels = ["a"] * 7 + ["b"] * 2 + [None] * 5 + ["c"]
     fold = crossfit_folds(labels, seed=1)
@@ -362,7 +362,7 @@ def test_crossfit_folds_deal_each_label_to_both_halves():
 
 def test_an_adapter_refuses_crossfit_calibration(tmp_path):
     from flywheel.classifier.intents import EmbedderSettings, TuneSettings
-    from flywheel.training.tuned_encoder import tune_and_export
+    from flywheel.training.tuner.export import tune_and_export
 
     with pytest.raises(TuningError, match="crossfit applies to a tuned encoder"):
         tune_and_export(TEXTS, LABELS, EmbedderSettings(), TuneSettings(objective="adapter", calibration="crossfit"),
@@ -384,7 +384,7 @@ def test_the_intent_file_names_a_bad_calibration():
 
 
 def test_calibration_holdout_takes_a_share_of_each_intent():
-    from flywheel.training.tuned_encoder import MIN_HELD_OUT, calibration_holdout
+    from flywheel.training.tuner.export import MIN_HELD_OUT, calibration_holdout
 
     labels = ["a"] * 20 + ["b"] * 10 + ["c"] * 4 + [None] * 30
     held = calibration_holdout(labels, 0.2, seed=3)
@@ -397,7 +397,7 @@ def test_calibration_holdout_takes_a_share_of_each_intent():
 
 
 def test_centroids_start_from_at_most_a_bounded_sample_of_each_class():
-    from flywheel.training.finetune import centroid_rows
+    from flywheel.training.tuner.finetune import centroid_rows
 
     y = np.array([0] * 100 + [1] * 3 + [2] * 70)
     rows = centroid_rows(y, 64, np.random.default_rng(0))

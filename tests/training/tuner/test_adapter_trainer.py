@@ -11,9 +11,9 @@ import flywheel.classifier.encoders as encoders
 import flywheel.classifier.encoders.factory as factory
 from flywheel.classifier.encoders.adapter import AdaptedEmbedder
 from flywheel.classifier.intents import EmbedderSettings, TuneSettings
-from flywheel.training.adapter import AdapterTrainer
-from flywheel.training.finetune import TuningError
-from flywheel.training.tuned_encoder import adapt_and_export, tune_and_export
+from flywheel.training.tuner.adapter_trainer import AdapterTrainer
+from flywheel.training.tuner.export import adapt_and_export, tune_and_export
+from flywheel.training.tuner.finetune import TuningError
 from tests.support.fakes import HashEmbedder
 
 
@@ -108,7 +108,7 @@ def test_an_adapter_needs_two_intents(tmp_path, hash_base):
 
 
 def test_candidate_pairs_count_every_pair_of_a_set_and_hard_pairs_keep_the_champions_first():
-    from flywheel.training.tuned_trial import candidate_pairs, hard_pairs_of
+    from flywheel.training.tuner.step import candidate_pairs, hard_pairs_of
 
     pairs = candidate_pairs([("B", "A"), ("A", "B"), ("A", None, "C")], k=3)
     assert pairs[0] == {"pair": ["A", "B"], "sets": 2} and len(pairs) == 3
