@@ -21,7 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flywheel.fleet.human_labels import HumanLabels  # noqa: E402
+from flywheel.fleet.site import home_reports  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.training.dashboard import retrain_history  # noqa: E402
 from flywheel.training.ui import ReviewApp, make_server  # noqa: E402
 
 
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("chromium is not installed (apt-get install --no-install-recommends chromium)")
-    app = ReviewApp(LogStore(args.log_db), lambda *a: None, models_home=args.models)
+    store = LogStore(args.log_db)
+    history = retrain_history(home_reports(Path(args.models))) if args.models else []
+    app = ReviewApp(store, HumanLabels(store, lambda: None), history=lambda: history)
     server = make_server(app, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

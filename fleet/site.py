@@ -27,20 +27,25 @@ from pathlib import Path
 from typing import Protocol
 
 from flywheel.classifier.config import Config
+from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import Registry
 from flywheel.classifier.registry import ModelRegistry, VersionInfo
 from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.config import StoreConfig
+from flywheel.fleet.human_labels import HumanLabels
 from flywheel.fleet.mirror import mirror
 from flywheel.fleet.objects import ObjectStore
-from flywheel.fleet.registry import BucketRegistry, BucketVersion
+from flywheel.fleet.registry import MODELS, BucketRegistry, BucketVersion
 from flywheel.fleet.retention import PruneReport, prune_log
 from flywheel.fleet.shipper import ObjectShipper
 from flywheel.fleet.sync import FIRST_SYNC_TIMEOUT_S, RegistrySync
 from flywheel.logstore import LabelSink, LocalIngest, LogStore, SpoolDrain, SpoolSink
 
 __all__ = ["FIRST_SYNC_TIMEOUT_S", "FleetSite", "ListedRegistry", "LocalSite", "ServingLog", "Site",
-           "mirror_progress", "open_site"]
+           "home_reports", "mirror_progress", "open_site"]
+
+REPORT = "report.json"   # a version's retrain report (training.report), beside its manifest
 
 log = logging.getLogger("flywheel.serving")
 
@@ -82,6 +87,29 @@ class Site(Protocol):
         """Where an offline command's labels of ``store``'s decisions go."""
         ...
 
+    def served_labels(self) -> tuple[str, ...] | None:
+        """The labels of the model served now, read once per call from its manifest (no
+        model is loaded or downloaded): the configured ``model``, else the registry's
+        current version (on a fleet the bucket's ``models/CURRENT``, so a host that has not
+        synced sees the fleet's intents), else the intent set the default model is trained
+        from. ``None`` when none can be read."""
+        ...
+
+    def served_model(self, *, progress: bool = True) -> IntentModel:
+        """The model served now, loaded (a fleet's current version is downloaded into the
+        local home and verified first); trains the default model on first use."""
+        ...
+
+    def human_labels(self, store: LogStore) -> HumanLabels:
+        """The one writer of an offline command's human labels of ``store``'s decisions:
+        parsed against :meth:`served_labels` (read once), into :meth:`labels`."""
+        ...
+
+    def version_reports(self) -> list[tuple[str, dict]]:
+        """``(version, report.json)`` of every version in the registry that has a retrain
+        report (the dashboard's retrain history), by name."""
+        ...
+
     def serving_log(self, *, own_sink: bool = True) -> ServingLog:
         """The log a serving process writes; ``own_sink=False``: the caller brings its own
         decision sink (a fleet site opens one all the same: labels go through it)."""
@@ -116,6 +144,31 @@ def open_site(cfg: Config) -> LocalSite | FleetSite:
     return FleetSite(cfg, ObjectStore(StoreConfig.parse(cfg.store)))
 
 
+def home_reports(models: Path) -> list[tuple[str, dict]]:
+    """``(version, report.json)`` of every version directory under the models home ``models``
+    that has a readable report, by name (:meth:`Site.version_reports` of a local site)."""
+    out = []
+    for d in sorted(models.iterdir()) if models.is_dir() else ():
+        try:
+            report = _report_doc((d / REPORT).read_bytes()) if (d / REPORT).is_file() else None
+        except OSError:
+            report = None
+        if report is not None:
+            out.append((d.name, report))
+    return out
+
+
+def _report_doc(data: bytes) -> dict | None:
+    """A version's ``report.json`` as a dict; ``None`` when it is not one."""
+    import json
+
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _say(progress: bool, msg: str) -> None:
     if progress:
         print(f"flywheel: {msg}", file=sys.stderr, flush=True)
@@ -137,12 +190,54 @@ class _SiteBase:
     """What both sites share: the local home and log, and retention."""
 
     objects: ObjectStore | None = None
+    fleet: bool
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
     def _local(self, models: Path | None = None) -> ModelRegistry:
         return ModelRegistry(Path(models).expanduser() if models else self.cfg.models_dir)
+
+    def _promoted(self) -> str | None:
+        """The version the registry serves when it is not the local home's (``None``)."""
+        return None
+
+    def labels(self, store: LogStore) -> LabelSink:
+        return store
+
+    def served_labels(self) -> tuple[str, ...] | None:
+        from flywheel.classifier.config import starter_intents_path
+        from flywheel.classifier.default import existing_model_dir
+        from flywheel.classifier.intents import load_intents
+        from flywheel.classifier.model import Manifest
+
+        try:
+            name = None if self.cfg.model else self._promoted()
+            if name is not None:
+                return tuple(self._bucket().manifest(name)[0].labels)
+            path = existing_model_dir(self.cfg)
+            if path is not None:   # the manifest only: loading the version would read the head
+                return tuple(Manifest.read(path).labels)
+            return load_intents(self.cfg.intents or starter_intents_path()).labels
+        except (FlywheelError, OSError, ValueError, KeyError):
+            return None
+
+    def served_model(self, *, progress: bool = True) -> IntentModel:
+        from flywheel.classifier.default import served_model
+
+        name = None if self.cfg.model else self._promoted()
+        if name is not None:
+            return self._bucket().load(name)
+        return served_model(self.cfg, progress=progress).model
+
+    def human_labels(self, store: LogStore) -> HumanLabels:
+        return HumanLabels(self.labels(store), self.served_labels, fleet=self.fleet)
+
+    def version_reports(self) -> list[tuple[str, dict]]:
+        return home_reports(self.cfg.models_dir)
+
+    def _bucket(self) -> BucketRegistry:
+        raise NotImplementedError
 
     def prune_log(self, store: LogStore | None, days: float, *, progress: bool = False) -> PruneReport:
         rep = prune_log(self.objects, store, days=days)
@@ -170,9 +265,6 @@ class LocalSite(_SiteBase):
     def open_log(self, *, progress: bool = False) -> LogStore:
         return LogStore(self.cfg.log_path)
 
-    def labels(self, store: LogStore) -> LabelSink:
-        return store
-
     def serving_log(self, *, own_sink: bool = True) -> ServingLog:
         store = LogStore(self.cfg.log_path)
         return ServingLog(store=store, sink=store.open_sink() if own_sink else None, labels=store)
@@ -193,6 +285,24 @@ class FleetSite(_SiteBase):
     def __init__(self, cfg: Config, objects: ObjectStore) -> None:
         super().__init__(cfg)
         self.objects: ObjectStore = objects
+        self._reports: dict[str, dict | None] = {}   # create-only in the bucket ("the first upload stays")
+
+    def _bucket(self) -> BucketRegistry:
+        return self.registry()
+
+    def _promoted(self) -> str | None:
+        """The fleet's ``models/CURRENT`` (one GET); ``None`` before the first promotion."""
+        return self._bucket().current()[0]
+
+    def version_reports(self) -> list[tuple[str, dict]]:
+        """The bucket's versions' reports: one listing, then one GET per version not read before."""
+        names = sorted({info.key.split("/")[1] for info in self.objects.list(MODELS)
+                        if info.key.count("/") == 2 and info.key.endswith("/" + REPORT)})
+        for name in names:
+            if self._reports.get(name) is None:   # an unreadable one is read again next time
+                got = self.objects.get(f"{MODELS}/{name}/{REPORT}")
+                self._reports[name] = _report_doc(got[0]) if isinstance(got, tuple) else None
+        return [(n, r) for n in names if (r := self._reports.get(n)) is not None]
 
     def __repr__(self) -> str:
         return f"FleetSite({self.objects})"

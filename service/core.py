@@ -25,18 +25,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Sequence
 
-from flywheel.classifier.decision import (
-    Decision,
-    Layer,
-    carries_this_process_tag,
-    looks_like_decision_id,
-    made_by_this_process,
-)
-from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.label_names import parse_label
+from flywheel.classifier.decision import Decision, Layer
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Pending, Query
-from flywheel.logstore.errors import UnknownDecisionError
 from flywheel.service.batcher import MicroBatcher
 from flywheel.service.errors import DeadlineExceeded, NoTrafficLog, NotServing
 from flywheel.service.metrics import ServerMetrics
@@ -117,25 +108,17 @@ class SidecarCore:
         """A human label for a logged decision (the same as ``flywheel feedback``);
         returns the stored label (``None`` = out of scope).
 
-        Locally the decision must be in the log (else :class:`UnknownDecisionError`). In
-        fleet mode the decision may have been made by another replica, so only what this
-        replica can rule out is refused: an id that is not a decision id, or one that
-        carries this process's tag but was not made here. Any other id is accepted, and the
-        retrain checks it against the fleet's log."""
-        labels = self.runtime.labels
-        if labels is None:
+        Recorded by the runtime's one writer (:class:`fleet.human_labels.HumanLabels`), which
+        parses the label against the model served now (it hot-swaps). Locally the decision
+        must be in the log (else :class:`UnknownDecisionError`). In fleet mode the decision
+        may have been made by another replica, so only what this replica can rule out is
+        refused: an id that is not a decision id, or one that carries this process's tag but
+        was not made here. Any other id is accepted, and the retrain checks it against the
+        fleet's log."""
+        writer = self.runtime.human_labels
+        if writer is None:
             raise NoTrafficLog("this server runs without the traffic log (--no-log): feedback cannot be stored")
-        if not isinstance(decision_id, str) or not decision_id.strip():
-            raise InvalidInputError("decision_id must not be empty")
-        decision_id = decision_id.strip()
-        value = parse_label(label, self.classifier.model.manifest.labels, what="feedback label")
-        if self.runtime.fleet:
-            if not looks_like_decision_id(decision_id):
-                raise UnknownDecisionError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
-            if carries_this_process_tag(decision_id) and not made_by_this_process(decision_id):
-                raise UnknownDecisionError(f"unknown decision id {decision_id!r}: this replica did not make it")
-        labels.add_human_label(decision_id, value, author="grpc")
-        return value
+        return writer.record_text(decision_id, label, author="grpc", what="feedback label")[0]
 
     def model(self) -> IntentModel:
         return self.classifier.model

@@ -44,6 +44,7 @@ from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teache
 from flywheel.classifier.registry import SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers import build_teacher
+from flywheel.fleet.human_labels import HumanLabels
 from flywheel.fleet.site import ServingLog, Site, open_site
 from flywheel.fleet.sync import FIRST_SYNC_TIMEOUT_S, RegistrySync
 from flywheel.logstore import LabelSink, LogStore, SpoolSink
@@ -57,7 +58,9 @@ log = logging.getLogger("flywheel.serving")
 class Runtime:
     """A classifier and what was opened around it, closed by :meth:`close` in order.
 
-    ``labels`` takes human labels and audit answers (``None`` without a traffic log);
+    ``labels`` takes human labels and audit answers (``None`` without a traffic log), human
+    labels through ``human_labels``, the one writer (:class:`fleet.human_labels.HumanLabels`),
+    which parses them against the model served at the time;
     ``store`` is the local DuckDB log (``None`` in fleet mode or without a log); ``sink`` is
     the log sink this runtime opened (``None`` when the caller brought one); ``sync`` follows
     the fleet's model (fleet mode only); ``teacher`` is closed when this runtime built it;
@@ -72,6 +75,7 @@ class Runtime:
     teacher: Teacher | None = None
     shadow: ShadowScorer | None = None
     shadow_watcher: ModelWatcher | None = None
+    human_labels: HumanLabels | None = None
 
     @property
     def fleet(self) -> bool:
@@ -173,8 +177,11 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
         classifier = slot.fill(Classifier(model, teacher=teacher, follow=home, shadow=shadow, **kwargs))
         undo.pop_all()
     _start(classifier.watcher, shadow_watcher, sync, background_reload)
+    writer = None if served.labels is None else HumanLabels(     # the labels of the model served now
+        served.labels, lambda: classifier.model.manifest.labels, fleet=site.fleet, live=True)
     return Runtime(classifier, labels=served.labels, store=served.store, sink=served.sink, sync=sync,
-                   teacher=teacher if own_teacher else None, shadow=shadow, shadow_watcher=shadow_watcher)
+                   teacher=teacher if own_teacher else None, shadow=shadow, shadow_watcher=shadow_watcher,
+                   human_labels=writer)
 
 
 def _shadow_parts(cfg: Config, home: ModelRegistry | None, sink: object,

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -31,6 +31,11 @@ from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.output import echo_json
 from flywheel.training.review import REASONS, ReviewFilters, ReviewItem, all_choices
+
+if TYPE_CHECKING:
+    from flywheel.fleet.human_labels import HumanLabels
+    from flywheel.fleet.site import Site
+    from flywheel.logstore import LogStore
 
 __all__ = ["NoTerminalError", "Reviewer", "review_command", "ui_command"]
 
@@ -65,7 +70,7 @@ class Reviewer:
     item) and written by :meth:`close`; ``u`` after a skip goes back to the skipped item."""
 
     items: Sequence[ReviewItem]
-    write: Callable[[str, str | None], None]
+    write: Callable[[str, str | None], object]
     labels: Sequence[str] | None = None
     position: int = 0
     labelled: int = 0
@@ -242,27 +247,25 @@ def review_command(
 
     from flywheel.training.review import review_queue
 
-    cfg, store, write, fleet = _open_review(home, log_db, author)
+    _, store, writer = _open_review(home, log_db)
     if import_ls is not None:
         # locally every decision must be in the log before anything is written; a fleet's labels
         # may name a decision another replica has not shipped yet (checked at retrain)
-        _import_label_studio(import_ls, cfg, write, author, None if fleet else store.has_decision)
+        _import_label_studio(import_ls, writer, author, None if writer.fleet else store.has_decision)
         return
     filters = ReviewFilters(intent=intent, tier=tier, layer=layer, reasons=tuple(reason or ()),
                             min_confidence=min_confidence, max_confidence=max_confidence,
                             since=None if days is None else time.time() - days * 86_400)
-    from flywheel.training.feedback import known_labels
-
-    served = known_labels(cfg)
+    served = writer.labels     # the served model's, read once
     items = review_queue(store, filters, limit=limit, labels=served)
     if export_ls is not None:
-        _export_label_studio(export_ls, items, cfg)
+        _export_label_studio(export_ls, items, served)
         return
     if as_json:
         echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
         return
     check_terminal()
-    walk(Reviewer(items, write, served))
+    walk(Reviewer(items, lambda did, label: writer.record(did, label, author=author), served))
 
 
 def check_terminal() -> None:
@@ -287,55 +290,44 @@ def check_terminal() -> None:
                               "or label it in a browser with flywheel ui") from None
 
 
-def _open_review(home: Optional[Path], log_db: Optional[str], author: Optional[str]
-                 ) -> tuple[Any, Any, Callable[..., Any], bool]:
-    """``(config, log, write, fleet)`` for the review commands: the log (mirrored in fleet
-    mode) and ``write(decision_id, label, who=author, uid=None)``, which records a human label
-    the way ``flywheel feedback`` does (through the fleet's labels in fleet mode, so it ships)
-    and returns whether it was new (the same label from the same author is recorded once)."""
+def _open_review(home: Optional[Path], log_db: Optional[str]) -> tuple[Site, LogStore, HumanLabels]:
+    """``(site, log, writer)`` for the review commands: the log (mirrored in fleet mode) and the
+    site's one writer of human labels (:class:`fleet.human_labels.HumanLabels`: the served
+    model's labels, through the fleet's labels in fleet mode, so they ship), as
+    ``flywheel feedback`` records them."""
     from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import add_feedback
 
-    cfg = load_config(home=home, log_db=log_db)
-    site = open_site(cfg)
+    site = open_site(load_config(home=home, log_db=log_db))
     store = site.open_log()
-    labels = site.labels(store) if site.fleet else None
-
-    def write(decision_id: str, label: str | None, who: str | None = author, uid: str | None = None) -> bool:
-        return add_feedback(cfg, decision_id, label_name(label), author=who, store=store, labels=labels,
-                            label_uid=uid)[1]
-
-    return cfg, store, write, site.fleet
+    return site, store, site.human_labels(store)
 
 
-def _export_label_studio(path: Path, items: Sequence[ReviewItem], cfg: Any) -> None:
+def _export_label_studio(path: Path, items: Sequence[ReviewItem], labels: Sequence[str] | None) -> None:
     import json
 
-    from flywheel.training.feedback import known_labels
     from flywheel.training.label_studio import export_tasks, labeling_config
 
     path.write_text(json.dumps(export_tasks(items), ensure_ascii=False, indent=1), encoding="utf-8")
     config = path.with_suffix(".xml")
-    config.write_text(labeling_config(known_labels(cfg) or ()), encoding="utf-8")
+    config.write_text(labeling_config(labels or ()), encoding="utf-8")
     typer.echo(f"wrote {len(items)} Label Studio task(s) to {path} and the labeling config to {config}")
 
 
-def _import_label_studio(path: Path, cfg: Any, write: Callable[..., bool], author: str | None,
+def _import_label_studio(path: Path, writer: HumanLabels, author: str | None,
                          known: Callable[[str], bool] | None) -> None:
     import json
 
-    from flywheel.training.feedback import known_labels
     from flywheel.training.label_studio import LabelStudioError, import_annotations, read_annotations
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LabelStudioError(f"{path}: cannot read a Label Studio export: {exc}") from None
-    rows, skipped = read_annotations(doc, known_labels(cfg))
+    rows, skipped = read_annotations(doc, writer.labels)
     merged = _merged_ids(path, doc)
     rows = [a._replace(decision_id=one) for a in rows for one in merged.get(a.decision_id, (a.decision_id,))]
     # each label once: the same export imported again records nothing and says so
-    report = import_annotations(rows, skipped, write, author=author, known=known, where=path)
+    report = import_annotations(rows, skipped, writer, author=author, known=known, where=path)
     typer.echo(report.summary(path))
 
 
@@ -395,11 +387,11 @@ def ui_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Serve the review queue as a page and a JSON API until interrupted."""
-    from flywheel.training.feedback import known_labels
+    from flywheel.training.dashboard import retrain_history
     from flywheel.training.ui import ReviewApp, make_server
 
-    cfg, store, write, _ = _open_review(home, log_db, None)
-    app = ReviewApp(store, write, labels=known_labels(cfg), admin_token=admin_token, models_home=cfg.models_dir)
+    site, store, writer = _open_review(home, log_db)   # the retrain history: the site's registry's versions
+    app = ReviewApp(store, writer, admin_token=admin_token, history=lambda: retrain_history(site.version_reports()))
     server = make_server(app, host, port)
     where = f"http://{host}:{server.server_address[1]}/"
     typer.echo(f"flywheel ui: serving the review queue at {where}"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import html
 import io
 import json
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["MIN_POINT", "charts", "dashboard_data", "figures", "render_dashboard", "retrain_history"]
@@ -45,35 +45,28 @@ FROM decisions d LEFT JOIN decision_labels dl USING (decision_id)
 """
 
 
-def retrain_history(models_home: str | Path | None) -> list[dict[str, Any]]:
-    """Every retrain's outcome, oldest first, from the versions' ``report.json`` under
-    ``models_home`` (``[]`` when there is none)."""
-    if models_home is None or not Path(models_home).is_dir():
-        return []
+def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every retrain's outcome, oldest first, from the versions' ``report.json``: ``reports``
+    is ``(version, report)`` of each, as the site's registry has them
+    (:meth:`fleet.site.Site.version_reports`: the local home's, or the fleet's bucket's)."""
     out = []
-    for d in sorted(Path(models_home).iterdir()):
-        path = d / "report.json"
-        if not path.is_file():
-            continue
-        try:
-            r = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+    for name, r in reports:
         ch, champ = r.get("challenger") or {}, r.get("champion") or {}
-        out.append({"version": r.get("version") or d.name, "created_at": r.get("created_at"),
+        out.append({"version": r.get("version") or name, "created_at": r.get("created_at"),
                     "outcome": r.get("outcome"), "reason": r.get("reason"),
                     "challenger_accuracy": ch.get("accuracy"), "champion_accuracy": champ.get("accuracy"),
                     "champion_version": r.get("champion_version"), "n": ch.get("n")})
     return sorted(out, key=lambda h: (h["created_at"] or "", h["version"]))
 
 
-def dashboard_data(store: Any, models_home: str | Path | None, *, window: int = 1000) -> dict[str, Any]:
-    """What the dashboard shows (see the module docs); JSON-ready."""
+def dashboard_data(store: Any, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
+    """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`);
+    JSON-ready."""
     from flywheel.training.stats import convergence
 
     stats = convergence(store, window=window, top=8)
     llm_valid, needless, confident, confident_corrected = (int(x or 0) for x in store.query(_NEEDLESS_SQL)[0])
-    return {"stats": stats, "history": retrain_history(models_home),
+    return {"stats": stats, "history": history,
             "errors": {"teacher_calls": llm_valid, "teacher_calls_layer2_had": needless,
                        "confident_layer2": confident, "confident_layer2_corrected": confident_corrected}}
 

@@ -29,12 +29,15 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
 from flywheel.logstore.label_records import stable_label_uid
 from flywheel.training.review import ReviewItem
+
+if TYPE_CHECKING:
+    from flywheel.fleet.human_labels import HumanLabels
 
 __all__ = ["FROM_NAME", "TO_NAME", "Annotation", "ImportReport", "LabelStudioError", "export_tasks",
            "import_annotations", "labeling_config", "read_annotations"]
@@ -159,17 +162,20 @@ def read_annotations(doc: Any, labels: Sequence[str] | None) -> tuple[list[Annot
     return out, skipped
 
 
-def import_annotations(rows: Sequence[Annotation], skipped: int,
-                       write: Callable[[str, str | None, str | None, str], bool], *,
+def import_annotations(rows: Sequence[Annotation], skipped: int, writer: HumanLabels, *,
                        author: str | None = None, known: Callable[[str], bool] | None = None,
                        where: object = "the export") -> ImportReport:
-    """Record the annotations ``rows`` (:func:`read_annotations`; ``skipped``: the tasks it
-    skipped) as human labels, each once.
-
-    ``write(decision_id, label, author, label_uid)`` records one and returns whether it was
-    new (:func:`training.feedback.add_feedback`); ``author`` overrides each annotation's.
-    With ``known``, every decision must be in the log first: else :class:`LabelStudioError`
-    and nothing is written."""
+    """Record the annotations ``rows`` (:func:`read_annotations`, against ``writer.labels``;
+    ``skipped``: the tasks it skipped) as human labels, each once, through the site's one
+    writer (:class:`fleet.human_labels.HumanLabels`); ``author`` overrides each annotation's.
+    Every decision id is checked first (:meth:`~fleet.human_labels.HumanLabels.check_id`;
+    with ``known``, every decision must be in the log): else :class:`LabelStudioError` and
+    nothing is written."""
+    for a in rows:
+        try:
+            writer.check_id(a.decision_id)
+        except FlywheelError as exc:
+            raise LabelStudioError(f"{where}: {exc}; nothing was recorded") from None
     missing = [a.decision_id for a in rows if known is not None and not known(a.decision_id)]
     if missing:
         raise LabelStudioError(f"{where}: {len(missing)} task(s) name decisions not in the log (first: "
@@ -177,5 +183,5 @@ def import_annotations(rows: Sequence[Annotation], skipped: int,
     recorded = 0
     for a in rows:
         who = author or a.author
-        recorded += bool(write(a.decision_id, a.label, who, a.label_uid(who)))
+        recorded += writer.record(a.decision_id, a.label, author=who, label_uid=a.label_uid(who))
     return ImportReport(recorded, len(rows) - recorded, skipped)

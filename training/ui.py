@@ -37,14 +37,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.label_names import parse_label
+from flywheel.logstore.errors import UnknownDecisionError
 from flywheel.training.review import ReviewError, ReviewFilters, review_queue
 from flywheel.training.ui_page import render_page
+
+if TYPE_CHECKING:
+    from flywheel.fleet.human_labels import HumanLabels
 
 __all__ = ["MAX_BODY", "ReviewApp", "Response", "make_server"]
 
@@ -83,25 +85,25 @@ class ReviewApp:
     ----------
     store : logstore.LogStore
         The log the queue is read from (its read-only ``query``).
-    write : callable
-        ``write(decision_id, label, author)`` stores one human label (``None`` = out of
-        scope); raises :class:`logstore.UnknownDecisionError` for an id not in the log.
-    labels : sequence of str, optional
-        The label names a label must be one of (``None``: any).
+    writer : fleet.human_labels.HumanLabels
+        The site's one writer of human labels (:meth:`fleet.site.Site.human_labels`): its
+        ``labels`` (the served model's, read once) are the ones a label must be one of and
+        the page offers; a POSTed label is parsed and its decision id checked by it, and
+        recorded through it (locally an id not in the log is a 404).
     admin_token : str, optional
         The token writes need; ``None``: read-only.
-    models_home : path, optional
-        The models home whose versions' reports are the dashboard's retrain history.
+    history : callable, optional
+        The dashboard's retrain history (``[]`` without; ``flywheel ui``:
+        :func:`training.dashboard.retrain_history` of the site's versions' reports).
     """
 
-    def __init__(self, store: Any, write: Callable[[str, str | None, str | None], None], *,
-                 labels: Sequence[str] | None = None, admin_token: str | None = None,
-                 models_home: str | Path | None = None) -> None:
+    def __init__(self, store: Any, writer: HumanLabels, *, admin_token: str | None = None,
+                 history: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.store = store
-        self.write = write
-        self.labels = labels
+        self.writer = writer
+        self.labels: Sequence[str] | None = writer.labels
         self.admin_token = admin_token or None
-        self.models_home = models_home
+        self.history = history or list
 
     def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes = b"") -> Response:
         """Answer one request; never raises for bad input."""
@@ -180,7 +182,7 @@ class ReviewApp:
         raw = (query.get("window") or ["1000"])[-1]
         if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
             raise _BadRequest(400, f"window must be a whole number of decisions from 1 to 1000000, got {raw!r}")
-        data = dashboard_data(self.store, self.models_home, window=int(raw))
+        data = dashboard_data(self.store, self.history(), window=int(raw))
         if not page:
             return Response.json(200, data)
         return Response(200, "text/html; charset=utf-8", render_dashboard(data).encode("utf-8"))
@@ -207,12 +209,10 @@ class ReviewApp:
         if not isinstance(raw, list) or not raw or len(raw) > MAX_LABELS:
             raise _BadRequest(400, f"'labels' must be a list of 1 to {MAX_LABELS} objects")
         checked = [self._check_item(i, item) for i, item in enumerate(raw)]   # all, before any write
-        from flywheel.logstore import UnknownDecisionError
-
         done: list[dict[str, str | None]] = []
         for did, label, author in checked:
             try:
-                self.write(did, label, author)
+                self.writer.record(did, label, author=author)
             except UnknownDecisionError:
                 raise _BadRequest(404, f"item {len(done)}: no decision {did!r} in the log; "
                                        f"{len(done)} label(s) before it were recorded") from None
@@ -222,18 +222,22 @@ class ReviewApp:
     def _check_item(self, i: int, item: Any) -> tuple[str, str | None, str | None]:
         if not isinstance(item, dict):
             raise _BadRequest(400, f"item {i}: expected an object with decision_id and label")
-        did, author = item.get("decision_id"), item.get("author")
-        if not isinstance(did, str) or not did.strip():
-            raise _BadRequest(400, f"item {i}: decision_id must be a non-empty string")
+        author = item.get("author")
+        try:
+            did = self.writer.check_id(item.get("decision_id"))
+        except UnknownDecisionError as exc:     # a fleet's: cannot be a decision of the fleet's
+            raise _BadRequest(404, f"item {i}: {exc}; nothing was recorded") from None
+        except FlywheelError as exc:
+            raise _BadRequest(400, f"item {i}: {exc}") from None
         if author is not None and not isinstance(author, str):
             raise _BadRequest(400, f"item {i}: author must be a string")
         if "label" not in item:
             raise _BadRequest(400, f"item {i}: label is missing (OUT_OF_SCOPE for none)")
         try:
-            label = parse_label(item["label"], self.labels, what="label")
+            label = self.writer.parse(item["label"])
         except FlywheelError as exc:
             raise _BadRequest(400, f"item {i}: {exc}") from None
-        return did.strip(), label, author
+        return did, label, author
 
 
 def _content_length(raw: str | None) -> int | None:

@@ -211,3 +211,69 @@ def test_the_same_label_studio_export_imported_twice_ships_its_labels_once(objec
     mirror(objects, fresh)
     assert fresh.query("SELECT count(*) FROM labels WHERE source = 'human'")[0][0] == 3
     assert fresh.count_new_labels(None) == 3
+
+
+def test_a_host_that_has_not_synced_labels_with_the_fleets_intents(objects, store_env, tmp_path, monkeypatch,
+                                                                    capsys):
+    """Issue 33, items 3 and 4: which model is served is the site's to say. Host A promoted a
+    version whose intents are not the starter set's; host B (a fresh home, no intents set,
+    nothing synced) takes ``feedback ID BILLING``, refuses a starter-only label, offers the
+    fleet's intents in ``review --json`` (reading the bucket's manifest, downloading nothing)
+    and asks the teacher with the fleet's options in ``flywheel label``."""
+    import copy
+
+    import flywheel.classifier.encoders
+    from flywheel.classifier.config import load_config
+    from flywheel.classifier.decision import Candidate, Layer2Answer, TeacherCall
+    from tests.support.docs import ALWAYS_UNSURE
+    from tests.support.simulated_ollama import SimulatedOllama
+
+    emb = HashEmbedder()
+    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: emb)
+    for name in ("FLYWHEEL_TEACHER", "FLYWHEEL_TEACHER_HOST", "FLYWHEEL_INTENTS", "FLYWHEEL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    doc = copy.deepcopy(DOC)
+    doc["thresholds"] = ALWAYS_UNSURE
+    doc["teacher"] = {"model": "tiny-llm", "timeout_s": 5.0}
+    doc["intents"] = [{"name": n, "description": n.lower(), "examples": [f"{n.lower()} {w}" for w in
+                                                                         ("one", "two", "three", "four", "five")]}
+                      for n in ("BILLING", "REFUND")]
+    doc["rules"] = []
+    host_a = BucketRegistry(objects, ModelRegistry(tmp_path / "host-a"))
+    publish(host_a, fit_model(parse_intents(doc), embedder=emb, version="base"), "v1")
+    host_a.promote("v1", expected=None)
+
+    sink = SpoolSink(tmp_path / "replica.spool", drain=ObjectShipper(objects), fsync=False)
+    served = Decision(label="BILLING", confidence=0.9, tier=Tier.CONFIDENT, layer=Layer.LLM, reason="t",
+                      alternatives=[Candidate("CODE_GENERATION", 0.2)],
+                      teacher=TeacherCall("llm", "BILLING", True, 9.0))
+    pending = Decision(label="REFUND", confidence=0.4, tier=Tier.WEAK, layer=Layer.EMBEDDING, reason="t")
+    sink.write(DecisionRecord(decision=served, text="my invoice twice", created_at=1.79e9,
+                              layer2=Layer2Answer("REFUND", 0.5, Tier.WEAK)))
+    sink.write(DecisionRecord(decision=pending, text="refund one please", created_at=1.79e9, pending=True,
+                              layer2=Layer2Answer("REFUND", 0.4, Tier.WEAK)))
+    assert sink.drain_now(timeout_s=30) == 2
+    sink.close()
+    home = load_config().models_dir                                   # host B: nothing synced, no intents
+
+    rc, out, err = run(capsys, "review", "--json", "--reason", "teacher_vs_l2")
+    assert rc == 0, err
+    items = json.loads(out.strip().splitlines()[-1])["items"]
+    assert [(it["decision_id"], it["choices"]) for it in items] == [(served.id, ["BILLING", "REFUND"])]
+    rc, out, err = run(capsys, "feedback", served.id, "BILLING")
+    assert rc == 0 and f"recorded BILLING for decision {served.id}" in out, err
+    rc, out, err = run(capsys, "feedback", served.id, "CODE_GENERATION")     # the starter set's, not the fleet's
+    assert rc == 2 and "unknown label 'CODE_GENERATION'" in err and "BILLING, REFUND" in err, err
+    assert not (home / "CURRENT").exists() and not (home / "v1").exists()   # the manifest read, nothing downloaded
+
+    with SimulatedOllama({"refund one please": "REFUND"}, accuracy=1.0, latency_scale=0.0) as sim:
+        rc, out, err = run(capsys, "label", "--teacher-host", sim.url, "--quiet")
+        assert rc == 0 and out.startswith("labelled 1 of 1 pending decision"), err
+        assert [(a[0], a[2], set(a[3]) - {"OUT_OF_SCOPE"}) for a in sim.answers] == [
+            ("refund one please", "REFUND", {"BILLING", "REFUND"})]
+    from flywheel.fleet.mirror import mirror
+
+    fresh = LogStore(tmp_path / "another-host.duckdb")
+    mirror(objects, fresh)
+    rows = {r.decision_id: r for r in fresh.labelled_rows()}
+    assert rows[served.id].human_label == "BILLING" and rows[pending.id].teacher_label == "REFUND"

@@ -44,7 +44,7 @@ def test_many_windows_still_tick_in_whole_numbers():
 
 
 def test_nothing_to_draw_is_a_sentence_not_an_empty_chart(tmp_path):
-    data = dashboard_data(LogStore(tmp_path / "empty.duckdb"), tmp_path / "no-models", window=100)
+    data = dashboard_data(LogStore(tmp_path / "empty.duckdb"), [], window=100)
     pics = charts(data)
     assert not any("<svg" in p for p in pics.values())
     assert pics["llm_share"].startswith('<p class="empty">No decisions logged yet')

@@ -106,6 +106,7 @@ def test_feedback_given_again_says_nothing_was_written(logged, capsys):
 def test_a_second_import_does_not_reach_the_retrains_min_new_labels(tmp_path):
     """The retrain's ``--min-new-labels`` after the same export was imported twice: it counts
     the labels once, so the run still skips."""
+    from flywheel.fleet.human_labels import HumanLabels
     from flywheel.training.label_studio import import_annotations, read_annotations
     from tests.support.worlds import World
 
@@ -116,11 +117,9 @@ def test_a_second_import_does_not_reach_the_retrains_min_new_labels(tmp_path):
     done = [{"data": {"decision_id": r.decision.id}, "annotations": _annotation(y or "OUT_OF_SCOPE", "2026-11-27", i)}
             for i, (r, (_, y)) in enumerate(zip(recs[:3], items[:3]))]
 
-    def write(did, label, who, uid):
-        return world.store.add_human_label(did, label, author=who, label_uid=uid)
-
+    writer = HumanLabels(world.store, lambda: world.intents.labels)
     for n in (3, 0):
-        report = import_annotations(*read_annotations(done, world.intents.labels), write)
+        report = import_annotations(*read_annotations(done, writer.labels), writer)
         assert (report.recorded, report.already) == (n, 3 - n)
     skipped = world.run(min_new_labels=4)
     assert skipped.outcome == "skipped" and skipped.reason.startswith("3 new labels since "), skipped.reason

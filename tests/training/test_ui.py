@@ -14,8 +14,12 @@ from html.parser import HTMLParser
 
 import pytest
 
+from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import Layer, Tier
+from flywheel.fleet.human_labels import HumanLabels
+from flywheel.fleet.site import LocalSite
 from flywheel.logstore import LogStore
+from flywheel.training.dashboard import retrain_history
 from flywheel.training.ui import MAX_BODY, ReviewApp, make_server
 from tests.support.records import review_record, teacher_call
 from tests.support.worlds import write
@@ -40,10 +44,7 @@ def store(tmp_path):
 
 
 def _app(store, token=TOKEN):
-    def write_label(did, label, author):
-        store.add_human_label(did, label, author=author)
-
-    return ReviewApp(store, write_label, labels=LABELS, admin_token=token)
+    return ReviewApp(store, HumanLabels(store, lambda: LABELS), admin_token=token)
 
 
 def _human(store) -> dict:
@@ -206,7 +207,8 @@ def test_the_dashboard_draws_the_log_and_the_retrain_history(store, tmp_path):
     _report(models, "v2", "2026-11-27T02:00:00Z", "kept", 0.80, 0.85)
     _report(models, "v1", "2026-11-27T01:00:00Z", "promoted", 0.85, 0.70)
     store.add_human_label(IDS[1], "RETRIEVAL", author="ana")      # a correction of a served PLATFORM
-    app = ReviewApp(store, lambda *a: None, labels=LABELS, admin_token=None, models_home=models)
+    app = ReviewApp(store, HumanLabels(store, lambda: LABELS), admin_token=None,
+                    history=lambda: retrain_history(LocalSite(load_config(home=tmp_path)).version_reports()))
     doc = json.loads(app.handle("GET", "/api/dashboard?window=2", {}).body)
     assert [h["version"] for h in doc["history"]] == ["v1", "v2"]                 # oldest first
     assert doc["history"][0]["outcome"] == "promoted" and doc["history"][1]["challenger_accuracy"] == 0.80
@@ -222,7 +224,8 @@ def test_the_dashboard_draws_the_log_and_the_retrain_history(store, tmp_path):
 
 
 def test_the_dashboard_works_on_an_empty_log(tmp_path):
-    app = ReviewApp(LogStore(tmp_path / "empty.duckdb"), lambda *a: None, models_home=tmp_path / "none")
+    empty = LogStore(tmp_path / "empty.duckdb")
+    app = ReviewApp(empty, HumanLabels(empty, lambda: None))
     res = app.handle("GET", "/dashboard", {})
     assert res.status == 200 and "No retrain yet" in res.body.decode() and "<svg" not in res.body.decode()
     bad = app.handle("GET", "/api/dashboard?window=0", {})

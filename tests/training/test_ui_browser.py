@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.classifier.decision import Layer, Tier
+from flywheel.fleet.human_labels import HumanLabels
 from flywheel.training.trainset import build_training_set
 from flywheel.training.ui import ReviewApp, make_server
 from tests.support.records import review_record, teacher_call
@@ -68,10 +69,7 @@ def served(tmp_path):
                       teacher=teacher_call("RETRIEVAL"), age_days=2),
     ])
 
-    def write_label(did, label, author):
-        world.store.add_human_label(did, label, author=author)
-
-    app = ReviewApp(world.store, write_label, labels=world.intents.labels, admin_token=TOKEN)
+    app = ReviewApp(world.store, HumanLabels(world.store, lambda: world.intents.labels), admin_token=TOKEN)
     server = make_server(app, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -143,10 +141,7 @@ def _shot(browser, tmp_path, name: str) -> None:
 
 
 def _serve(store, labels):
-    def write_label(did, label, author):
-        store.add_human_label(did, label, author=author)
-
-    server = make_server(ReviewApp(store, write_label, labels=labels, admin_token=TOKEN), "127.0.0.1", 0)
+    server = make_server(ReviewApp(store, HumanLabels(store, lambda: labels), admin_token=TOKEN), "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
