@@ -314,22 +314,16 @@ def feedback_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
-    from flywheel.classifier.decision import looks_like_decision_id
     from flywheel.fleet.site import open_site
-    from flywheel.training.feedback import add_feedback
 
     cfg = load_config(home=home, log_db=log_db)
     site = open_site(cfg)
-    if not site.fleet:
-        stored, new = add_feedback(cfg, decision_id, label, author=author)
-    else:  # fleet mode: the decision may be on a replica's spool still; checked at retrain
-        if not looks_like_decision_id(decision_id):
-            raise InvalidInputError(f"{decision_id!r} is not a decision id (32 lowercase hex characters)")
-        store = site.open_log()
-        stored, new = add_feedback(cfg, decision_id, label, author=author, labels=site.labels(store))
-        if not store.has_decision(decision_id):
-            typer.echo(f"flywheel: note: decision {decision_id} is not in the fleet's log yet; the label "
-                       f"is kept and counts once the decision arrives", err=True)
+    store = site.open_log()   # a fleet's is mirrored first
+    # the site's one writer: the served model's labels (a fleet's, even before this host synced)
+    stored, new = site.human_labels(store).record_text(decision_id, label, author=author)
+    if site.fleet and not store.has_decision(decision_id.strip()):   # on a replica's spool still
+        typer.echo(f"flywheel: note: decision {decision_id.strip()} is not in the fleet's log yet; the label "
+                   f"is kept and counts once the decision arrives", err=True)
     if new:
         typer.echo(f"recorded {label_name(stored)} for decision {decision_id}")
     else:   # the same label from the same author: recorded once
@@ -347,7 +341,8 @@ def label_command(
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
-    from flywheel.classifier.default import build_classifier
+    from flywheel.classifier.pipeline import Classifier
+    from flywheel.classifier.teachers import build_teacher
     from flywheel.fleet.site import open_site
     from flywheel.training.labeling import backfill_pending
 
@@ -356,7 +351,8 @@ def label_command(
         raise FlywheelError("the teacher is off (teacher = off); nothing can label pending decisions")
     site = open_site(cfg)
     store = site.open_log(progress=not quiet)
-    clf = build_classifier(cfg, progress=not quiet)
+    model = site.served_model(progress=not quiet)   # a fleet's current version, even before this host synced
+    clf = Classifier(model, teacher=build_teacher(cfg, model.intents), cache_root=cfg.cache_root)
     try:
         counts = backfill_pending(store, clf, batch_size=batch_size, limit=limit, progress=not quiet,
                                   labels=site.labels(store))
