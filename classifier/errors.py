@@ -52,6 +52,17 @@ class UnknownLabelError(InvalidInputError):
     """A label (declared type, feedback label) is not in the intent set."""
 
 
+class TuneSettingsError(InvalidInputError):
+    """An encoder-tuning setting is out of range: raised by ``TuneSettings`` itself, the one
+    check, whether the value came from ``embedder.tune`` or a ``--tune-*`` flag (``via``)."""
+
+    def __init__(self, field: str, problem: str, via: str | None = None) -> None:
+        self.field = field
+        self.problem = problem
+        self.via = via
+        super().__init__(f"{via}: tune.{field} {problem}" if via else f"tune.{field} {problem}")
+
+
 class ModelError(FlywheelError):
     """A model version is missing, corrupt or does not match its encoder."""
 

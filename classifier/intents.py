@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from flywheel.classifier.errors import IntentFileError
+from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.label_names import OUT_OF_SCOPE_NAMES, suggest_label
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
@@ -110,6 +110,38 @@ class TuneSettings:
     # "auto": crossfit up to training.tuner.export.CROSSFIT_MAX_ROWS rows, where a holdout
     # costs the most, holdout above (BENCHMARKS.md §14.12)
     calibration: str = "auto"
+
+    def __post_init__(self) -> None:
+        """The one check of these settings, wherever they come from (the intent file,
+        ``--tune-*`` flags, ``RetrainOptions``): :class:`TuneSettingsError` names the
+        first field out of range; numbers are stored as floats."""
+        for name, allowed in (("objective", TUNE_OBJECTIVES), ("calibration", TUNE_CALIBRATIONS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise TuneSettingsError(name, f"must be one of {', '.join(allowed)}, got {value!r}")
+        for name, lo, hi in _TUNE_BOUNDS:
+            value = getattr(self, name)
+            if hi is not None:
+                object.__setattr__(self, name, _tune_number(name, value, lo, hi))
+            elif isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise TuneSettingsError(name, f"must be an integer >= {lo}, got {value!r}")
+
+
+# TuneSettings' bounds, stated once, in field order: (name, lowest, highest; None: an integer)
+_TUNE_BOUNDS: tuple[tuple[str, Any, float | None], ...] = (
+    ("budget_s", 0.0, 7 * 86400.0), ("epochs", 1, None), ("batch_size", 2, None), ("learning_rate", 1e-8, 1.0),
+    ("max_length", 8, None), ("seed", 0, None), ("holdout", 0.0, 0.5))
+
+
+def _tune_number(name: str, value: Any, lo: float, hi: float) -> float:
+    """``value`` as a float within ``[lo, hi]`` (the budget: above 0), else :class:`TuneSettingsError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TuneSettingsError(name, f"must be a number, got {value!r}")
+    if name == "budget_s" and not 0.0 < float(value) <= hi:
+        raise TuneSettingsError(name, f"must be a positive number of seconds up to {hi:g} (7 days), got {value!r}")
+    if not lo <= float(value) <= hi:
+        raise TuneSettingsError(name, f"must be between {lo} and {hi}, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -316,15 +348,27 @@ def _ambiguous_ratio(c: Any, th: dict[str, Any], source: str) -> float | None:
 
 
 def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
-    """Validate a parsed document (a dict) into an :class:`IntentSet`."""
+    """Validate a parsed document (a dict) into an :class:`IntentSet`, section by section
+    (each check raises :class:`IntentFileError` naming the file, the intent and the problem)."""
     c = _Checker(source)
     doc = c.mapping(doc, "the top level", _TOP_KEYS)
     if not doc:
         raise c.fail("the file is empty")
     if doc.get("version", 1) != 1:
         raise c.fail(f"unsupported version {doc.get('version')!r} (supported: 1)")
+    intents = _intents(c, doc.get("intents"))
+    seen = {i.name for i in intents}
+    rules = _rules(c, doc.get("rules") or [], seen)
+    oos_examples, synthetic = _out_of_scope(c, doc.get("out_of_scope"), intents)
+    languages = _languages(c, doc.get("languages"))
+    return IntentSet(name=str(doc.get("name") or Path(source).stem), intents=intents, rules=rules,
+                     oos_examples=oos_examples, languages=languages, synthetic_negatives=synthetic,
+                     embedder=_embedder(c, doc.get("embedder"), languages), teacher=_teacher(c, doc.get("teacher")),
+                     thresholds=_thresholds(c, doc.get("thresholds"), intents, source), source=source)
 
-    raw_intents = doc.get("intents")
+
+def _intents(c: _Checker, raw_intents: Any) -> tuple[Intent, ...]:
+    """``intents``: a non-empty list of named intents, each with examples."""
     if not isinstance(raw_intents, list) or not raw_intents:
         raise c.fail("'intents' must be a non-empty list")
     intents: list[Intent] = []
@@ -339,33 +383,49 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
             raise c.fail("duplicate intent", name)
         _check_name(c, name, seen)
         seen.add(name)
-        examples = c.texts(raw.get("examples"), "examples", name)
-        if not examples:
-            raise c.fail("intent has no examples", name)
-        th = c.mapping(raw.get("thresholds"), "thresholds", _PER_INTENT_KEYS, name)
-        conf = c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0, name)
-        desc = raw.get("description") or ""
-        if not isinstance(desc, str):
-            raise c.fail("description must be a string", name)
-        intents.append(Intent(name=name, description=desc.strip(), examples=examples, confident=conf,
-                              metadata=c.string_map(raw.get("metadata"), "metadata", name)))
+        intents.append(_intent(c, name, raw))
+    return tuple(intents)
 
-    rules = tuple(_parse_rule(c, r, n, seen) for n, r in enumerate(doc.get("rules") or []))
+
+def _intent(c: _Checker, name: str, raw: dict[str, Any]) -> Intent:
+    examples = c.texts(raw.get("examples"), "examples", name)
+    if not examples:
+        raise c.fail("intent has no examples", name)
+    th = c.mapping(raw.get("thresholds"), "thresholds", _PER_INTENT_KEYS, name)
+    conf = c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0, name)
+    desc = raw.get("description") or ""
+    if not isinstance(desc, str):
+        raise c.fail("description must be a string", name)
+    return Intent(name=name, description=desc.strip(), examples=examples, confident=conf,
+                  metadata=c.string_map(raw.get("metadata"), "metadata", name))
+
+
+def _rules(c: _Checker, raw_rules: Any, seen: set[str]) -> tuple[Rule, ...]:
+    """``rules``: each checked by :func:`_parse_rule`; ids unique."""
+    rules = tuple(_parse_rule(c, r, n, seen) for n, r in enumerate(raw_rules))
     ids = [r.id for r in rules]
     dup = next((i for i in ids if ids.count(i) > 1), None)
     if dup is not None:
         raise c.fail(f"duplicate rule id {dup!r}")
+    return rules
 
-    oos = c.mapping(doc.get("out_of_scope"), "out_of_scope", _OOS_KEYS)
+
+def _out_of_scope(c: _Checker, value: Any, intents: tuple[Intent, ...]) -> tuple[tuple[str, ...], int]:
+    """``out_of_scope``: its examples and the number of synthetic negatives (a single
+    intent needs one or the other)."""
+    oos = c.mapping(value, "out_of_scope", _OOS_KEYS)
     oos_examples = c.texts(oos.get("examples"), "out_of_scope.examples")
     synthetic = c.integer(oos.get("synthetic", IntentSet.synthetic_negatives), "out_of_scope.synthetic", 0)
     if len(intents) == 1 and not oos_examples and synthetic == 0:
         raise c.fail("a single intent is trained against out of scope, and this file gives none: add "
                      "out_of_scope.examples (what the intent is not) or leave out_of_scope.synthetic above 0",
                      intents[0].name)
+    return oos_examples, synthetic
 
-    languages = _languages(c, doc.get("languages"))
-    e = c.mapping(doc.get("embedder"), "embedder", _EMBEDDER_KEYS)
+
+def _embedder(c: _Checker, value: Any, languages: tuple[str, ...]) -> EmbedderSettings:
+    """``embedder``: the backend (``auto``: from the languages), its runtime and settings."""
+    e = c.mapping(value, "embedder", _EMBEDDER_KEYS)
     backend = e.get("backend") or "auto"
     if backend not in EMBEDDER_BACKENDS:
         raise c.fail(f"embedder.backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
@@ -377,7 +437,7 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     if backend == MULTILINGUAL_BACKEND and runtime != "auto":
         raise c.fail(f"embedder.runtime {runtime!r} does not apply to the {backend} backend "
                      "(a numpy forward pass): leave it unset or 'auto'")
-    embedder = EmbedderSettings(
+    return EmbedderSettings(
         backend=backend,
         model=e.get("model"),
         batch_size=c.integer(e.get("batch_size", EmbedderSettings.batch_size), "embedder.batch_size", 1),
@@ -391,12 +451,15 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         tune=_tune(c, e.get("tune")),
     )
 
-    if isinstance(doc.get("teacher"), dict) and "api_key" in doc["teacher"]:  # never echo its value
+
+def _teacher(c: _Checker, value: Any) -> TeacherSettings:
+    """``teacher``: the backend and its limits (never an API key)."""
+    if isinstance(value, dict) and "api_key" in value:  # never echo its value
         raise c.fail("teacher.api_key is not read from an intent file (it would be a secret in a "
                      "versioned file): set the OPENAI_API_KEY environment variable instead")
-    t = c.mapping(doc.get("teacher"), "teacher", _TEACHER_KEYS)
+    t = c.mapping(value, "teacher", _TEACHER_KEYS)
     td = TeacherSettings   # the one owner of every default below
-    teacher = TeacherSettings(
+    return TeacherSettings(
         backend=_choice(c, t.get("backend", td.backend), "teacher.backend", TEACHER_BACKENDS),
         model=str(t.get("model", td.model)),
         host=t.get("host"),
@@ -420,19 +483,24 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         ask_twice=_flag(c, t.get("ask_twice", td.ask_twice), "teacher.ask_twice"),
     )
 
-    th = c.mapping(doc.get("thresholds"), "thresholds", _THRESHOLD_KEYS)
+
+def _thresholds(c: _Checker, value: Any, intents: tuple[Intent, ...], source: str) -> ThresholdSettings:
+    """``thresholds``: the cutoffs, and per intent its ``confident`` (from ``per_intent`` or
+    the intent's own ``thresholds``)."""
+    seen = {i.name for i in intents}
+    th = c.mapping(value, "thresholds", _THRESHOLD_KEYS)
     per = c.mapping(th.get("per_intent"), "thresholds.per_intent", seen | set(th.get("per_intent") or {}))
     per_intent: dict[str, float] = {}
-    for name, value in per.items():
+    for name, v in per.items():
         if name not in seen:
             raise c.fail(f"thresholds.per_intent names an unknown intent {name!r}{_did_you_mean(name, seen)}")
-        if isinstance(value, dict):
-            value = c.mapping(value, "thresholds.per_intent", _PER_INTENT_KEYS, name).get("confident")
-        per_intent[name] = c.number(value, "thresholds.per_intent", 0.0, 1.0, name)
+        if isinstance(v, dict):
+            v = c.mapping(v, "thresholds.per_intent", _PER_INTENT_KEYS, name).get("confident")
+        per_intent[name] = c.number(v, "thresholds.per_intent", 0.0, 1.0, name)
     for i in intents:
         if i.confident is not None:
             per_intent.setdefault(i.name, i.confident)
-    thresholds = ThresholdSettings(
+    return ThresholdSettings(
         confident=c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0),
         ambiguous_ratio=_ambiguous_ratio(c, th, source),
         oos=c.optional_number(th.get("oos"), "thresholds.oos", 0.0, 1.0),
@@ -442,10 +510,6 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
         coverage=c.number(th.get("coverage", ThresholdSettings.coverage), "thresholds.coverage", 0.5, 0.999),
         deferral=_choice(c, th.get("deferral", ThresholdSettings.deferral), "thresholds.deferral", DEFERRAL_RULES),
     )
-    name = doc.get("name") or Path(source).stem
-    return IntentSet(name=str(name), intents=tuple(intents), rules=rules, oos_examples=oos_examples,
-                     languages=languages, synthetic_negatives=synthetic, embedder=embedder, teacher=teacher,
-                     thresholds=thresholds, source=source)
 
 
 def _check_name(c: _Checker, name: str, seen: set[str]) -> None:
@@ -489,29 +553,17 @@ def _keep_alive(c: _Checker, value: Any) -> str:
 
 
 def _tune(c: _Checker, value: Any) -> TuneSettings | None:
-    """``embedder.tune``: ``true``/``false``, or a mapping of :class:`TuneSettings` fields."""
+    """``embedder.tune``: ``true``/``false``, or a mapping of :class:`TuneSettings` fields
+    (checked by :class:`TuneSettings` itself, the one place)."""
     if value is None or value is False:
         return None
     if value is True:
         return TuneSettings()
     t = c.mapping(value, "embedder.tune", _TUNE_KEYS)
-    d = TuneSettings
-    objective = t.get("objective", d.objective)
-    if objective not in TUNE_OBJECTIVES:
-        raise c.fail(f"embedder.tune.objective must be one of {', '.join(TUNE_OBJECTIVES)}, got {objective!r}")
-    calibration = t.get("calibration", d.calibration)
-    if calibration not in TUNE_CALIBRATIONS:
-        raise c.fail(f"embedder.tune.calibration must be one of {', '.join(TUNE_CALIBRATIONS)}, got {calibration!r}")
-    return TuneSettings(
-        objective=objective, calibration=calibration,
-        budget_s=c.number(t.get("budget_s", d.budget_s), "embedder.tune.budget_s", 1.0, 7 * 86400.0),
-        epochs=c.integer(t.get("epochs", d.epochs), "embedder.tune.epochs", 1),
-        batch_size=c.integer(t.get("batch_size", d.batch_size), "embedder.tune.batch_size", 2),
-        learning_rate=c.number(t.get("learning_rate", d.learning_rate), "embedder.tune.learning_rate", 1e-8, 1.0),
-        max_length=c.integer(t.get("max_length", d.max_length), "embedder.tune.max_length", 8),
-        seed=c.integer(t.get("seed", d.seed), "embedder.tune.seed", 0),
-        holdout=c.number(t.get("holdout", d.holdout), "embedder.tune.holdout", 0.0, 0.5),
-    )
+    try:
+        return TuneSettings(**t)
+    except TuneSettingsError as exc:
+        raise c.fail(f"embedder.{exc}") from None
 
 
 def _flag(c: _Checker, value: Any, where: str) -> bool:

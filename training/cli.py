@@ -47,7 +47,7 @@ def train_command(
         help="Fine-tune the encoder on the intent examples first and save it inside the version "
              "(encoder/, every file hashed); default: the intent file's embedder.tune."),
     tune_budget: Optional[float] = typer.Option(
-        None, "--tune-budget", min=1.0, help="Seconds the encoder tuning may take (default: embedder.tune.budget_s)."),
+        None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s)."),
 ) -> None:
     """Fit layer 2 from an intent file and save a model version (--out DIR), or add it to the
     models home and serve it (--promote)."""
@@ -108,12 +108,11 @@ def train_command(
 
 def _tune_settings(intent_set: IntentSet, flag: Optional[bool], budget: Optional[float]) -> TuneSettings | None:
     """Whether and how to tune the encoder: ``--tune-encoder/--no-tune-encoder`` over the
-    intent file's ``embedder.tune``; ``--tune-budget`` over its ``budget_s``."""
-    from flywheel.training.tuner.export import settings_with
+    intent file's ``embedder.tune``; ``--tune-budget`` over its ``budget_s``
+    (:func:`training.options.resolve_tune`, as retrain resolves them)."""
+    from flywheel.training.options import resolve_tune
 
-    if flag is False or (flag is None and intent_set.embedder.tune is None):
-        return None
-    return settings_with(intent_set.embedder.tune, budget_s=budget)
+    return resolve_tune(intent_set.embedder.tune, flag, budget)
 
 
 def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, version: Optional[str],
@@ -201,14 +200,14 @@ def eval_command(
         False, "--tune-encoder", help="Fine-tune the encoder on the training data first, "
                                       "then fit and score the head on the tuned vectors (the JSON gets 'tuning')."),
     tune_budget: Optional[float] = typer.Option(
-        None, "--tune-budget", min=1.0, help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
+        None, "--tune-budget", help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
                                              "else 900)."),
     tune_objective: Optional[str] = typer.Option(
         None, "--tune-objective", help="cross_entropy | contrastive | adapter (an adapter on the frozen encoder)"),
-    tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs", min=1,
+    tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs",
                                               help="Passes over the training rows (if the budget allows)."),
     tune_holdout: Optional[float] = typer.Option(
-        None, "--tune-holdout", min=0.0, max=0.5,
+        None, "--tune-holdout",
         help="Share of each intent's rows kept out of the tuning to calibrate the head (default: "
              "embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
     tune_calibration: Optional[str] = typer.Option(
@@ -246,17 +245,13 @@ def eval_command(
                 raise typer.BadParameter("give --train, --intents or --model")
             if tune_encoder:
                 from flywheel.classifier.encoders import open_version_encoder
-                from flywheel.training.tuner.export import settings_with
+                from flywheel.training.options import resolve_tune
 
+                tune = resolve_tune(intent_set.embedder.tune, True, tune_budget, objective=tune_objective,
+                                    epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration)
+                assert tune is not None, "--tune-encoder turns tuning on"
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
                 stack.callback(shutil.rmtree, work, ignore_errors=True)
-                from flywheel.classifier.intents import TUNE_CALIBRATIONS
-
-                if tune_calibration is not None and tune_calibration not in TUNE_CALIBRATIONS:
-                    raise typer.BadParameter(f"--tune-calibration must be one of {', '.join(TUNE_CALIBRATIONS)}, "
-                                             f"got {tune_calibration!r}")
-                tune = settings_with(intent_set.embedder.tune, budget_s=tune_budget, objective=tune_objective,
-                                     epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration)
                 m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
                 assert m.encoder_dir is not None, "a tuned version carries its encoder"
                 tuning = m.manifest.metrics["encoder_tuning"]

@@ -3,14 +3,13 @@ its defaults from here, so each is stated once)."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.intents import TUNE_OBJECTIVES, TuneSettings
+from flywheel.classifier.errors import FlywheelError, TuneSettingsError
+from flywheel.classifier.intents import TuneSettings
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
 __all__ = ["RetrainError", "RetrainOptionError", "RetrainOptions", "resolve_tune"]
@@ -110,8 +109,8 @@ class RetrainOptions:
             raise RetrainOptionError(f"target_precision must be in (0, 1], got {self.target_precision}")
         if self.min_new_labels < 0:
             raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
-        if self.tune is not None:
-            _check_tune(self.tune)
+        if self.tune is not None and not isinstance(self.tune, TuneSettings):   # which checks itself
+            raise RetrainOptionError(f"tune must be TuneSettings or None, got {type(self.tune).__name__}")
         for name in ("teacher_filter", "candidate_pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise RetrainOptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -122,50 +121,46 @@ class RetrainOptions:
         return now.timestamp() if isinstance(now, datetime) else float(now) if now is not None else time.time()
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-def _check_tune(t: Any) -> None:
-    """Raise :class:`RetrainOptionError` for tuning settings out of range."""
-    if not isinstance(t, TuneSettings):
-        raise RetrainOptionError(f"tune must be TuneSettings or None, got {type(t).__name__}")
-    if t.objective not in TUNE_OBJECTIVES:
-        raise RetrainOptionError(f"tune.objective must be one of {', '.join(TUNE_OBJECTIVES)}, got {t.objective!r}")
-    if not _positive(t.budget_s):
-        raise RetrainOptionError(f"the tuning budget must be a positive number of seconds, got {t.budget_s!r}")
-    if not _positive(t.learning_rate):
-        raise RetrainOptionError(f"tune.learning_rate must be a positive number, got {t.learning_rate!r}")
-    for name, least in (("epochs", 1), ("batch_size", 2), ("max_length", 8), ("seed", 0)):
-        v = getattr(t, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < least:
-            raise RetrainOptionError(f"tune.{name} must be an integer >= {least}, got {v!r}")
+# the --tune-* flag that sets each TuneSettings field, for the one-line error
+TUNE_FLAGS = {"budget_s": "--tune-budget", "objective": "--tune-objective", "epochs": "--tune-epochs",
+              "holdout": "--tune-holdout", "calibration": "--tune-calibration"}
 
 
 def resolve_tune(from_intents: TuneSettings | None, tune_encoder: bool | None = None,
-                 budget_s: float | None = None) -> TuneSettings | None:
-    """The retrain's tuning settings (``RetrainOptions.tune``): ``--tune-encoder`` /
-    ``--no-tune-encoder`` (``tune_encoder`` True / False) win over the intent file's
-    ``embedder.tune`` (``from_intents``; ``None``: off), which applies when neither is
-    given (``tune_encoder=None``). ``--tune-budget`` (``budget_s``) overrides the budget;
-    it is refused when tuning ends up off, and must be a positive number of seconds.
+                 budget_s: float | None = None, **overrides: Any) -> TuneSettings | None:
+    """The tuning settings of train, eval and retrain (``RetrainOptions.tune``):
+    ``--tune-encoder`` / ``--no-tune-encoder`` (``tune_encoder`` True / False) win over the
+    intent file's ``embedder.tune`` (``from_intents``; ``None``: off), which applies when
+    neither is given (``tune_encoder=None``). ``--tune-budget`` (``budget_s``) and the other
+    ``--tune-*`` flags (``overrides``, by field name; ``None``: not given) override its
+    fields, checked by :class:`TuneSettings` itself (:class:`TuneSettingsError` naming the
+    flag); they are refused when tuning ends up off.
 
     >>> resolve_tune(None, True, 60).budget_s
     60.0
     >>> resolve_tune(TuneSettings(), False) is None
     True
     """
-    if budget_s is not None and not _positive(budget_s):
-        raise RetrainOptionError(f"--tune-budget must be a positive number of seconds, got {budget_s!r}")
+    changes = {k: v for k, v in {"budget_s": budget_s, **overrides}.items() if v is not None}
     if tune_encoder is False:
         settings = None
     elif tune_encoder:
         settings = from_intents if from_intents is not None else TuneSettings()
     else:
         settings = from_intents
+    tuned = _with(settings or TuneSettings(), changes)   # a bad value is refused first, as a flag
     if settings is None:
-        if budget_s is not None:
-            raise RetrainOptionError("--tune-budget sets the budget of encoder tuning, which is off here: add "
-                                     "--tune-encoder or set embedder.tune in the intent file")
+        if changes:
+            flag = TUNE_FLAGS.get(next(iter(changes)), "--tune-*")
+            what = "the budget of encoder tuning" if flag == "--tune-budget" else "encoder tuning"
+            raise RetrainOptionError(f"{flag} sets {what}, which is off here: add --tune-encoder or set "
+                                     "embedder.tune in the intent file")
         return None
-    return replace(settings, budget_s=float(budget_s)) if budget_s is not None else settings
+    return tuned
+
+
+def _with(settings: TuneSettings, changes: dict[str, Any]) -> TuneSettings:
+    try:
+        return replace(settings, **changes)
+    except TuneSettingsError as exc:
+        raise TuneSettingsError(exc.field, exc.problem, via=TUNE_FLAGS.get(exc.field)) from None

@@ -150,3 +150,44 @@ def test_ambiguous_ratio_and_its_old_name(caplog):
         parse_intents(_with_thresholds(ambiguous_ratio=0.4, ambiguous_margin=0.3))
     with pytest.raises(IntentFileError, match="ambiguous_ratio"):
         parse_intents(_with_thresholds(ambiguous_ratio=2))
+
+
+# ------------------------------------------------------- embedder.tune: TuneSettings checks itself
+@pytest.mark.parametrize("field, bad", [
+    ("budget_s", 0), ("budget_s", 8 * 86400), ("budget_s", float("nan")), ("epochs", 0), ("batch_size", 1),
+    ("learning_rate", 2.0), ("max_length", 4), ("seed", -1), ("holdout", 0.7), ("objective", "setfit"),
+    ("calibration", "both"), ("epochs", True),
+])
+def test_tune_settings_check_themselves_with_the_intent_files_bounds(field, bad):
+    """One check, one message: TuneSettings built in code (the retrain's options, a --tune-*
+    flag) refuses what the intent file refuses, and the intent file says it in the same words."""
+    from flywheel.classifier.errors import TuneSettingsError
+    from flywheel.classifier.intents import TuneSettings
+
+    with pytest.raises(TuneSettingsError) as direct:
+        TuneSettings(**{field: bad})
+    assert direct.value.field == field and direct.value.exit_code == 2
+    with pytest.raises(IntentFileError) as in_file:
+        parse_intents(doc(embedder={"tune": {field: bad}}))
+    assert str(in_file.value).endswith(f"embedder.{direct.value}")
+
+
+def test_tune_settings_in_range_are_kept_and_numbers_are_floats():
+    from flywheel.classifier.intents import TuneSettings
+
+    t = parse_intents(doc(embedder={"tune": {"budget_s": 60, "holdout": 0, "learning_rate": 1}})).embedder.tune
+    assert t == TuneSettings(budget_s=60.0, holdout=0.0, learning_rate=1.0)
+    assert isinstance(TuneSettings(budget_s=60).budget_s, float) and TuneSettings(budget_s=0.01).budget_s == 0.01
+
+
+def test_parse_intents_reads_section_by_section_in_short_steps():
+    """parse_intents was 126 lines, the longest function in the project: each section is a step."""
+    import ast
+    import inspect
+
+    from flywheel.classifier import intents
+
+    tree = ast.parse(inspect.getsource(intents))
+    lengths = {f.name: f.end_lineno - f.lineno + 1 for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    assert lengths["parse_intents"] <= 25, lengths["parse_intents"]
+    assert max(lengths.values()) <= 45, max(lengths.items(), key=lambda kv: kv[1])

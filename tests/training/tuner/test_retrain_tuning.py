@@ -19,6 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
+from flywheel.classifier.errors import TuneSettingsError
 from flywheel.classifier.intents import TuneSettings
 from flywheel.classifier.model import file_sha256
 from flywheel.classifier.trainer import fit_model
@@ -321,10 +322,18 @@ def test_pick_challenger_refuses_a_tuned_one_worse_for_a_declared_language(world
 # ---------------------------------------------------------------------- options
 def test_tuning_options_are_checked():
     assert RetrainOptions().tune is None
-    for bad in (dataclasses.replace(FAST, budget_s=0.0), dataclasses.replace(FAST, budget_s=float("nan")),
-                dataclasses.replace(FAST, epochs=0), dataclasses.replace(FAST, objective="setfit")):
-        with pytest.raises(RetrainOptionError):
-            RetrainOptions(tune=bad)
+    for bad in ({"budget_s": 0.0}, {"budget_s": float("nan")}, {"epochs": 0}, {"objective": "setfit"}):
+        with pytest.raises(TuneSettingsError):    # TuneSettings checks itself: no second check in the options
+            dataclasses.replace(FAST, **bad)
+    with pytest.raises(RetrainOptionError):
+        RetrainOptions(tune={"budget_s": 60})
+    with pytest.raises(TuneSettingsError, match="^--tune-budget: tune.budget_s must be a positive number"):
+        resolve_tune(FAST, None, -5)
+    with pytest.raises(TuneSettingsError, match="^--tune-holdout: tune.holdout must be between 0.0 and 0.5"):
+        resolve_tune(FAST, None, holdout=0.7)
+    assert resolve_tune(FAST, True, 30, epochs=2, holdout=None) == dataclasses.replace(FAST, budget_s=30.0, epochs=2)
+    with pytest.raises(RetrainOptionError, match="--tune-epochs sets encoder tuning, which is off"):
+        resolve_tune(None, None, epochs=2)
     assert resolve_tune(FAST, None, 30).budget_s == 30.0 and resolve_tune(FAST, None, 30).epochs == FAST.epochs
     assert resolve_tune(None, True) == TuneSettings() and resolve_tune(FAST, False) is None
     with pytest.raises(RetrainOptionError, match="off"):
@@ -365,6 +374,22 @@ def test_cli_tuning_flags_win_over_the_intent_file(world, tmp_path, monkeypatch,
         return
     assert r.exit_code == 0, r.output
     assert seen[0].tune == expected
+
+
+@pytest.mark.parametrize("where", ["intent file", "flag"])
+def test_a_tuning_budget_out_of_range_is_the_same_error_from_the_intent_file_and_the_flag(world, tmp_path, where):
+    """The retrain's --tune-budget took any positive number (TuneSettings' second check, in the
+    options) while the intent file stopped at 7 days: now both are TuneSettings' one check."""
+    doc = dict(INTENT_DOC)
+    doc["embedder"] = {"tune": {"budget_s": 700_000} if where == "intent file" else True}
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump(doc))
+    flags = ["--tune-budget", "700000"] if where == "flag" else []
+    r = CliRunner().invoke(build_app(), ["retrain", "--home", str(tmp_path / "home"), "--log-db",
+                                         world.store.path, "--quiet", "--intents", str(intents_file), *flags])
+    assert r.exit_code == 2, r.output
+    assert "tune.budget_s must be a positive number of seconds up to 604800 (7 days), got 700000" in r.output
+    assert ("embedder.tune.budget_s" if where == "intent file" else "--tune-budget: tune.budget_s") in r.output
 
 
 # ------------------------------------------------------------- the budget's forecast
