@@ -114,6 +114,19 @@ class CloseErrorsOllama(SimulatedOllama):
         return close, truth, False
 
 
+
+def teacher_filter_fields(out: dict) -> dict:
+    """The retrain's one teacher-label filter section (``teacher_filter``) as this benchmark's
+    row fields: the evidence rules' drops (``teacher_filtered``, comparable with earlier
+    records), what they would drop when off, and the noisy-teacher guard's drops (before
+    issue 33 the report's ``dataset.noisy_teacher``; now ``noisy_teacher`` in the section)."""
+    f = out.get("teacher_filter") or {}
+    filtered = out.get("teacher_filtered")
+    return {"teacher_filtered": None if filtered is None else {k: v for k, v in filtered.items()
+                                                               if k != "noisy_teacher"},
+            "teacher_would_drop": f.get("would_drop"),
+            "noisy_teacher_dropped": (f.get("dropped") or {}).get("noisy_teacher")}
+
 def starter_intents(train: list[list[str]], per_intent: int, seed: int, max_candidates: int,
                     deferral: str = "tiers") -> dict:
     by_label: dict[str, list[str]] = defaultdict(list)
@@ -326,8 +339,7 @@ def main() -> int:
                    "latency_ms_p50": float(np.percentile(lat, 50)), "retrain_s": round(re_s, 1),
                    "retrain": out.get("outcome"), "retrain_reason": out.get("reason"),
                    "model": clf.model_version, "layer2_test": l2, "human_labels": len(humans),
-                   "teacher_noise": out.get("teacher_noise"), "teacher_filtered": out.get("teacher_filtered"),
-                   "teacher_would_drop": (out.get("teacher_filter") or {}).get("would_drop"),
+                   "teacher_noise": out.get("teacher_noise"), **teacher_filter_fields(out),
                    "teacher_answers": dict(tl), "second_asks": clf.second_asks - asks0}
             rows.append(row)
             print(f"window {w:2d} ({row['queries']:5d} q): LLM share {row['llm_share']:.3f}  "
@@ -335,7 +347,8 @@ def main() -> int:
                   f"(in-scope {l2['in_scope_accuracy']:.3f}, oos recall {l2['oos_recall']:.3f})  "
                   f"retrain: {row['retrain']} in {re_s:.0f}s; teacher filter "
                   f"{row['teacher_filtered'] if row['teacher_filtered'] is not None else '-'} "
-                  f"(would drop {row['teacher_would_drop'] or '-'}), noise "
+                  f"(would drop {row['teacher_would_drop'] or '-'}; noisy teacher guard "
+                  f"{row['noisy_teacher_dropped'] if row['noisy_teacher_dropped'] is not None else '-'}), noise "
                   f"{(row['teacher_noise'] or {}).get('estimate')} (n={(row['teacher_noise'] or {}).get('n')})",
                   flush=True)
             if row["retrain"] == "error":

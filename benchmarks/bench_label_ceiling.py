@@ -47,6 +47,7 @@ from flywheel.classifier.intents import load_intents  # noqa: E402
 from flywheel.classifier.registry import ModelRegistry  # noqa: E402
 from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.training.teacher_noise import check_training_set, estimate_from_log  # noqa: E402
 from flywheel.training.trainset import build_training_set  # noqa: E402
 from flywheel.training.tuning import retune, traffic_sample, with_thresholds  # noqa: E402
 
@@ -83,7 +84,10 @@ def main() -> int:
         shutil.copytree(spool, Path(tmp.name) / "log.duckdb.spool")
     store = LogStore(Path(tmp.name) / "log.duckdb")
     champion = ModelRegistry(work / "models").load_current()
-    ts = build_training_set(store, intents, embedder=embedder, champion=champion)
+    ts = build_training_set(store, intents, embedder=embedder)
+    # the retrain's teacher-label filter step: the noisy-teacher guard (evidence rules off, the default)
+    ts, teacher_filter = check_training_set(ts, estimate_from_log(store), champion=champion,
+                                            encoder_id=embedder.id, enabled=False)
     extra = ts.extra()
     wrong = [y != truth[t] for t, y in zip(extra.texts, extra.labels)]
     oos_labels = [y is None for y in extra.labels]
@@ -92,7 +96,7 @@ def main() -> int:
         "teacher_rows_wrong": int(sum(wrong)),
         "out_of_scope_labels": int(sum(oos_labels)),
         "out_of_scope_labels_wrong": int(sum(w and o for w, o in zip(wrong, oos_labels))),
-        "noisy_guard_dropped": ts.report["noisy_teacher"]["dropped"],
+        "noisy_guard_dropped": teacher_filter["guard"]["dropped"],
     }
     print(json.dumps(stats), flush=True)
     sample = traffic_sample(store, embedder.id, ts) if args.llm_budget is not None else None

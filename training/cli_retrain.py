@@ -187,7 +187,8 @@ def _readable(result: RetrainResult) -> list[str]:
                    f"teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} self-training); "
                    f"dropped: {d['conflicts']['teacher_tie_dropped']:,} ties, "
                    f"{d['dropped_unknown_intent']['total']:,} removed intents, "
-                   f"{d['noisy_teacher']['dropped']:,} noisy teacher labels")
+                   f"{(result.report.get('teacher_filter') or {}).get('dropped', {}).get('noisy_teacher', 0):,} "
+                   "noisy teacher labels")
     out += intent_change_lines(result.report)
     for n in result.report.get("notes", []):
         out.append(f"  note: {n}")

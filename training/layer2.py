@@ -77,9 +77,11 @@ def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None],
 
 
 def noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
-                         embedder: Any) -> tuple[dict[str, Any], list[int]]:
+                         encoder_id: str) -> tuple[dict[str, Any], list[int]]:
     """Drop teacher labels that both a sure champion and the nearest intent examples
-    contradict (see the module docs): the report and the indices of the rows kept."""
+    contradict (see :mod:`training.trainset`'s rules): the report and the indices of the
+    rows kept. ``encoder_id``: the encoder of the rows' vectors (the champion must share it).
+    Part of the one teacher-label filter step, :func:`training.teacher_noise.check_training_set`."""
     reason = (f"teacher label disagrees with a sure layer-2 prediction of the champion AND with the "
               f"majority of the {GUARD_K} nearest intent examples")
     info: dict[str, Any] = {"active": False, "checked": 0, "dropped": 0, "reason": reason,
@@ -89,9 +91,9 @@ def noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
     if champion is None:
         info["inactive_because"] = "no champion model"
         return info, keep
-    if not champion.encoder_matches(embedder.id, rows.vectors.shape[1]):
+    if not champion.encoder_matches(encoder_id, rows.vectors.shape[1]):
         used = champion.manifest.encoder.get("id")
-        info["inactive_because"] = f"champion {champion.version} uses encoder {used!r}, not {embedder.id!r}"
+        info["inactive_because"] = f"champion {champion.version} uses encoder {used!r}, not {encoder_id!r}"
         return info, keep
     if len(examples) == 0:
         info["inactive_because"] = "no intent examples to compare with"

@@ -233,7 +233,7 @@ def _challenger_markdown(r: dict[str, Any]) -> list[str]:
 def teacher_markdown(r: dict[str, Any]) -> list[str]:
     """The report's "Teacher labels" section: the noise estimate (overall and per teacher
     label) and what the teacher filter dropped, or would drop when it is off."""
-    from flywheel.training.teacher_noise import format_noise
+    from flywheel.training.teacher_noise import GUARD_REASON, format_noise
 
     if "teacher_noise" not in r:
         return []
@@ -246,7 +246,12 @@ def teacher_markdown(r: dict[str, Any]) -> list[str]:
         lines.append("")
     f = r.get("teacher_filter")
     if f:
-        counts = f["dropped"] if f["enabled"] else f.get("would_drop", {})
+        g = f.get("guard")   # a report written before issue 33 has it as dataset.noisy_teacher
+        if g:
+            lines.append(f"- noisy teacher labels dropped: {g['dropped']:,} of {g['checked']:,} checked"
+                         + (f" ({g['reason']})" if g.get("active") else f" (guard off: {g.get('inactive_because')})"))
+        counts = {k: v for k, v in (f["dropped"] if f["enabled"] else f.get("would_drop", {})).items()
+                  if k != GUARD_REASON}
         what = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in counts.items())
         lines.append(f"- teacher filter {'on' if f['enabled'] else 'off (--teacher-filter turns it on)'}: "
                      f"{sum(counts.values()):,} of {f['checked']:,} teacher rows "
@@ -311,7 +316,6 @@ def render_markdown(result: RetrainResult) -> str:
     d = r.get("dataset", {})
     if d:
         tr = d["train"]["by_source"]
-        nt = d["noisy_teacher"]
         lines += ["", "## Training data", "",
                   f"- training rows: {d['train']['n']:,} ({tr['intent_example']:,} intent examples, "
                   f"{tr['teacher']:,} teacher, {tr['human']:,} human, {tr.get('layer2', 0):,} layer-2 self-training; "
@@ -324,8 +328,6 @@ def render_markdown(result: RetrainResult) -> str:
                   f"- dropped, intent no longer defined: {d['dropped_unknown_intent']['total']:,}"
                   + (f" ({', '.join(f'{k} {v}' for k, v in d['dropped_unknown_intent']['by_label'].items())})"
                      if d['dropped_unknown_intent']['total'] else ""),
-                  f"- noisy teacher labels dropped: {nt['dropped']:,} of {nt['checked']:,} checked"
-                  + (f" ({nt['reason']})" if nt.get("active") else f" (guard off: {nt.get('inactive_because')})"),
                   f"- evaluation: {d['eval']['n']:,} fixed eval rows, {d['recent']['n']:,} recent-traffic rows "
                   f"(split {d['split']['id']})"]
     lines += teacher_markdown(r)

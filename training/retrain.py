@@ -142,7 +142,7 @@ from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.report import RetrainResult, jsonable, render_markdown, write_reports
 from flywheel.training.rows import LabelledSet, TrainingSet
-from flywheel.training.teacher_noise import NoiseEstimate, check_training_set, estimate_from_log, format_noise
+from flywheel.training.teacher_noise import REASONS, NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import (
     RECENT_HOLDOUT_SHARE,
     SPLIT_ID,
@@ -474,7 +474,7 @@ def _skip(reason: str, dry_run: bool, notes: list[str] | None = None) -> Retrain
 
 def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
     o = job.opts
-    return build_training_set(job.store, job.intents, embedder=job.embedder, champion=champion,
+    return build_training_set(job.store, job.intents, embedder=job.embedder,
                               progress=o.progress, self_training_max=o.self_training_max if o.self_training > 0 else 0)
 
 
@@ -495,9 +495,10 @@ def _filter_teacher(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
                                   enabled=job.opts.teacher_filter)
     job.teacher["teacher_filter"] = info
     job.teacher["teacher_filtered"] = {k: v for k, v in info["dropped"].items() if v}
-    counts = info["dropped"] if info["enabled"] else info["would_drop"]
+    counts = {k: v for k, v in (info["dropped"] if info["enabled"] else info["would_drop"]).items() if k in REASONS}
     what = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in counts.items())
-    job.say(f"teacher filter {'on' if info['enabled'] else 'off'}: {sum(counts.values()):,} of "
+    job.say(f"noisy teacher labels dropped: {info['dropped']['noisy_teacher']:,}; "
+            f"teacher filter {'on' if info['enabled'] else 'off'}: {sum(counts.values()):,} of "
             f"{info['checked']:,} teacher rows {'dropped' if info['enabled'] else 'would be dropped'} ({what}; "
             f"{info['held_back']['oos_cap']:,} out-of-scope drops held back for the gate)")
     return ts

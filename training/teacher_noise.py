@@ -69,14 +69,19 @@ import numpy as np
 from flywheel.classifier.label_names import label_name
 from flywheel.classifier.output import counted
 from flywheel.classifier.scoring import normalise_rows
+from flywheel.classifier.text import normalise_key
+from flywheel.training.layer2 import noisy_teacher_guard
 
-__all__ = ["CONFIDENCE", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
+__all__ = ["CONFIDENCE", "GUARD_REASON", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
            "NoiseEstimate", "Ranker", "champion_ranker", "check_training_set", "clopper_pearson", "estimate_from_log",
            "filter_teacher_rows", "format_noise", "noise_interval", "noise_section", "profile_ranker"]
 
 CONFIDENCE = 0.95           # of every interval here
 MIN_INTENT_ROWS = 10        # per-label estimates only with at least this many decisions
 REASONS = ("oos_inside_intent", "human_corrected_pair")
+#: the noisy-teacher guard's reason in ``teacher_filter.dropped`` (always applied; its
+#: details, formerly the report's ``dataset.noisy_teacher``, are ``teacher_filter.guard``)
+GUARD_REASON = "noisy_teacher"
 
 #: ``(teacher label, human label, decisions)`` over decisions with a valid teacher label
 #: and a human label (the latest of each; NULL = out of scope).
@@ -399,13 +404,49 @@ def _cap(cand: dict[int, tuple[str, float, str | None]], labels: list, sources: 
 
 def check_training_set(ts: Any, estimate: NoiseEstimate, *, champion: Any = None, encoder_id: str | None = None,
                        enabled: bool = True, rules: FilterRules = FilterRules()) -> tuple[Any, dict[str, Any]]:
-    """The retrain's filter step on a :class:`training.rows.TrainingSet`: the training set
-    without the dropped teacher rows (unchanged when ``enabled`` is false) and
-    ``teacher_filter``, the step's report: ``enabled``, ``checked`` (teacher rows),
-    ``dropped`` (``{reason: count}``; all 0 when off), ``would_drop`` (when off: what it
-    would have dropped), ``held_back``, the human-corrected ``pairs``, ``runner_up_from``,
-    ``examples`` and the settings. ``champion`` gives layer 2's runner-up when it was
-    trained on ``encoder_id`` (the training set's vectors), else the intent examples do."""
+    """The retrain's one teacher-label filter step on a :class:`training.rows.TrainingSet`:
+    the training set without the teacher rows the evidence contradicts, and
+    ``teacher_filter``, the step's one report section.
+
+    First the noisy-teacher guard (:func:`training.layer2.noisy_teacher_guard`, always on:
+    ``noisy_teacher`` in ``dropped``, its details in ``guard``), then the evidence rules of
+    the module docs (``oos_inside_intent``, ``human_corrected_pair``), applied only when
+    ``enabled``; off, ``would_drop`` says what they would drop and they count 0 in
+    ``dropped``. Also: ``enabled``, ``checked`` (teacher rows), ``held_back``, the
+    human-corrected ``pairs``, ``runner_up_from``, ``examples`` and the settings.
+    ``champion`` gives layer 2's runner-up when it was trained on ``encoder_id`` (the
+    training set's vectors), else the intent examples do."""
+    checked = sum(1 for s in ts.sources if s == "teacher")
+    ts, guard = _guard(ts, champion, encoder_id)
+    ts, info = _check_evidence(ts, estimate, champion=champion, encoder_id=encoder_id, enabled=enabled, rules=rules)
+    info.update(checked=checked, dropped={GUARD_REASON: guard["dropped"], **info["dropped"]}, guard=guard)
+    return ts, info
+
+
+def _guard(ts: Any, champion: Any, encoder_id: str | None) -> tuple[Any, dict[str, Any]]:
+    """The noisy-teacher guard over the teacher rows that have a text (those whose text
+    retention removed are training-only rows, never checked), against the intent examples."""
+    rows = [i for i, (s, t) in enumerate(zip(ts.sources, ts.texts)) if s == "teacher" and t]
+    examples = ts.select(i for i, s in enumerate(ts.sources) if s == "intent_example")
+    info, keep = noisy_teacher_guard(ts.select(rows), examples, champion, str(encoder_id))
+    gone = set(rows) - {rows[j] for j in keep}
+    if not gone:
+        return ts, info
+    keys = ts.train_keys - {normalise_key(ts.texts[i]) for i in gone}
+    return replace(_without(ts, gone), train_keys=keys), info
+
+
+def _without(ts: Any, gone: set[int]) -> Any:
+    """``ts`` without the rows ``gone``, its report's ``train`` counts updated."""
+    kept = ts.select(i for i in range(len(ts)) if i not in gone)
+    report = {**ts.report, "train": {"n": len(kept), "by_source": kept.counts(), "n_out_of_scope": kept.n_out_of_scope}}
+    return replace(ts, texts=kept.texts, labels=kept.labels, vectors=kept.vectors, sources=kept.sources,
+                   decision_ids=kept.decision_ids, report=report)
+
+
+def _check_evidence(ts: Any, estimate: NoiseEstimate, *, champion: Any, encoder_id: str | None, enabled: bool,
+                    rules: FilterRules) -> tuple[Any, dict[str, Any]]:
+    """The evidence rules (the module docs) on the guarded training set."""
     dim = ts.vectors.shape[1] if ts.vectors.ndim == 2 else 0
     usable = (champion is not None and encoder_id is not None and champion.encoder_dir is None
               and champion.encoder_matches(encoder_id, dim))
@@ -418,10 +459,4 @@ def check_training_set(ts: Any, estimate: NoiseEstimate, *, champion: Any = None
     if not enabled:
         info["would_drop"], info["dropped"] = info["dropped"], {r: 0 for r in REASONS}
         return ts, info
-    if not drop:
-        return ts, info
-    gone = set(drop)
-    kept = ts.select(i for i in range(len(ts)) if i not in gone)
-    report = {**ts.report, "train": {"n": len(kept), "by_source": kept.counts(), "n_out_of_scope": kept.n_out_of_scope}}
-    return replace(ts, texts=kept.texts, labels=kept.labels, vectors=kept.vectors, sources=kept.sources,
-                   decision_ids=kept.decision_ids, report=report), info
+    return (_without(ts, set(drop)) if drop else ts), info

@@ -18,10 +18,12 @@ The steps, in order (each a function here):
 3. ``_resolve_labels``: one label per text (the rules below);
 4. ``_fixed_split``: training, evaluation or recent-traffic holdout by hash;
 5. ``_attach_vectors``: reuse logged vectors, embed the misses in one batch;
-6. ``_noisy_teacher_guard``: drop teacher labels the champion and the intent examples
-   both contradict;
-7. ``_self_training``: add layer 2's confident decisions (opt-in);
-8. ``_report``: the counts.
+6. ``_self_training``: add layer 2's confident decisions (opt-in);
+7. ``_report``: the counts.
+
+The noisy-teacher guard below (teacher labels the champion and the intent examples both
+contradict) is part of the retrain's one teacher-label filter step, after this one
+(:func:`training.teacher_noise.check_training_set`, reported as ``teacher_filter``).
 
 Rules
 -----
@@ -81,7 +83,6 @@ import numpy as np
 from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.classifier.text import normalise_key
-from flywheel.training.layer2 import noisy_teacher_guard
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
@@ -218,7 +219,7 @@ class _Parts:
     negatives: np.ndarray | None  # vectors of the intent set's synthetic negatives (classifier.negatives)
 
 
-def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champion: Any = None,
+def build_training_set(store: Any, intents: IntentSet, *, embedder: Any,
                        since: Any = None, progress: bool = False, self_training_max: int = 0) -> TrainingSet:
     """Build the training rows and the fixed evaluation split (see the module docs).
 
@@ -231,9 +232,6 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     embedder : Embedder
         Vectors logged with ``embedder.id`` are reused; only the misses are encoded, in
         one ``encode`` call.
-    champion : IntentModel, optional
-        The served model, for the noisy-teacher guard (used only when it was trained
-        with the same encoder).
     since : float or datetime, optional
         Only log rows whose decision or labels are that new (passed to
         :meth:`LogStore.labelled_rows`).
@@ -254,8 +252,7 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     parts = _attach_vectors(store, embedder, groups, resolved, split)
     e = parts.embeddings
     say(f"embeddings: {e['reused']:,} reused from the log, {e['computed']:,} computed ({e['seconds']:.2f}s)")
-    guard, keep = noisy_teacher_guard(parts.train_log, parts.examples, champion, embedder)
-    train = parts.examples.concat(parts.train_log.select(keep))
+    train = parts.examples.concat(parts.train_log)
     train_keys = frozenset(normalise_key(t) for t in train.texts)   # before self-training: see module docs
     self_info, layer2_rows = _self_training(store, embedder, int(embedder.dim), groups, set(intents.labels),
                                             self_training_max)
@@ -266,9 +263,9 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any, champio
     if len(textless):
         train = train.concat(textless)
         say(f"{len(textless):,} decisions whose text retention removed train on their logged vectors")
-    report = _report(len(examples[0]), log, groups, resolved, split, parts, guard, self_info, train, t_start)
+    report = _report(len(examples[0]), log, groups, resolved, split, parts, self_info, train, t_start)
     report["text_removed"] = {"labelled_rows": len(log.textless), "trained": len(textless)}
-    say(_summary(train, parts, guard))
+    say(_summary(train, parts))
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=parts.eval, recent=parts.recent, fit_intents=split.fit_intents,
                        log_until=log.until, train_keys=train_keys,
@@ -433,7 +430,7 @@ def _stack(vectors: dict[str, np.ndarray], texts: Sequence[str], dim: int) -> np
 
 
 def _report(n_examples: int, log: _Log, groups: dict[str, _Group], resolved: _Resolved, split: _Split,
-            parts: _Parts, guard: dict[str, Any], self_info: dict[str, Any], train: LabelledSet,
+            parts: _Parts, self_info: dict[str, Any], train: LabelledSet,
             t_start: float) -> dict[str, Any]:
     """The counts of the training-set report (see ``TrainingSet.report``)."""
     ev, recent = parts.eval, parts.recent
@@ -451,7 +448,6 @@ def _report(n_examples: int, log: _Log, groups: dict[str, _Group], resolved: _Re
         "conflicts": dict(resolved.conflicts),
         "dropped_unknown_intent": {"total": int(sum(resolved.dropped_unknown.values())),
                                    "by_label": dict(sorted(resolved.dropped_unknown.items()))},
-        "noisy_teacher": guard,
         "self_training": self_info,
         "train": {"n": len(train), "by_source": train.counts(), "n_out_of_scope": train.n_out_of_scope},
         "eval": {"n": len(ev), "by_source": ev.counts(), "n_out_of_scope": ev.n_out_of_scope},
@@ -465,12 +461,11 @@ def _report(n_examples: int, log: _Log, groups: dict[str, _Group], resolved: _Re
     }
 
 
-def _summary(train: LabelledSet, parts: _Parts, guard: dict[str, Any]) -> str:
+def _summary(train: LabelledSet, parts: _Parts) -> str:
     by = train.counts()
     return (f"training set: {len(train):,} rows ({by['intent_example']:,} intent examples, "
             f"{by['teacher']:,} teacher, {by['human']:,} human, {by['layer2']:,} layer 2); "
-            f"eval {len(parts.eval):,}, recent {len(parts.recent):,}; "
-            f"noisy teacher labels dropped: {guard['dropped']:,}")
+            f"eval {len(parts.eval):,}, recent {len(parts.recent):,}")
 
 
 def _reduced(intents: IntentSet, held: set[str]) -> IntentSet:

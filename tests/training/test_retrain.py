@@ -28,6 +28,7 @@ from flywheel.training import cli_retrain
 from flywheel.training import retrain as retrain_mod
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.retrain import RetrainOptions, retrain
+from flywheel.training.teacher_noise import NoiseEstimate, check_training_set
 from flywheel.training.trainset import RECENT_HOLDOUT_SHARE, build_training_set, split_role, split_value
 from tests.support.fakes import HashEmbedder
 from tests.support.worlds import (
@@ -297,8 +298,14 @@ def test_noisy_teacher_guard_drops_contradicting_teacher_labels_only(world):
             record(agree_text, teacher="PLATFORM")]
     write(world.store, recs)
     world.store.add_human_label(recs[1].decision.id, "RETRIEVAL")
-    ts = build_training_set(world.store, world.intents, embedder=world.embedder, champion=champion)
-    guard = ts.report["noisy_teacher"]
+    built = build_training_set(world.store, world.intents, embedder=world.embedder)
+    assert find(built, teacher_text) is not None and "noisy_teacher" not in built.report   # the filter step drops it
+    ts, info = check_training_set(built, NoiseEstimate(), champion=champion, encoder_id=world.embedder.id,
+                                  enabled=False)
+    guard = info["guard"]     # one step, one section: the guard applies whether the evidence rules are on or off
+    assert info["dropped"]["noisy_teacher"] == 1 and info["checked"] == 2
+    assert ts.report["train"]["by_source"]["teacher"] == built.report["train"]["by_source"]["teacher"] - 1
+    assert normalise_key(teacher_text) in built.train_keys and normalise_key(teacher_text) not in ts.train_keys
     assert guard["active"] and guard["checked"] == 2 and guard["dropped"] == 1
     assert "champion" in guard["reason"] and "nearest intent examples" in guard["reason"]
     assert guard["by_label"] == {"RETRIEVAL -> PLATFORM": 1}
@@ -307,8 +314,8 @@ def test_noisy_teacher_guard_drops_contradicting_teacher_labels_only(world):
     assert find(ts, human_text) == ("train", "RETRIEVAL", "human")   # a human label is never dropped
     assert find(ts, agree_text) == ("train", "PLATFORM", "teacher")
     # without a champion the guard is off
-    off = build_training_set(world.store, world.intents, embedder=world.embedder)
-    assert not off.report["noisy_teacher"]["active"] and find(off, teacher_text) is not None
+    off, info = check_training_set(built, NoiseEstimate(), encoder_id=world.embedder.id)
+    assert not info["guard"]["active"] and info["dropped"]["noisy_teacher"] == 0 and find(off, teacher_text) is not None
 
 
 def test_fixed_split_is_deterministic_and_disjoint(world):

@@ -202,8 +202,8 @@ def test_the_filter_drops_wrong_out_of_scope_labels_only(world):
     assert len(oos_before) > len(dropped) and out.n_out_of_scope >= FilterRules().oos_floor
     assert info["runner_up_from"].startswith("intent examples")
     off, info_off = check_training_set(ts, estimate_from_log(world.store), enabled=False)
-    assert off is ts and info_off["dropped"] == {"oos_inside_intent": 0, "human_corrected_pair": 0}
-    assert info_off["would_drop"] == info["dropped"]
+    assert off is ts and info_off["dropped"] == {"noisy_teacher": 0, "oos_inside_intent": 0, "human_corrected_pair": 0}
+    assert info_off["would_drop"] == {k: v for k, v in info["dropped"].items() if k != "noisy_teacher"}
 
 
 def test_a_corrected_pair_drops_only_rows_whose_runner_up_is_the_correction(world):
@@ -221,7 +221,9 @@ def test_a_corrected_pair_drops_only_rows_whose_runner_up_is_the_correction(worl
     ts = build_training_set(world.store, world.intents, embedder=world.embedder)
     out, info = check_training_set(ts, humans, champion=champion, encoder_id=world.embedder.id)
     kept = {normalise_key(t) for t in out.texts}
-    assert info["dropped"] == {"oos_inside_intent": 0, "human_corrected_pair": 6}
+    # one step: the guard (a sure champion and the nearest examples say RETRIEVAL) takes some, the pair rule the rest
+    d = info["dropped"]
+    assert d["oos_inside_intent"] == 0 and d["noisy_teacher"] + d["human_corrected_pair"] == 6
     assert not kept & {normalise_key(t) for t in wrong} and {normalise_key(t) for t in right} <= kept
     assert info["runner_up_from"] == f"champion {champion.version}"
     # without a champion the intent examples rank the rows: the same drops here
@@ -247,6 +249,12 @@ def test_retrain_reports_noise_and_what_the_filter_dropped(world):
     assert r["dataset"]["train"]["by_source"]["teacher"] == r["teacher_filter"]["checked"] - sum(would.values())
     md = (world.registry.home / res.version / "report.md").read_text()
     assert "## Teacher labels" in md and "teacher filter on:" in md
+    # one step, one section: the noisy-teacher guard is in teacher_filter (was dataset.noisy_teacher)
+    assert "noisy_teacher" not in r["dataset"] and "active" in r["teacher_filter"]["guard"]
+    assert r["teacher_filter"]["dropped"]["noisy_teacher"] == r["teacher_filter"]["guard"]["dropped"]
+    teacher_section = md.split("## Teacher labels")[1].split("\n## ")[0]
+    assert "- noisy teacher labels dropped: " in teacher_section
+    assert "noisy teacher" not in md.split("## Teacher labels")[0]
     assert f"| PLATFORM | {by['PLATFORM']['n']} | {100 * by['PLATFORM']['estimate']:.1f}% |" in md
     assert world.registry.last_retrain()["teacher_noise"] == r["teacher_noise"]
     skipped = world.run(min_new_labels=10_000)
