@@ -171,7 +171,7 @@ WITH sh AS (
     SELECT *, CASE WHEN l2_confidence IS NOT NULL THEN l2_label ELSE label END AS l2 FROM decisions
 )
 SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
-       d.teacher_label, d.teacher_valid, u.candidates, d.audit, d.pending, d.degraded,
+       dl.teacher_label, coalesce(dl.has_teacher, false), u.candidates, d.audit, d.pending, d.degraded,
        sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
        [a.label FOR a IN coalesce(d.alternatives, [])],
        d.l2_confidence IS NOT NULL OR d.layer = 'embedding'   -- layer 2 answered (not rules, declared)
@@ -181,7 +181,7 @@ LEFT JOIN sh USING (decision_id)
 LEFT JOIN u USING (decision_id)
 WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ?
   AND (u.candidates IS NOT NULL
-       OR (d.teacher_valid AND d.teacher_label IS DISTINCT FROM d.l2)
+       OR (dl.has_teacher AND dl.teacher_label IS DISTINCT FROM d.l2)   -- inline, an audit's, a back-fill's
        OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
        OR d.degraded IS NOT NULL OR d.pending OR coalesce(dl.has_human, false))
 ORDER BY d.created_at DESC, d.decision_id DESC

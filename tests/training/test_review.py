@@ -158,3 +158,18 @@ def test_layer_2s_out_of_scope_answer_is_not_no_answer(tmp_path):
     assert d["rules"]["l2_label"] is None and not d["rules"]["l2_answered"]
     assert d["rules"]["reasons"] == ["teacher_vs_l2"]              # still the served label against the teacher's
     assert {it.decision_id for it in review_queue(s, ReviewFilters(intent="OUT_OF_SCOPE"), now=NOW)} == {"l2-oos"}
+
+
+def test_a_background_audit_written_as_a_label_reaches_the_queue(tmp_path):
+    """A real audit's answer is a teacher label written after the decision (not inline):
+    its disagreement with layer 2 is in the queue as ``audit_vs_l2`` with the teacher's answer."""
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [review_record("audited", "write a loop", "CODE_GENERATION", layer=Layer.EMBEDDING,
+                            l2="CODE_GENERATION", audit=True),
+              review_record("agreed", "write a class", "CODE_GENERATION", layer=Layer.EMBEDDING,
+                            l2="CODE_GENERATION", audit=True)])
+    s.add_teacher_label("audited", "RETRIEVAL", "llm", True)
+    s.add_teacher_label("agreed", "CODE_GENERATION", "llm", True)
+    items = {it.decision_id: it for it in review_queue(s, now=NOW)}
+    assert set(items) == {"audited"}
+    assert items["audited"].reasons == ("audit_vs_l2",) and items["audited"].teacher_label == "RETRIEVAL"
