@@ -47,9 +47,9 @@ from flywheel.classifier.intents import load_intents  # noqa: E402
 from flywheel.classifier.registry import ModelRegistry  # noqa: E402
 from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
+from flywheel.training.cutoffs import retune, traffic_sample, with_thresholds  # noqa: E402
 from flywheel.training.teacher_noise import check_training_set, estimate_from_log  # noqa: E402
 from flywheel.training.trainset import build_training_set  # noqa: E402
-from flywheel.training.tuning import retune, traffic_sample, with_thresholds  # noqa: E402
 
 
 def main() -> int:

@@ -209,8 +209,8 @@ def calibrate_sets(model: Any, data: Any, embedder: Any = None) -> Any:
     Rows whose intent the model does not know are left out; a new model is returned."""
     from flywheel.classifier.encoders import make_embedder
     from flywheel.classifier.head import conformal_cutoff
+    from flywheel.training.cutoffs import learned_thresholds, with_thresholds
     from flywheel.training.loaders import DatasetError
-    from flywheel.training.tuning import learned_thresholds, with_thresholds
 
     index = {str(c): i for i, c in enumerate(model.manifest.labels)}
     rows = [(t, index[y]) for t, y in zip(data.texts, data.labels) if y is not None and y in index]

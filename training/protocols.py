@@ -2,7 +2,7 @@
 
 :class:`TrafficLog` is the part of :class:`logstore.LogStore` that
 :func:`training.retrain.retrain` (with :mod:`training.trainset` and
-:mod:`training.tuning`) reads; a store that mirrors a shared log implements the same.
+:mod:`training.cutoffs`) reads; a store that mirrors a shared log implements the same.
 """
 
 from __future__ import annotations

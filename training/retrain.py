@@ -54,10 +54,10 @@ function here):
    and carries the tuned encoder (``encoder_dir``);
 6. ``_tune``: re-tunes the ``confident`` cutoff on the recent-traffic slice (>= 50 rows)
    for the target precision, or for an LLM-call budget
-   (:func:`training.tuning.retune`; the tuned challenger on its own vectors, its LLM-budget
+   (:func:`training.cutoffs.retune`; the tuned challenger on its own vectors, its LLM-budget
    sample re-encoded). The tuned thresholds are a new value: the
    challenger that is evaluated and saved is a new model whose manifest carries them
-   (:func:`training.tuning.with_thresholds`); the fitted head is never changed;
+   (:func:`training.cutoffs.with_thresholds`); the fitted head is never changed;
 7. ``_evaluate``: champion and challenger on the same rows with the same embeddings and
    their serving thresholds: accuracy, in-scope accuracy, out-of-scope recall, macro F1,
    per-intent precision and recall, ECE and the LLM share (queries layer 2 is not
@@ -137,6 +137,7 @@ from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
 from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, fmt_probs
+from flywheel.training.cutoffs import learned_thresholds, retune, traffic_sample, with_thresholds
 from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, evaluate_layer2, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
@@ -151,7 +152,6 @@ from flywheel.training.trainset import (
     split_value,
 )
 from flywheel.training.tuner.step import TunedStep, reencode, tune_encoder
-from flywheel.training.tuning import learned_thresholds, retune, traffic_sample, with_thresholds
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]

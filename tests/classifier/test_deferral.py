@@ -14,8 +14,8 @@ from flywheel.classifier.intents import ThresholdSettings, parse_intents
 from flywheel.classifier.model import intents_to_doc
 from flywheel.classifier.scoring import HeadScores, ServingHead
 from flywheel.classifier.tiers import Thresholds, assign_tier, assign_tiers, tier_rows
+from flywheel.training.cutoffs import retune
 from flywheel.training.rows import LabelledSet
-from flywheel.training.tuning import retune
 from tests.support.docs import DOC
 from tests.support.worlds import blobs
 

@@ -340,10 +340,10 @@ def test_fixed_split_is_deterministic_and_disjoint(world):
 
 
 def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
+    from flywheel.training.cutoffs import TrafficSample, with_thresholds
+    from flywheel.training.cutoffs import retune as _retune
     from flywheel.training.gate import evaluate_layer2
     from flywheel.training.rows import LabelledSet
-    from flywheel.training.tuning import TrafficSample, with_thresholds
-    from flywheel.training.tuning import retune as _retune
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -389,8 +389,8 @@ def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world)
     import copy
 
     from flywheel.classifier.tiers import Thresholds
+    from flywheel.training.cutoffs import retune, with_thresholds
     from flywheel.training.rows import LabelledSet
-    from flywheel.training.tuning import retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     head_th = copy.deepcopy(model.head.thresholds_)           # right after fit
@@ -656,7 +656,7 @@ def layer2_record(text: str, label: str | None) -> DecisionRecord:
 
 
 def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(world):
-    from flywheel.training.tuning import traffic_sample
+    from flywheel.training.cutoffs import traffic_sample
 
     items = sample(600, 20)
     write(world.store, [record(t, true=y, embed=True) for t, y in items])
@@ -688,8 +688,8 @@ def test_budget_sample_leaves_out_training_rows_and_reweights_held_out_labels(wo
 
 
 def test_weighted_budget_counts_heavy_rows(world):
+    from flywheel.training.cutoffs import TrafficSample, retune, with_thresholds
     from flywheel.training.rows import LabelledSet
-    from flywheel.training.tuning import TrafficSample, retune, with_thresholds
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(300, 3)
@@ -720,7 +720,7 @@ def _escalations(world):
     """A fitted model, 3,000 sampled queries and layer 2's view of them: the rows it
     rejects without being sure (``unsure``) are the escalations the budget may relax."""
     from flywheel.classifier.tiers import Thresholds
-    from flywheel.training.tuning import layer2_state
+    from flywheel.training.cutoffs import layer2_state
 
     model = fit_model(world.intents, embedder=HashEmbedder())
     items = sample(3000, 3)
@@ -733,9 +733,9 @@ def _escalations(world):
 
 
 def test_budget_never_hands_layer2_escalations_it_mostly_gets_wrong(world):
+    from flywheel.training.cutoffs import retune, with_thresholds
     from flywheel.training.gate import evaluate_layer2
     from flywheel.training.rows import LabelledSet
-    from flywheel.training.tuning import retune, with_thresholds
 
     model, items, X, th, s, conf, second, top, unsure_reject = _escalations(world)
     movable = unsure_reject & (s.oos_class < conf)
@@ -773,9 +773,9 @@ def test_relaxed_budget_holds_with_weights(world):
     """A positive budget the cutoff alone cannot meet, weighted traffic, both kinds of
     escalation relaxable: the weighted LLM share lands within the budget plus the rows
     no threshold can move (rejected by the out-of-scope class, or near-ties once accepted)."""
+    from flywheel.training.cutoffs import TrafficSample, retune, with_thresholds
     from flywheel.training.layer2 import layer2_predict
     from flywheel.training.rows import LabelledSet
-    from flywheel.training.tuning import TrafficSample, retune, with_thresholds
 
     model, items, X, th, s, conf, second, top, unsure = _escalations(world)
     labels = [(t if u else y) for u, t, (_, y) in zip(unsure, top, items)]   # accepting them is right

@@ -35,11 +35,11 @@ import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, TrainingError
 from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.training.cutoffs import TRAFFIC_SAMPLE_ROWS, traffic_sample
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.options import RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.rows import LabelledSet, TrainingSet
-from flywheel.training.tuning import TRAFFIC_SAMPLE_ROWS, traffic_sample
 
 if TYPE_CHECKING:   # the head (scikit-learn) and the intent model load with the retrain, not with this module
     from flywheel.classifier.head import CrossFitView
