@@ -4,7 +4,7 @@ ADR failure RC-03, "classifier output mirrors dominant history type": a small LL
 shown the session's last turns (label + snippet) tends to answer with the label that
 dominates them. This module is the one definition of that measure, pure (no I/O);
 the live metric (:class:`AnchoringMonitor` on :class:`classifier.pipeline.Classifier`,
-exposed by ``service.metrics``) and ``flywheel stats`` (``training.anchoring_stats``)
+exposed by ``service.metrics``) and ``flywheel stats`` (``training.stats.anchoring``)
 both use it.
 
 An observation is one teacher decision: the teacher's label (``None`` = out of

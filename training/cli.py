@@ -390,7 +390,7 @@ def stats_command(
                                               "(default: the registry's SHADOW, if any)."),
 ) -> None:
     """Convergence of the flywheel: layer shares, tiers, audits, pending, confusions, shadow."""
-    from flywheel.training.stats import check_options, format_table, int_option, stats_for_path
+    from flywheel.training.stats.traffic import check_options, format_table, int_option, stats_for_path
 
     # Bad values and log problems raise FlywheelError (InvalidInputError, LogStoreError:
     # exit code 2), which flywheel.cli.main prints as one "flywheel: error: ..." line.

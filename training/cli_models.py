@@ -138,7 +138,7 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
 
 def _ready_shadow(site: Site, reg: Registry, min_shadow: int, force: bool) -> str:
     """The shadow version, if it answered at least ``min_shadow`` logged decisions (or ``force``)."""
-    from flywheel.training.shadow_stats import count_shadow
+    from flywheel.training.stats.shadow import count_shadow
 
     name = reg.shadow()
     if name is None:

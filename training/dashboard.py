@@ -1,7 +1,7 @@
 """The flywheel dashboard (issue 25): pictures of the traffic log and the retrain history,
 drawn on the server with matplotlib (SVG, nothing fetched by the page) for ``flywheel ui``.
 
-:func:`dashboard_data` gathers what it shows: :func:`training.stats.convergence` per window
+:func:`dashboard_data` gathers what it shows: :func:`training.stats.traffic.convergence` per window
 of ``window`` decisions, the needless teacher calls (:data:`_NEEDLESS_SQL`) and the retrain
 history (:func:`retrain_history`, every version's ``report.json``). :func:`charts` draws it
 (:func:`figures`; windows and retrains ticked in whole numbers, shares on a fixed 0-100%
@@ -62,7 +62,7 @@ def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[
 def dashboard_data(store: Any, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
     """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`);
     JSON-ready."""
-    from flywheel.training.stats import convergence
+    from flywheel.training.stats.traffic import convergence
 
     stats = convergence(store, window=window, top=8)
     llm_valid, needless, confident, confident_corrected = (int(x or 0) for x in store.query(_NEEDLESS_SQL)[0])

@@ -37,8 +37,8 @@ from flywheel.classifier.errors import TeacherError
 from flywheel.classifier.protocols import DecisionRecord, HistoryEntry
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics
-from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring
-from flywheel.training.stats import convergence, format_table, stats_for_path
+from flywheel.training.stats.anchoring import anchoring_section, empty_anchoring
+from flywheel.training.stats.traffic import convergence, format_table, stats_for_path
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import ScriptedTeacher, make_classifier
 

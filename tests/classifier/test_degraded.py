@@ -11,7 +11,7 @@ from flywheel.classifier.pipeline import Classifier, Query
 from flywheel.classifier.trainer import fit_model
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics
-from flywheel.training.stats import convergence, format_table
+from flywheel.training.stats.traffic import convergence, format_table
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ScriptedTeacher
 

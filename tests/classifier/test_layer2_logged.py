@@ -10,7 +10,7 @@ import pytest
 from flywheel.classifier.decision import Layer, Tier
 from flywheel.classifier.errors import TeacherError
 from flywheel.logstore import LogStore
-from flywheel.training.stats import convergence
+from flywheel.training.stats.traffic import convergence
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE
 from tests.support.fakes import ListSink, ScriptedTeacher, make_classifier
 

@@ -15,7 +15,7 @@ from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
 from flywheel.logstore import LogStore
 from flywheel.training.labeling import backfill_pending
-from flywheel.training.stats import convergence
+from flywheel.training.stats.traffic import convergence
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder
 from tests.support.simulated_ollama import SimulatedOllama

@@ -20,7 +20,7 @@ from flywheel.service.metrics import ServerMetrics
 from flywheel.training import cli_retrain
 from flywheel.training.options import RetrainOptionError, RetrainOptions
 from flywheel.training.report import teacher_markdown
-from flywheel.training.stats import convergence, empty_stats, format_table
+from flywheel.training.stats.traffic import convergence, empty_stats, format_table
 from flywheel.training.teacher_noise import (
     FilterRules,
     NoiseEstimate,

@@ -42,10 +42,10 @@ Definitions (every count is over the ``decisions`` table, windows included):
   label with at least 10 such decisions), by :mod:`training.teacher_noise` (its own
   statement; the same figures the retrain reports and exports as ``flywheel_teacher_noise_ratio``).
 - ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
-  :mod:`training.anchoring_stats` (its own statement; definition in :mod:`classifier.anchoring`).
+  :mod:`training.stats.anchoring` (its own statement; definition in :mod:`classifier.anchoring`).
 - ``shadow``: a shadow model version against the champion over the whole log (agreement,
   permissive / abstaining / flipped answers, accuracy on the disagreements, the LLM share it
-  would have had), by :mod:`training.shadow_stats` (its own statement); ``None`` without a
+  would have had), by :mod:`training.stats.shadow` (its own statement); ``None`` without a
   shadow version (``shadow_version``).
 
 Windows: ``window="day"`` (also ``"hour"``, ``"week"``) groups by UTC calendar
@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import label_name
 from flywheel.classifier.output import counted
-from flywheel.training.anchoring_stats import anchoring_section, empty_anchoring, format_anchoring
-from flywheel.training.shadow_stats import empty_shadow, format_shadow, shadow_section
+from flywheel.training.stats.anchoring import anchoring_section, empty_anchoring, format_anchoring
+from flywheel.training.stats.shadow import empty_shadow, format_shadow, shadow_section
 from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_section
 
 if TYPE_CHECKING:  # pragma: no cover

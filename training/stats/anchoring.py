@@ -10,7 +10,7 @@ scope for both) and the history the teacher was shown is the ``history`` column'
 labels, oldest first. Back-filled teacher labels are not observations: the pipeline
 did not decide with them.
 
-Range: the whole log, like the totals of :func:`training.stats.convergence`
+Range: the whole log, like the totals of :func:`training.stats.traffic.convergence`
 (``--window`` and ``--last`` shape only the per-window rows). It is read by a second
 SQL statement, grouped by ``(label, l2_label, history labels)`` so only the distinct
 combinations leave DuckDB; a decision logged between the two statements may be

@@ -1,4 +1,4 @@
-"""Tests of the convergence statistics (training.stats) on a hand-built traffic log.
+"""Tests of the convergence statistics (training.stats.traffic) on a hand-built traffic log.
 
 The log (10 decisions over two UTC days) and every expected number:
 
@@ -33,7 +33,7 @@ from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherC
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.logstore import LabelRecord, LogStore, LogStoreError, label_records_to_table
-from flywheel.training.stats import convergence, empty_stats, format_table, parse_window
+from flywheel.training.stats.traffic import convergence, empty_stats, format_table, parse_window
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
 DAY = 86400.0

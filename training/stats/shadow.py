@@ -34,7 +34,7 @@ would have been (the LLM share it would have had). Shares are rounded to 6 digit
 ending in ``Z``).
 
 Range: the whole log, like the totals and the anchoring section of
-:func:`training.stats.convergence`, read by one more SQL statement (a decision logged
+:func:`training.stats.traffic.convergence`, read by one more SQL statement (a decision logged
 between two statements may be counted in one and not the other).
 """
 

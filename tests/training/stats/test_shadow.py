@@ -1,4 +1,4 @@
-"""Tests of the ``shadow`` section of ``flywheel stats`` (training.shadow_stats) on a
+"""Tests of the ``shadow`` section of ``flywheel stats`` (training.stats.shadow) on a
 hand-built traffic log.
 
 Champion sure = ``layer = 'embedding' AND degraded IS NULL``. Shadow ``v2`` answers
@@ -44,8 +44,8 @@ from flywheel.classifier.protocols import DecisionRecord
 from flywheel.classifier.registry import ModelRegistry
 from flywheel.classifier.shadow import ShadowAnswer
 from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
-from flywheel.training.shadow_stats import count_shadow, empty_shadow, format_shadow, shadow_section
-from flywheel.training.stats import convergence, empty_stats, format_table, stats_for_path
+from flywheel.training.stats.shadow import count_shadow, empty_shadow, format_shadow, shadow_section
+from flywheel.training.stats.traffic import convergence, empty_stats, format_table, stats_for_path
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc).timestamp()
 H = 3600.0
