@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flywheel.classifier.output import counted
-from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE
+from flywheel.classifier.tiers import Thresholds
+from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE, evaluate_layer2
+from flywheel.training.trainset import SPLIT_ID
+
+if TYPE_CHECKING:   # the run's records load with the retrain, not with the CLI (report.py is imported by it)
+    from flywheel.classifier.model import IntentModel
+    from flywheel.training.rows import LabelledSet, TrainingSet
+    from flywheel.training.trial import Champion, Evaluation, Job, Trial, Tuned
 
 __all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
-           "challenger_lines", "intent_change_lines", "teacher_markdown", "write_reports"]
+           "challenger_lines", "intent_change_lines", "teacher_markdown", "write_reports", "model_metrics",
+           "with_run_metrics", "run_timing", "challengers_section", "run_report", "teacher_fields"]
 
 
 @dataclass
@@ -363,3 +373,113 @@ def write_reports(path: Path, result: RetrainResult) -> None:
     result.report_path = path / "report.json"
     result.report_path.write_text(json.dumps(result.report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (path / "report.md").write_text(result.markdown + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------- the retrain's report, assembled
+def model_metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[str, Any]:
+    per = {k: evaluate_layer2(m, v) for k, v in sets.items()}
+    recent = "recent_shared" if "recent_shared" in per else "recent"
+    share_on = recent if per[recent]["n"] else gate
+    return {"version": m.version, "encoder": m.manifest.encoder.get("id"), "own_encoder": m.encoder_dir is not None,
+            "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
+            "oos_recall": per[gate]["oos_recall"], "gate_set": gate,
+            "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on, "llm_share_n": per[share_on]["n"],
+            "thresholds": Thresholds.for_model(m).to_dict(), **per}
+
+
+def with_run_metrics(model: IntentModel, ts: TrainingSet, ev: Evaluation, tuning: dict[str, Any],
+                      tuned: Tuned | None = None) -> IntentModel:
+    """The challenger as saved: its manifest's metrics say which split and log it saw (and,
+    for a tuned one, that its encoder was tuned and how long that took)."""
+    ch = ev.challenger
+    metrics = {**model.manifest.metrics,
+               "eval_split": SPLIT_ID, "log_until": ts.log_until,
+               "eval_accuracy": ch["eval"]["accuracy"], "eval_n": ch["eval"]["n"],
+               "recent_llm_share": ch["recent"]["llm_share"], "recent_n": ch["recent"]["n"],
+               "confident_tuning": tuning["method"]}
+    if tuned is not None:
+        metrics.update(encoder_tuned=True, encoder_tune_seconds=tuned.report.get("step_seconds"),
+                       encoder_export_seconds=(tuned.report.get("tuner") or {}).get("export_seconds"),
+                       encoder_rows_without_text=tuned.report.get("rows_without_text"))
+    return replace(model, manifest=replace(model.manifest, metrics=metrics))
+
+
+def run_timing(trial: Trial, champion: Champion, model: IntentModel, t_eval: float) -> dict[str, Any]:
+    emb = trial.ts.report["embeddings"]
+    out = {"total_seconds": round(time.perf_counter() - trial.t_start, 3), "dataset_seconds": round(trial.t_data, 3),
+           "embed_seconds": emb["seconds"], "embeddings_reused": emb["reused"],
+           "embeddings_computed": emb["computed"], "fit_seconds": round(trial.t_fit, 3),
+           "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
+    r = trial.tune_report
+    if r is not None:   # the tuning budget bounds the step: tuning, export and re-encoding (forecast)
+        tuner = r.get("tuner") or {}
+        out.update(tune_step_seconds=r.get("step_seconds"), tune_seconds=tuner.get("seconds"),
+                   export_seconds=tuner.get("export_seconds"), reencode_seconds=r.get("reencode_seconds"),
+                   tuned_fit_seconds=round(trial.tuned.t_fit, 3) if trial.tuned is not None else None)
+    if "seconds" in champion.encoded:
+        out["champion_reencode_seconds"] = champion.encoded["seconds"]
+    return out
+
+
+_SIDE_KEYS = ("accuracy", "in_scope_accuracy", "oos_recall", "n", "n_in_scope", "n_out_of_scope")
+
+
+def _side(m: dict[str, Any] | None, gate: str) -> dict[str, Any] | None:
+    """One model's figures on the gate set, for the side-by-side table."""
+    if m is None:
+        return None
+    g = m.get(gate) or {}
+    return {"version": m["version"], "encoder": m.get("encoder"), "own_encoder": m.get("own_encoder"),
+            **{k: g.get(k) for k in _SIDE_KEYS}, "llm_share": m.get("llm_share"),
+            "llm_share_on": m.get("llm_share_on"), "llm_share_n": m.get("llm_share_n")}
+
+
+def challengers_section(job: Job, ev: Evaluation) -> dict[str, Any]:
+    """``report["challengers"]``: the champion and both challengers side by side on the
+    gate set, which challenger was put forward and why, and what languages allowed."""
+    c = ev.choice
+    declared = list(job.intents.languages)
+    if c.get("languages") == "per_row":
+        lang_note = "per-language accuracy from the rows' languages"
+    else:
+        lang_note = (f"the evaluation rows carry no language (the traffic log records none): the challengers "
+                     f"were compared on all rows (declared: {', '.join(declared) or 'none'})")
+    return {"gate_set": ev.gate, "put_forward": c.get("put_forward"), "reason": c.get("reason"),
+            "champion": _side(ev.champion, ev.gate), "head_only": _side(ev.head_only, ev.gate),
+            "tuned": _side(ev.tuned, ev.gate), "paired_tuned_vs_head_only": c.get("paired"),
+            "languages": {"declared": declared, "rows": c.get("languages"), "note": lang_note,
+                          "by_language": c.get("by_language", {})}}
+
+
+def run_report(job: Job, name: str, run_at: float, outcome: str, reason: str, checks: list[dict[str, Any]],
+            champion: IntentModel | None, ev: Evaluation, ts: TrainingSet, timing: dict[str, Any],
+            thresholds: dict[str, Any], trial: Trial) -> dict[str, Any]:
+    """``report.json`` of the challenger ``name`` (its version is ``None`` in a dry run);
+    with encoder tuning on, also ``challengers`` and ``tuning``."""
+    dry_run = job.opts.dry_run
+    extra = ({} if trial.tune_report is None
+             else {"challengers": challengers_section(job, ev), "tuning": trial.tune_report})
+    if ev.change is not None:
+        extra["intent_change"] = ev.change.report(len(ev.sets["shared"]))
+    return {
+        "outcome": outcome, "version": None if dry_run else name, "reason": reason,
+        "promoted": outcome == "promoted" and not dry_run, "dry_run": dry_run,
+        "created_at": datetime.fromtimestamp(run_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "champion_version": champion.version if champion else None,
+        "notes": job.notes,
+        "gate": {"set": ev.gate, "n": ev.challenger["n"], "tolerance": job.opts.tolerance, "checks": checks},
+        "challenger": ev.challenger, "champion": ev.champion,
+        "thresholds": thresholds,
+        "dataset": ts.report,
+        "teacher_unsure": ts.report["teacher_unsure"],
+        "timing": timing,
+        **teacher_fields(job),
+        **extra,
+    }
+
+
+def teacher_fields(job: Job) -> dict[str, Any]:
+    """The report's ``teacher_noise``, ``teacher_noise_by_intent``, ``teacher_filtered``
+    and ``teacher_filter`` (the last two only once step 4a ran)."""
+    return {k: job.teacher[k] for k in ("teacher_noise", "teacher_noise_by_intent", "teacher_filtered",
+                                        "teacher_filter") if k in job.teacher}

@@ -3,126 +3,50 @@ traffic log back into layer 2, and promote the new model only if it is not worse
 
 Run it from cron. :func:`retrain` takes a traffic log (:class:`training.protocols.TrafficLog`),
 a registry (:class:`classifier.protocols.Registry`: a local models home or a shared one)
-and its options, checked once (:class:`RetrainOptions`); one run is these steps (each a
-function here):
+and its options, checked once (:class:`RetrainOptions`). One run, each step a function here:
 
-1. ``registry.lock()``: the retrain lock, taken without waiting (held: outcome
-   ``skipped``);
-2. ``_load_champion``: the served version with its token; when nothing was promoted
-   yet, the served default model (``served_default``: the model ``classify()`` serves
-   from the home's cache, e.g. the starter model) is the champion like any other, with
-   no token (unloadable or trained with another encoder: no champion, and the report
-   says why);
-2b. ``_estimate_teacher_noise``: the teacher's noise, from its agreement with human labels on
-   the same decisions (:func:`training.teacher_noise.estimate_from_log`; reported as
-   ``teacher_noise`` and ``teacher_noise_by_intent``, also by a skipped run, and recorded with
-   the run for ``flywheel_teacher_noise_ratio``);
-3. ``_should_skip``: with ``min_new_labels``, counts the labels (valid teacher answers +
-   human labels) newer than the champion's training data and skips when there are
-   fewer (unless the intent set changed; without a usable champion the job always
-   trains);
+1. ``registry.lock()``, taken without waiting (held: outcome ``skipped``);
+2. ``_load_champion``: the served version and its token (nothing promoted yet: the served
+   default model, with no token; unusable here: no champion, and a note says why);
+   2b. ``_estimate_teacher_noise``: the teacher's agreement with human labels on the same
+   decisions (:mod:`training.teacher_noise`; reported by every run, skips included);
+3. ``_should_skip``: fewer than ``min_new_labels`` labels newer than the champion's data,
+   and the same intent set;
 4. ``_build_data``: the training set and the fixed evaluation split
-   (:func:`training.trainset.build_training_set`);
-4a. ``_filter_teacher``: drops the teacher rows the evidence contradicts
-   (:func:`training.teacher_noise.check_training_set`: out-of-scope labels deep inside an
-   intent's cluster, labels humans keep correcting to the row's runner-up; out-of-scope
-   drops capped for the gate's sake), only with ``RetrainOptions.teacher_filter``; off, it
-   reports what it would drop. ``teacher_filtered`` in the report: ``{reason: count}``;
-4b. ``_tune_encoder`` (only with ``RetrainOptions.tune``): fine-tunes the intent set's base
-   encoder (:func:`training.tuner.export.tune_and_export`, within ``tune.budget_s``: the
-   tuner gets it less the forecasts of the re-encoding and of the ONNX export, see
-   :func:`training.tuner.step.export_forecast`) on the
-   training rows' texts, labels and weights (:func:`training.tuner.step.tuning_rows`: rows
-   whose text retention erased cannot be re-encoded and are left out, counted as
-   ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
-   (:func:`training.tuner.step.confusion_pairs` on the eval and recent sets, the
-   champion's own vectors) and the pairs the teacher's candidate sets name most
-   (:func:`training.tuner.step.candidate_pairs`: an unsure answer is never a label, but
-   its intents are hard negatives; ``candidate_set_pairs`` in the report). The export goes
-   to a temporary directory removed when the run ends (a saved version holds its own
-   copy). Then every training row that has a text, the synthetic negatives and the
-   evaluation sets are re-encoded by the tuned encoder (same rows, same order; timed
-   apart from the tuning). A tuning that fails (an encoder that
-   cannot be tuned, unusable data, an export that disagrees with torch) leaves the
-   head-only challenger alone, with a note;
-5. ``_fit_challenger``: fits the head on the training set's rows and vectors as they are
-   (:func:`classifier.trainer.fit_from_vectors`: the intent examples minus the held-out
-   ones, then the logged rows; with ``self_training`` > 0 also layer 2's own confident
-   decisions, at that weight and never in the rows that fit the gate and cutoffs; the
-   head's cutoffs come from its cross-validation); the model bundles the full intent set.
-   With tuning, a second (tuned) challenger is fitted the same way on the re-encoded rows
-   and carries the tuned encoder (``encoder_dir``);
-6. ``_tune``: re-tunes the ``confident`` cutoff on the recent-traffic slice (>= 50 rows)
-   for the target precision, or for an LLM-call budget
-   (:func:`training.cutoffs.retune`; the tuned challenger on its own vectors, its LLM-budget
-   sample re-encoded). The tuned thresholds are a new value: the
-   challenger that is evaluated and saved is a new model whose manifest carries them
-   (:func:`training.cutoffs.with_thresholds`); the fitted head is never changed;
-7. ``_evaluate``: champion and challenger on the same rows with the same embeddings and
-   their serving thresholds: accuracy, in-scope accuracy, out-of-scope recall, macro F1,
-   per-intent precision and recall, ECE and the LLM share (queries layer 2 is not
-   ``sure`` of). Every model scores the same rows with its own encoder's vectors: a
-   champion that carries its own encoder (``IntentModel.encoder_dir``) scores them
-   re-encoded by it (:class:`~classifier.encoders.VersionEncoderEmbedder`), a champion on
-   the served encoder the vectors the challenger uses. With tuning, the challenger put
-   forward is picked here (:func:`training.gate.pick_challenger`: the tuned one only when it
-   is at least as accurate as the head-only one on the gate rows, not worse in LLM share
-   beyond ``tolerance`` and not worse for any declared language where rows carry one), and
-   the report shows the champion and both challengers side by side;
-8. ``_decide``: :func:`training.gate.decide` (its module docs state the rule): keeps
-   the champion when the challenger is worse by more than ``tolerance`` in accuracy
-   (paired, on the same queries), out-of-scope recall (>= 20 out-of-scope evaluation
-   queries) or LLM share, or when it is worse at all and the evaluation set is too small
-   to rule out a drop larger than ``tolerance``; the reason is one line. In a dry run a
-   winner's outcome is ``would_promote`` (``would_shadow`` with ``shadow``), never
-   ``promoted``;
-9. ``_save``: the challenger put forward is saved (with its encoder when tuned) in the
-   registry's staging directory (its
-   manifest's metrics name the split and the log it saw) with ``report.json`` and
-   ``report.md`` and published; if it won, it is promoted against the champion's token
-   (compare-and-swap), or with ``shadow`` set as the shadow version (outcome
-   ``shadowed``). ``dry_run`` saves and promotes nothing.
-10. ``_record``: every run that got this far (skips included; not a dry run) is recorded
-    in the registry (``record_retrain``), so an alert can tell when retrains stop.
+   (:func:`training.trainset.build_training_set`); 4a. ``_filter_teacher``: the teacher rows
+   the evidence contradicts (:func:`training.teacher_noise.check_training_set`), dropped with
+   ``teacher_filter``, else counted; 4b. ``_tune_encoder`` (with ``tune``): the encoder tuned
+   within its budget and the rows re-encoded by it (:func:`training.tuner.step.tune_encoder`);
+   a tuning that fails leaves the head-only challenger alone, with a note;
+5. ``_fit_challenger``: the head on the training rows and vectors as they are
+   (:func:`classifier.trainer.fit_from_vectors`; with tuning, a second challenger on the
+   re-encoded rows that carries the tuned encoder);
+6. ``_tune``: the ``confident`` cutoff re-tuned on the recent slice for the target precision
+   or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is never changed);
+7. ``_evaluate``: the champion and the challengers on the same rows, each with its own
+   encoder's vectors and serving thresholds; with tuning, the challenger put forward
+   (:func:`training.gate.pick_challenger`), kept through any re-gate;
+8. ``_decide``: :func:`training.gate.decide` (its module docs state the rule); in a dry run
+   a winner is ``would_promote`` (``would_shadow`` with ``shadow``), never ``promoted``;
+9. ``_save``: the challenger put forward saved with ``report.json`` and ``report.md`` in the
+   registry's staging directory and published; a winner promoted against the champion's
+   token (compare-and-swap), or set as the shadow (``shadowed``); a dry run saves nothing;
+10. ``_record``: the run recorded in the registry (``record_retrain``), so an alert can tell
+    when retrains stop.
 
-The champion may move during the run (another retrain, a promotion or rollback by hand).
-The job never overwrites a version it did not gate against: before publishing and on a
-refused promotion (:class:`~classifier.registry.PromotionConflict`) it loads the new
-champion and repeats steps 7 and 8 against it (``_regate``). The challenger is kept,
-not promoted, when it loses that gate, when the new champion is another retrain of the
-same champion (its manifest's ``parent``: two retrains raced and the other won), or when
-the champion keeps moving (:data:`PROMOTE_TRIES` refused promotions); the reason and the
-notes say which version it found.
-
-The challenger put forward is picked at the first gate and kept through a re-gate (it is
-the one saved).
-
-A changed intent set
---------------------
-When ``intents`` differs from the champion's bundled set (an example added, an intent added,
-removed or renamed: a rename is a removal plus an addition), the run moves to the new set
-with the labels already logged: labels of removed intents are dropped and counted
-(``dataset.dropped_unknown_intent``, ``intent_change`` in the report, the summary), and the
-challenger trains on the new file plus the logged teacher and human labels. It is gated on
-the ``shared`` set: the held-out rows (``eval`` and ``recent``) whose label both sets know,
-out of scope included, less every text the champion may have trained on (its examples its
-own split did not hold out; new examples it may have seen as logged teacher rows), with
-:func:`training.gate.decide_changed`: the champion cannot serve the new file, so the
-challenger is kept out only when it is measurably worse there.
-
-Gate set: the fixed ``eval`` set. A champion not trained by this job (its manifest lacks
-``metrics.eval_split == SPLIT_ID``) may have trained on the held-out intent examples, so
-it is compared on the traffic part instead (held-out human-labelled texts + the recent
-slice) when that has at least 20 rows.
+The champion may move during the run: the job never overwrites a version it did not gate
+against (``_save``, ``_regate``). The gate set is the fixed ``eval`` set, the traffic part for
+a champion this job did not train (``_gate_name``), the ``shared`` rows when the intent set
+changed (:class:`training.trial.Change`). The run's records are :mod:`training.trial`'s, its
+report is assembled by :mod:`training.report`.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -135,23 +59,27 @@ from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
-from flywheel.classifier.text import normalise_key
-from flywheel.classifier.tiers import Thresholds, fmt_probs
+from flywheel.classifier.tiers import fmt_probs
 from flywheel.training.cutoffs import learned_thresholds, retune, traffic_sample, with_thresholds
-from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, evaluate_layer2, pick_challenger
+from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
-from flywheel.training.report import RetrainResult, jsonable, render_markdown, write_reports
+from flywheel.training.report import (
+    RetrainResult,
+    jsonable,
+    model_metrics,
+    render_markdown,
+    run_report,
+    run_timing,
+    teacher_fields,
+    with_run_metrics,
+    write_reports,
+)
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import REASONS, NoiseEstimate, check_training_set, estimate_from_log, format_noise
-from flywheel.training.trainset import (
-    RECENT_HOLDOUT_SHARE,
-    SPLIT_ID,
-    build_training_set,
-    held_out_examples,
-    split_value,
-)
-from flywheel.training.tuner.step import TunedStep, reencode, tune_encoder
+from flywheel.training.trainset import SPLIT_ID, build_training_set
+from flywheel.training.trial import Champion, Change, Evaluation, Job, Trial, Tuned, intent_change
+from flywheel.training.tuner.step import reencode, tune_encoder
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -177,126 +105,6 @@ def _trained_until(model: IntentModel) -> float | None:
             tzinfo=timezone.utc).timestamp()
     except (TypeError, ValueError):
         return None
-
-
-@dataclass(frozen=True)
-class _Job:
-    """One run's inputs; ``notes`` collects what the report should say."""
-
-    store: TrafficLog
-    registry: Registry
-    intents: IntentSet
-    embedder: Embedder
-    opts: RetrainOptions
-    notes: list[str] = field(default_factory=list)
-    served_default: Path | None = None
-    teacher: dict[str, Any] = field(default_factory=dict)   # steps 2b and 4a: noise estimate, filter report
-
-    @property
-    def target_precision(self) -> float:
-        tp = self.opts.target_precision
-        return float(tp if tp is not None else self.intents.thresholds.target_precision)
-
-    def say(self, msg: str) -> None:
-        if self.opts.progress:
-            print(f"flywheel retrain: {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class _Evaluation:
-    """The champion and the challengers on the same rows, each with its own encoder's
-    vectors; ``gate`` names the gate set; ``challenger`` (on ``sets``) is the one put
-    forward (``choice`` says which and why), ``head_only`` and ``tuned`` both challengers."""
-
-    gate: str
-    sets: dict[str, LabelledSet]
-    challenger: dict[str, Any]
-    champion: dict[str, Any] | None
-    champion_sets: dict[str, LabelledSet] | None = None
-    head_only: dict[str, Any] | None = None
-    tuned: dict[str, Any] | None = None
-    choice: dict[str, Any] = field(default_factory=dict)
-    change: _Change | None = None
-
-
-@dataclass(frozen=True)
-class _Change:
-    """How the intent set differs from the champion's (see the module docs, "A changed
-    intent set"): the intents added, removed and shared, whether examples, rules or
-    settings changed too, and the normalised texts the champion may have trained on
-    (``seen``: never gate rows)."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    shared: frozenset[str]
-    seen: frozenset[str]
-    dropped: dict[str, int]       # labels of removed intents dropped from the log, per label
-
-    def rows(self, data: LabelledSet) -> LabelledSet:
-        """``data``'s rows whose label both sets know (out of scope included) and whose text
-        the champion did not train on."""
-        return data.select(i for i, (t, y) in enumerate(zip(data.texts, data.labels))
-                           if (y is None or y in self.shared) and normalise_key(t) not in self.seen)
-
-    def words(self) -> str:
-        parts = [f"added {', '.join(self.added)}" if self.added else "",
-                 (f"removed {', '.join(self.removed)} ({sum(self.dropped.values()):,} logged labels dropped)"
-                  if self.removed else ""),
-                 "" if self.added or self.removed else "same intents, other examples, rules or settings"]
-        return "; ".join(p for p in parts if p)
-
-    def report(self, n_shared: int) -> dict[str, Any]:
-        return {"added": list(self.added), "removed": list(self.removed), "shared": sorted(self.shared),
-                "labels_dropped": dict(self.dropped), "labels_dropped_total": sum(self.dropped.values()),
-                "champion_trained_texts_left_out": len(self.seen), "gate_rows": n_shared}
-
-
-@dataclass(frozen=True)
-class _Champion:
-    """The served version as the run read it: its name and token (for the compare-and-swap
-    promotion) and the model, when it is usable here (else ``None``, and a note says why).
-    ``embedder``: its own encoder when it carries one (``None``: the served encoder's
-    vectors are its vectors); ``encoded`` caches the evaluation sets it re-encoded."""
-
-    name: str | None
-    token: str | None
-    model: IntentModel | None
-    embedder: Any = None
-    encoded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclass
-class _Tuned(TunedStep):
-    """The tuned challenger and what it was made from (step 4b)."""
-
-    fitted: IntentModel | None = None
-    challenger: IntentModel | None = None
-    tuning: dict[str, Any] = field(default_factory=dict)
-    t_fit: float = 0.0
-
-    def made(self) -> tuple[IntentModel, IntentModel]:
-        """``(fitted, challenger)``, once :func:`_fit_tuned` has made them."""
-        assert self.fitted is not None and self.challenger is not None, "the tuned challenger is fitted first"
-        return self.fitted, self.challenger
-
-
-@dataclass
-class _Trial:
-    """The challenger and what it was made from: everything a (re-)gate needs."""
-
-    ts: TrainingSet
-    fitted: IntentModel           # as fitted: the cross-validation thresholds
-    challenger: IntentModel       # with the tuned thresholds: what is evaluated and saved
-    tuning: dict[str, Any]
-    run_at: float
-    t_start: float
-    t_data: float
-    t_fit: float
-    notes_before_gate: int = 0    # job.notes up to here hold for any champion
-    moves: list[tuple[str | None, str | None]] = field(default_factory=list)  # (expected, found) per move
-    tuned: _Tuned | None = None   # the tuned challenger (encoder tuning on, and it worked)
-    tune_report: dict[str, Any] | None = None   # the tuning step's report (None: tuning off)
-    pick: str | None = None       # the challenger put forward at the first gate ("head_only" / "tuned")
 
 
 # ------------------------------------------------------------------ the job
@@ -327,14 +135,14 @@ def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedd
     with registry.lock(create=not opts.dry_run) as taken:   # a dry run creates no models home
         if not taken:
             return _skip("another retrain is running", opts.dry_run)
-        job = _Job(store, registry, intents, embedder, opts, served_default=served_default)
+        job = Job(store, registry, intents, embedder, opts, served_default=served_default)
         result = _run(job)
         if not opts.dry_run:
             _record(job, result)
         return result
 
 
-def _record(job: _Job, result: RetrainResult) -> None:
+def _record(job: Job, result: RetrainResult) -> None:
     """Record the finished run in the registry (the sidecars export its time as
     ``flywheel_last_retrain_timestamp_seconds``); a failure to record is only a warning."""
     status = {"finished_at": time.time(), "outcome": result.outcome, "version": result.version,
@@ -352,14 +160,14 @@ def _record(job: _Job, result: RetrainResult) -> None:
         job.say(f"warning: the run was not recorded in the registry: {exc}")
 
 
-def _run(job: _Job) -> RetrainResult:
+def _run(job: Job) -> RetrainResult:
     # the tuned encoder's export lives until the run ends (a saved version holds a copy)
     work = tempfile.TemporaryDirectory(prefix="flywheel-tune-") if job.opts.tune is not None else nullcontext()
     with work as workdir:
         return _run_in(job, workdir)
 
 
-def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
+def _run_in(job: Job, workdir: str | None) -> RetrainResult:
     t_start = time.perf_counter()
     run_at = job.opts.run_at()
     champion = _load_champion(job)
@@ -368,7 +176,7 @@ def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
     skip = _should_skip(job, champion.model)
     if skip is not None:
         result = _skip(skip, job.opts.dry_run, job.notes)
-        result.report.update(_teacher_fields(job))
+        result.report.update(teacher_fields(job))
         return result
     ts, t_data = _timed(_build_data, job, champion.model)
     ts = _filter_teacher(job, ts, champion.model)
@@ -377,7 +185,7 @@ def _run_in(job: _Job, workdir: str | None) -> RetrainResult:
     tuning, thresholds = _tune(job, fitted, ts)
     if tuned is not None:
         _fit_tuned(job, tuned, champion)
-    trial = _Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
+    trial = Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
                    notes_before_gate=len(job.notes), tuned=tuned, tune_report=tune_report)
     result, challenger = _gate(job, trial, champion)
     if not job.opts.dry_run:
@@ -391,13 +199,13 @@ def _timed(step: Callable[..., _T], *args: Any) -> tuple[_T, float]:
     return out, time.perf_counter() - t0
 
 
-def _load_champion(job: _Job) -> _Champion:
+def _load_champion(job: Job) -> Champion:
     """The served version now (nothing promoted: the served default model, with no name
     or token), with its model when usable here (else a note why not)."""
     name, token = job.registry.current()
     if name is None and job.served_default is None:
         job.notes.append("no champion: nothing promoted yet")
-        return _Champion(None, token, None)
+        return Champion(None, token, None)
     try:
         if name is None:
             assert job.served_default is not None, "no champion at all returned above"
@@ -408,7 +216,7 @@ def _load_champion(job: _Job) -> _Champion:
             champ = job.registry.load(name)
     except ModelError as exc:
         job.notes.append(f"champion {name or job.served_default} cannot be loaded ({exc}); treated as no champion")
-        return _Champion(name, token, None)
+        return Champion(name, token, None)
     if champ.encoder_dir is not None:
         return _with_own_encoder(job, name, token, champ)
     emb = job.embedder
@@ -417,11 +225,11 @@ def _load_champion(job: _Job) -> _Champion:
         job.notes.append(f"champion {name or champ.version} was trained with encoder {enc.get('id')!r} "
                          f"({enc.get('dim')}-d), not {emb.id!r}; it cannot be evaluated on these embeddings, "
                          f"so it is treated as no champion")
-        return _Champion(name, token, None)
-    return _Champion(name, token, champ)
+        return Champion(name, token, None)
+    return Champion(name, token, champ)
 
 
-def _with_own_encoder(job: _Job, name: str | None, token: str | None, champ: IntentModel) -> _Champion:
+def _with_own_encoder(job: Job, name: str | None, token: str | None, champ: IntentModel) -> Champion:
     """A champion that carries its own encoder: usable when that encoder loads (it then
     scores the evaluation sets re-encoded by it, see ``_champion_sets``)."""
     from flywheel.classifier.encoders import open_version_encoder
@@ -433,13 +241,13 @@ def _with_own_encoder(job: _Job, name: str | None, token: str | None, champ: Int
     except EmbedderError as exc:
         job.notes.append(f"champion {name or champ.version}'s own encoder cannot be served here ({exc}); "
                          f"treated as no champion")
-        return _Champion(name, token, None)
+        return Champion(name, token, None)
     job.notes.append(f"champion {name or champ.version} carries its own encoder {own.id}: it is evaluated on the "
                      f"evaluation sets re-encoded by it")
-    return _Champion(name, token, champ, own)
+    return Champion(name, token, champ, own)
 
 
-def _champion_sets(job: _Job, champion: _Champion, ts: TrainingSet) -> dict[str, LabelledSet]:
+def _champion_sets(job: Job, champion: Champion, ts: TrainingSet) -> dict[str, LabelledSet]:
     """``eval`` and ``recent`` with the champion's vectors: the training set's own when it
     uses the served encoder, else re-encoded by its encoder once per run (timed)."""
     if champion.embedder is None:
@@ -452,7 +260,7 @@ def _champion_sets(job: _Job, champion: _Champion, ts: TrainingSet) -> dict[str,
     return champion.encoded["sets"]
 
 
-def _should_skip(job: _Job, champion: IntentModel | None) -> str | None:
+def _should_skip(job: Job, champion: IntentModel | None) -> str | None:
     """Why to skip (fewer than ``min_new_labels`` new labels, same intent set), or None."""
     need = job.opts.min_new_labels
     if need <= 0 or champion is None:
@@ -472,13 +280,13 @@ def _skip(reason: str, dry_run: bool, notes: list[str] | None = None) -> Retrain
     return RetrainResult("skipped", None, reason, dry_run=dry_run, report={"notes": notes or []})
 
 
-def _build_data(job: _Job, champion: IntentModel | None) -> TrainingSet:
+def _build_data(job: Job, champion: IntentModel | None) -> TrainingSet:
     o = job.opts
     return build_training_set(job.store, job.intents, embedder=job.embedder,
                               progress=o.progress, self_training_max=o.self_training_max if o.self_training > 0 else 0)
 
 
-def _estimate_teacher_noise(job: _Job) -> None:
+def _estimate_teacher_noise(job: Job) -> None:
     """Step 2b: how often the teacher's label differs from a human label on the same
     decision (:mod:`training.teacher_noise`)."""
     est = estimate_from_log(job.store)
@@ -487,7 +295,7 @@ def _estimate_teacher_noise(job: _Job) -> None:
     job.say(format_noise(job.teacher["teacher_noise"], job.teacher["teacher_noise_by_intent"]))
 
 
-def _filter_teacher(job: _Job, ts: TrainingSet, champion: IntentModel | None) -> TrainingSet:
+def _filter_teacher(job: Job, ts: TrainingSet, champion: IntentModel | None) -> TrainingSet:
     """Step 4a: the training set without the teacher rows the evidence contradicts (with
     ``teacher_filter`` on; off, the report says what it would drop)."""
     est = job.teacher.get("estimate") or NoiseEstimate()
@@ -504,25 +312,18 @@ def _filter_teacher(job: _Job, ts: TrainingSet, champion: IntentModel | None) ->
     return ts
 
 
-def _teacher_fields(job: _Job) -> dict[str, Any]:
-    """The report's ``teacher_noise``, ``teacher_noise_by_intent``, ``teacher_filtered``
-    and ``teacher_filter`` (the last two only once step 4a ran)."""
-    return {k: job.teacher[k] for k in ("teacher_noise", "teacher_noise_by_intent", "teacher_filtered",
-                                        "teacher_filter") if k in job.teacher}
-
-
-def _tune_encoder(job: _Job, ts: TrainingSet, champion: _Champion,
-                  workdir: str) -> tuple[_Tuned | None, dict[str, Any]]:
+def _tune_encoder(job: Job, ts: TrainingSet, champion: Champion,
+                  workdir: str) -> tuple[Tuned | None, dict[str, Any]]:
     """Step 4b (:func:`training.tuner.step.tune_encoder`): the tuned encoder and the
     training set re-encoded by it, or ``None`` when tuning failed; and the step's report."""
     sets = _champion_sets(job, champion, ts).values() if champion.model is not None else ()
     made, report = tune_encoder(ts, champion.model, list(sets), store=job.store, opts=job.opts,
                                 intents=job.intents, embedder=job.embedder, registry=job.registry,
                                 workdir=workdir, say=job.say, notes=job.notes)
-    return (None if made is None else _Tuned(**vars(made))), report
+    return (None if made is None else Tuned(**vars(made))), report
 
 
-def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
+def _fit_tuned(job: Job, tuned: Tuned, champion: Champion) -> None:
     """Fit the tuned challenger exactly as the head-only one (its rows, its vectors) and
     tune its thresholds the same way; it carries the tuned encoder."""
     job.say("the tuned challenger:")
@@ -533,7 +334,7 @@ def _fit_tuned(job: _Job, tuned: _Tuned, champion: _Champion) -> None:
     tuned.challenger = with_thresholds(tuned.fitted, thresholds)
 
 
-def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
+def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
                     encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None,
                     views: Sequence[CrossFitView] = ()) -> IntentModel:
     """Fit the head on the training rows as they are (their vectors, made by
@@ -566,7 +367,7 @@ def _fit_challenger(job: _Job, ts: TrainingSet, champion: IntentModel | None,
 _LOGGED: Any = object()   # _tune's default sample: the logged vectors of the served encoder
 
 
-def _tune(job: _Job, model: IntentModel, ts: TrainingSet,
+def _tune(job: Job, model: IntentModel, ts: TrainingSet,
           sample: Any = _LOGGED) -> tuple[dict[str, Any], dict[str, float]]:
     """Re-tune the confident cutoff on the recent slice (and the LLM budget's traffic
     sample: by default of the logged vectors; the tuned challenger passes its own): the
@@ -587,7 +388,7 @@ def _tune(job: _Job, model: IntentModel, ts: TrainingSet,
     return tuning, thresholds
 
 
-def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult, IntentModel]:
+def _gate(job: Job, trial: Trial, champion: Champion) -> tuple[RetrainResult, IntentModel]:
     """Steps 7 and 8 against ``champion``: the result (with its report) and the challenger
     put forward as saved (its metrics do not depend on the champion)."""
     ev, t_eval = _timed(_evaluate, job, trial, champion)
@@ -596,21 +397,21 @@ def _gate(job: _Job, trial: _Trial, champion: _Champion) -> tuple[RetrainResult,
     outcome, reason, checks = _decide(job, chosen, champion.model, ev)
     if job.opts.dry_run and outcome == "promoted":     # nothing is promoted in a dry run
         outcome = "would_shadow" if job.opts.shadow else "would_promote"
-    model = _with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
-    timing = _timing(trial, champion, model, t_eval)
-    report = _report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
+    model = with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
+    timing = run_timing(trial, champion, model, t_eval)
+    report = run_report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
                      timing, {"cross_validation": learned_thresholds(fitted),
                               "tuning": tuned.tuning if tuned else trial.tuning,
                               "saved": dict(model.manifest.thresholds)}, trial)
     return _result(job, report), model
 
 
-def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
+def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
     """The champion and the challengers on the same sets, each with its own encoder's
     vectors and its serving thresholds; with a tuned challenger, the pick of the one put
     forward (fixed at the first gate: it is the one saved)."""
     ts, cp = trial.ts, champion.model
-    change = _intent_change(job, cp, ts) if cp is not None else None
+    change = intent_change(job.intents, cp, ts) if cp is not None else None
     gate = _gate_name(job, cp, ts) if change is None else "shared"
     sets = _sets(ts.eval, ts.recent, gate, change)
     if change is not None:
@@ -620,20 +421,20 @@ def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
                          f"gated on the {len(sets['shared']):,} held-out rows of the intents both sets share "
                          f"(out of scope included; none of the {len(change.seen):,} texts the champion trained on), "
                          f"kept only if measurably worse there{rename}")
-    head = _metrics(trial.challenger, sets, gate)
+    head = model_metrics(trial.challenger, sets, gate)
     cp_sets = None
     if cp is not None:
         own = _champion_sets(job, champion, ts)
         cp_sets = _sets(own["eval"], own["recent"], gate, change)
-    cp_metrics = _metrics(cp, cp_sets, gate) if cp is not None and cp_sets is not None else None
+    cp_metrics = model_metrics(cp, cp_sets, gate) if cp is not None and cp_sets is not None else None
     tuned = trial.tuned
     if tuned is None or tuned.challenger is None:
         why = "encoder tuning is off" if trial.tune_report is None else "encoder tuning failed"
-        return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
+        return Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
                            {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
                             "languages": "none"}, change)
     t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
-    t_metrics = _metrics(tuned.challenger, t_sets, gate)
+    t_metrics = model_metrics(tuned.challenger, t_sets, gate)
     choice = pick_challenger(trial.challenger, tuned.challenger, head, t_metrics, sets[gate], t_sets[gate],
                              job.opts.tolerance, job.intents.languages, getattr(sets[gate], "langs", None))
     if trial.pick is None:
@@ -644,14 +445,14 @@ def _evaluate(job: _Job, trial: _Trial, champion: _Champion) -> _Evaluation:
                   "reason": f"the {_CHALLENGER[trial.pick]} challenger was put forward at the first gate and saved "
                             f"(on this gate set: {choice['reason']})"}
     if choice["put_forward"] == "tuned":
-        return _Evaluation(gate, t_sets, t_metrics, cp_metrics, cp_sets, head, t_metrics, choice, change)
-    return _Evaluation(gate, sets, head, cp_metrics, cp_sets, head, t_metrics, choice, change)
+        return Evaluation(gate, t_sets, t_metrics, cp_metrics, cp_sets, head, t_metrics, choice, change)
+    return Evaluation(gate, sets, head, cp_metrics, cp_sets, head, t_metrics, choice, change)
 
 
 _CHALLENGER = {"head_only": "head-only", "tuned": "tuned"}
 
 
-def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: _Change | None = None) -> dict[str, LabelledSet]:
+def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: Change | None = None) -> dict[str, LabelledSet]:
     """The evaluation sets for the gate set ``gate`` from ``eval`` and ``recent`` (any
     encoder's vectors: the rows and their order depend only on the training set). With a
     changed intent set, ``shared`` (the gate set: the rows of ``eval`` and ``recent`` of
@@ -665,27 +466,11 @@ def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: _Change | Non
     return sets
 
 
-def _intent_change(job: _Job, champion: IntentModel, ts: TrainingSet) -> _Change | None:
-    """How ``job.intents`` differs from the champion's bundled intent set (``None``: not at
-    all). ``seen``: the champion's intent examples its own split did not hold out (all of
-    them for a champion the retrain did not train), and the new examples it may have
-    trained on as logged teacher rows (teacher texts outside the recent holdout)."""
-    old, new = champion.intents, job.intents
-    if intents_to_doc(old) == intents_to_doc(new):
-        return None
-    old_texts, old_labels = old.training_pairs()
-    old_keys = {normalise_key(t) for t in old_texts}
-    held = held_out_examples(old_texts, old_labels) if champion.manifest.metrics.get("eval_split") == SPLIT_ID \
-        else set()
-    new_keys = {normalise_key(t) for t in new.training_pairs()[0]} - old_keys
-    seen = (old_keys - held) | {k for k in new_keys if k in ts.logged_keys and split_value(k) >= RECENT_HOLDOUT_SHARE}
-    dropped = ts.report.get("dropped_unknown_intent", {}).get("by_label", {})
-    return _Change(tuple(sorted(set(new.labels) - set(old.labels))), tuple(sorted(set(old.labels) - set(new.labels))),
-                   frozenset(set(new.labels) & set(old.labels)), frozenset(seen), dict(dropped))
-
-
-def _gate_name(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> str:
-    """The gate set's name (see the module docs), with a note when it is not ``eval``."""
+def _gate_name(job: Job, champion: IntentModel | None, ts: TrainingSet) -> str:
+    """The gate set's name, with a note when it is not ``eval``: the fixed ``eval`` set; a
+    champion not trained by this job (its manifest lacks ``metrics.eval_split == SPLIT_ID``)
+    may have trained on the held-out intent examples, so it is compared on the traffic part
+    instead (held-out human labels + the recent slice) when that has :data:`MIN_GATE_ROWS`."""
     traffic = ts.eval.where(lambda s: s != "intent_example").concat(ts.recent)
     gate = "eval"
     if champion is not None and champion.manifest.metrics.get("eval_split") != SPLIT_ID:
@@ -704,19 +489,8 @@ def _gate_name(job: _Job, champion: IntentModel | None, ts: TrainingSet) -> str:
     return gate
 
 
-def _metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> dict[str, Any]:
-    per = {k: evaluate_layer2(m, v) for k, v in sets.items()}
-    recent = "recent_shared" if "recent_shared" in per else "recent"
-    share_on = recent if per[recent]["n"] else gate
-    return {"version": m.version, "encoder": m.manifest.encoder.get("id"), "own_encoder": m.encoder_dir is not None,
-            "accuracy": per[gate]["accuracy"], "n": per[gate]["n"],
-            "oos_recall": per[gate]["oos_recall"], "gate_set": gate,
-            "llm_share": per[share_on]["llm_share"], "llm_share_on": share_on, "llm_share_n": per[share_on]["n"],
-            "thresholds": Thresholds.for_model(m).to_dict(), **per}
-
-
-def _decide(job: _Job, challenger: IntentModel, champion: IntentModel | None,
-            ev: _Evaluation) -> tuple[str, str, list[dict[str, Any]]]:
+def _decide(job: Job, challenger: IntentModel, champion: IntentModel | None,
+            ev: Evaluation) -> tuple[str, str, list[dict[str, Any]]]:
     if ev.change is not None and champion is not None and ev.champion_sets is not None:
         share_on = "recent_shared" if len(ev.sets["recent_shared"]) else "shared"
         return decide_changed(challenger, champion, ev.sets["shared"], ev.champion_sets["shared"],
@@ -727,97 +501,7 @@ def _decide(job: _Job, challenger: IntentModel, champion: IntentModel | None,
                   champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None)
 
 
-def _with_run_metrics(model: IntentModel, ts: TrainingSet, ev: _Evaluation, tuning: dict[str, Any],
-                      tuned: _Tuned | None = None) -> IntentModel:
-    """The challenger as saved: its manifest's metrics say which split and log it saw (and,
-    for a tuned one, that its encoder was tuned and how long that took)."""
-    ch = ev.challenger
-    metrics = {**model.manifest.metrics,
-               "eval_split": SPLIT_ID, "log_until": ts.log_until,
-               "eval_accuracy": ch["eval"]["accuracy"], "eval_n": ch["eval"]["n"],
-               "recent_llm_share": ch["recent"]["llm_share"], "recent_n": ch["recent"]["n"],
-               "confident_tuning": tuning["method"]}
-    if tuned is not None:
-        metrics.update(encoder_tuned=True, encoder_tune_seconds=tuned.report.get("step_seconds"),
-                       encoder_export_seconds=(tuned.report.get("tuner") or {}).get("export_seconds"),
-                       encoder_rows_without_text=tuned.report.get("rows_without_text"))
-    return replace(model, manifest=replace(model.manifest, metrics=metrics))
-
-
-def _timing(trial: _Trial, champion: _Champion, model: IntentModel, t_eval: float) -> dict[str, Any]:
-    emb = trial.ts.report["embeddings"]
-    out = {"total_seconds": round(time.perf_counter() - trial.t_start, 3), "dataset_seconds": round(trial.t_data, 3),
-           "embed_seconds": emb["seconds"], "embeddings_reused": emb["reused"],
-           "embeddings_computed": emb["computed"], "fit_seconds": round(trial.t_fit, 3),
-           "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
-    r = trial.tune_report
-    if r is not None:   # the tuning budget bounds the step: tuning, export and re-encoding (forecast)
-        tuner = r.get("tuner") or {}
-        out.update(tune_step_seconds=r.get("step_seconds"), tune_seconds=tuner.get("seconds"),
-                   export_seconds=tuner.get("export_seconds"), reencode_seconds=r.get("reencode_seconds"),
-                   tuned_fit_seconds=round(trial.tuned.t_fit, 3) if trial.tuned is not None else None)
-    if "seconds" in champion.encoded:
-        out["champion_reencode_seconds"] = champion.encoded["seconds"]
-    return out
-
-
-_SIDE_KEYS = ("accuracy", "in_scope_accuracy", "oos_recall", "n", "n_in_scope", "n_out_of_scope")
-
-
-def _side(m: dict[str, Any] | None, gate: str) -> dict[str, Any] | None:
-    """One model's figures on the gate set, for the side-by-side table."""
-    if m is None:
-        return None
-    g = m.get(gate) or {}
-    return {"version": m["version"], "encoder": m.get("encoder"), "own_encoder": m.get("own_encoder"),
-            **{k: g.get(k) for k in _SIDE_KEYS}, "llm_share": m.get("llm_share"),
-            "llm_share_on": m.get("llm_share_on"), "llm_share_n": m.get("llm_share_n")}
-
-
-def _challengers(job: _Job, ev: _Evaluation) -> dict[str, Any]:
-    """``report["challengers"]``: the champion and both challengers side by side on the
-    gate set, which challenger was put forward and why, and what languages allowed."""
-    c = ev.choice
-    declared = list(job.intents.languages)
-    if c.get("languages") == "per_row":
-        lang_note = "per-language accuracy from the rows' languages"
-    else:
-        lang_note = (f"the evaluation rows carry no language (the traffic log records none): the challengers "
-                     f"were compared on all rows (declared: {', '.join(declared) or 'none'})")
-    return {"gate_set": ev.gate, "put_forward": c.get("put_forward"), "reason": c.get("reason"),
-            "champion": _side(ev.champion, ev.gate), "head_only": _side(ev.head_only, ev.gate),
-            "tuned": _side(ev.tuned, ev.gate), "paired_tuned_vs_head_only": c.get("paired"),
-            "languages": {"declared": declared, "rows": c.get("languages"), "note": lang_note,
-                          "by_language": c.get("by_language", {})}}
-
-
-def _report(job: _Job, name: str, run_at: float, outcome: str, reason: str, checks: list[dict[str, Any]],
-            champion: IntentModel | None, ev: _Evaluation, ts: TrainingSet, timing: dict[str, Any],
-            thresholds: dict[str, Any], trial: _Trial) -> dict[str, Any]:
-    """``report.json`` of the challenger ``name`` (its version is ``None`` in a dry run);
-    with encoder tuning on, also ``challengers`` and ``tuning``."""
-    dry_run = job.opts.dry_run
-    extra = {} if trial.tune_report is None else {"challengers": _challengers(job, ev), "tuning": trial.tune_report}
-    if ev.change is not None:
-        extra["intent_change"] = ev.change.report(len(ev.sets["shared"]))
-    return {
-        "outcome": outcome, "version": None if dry_run else name, "reason": reason,
-        "promoted": outcome == "promoted" and not dry_run, "dry_run": dry_run,
-        "created_at": datetime.fromtimestamp(run_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "champion_version": champion.version if champion else None,
-        "notes": job.notes,
-        "gate": {"set": ev.gate, "n": ev.challenger["n"], "tolerance": job.opts.tolerance, "checks": checks},
-        "challenger": ev.challenger, "champion": ev.champion,
-        "thresholds": thresholds,
-        "dataset": ts.report,
-        "teacher_unsure": ts.report["teacher_unsure"],
-        "timing": timing,
-        **_teacher_fields(job),
-        **extra,
-    }
-
-
-def _result(job: _Job, report: dict[str, Any]) -> RetrainResult:
+def _result(job: Job, report: dict[str, Any]) -> RetrainResult:
     """The run's result with its markdown."""
     dry_run = job.opts.dry_run
     result = RetrainResult(report["outcome"], report["version"], report["reason"], challenger=report["challenger"],
@@ -827,7 +511,7 @@ def _result(job: _Job, report: dict[str, Any]) -> RetrainResult:
     return result
 
 
-def _save(job: _Job, trial: _Trial, champion: _Champion, model: IntentModel,
+def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
           result: RetrainResult) -> RetrainResult:
     """Save the challenger with ``report.json`` and ``report.md`` in the registry's staging
     directory and publish it; promote it if it won, against the token of the champion it
@@ -866,23 +550,25 @@ def _save(job: _Job, trial: _Trial, champion: _Champion, model: IntentModel,
     return result
 
 
-def _as_shadow(job: _Job, result: RetrainResult) -> RetrainResult:
+def _as_shadow(job: Job, result: RetrainResult) -> RetrainResult:
     """``result`` (a winner) turned into ``shadowed``: published as the shadow, not promoted."""
     return _result(job, {**result.report, "outcome": "shadowed", "promoted": False,
                          "reason": f"{result.reason}; published as the shadow version (scored on live traffic, "
                                    f"enforcing nothing; flywheel models promote --from-shadow promotes it)"})
 
 
-def _follow(job: _Job, trial: _Trial, champion: _Champion,
-            result: RetrainResult) -> tuple[_Champion, RetrainResult]:
+def _follow(job: Job, trial: Trial, champion: Champion,
+            result: RetrainResult) -> tuple[Champion, RetrainResult]:
     """The champion now and the result gated against it (unchanged when it did not move)."""
     _, token = job.registry.current()
     return (champion, result) if token == champion.token else _regate(job, trial, champion)
 
 
-def _regate(job: _Job, trial: _Trial, old: _Champion) -> tuple[_Champion, RetrainResult]:
-    """Load the champion that replaced ``old`` and repeat steps 7 and 8 against it. A
-    champion that is another retrain of ``old`` (two retrains raced) keeps its place."""
+def _regate(job: Job, trial: Trial, old: Champion) -> tuple[Champion, RetrainResult]:
+    """Load the champion that replaced ``old`` and repeat steps 7 and 8 against it. The
+    challenger is kept, not promoted, when it loses that gate, or when the new champion is
+    another retrain of ``old`` (its manifest's ``parent``: two retrains raced and the other
+    won); the reason and the notes say which version it found."""
     mark = trial.notes_before_gate
     del job.notes[mark:]                       # the last gate's notes were about the old champion
     champion = _load_champion(job)
@@ -904,7 +590,7 @@ def _moved(expected: str | None, found: str | None) -> str:
     return f"expected {expected or 'none'}, found {found or 'none'}"
 
 
-def _overrule(job: _Job, result: RetrainResult, reason: str) -> RetrainResult:
+def _overrule(job: Job, result: RetrainResult, reason: str) -> RetrainResult:
     """``result`` turned into ``kept`` for ``reason`` (the gate's metrics unchanged)."""
     return _result(job, {**result.report, "outcome": "kept", "reason": reason, "promoted": False})
 

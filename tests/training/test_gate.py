@@ -45,7 +45,7 @@ def gate_set(pair, n: int, worse: int, better: int, oos: bool = True) -> Labelle
 
 
 def metrics(model, data: LabelledSet) -> dict:
-    """What the retrain job hands the gate (training.retrain._metrics), on one set."""
+    """What the retrain job hands the gate (training.report.model_metrics), on one set."""
     per = evaluate_layer2(model, data)
     return {"version": model.version, "n": per["n"], "accuracy": per["accuracy"], "oos_recall": per["oos_recall"],
             "llm_share": per["llm_share"], "llm_share_on": "eval", "eval": per}

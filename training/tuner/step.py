@@ -211,9 +211,22 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
                  registry: Registry, workdir: str, say: Callable[[str], None],
                  notes: list[str]) -> tuple[TunedStep | None, dict[str, Any]]:
     """Retrain step 4b (see :mod:`training.retrain`): the tuned encoder and the training set
-    re-encoded by it, or ``None`` when tuning failed (a note says why); and the step's
-    report. ``champion_sets``: the evaluation sets with the champion's vectors (its
-    confusions are the hard pairs); ``embedder``: the served encoder (the forecasts')."""
+    re-encoded by it, or ``None`` when tuning failed (a note says why); and the step's report.
+
+    Fine-tunes the intent set's base encoder (:func:`training.tuner.export.tune_and_export`)
+    within ``tune.budget_s`` less the forecasts of the re-encoding and of the ONNX export
+    (:func:`reencode_forecast`, :func:`export_seconds`) on the training rows' texts, labels
+    and weights (:func:`tuning_rows`: rows whose text retention erased are left out, counted
+    as ``rows_without_text``), with the champion's most confused intent pairs as hard pairs
+    (:func:`confusion_pairs` on ``champion_sets``, the evaluation sets with the champion's
+    own vectors) and the pairs the teacher's candidate sets name most (:func:`candidate_pairs`:
+    an unsure answer is never a label, but its intents are hard negatives;
+    ``candidate_set_pairs`` in the report). The export goes to ``workdir`` (the retrain
+    removes it when the run ends; a saved version holds its own copy). Then every training
+    row that has a text, the synthetic negatives and the evaluation sets are re-encoded by
+    the tuned encoder (same rows, same order; timed apart from the tuning). A tuning that
+    fails (an encoder that cannot be tuned, unusable data, an export that disagrees with
+    torch) returns ``None``. ``embedder``: the served encoder (the forecasts')."""
     from flywheel.training.tuner.export import tune_and_export
 
     tune = opts.tune
