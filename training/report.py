@@ -388,7 +388,7 @@ def model_metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> di
 
 
 def with_run_metrics(model: IntentModel, ts: TrainingSet, ev: Evaluation, tuning: dict[str, Any],
-                      tuned: Tuned | None = None) -> IntentModel:
+                     tuned: Tuned | None = None) -> IntentModel:
     """The challenger as saved: its manifest's metrics say which split and log it saw (and,
     for a tuned one, that its encoder was tuned and how long that took)."""
     ch = ev.challenger
@@ -452,8 +452,8 @@ def challengers_section(job: Job, ev: Evaluation) -> dict[str, Any]:
 
 
 def run_report(job: Job, name: str, run_at: float, outcome: str, reason: str, checks: list[dict[str, Any]],
-            champion: IntentModel | None, ev: Evaluation, ts: TrainingSet, timing: dict[str, Any],
-            thresholds: dict[str, Any], trial: Trial) -> dict[str, Any]:
+               champion: IntentModel | None, ev: Evaluation, ts: TrainingSet, timing: dict[str, Any],
+               thresholds: dict[str, Any], trial: Trial) -> dict[str, Any]:
     """``report.json`` of the challenger ``name`` (its version is ``None`` in a dry run);
     with encoder tuning on, also ``challengers`` and ``tuning``."""
     dry_run = job.opts.dry_run

@@ -186,7 +186,7 @@ def _run_in(job: Job, workdir: str | None) -> RetrainResult:
     if tuned is not None:
         _fit_tuned(job, tuned, champion)
     trial = Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
-                   notes_before_gate=len(job.notes), tuned=tuned, tune_report=tune_report)
+                  notes_before_gate=len(job.notes), tuned=tuned, tune_report=tune_report)
     result, challenger = _gate(job, trial, champion)
     if not job.opts.dry_run:
         result = _save(job, trial, champion, challenger, result)
@@ -400,9 +400,9 @@ def _gate(job: Job, trial: Trial, champion: Champion) -> tuple[RetrainResult, In
     model = with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
     timing = run_timing(trial, champion, model, t_eval)
     report = run_report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
-                     timing, {"cross_validation": learned_thresholds(fitted),
-                              "tuning": tuned.tuning if tuned else trial.tuning,
-                              "saved": dict(model.manifest.thresholds)}, trial)
+                        timing, {"cross_validation": learned_thresholds(fitted),
+                                 "tuning": tuned.tuning if tuned else trial.tuning,
+                                 "saved": dict(model.manifest.thresholds)}, trial)
     return _result(job, report), model
 
 
@@ -431,8 +431,8 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
     if tuned is None or tuned.challenger is None:
         why = "encoder tuning is off" if trial.tune_report is None else "encoder tuning failed"
         return Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
-                           {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
-                            "languages": "none"}, change)
+                          {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
+                           "languages": "none"}, change)
     t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
     t_metrics = model_metrics(tuned.challenger, t_sets, gate)
     choice = pick_challenger(trial.challenger, tuned.challenger, head, t_metrics, sets[gate], t_sets[gate],

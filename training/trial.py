@@ -150,7 +150,7 @@ class Trial:
     t_fit: float
     notes_before_gate: int = 0    # job.notes up to here hold for any champion
     moves: list[tuple[str | None, str | None]] = field(default_factory=list)  # (expected, found) per move
-    tuned: Tuned | None = None   # the tuned challenger (encoder tuning on, and it worked)
+    tuned: Tuned | None = None    # the tuned challenger (encoder tuning on, and it worked)
     tune_report: dict[str, Any] | None = None   # the tuning step's report (None: tuning off)
     pick: str | None = None       # the challenger put forward at the first gate ("head_only" / "tuned")
 
@@ -171,4 +171,4 @@ def intent_change(intents: IntentSet, champion: IntentModel, ts: TrainingSet) ->
     seen = (old_keys - held) | {k for k in new_keys if k in ts.logged_keys and split_value(k) >= RECENT_HOLDOUT_SHARE}
     dropped = ts.report.get("dropped_unknown_intent", {}).get("by_label", {})
     return Change(tuple(sorted(set(new.labels) - set(old.labels))), tuple(sorted(set(old.labels) - set(new.labels))),
-                   frozenset(set(new.labels) & set(old.labels)), frozenset(seen), dict(dropped))
+                  frozenset(set(new.labels) & set(old.labels)), frozenset(seen), dict(dropped))
