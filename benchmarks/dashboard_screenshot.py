@@ -1,6 +1,6 @@
 """A screenshot of the ``flywheel ui`` dashboard (issue 25) for the README, from a real log.
 
-Serves the dashboard (:class:`training.ui.ReviewApp`, read-only) over a flywheel benchmark's
+Serves the dashboard (:class:`training.review.app.ReviewApp`, read-only) over a flywheel benchmark's
 log and models home on a free loopback port, and has Debian's headless chromium save it::
 
     python benchmarks/dashboard_screenshot.py --log-db /tmp/flywheel-bench-XXXX/log.duckdb \\
@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 from flywheel.fleet.human_labels import HumanLabels  # noqa: E402
 from flywheel.fleet.site import home_reports  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
-from flywheel.training.dashboard import retrain_history  # noqa: E402
-from flywheel.training.ui import ReviewApp, make_server  # noqa: E402
+from flywheel.training.review.app import ReviewApp, make_server  # noqa: E402
+from flywheel.training.review.dashboard import retrain_history  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

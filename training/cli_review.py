@@ -1,4 +1,4 @@
-"""``flywheel review`` and ``flywheel ui``: walk the review queue (:mod:`training.review`) in the terminal, one
+"""``flywheel review`` and ``flywheel ui``: walk the review queue (:mod:`training.review.queue`) in the terminal, one
 keystroke per label, or print it as JSON.
 
 Keys: ``1``-``9`` pick the numbered intent (the likely ones first, then the rest of the
@@ -30,7 +30,7 @@ from flywheel.classifier.config import HOME_HELP, load_config
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.output import echo_json
-from flywheel.training.review import REASONS, ReviewFilters, ReviewItem, all_choices
+from flywheel.training.review.queue import REASONS, ReviewFilters, ReviewItem, all_choices
 
 if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
@@ -245,7 +245,7 @@ def review_command(
     """Review the decisions most worth a label: one keystroke each; the labels win at the next retrain."""
     import time
 
-    from flywheel.training.review import review_queue
+    from flywheel.training.review.queue import review_queue
 
     _, store, writer = _open_review(home, log_db)
     if import_ls is not None:
@@ -305,7 +305,7 @@ def _open_review(home: Optional[Path], log_db: Optional[str]) -> tuple[Site, Log
 def _export_label_studio(path: Path, items: Sequence[ReviewItem], labels: Sequence[str] | None) -> None:
     import json
 
-    from flywheel.training.label_studio import export_tasks, labeling_config
+    from flywheel.training.review.label_studio import export_tasks, labeling_config
 
     path.write_text(json.dumps(export_tasks(items), ensure_ascii=False, indent=1), encoding="utf-8")
     config = path.with_suffix(".xml")
@@ -317,7 +317,7 @@ def _import_label_studio(path: Path, writer: HumanLabels, author: str | None,
                          known: Callable[[str], bool] | None) -> None:
     import json
 
-    from flywheel.training.label_studio import LabelStudioError, import_annotations, read_annotations
+    from flywheel.training.review.label_studio import LabelStudioError, import_annotations, read_annotations
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -333,8 +333,8 @@ def _import_label_studio(path: Path, writer: HumanLabels, author: str | None,
 
 def _merged_ids(path: Path, doc: Any) -> dict[str, tuple[str, ...]]:
     """``{decision_id: decision_ids}`` of the tasks that stand for several decisions with the
-    same text (``data.decision_ids``, written by :func:`training.label_studio.export_tasks`)."""
-    from flywheel.training.label_studio import LabelStudioError
+    same text (``data.decision_ids``, written by :func:`training.review.label_studio.export_tasks`)."""
+    from flywheel.training.review.label_studio import LabelStudioError
 
     out: dict[str, tuple[str, ...]] = {}
     for i, task in enumerate(doc):
@@ -387,8 +387,8 @@ def ui_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Serve the review queue as a page and a JSON API until interrupted."""
-    from flywheel.training.dashboard import retrain_history
-    from flywheel.training.ui import ReviewApp, make_server
+    from flywheel.training.review.app import ReviewApp, make_server
+    from flywheel.training.review.dashboard import retrain_history
 
     site, store, writer = _open_review(home, log_db)   # the retrain history: the site's registry's versions
     app = ReviewApp(store, writer, admin_token=admin_token, history=lambda: retrain_history(site.version_reports()))

@@ -114,7 +114,7 @@ def test_arguments_read_like_options_one_metavar_by_name(capsys, monkeypatch):
 def test_eval_names_every_tune_calibration_and_ui_no_module(capsys, monkeypatch):
     text = " ".join(render(capsys, monkeypatch, "eval").split())
     assert "--tune-calibration MODE auto | holdout | crossfit" in text and "else auto" in text
-    assert "(training.ui)" not in render(capsys, monkeypatch, "ui")
+    assert "(training.review.app)" not in render(capsys, monkeypatch, "ui")
 
 
 def test_version_prints_the_distributions_version(capsys):

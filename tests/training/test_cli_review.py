@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from flywheel.cli import build_app
 from flywheel.logstore import LogStore
 from flywheel.training.cli_review import Reviewer, show, walk
-from flywheel.training.review import review_queue
+from flywheel.training.review.queue import review_queue
 from tests.support.records import NOW, review_record, teacher_call
 from tests.support.worlds import write
 
@@ -70,7 +70,7 @@ def test_a_bad_filter_is_one_line(logged, capsys):
 
 
 def _item(did: str, choices=("PLATFORM", "RETRIEVAL")):
-    from flywheel.training.review import ReviewItem
+    from flywheel.training.review.queue import ReviewItem
 
     return ReviewItem(did, NOW, "text", "PLATFORM", 0.5, "weak", "llm", "PLATFORM", "PLATFORM", None, None, (),
                       ("teacher_vs_l2",), 1.0, choices)
@@ -102,7 +102,7 @@ def test_walk_stops_on_q_and_writes_what_it_holds():
 
 
 def test_show_prints_text_as_text():
-    from flywheel.training.review import ReviewItem
+    from flywheel.training.review.queue import ReviewItem
 
     item = ReviewItem("x" * 32, NOW, "<script>alert(1)</script>", "PLATFORM", 0.5, "weak", "llm", "PLATFORM",
                       None, "RETRIEVAL", None, ("PLATFORM", None), ("unsure",), 1.0, ("PLATFORM", "RETRIEVAL"))

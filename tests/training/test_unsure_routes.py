@@ -13,7 +13,7 @@ from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.trainer import fit_model
 from flywheel.logstore import LogStore
 from flywheel.training.labeling import backfill_pending
-from flywheel.training.review import review_queue
+from flywheel.training.review.queue import review_queue
 from flywheel.training.tuner.step import candidate_pairs
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ScriptedTeacher, make_classifier

@@ -183,7 +183,7 @@ def _intents(items: Sequence[dict[str, Any]], labels: Sequence[str] | None) -> l
 
 
 def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequence[str] | None = None) -> str:
-    """The review page for ``items`` (:meth:`training.review.ReviewItem.to_dict` documents);
+    """The review page for ``items`` (:meth:`training.review.queue.ReviewItem.to_dict` documents);
     ``labels``: the served intent set (every one of them can be given to any row)."""
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'

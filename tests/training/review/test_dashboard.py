@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from flywheel.logstore import LogStore
-from flywheel.training.dashboard import charts, dashboard_data, render_dashboard
+from flywheel.training.review.dashboard import charts, dashboard_data, render_dashboard
 
 PERCENT = ["0%", "20%", "40%", "60%", "80%", "100%"]
 

@@ -23,8 +23,8 @@ import pytest
 
 from flywheel.classifier.decision import Layer, Tier
 from flywheel.fleet.human_labels import HumanLabels
+from flywheel.training.review.app import ReviewApp, make_server
 from flywheel.training.trainset import build_training_set
-from flywheel.training.ui import ReviewApp, make_server
 from tests.support.records import review_record, teacher_call
 from tests.support.worlds import World, write
 

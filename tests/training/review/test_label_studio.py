@@ -107,7 +107,7 @@ def test_a_second_import_does_not_reach_the_retrains_min_new_labels(tmp_path):
     """The retrain's ``--min-new-labels`` after the same export was imported twice: it counts
     the labels once, so the run still skips."""
     from flywheel.fleet.human_labels import HumanLabels
-    from flywheel.training.label_studio import import_annotations, read_annotations
+    from flywheel.training.review.label_studio import import_annotations, read_annotations
     from tests.support.worlds import World
 
     world = World(tmp_path)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
 from flywheel.logstore.label_records import stable_label_uid
-from flywheel.training.review import ReviewItem
+from flywheel.training.review.queue import ReviewItem
 
 if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels

@@ -19,8 +19,8 @@ from flywheel.classifier.decision import Layer, Tier
 from flywheel.fleet.human_labels import HumanLabels
 from flywheel.fleet.site import LocalSite
 from flywheel.logstore import LogStore
-from flywheel.training.dashboard import retrain_history
-from flywheel.training.ui import MAX_BODY, ReviewApp, make_server
+from flywheel.training.review.app import MAX_BODY, ReviewApp, make_server
+from flywheel.training.review.dashboard import retrain_history
 from tests.support.records import review_record, teacher_call
 from tests.support.worlds import write
 

@@ -7,7 +7,7 @@ import pytest
 
 from flywheel.classifier.decision import Layer, Tier
 from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
-from flywheel.training.review import REASONS, ReviewError, ReviewFilters, review_queue
+from flywheel.training.review.queue import REASONS, ReviewError, ReviewFilters, review_queue
 from tests.support.records import NOW, review_record, teacher_call
 from tests.support.worlds import write
 
@@ -132,7 +132,7 @@ def test_the_teachers_out_of_scope_answer_is_not_no_answer(tmp_path):
 
 
 def test_every_served_intent_is_a_choice_the_likely_ones_first(store):
-    from flywheel.training.review import all_choices
+    from flywheel.training.review.queue import all_choices
 
     served = ("BOOK", "PLATFORM", "HOURS", "RETRIEVAL")
     item = next(it for it in review_queue(store, now=NOW, labels=served) if it.decision_id == "unsure")

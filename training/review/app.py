@@ -6,7 +6,7 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 :class:`http.server.ThreadingHTTPServer`.
 
 ======================  =====================================================================
-``GET /``               the queue as a page (:mod:`training.ui_page`: every logged text
+``GET /``               the queue as a page (:mod:`training.review.page`: every logged text
                         escaped; a small script labels the focused item with one key, as
                         ``flywheel review`` does, or with any intent typed into its box)
 ``GET /api/queue``      the queue as JSON: ``limit``, ``intent``, ``tier``, ``layer``,
@@ -14,7 +14,7 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 ``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
                         labels (they win at the next retrain); needs
                         ``Authorization: Bearer <admin token>``
-``GET /dashboard``      the dashboard (:mod:`training.dashboard`): pictures drawn on the server
+``GET /dashboard``      the dashboard (:mod:`training.review.dashboard`): pictures drawn on the server
 ``GET /api/dashboard``  what it shows, as JSON (``window``: decisions per window, default 1000)
 ``GET /api/health``     ``{"ok": true, "writable": bool}``
 ======================  =====================================================================
@@ -42,8 +42,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.logstore.errors import UnknownDecisionError
-from flywheel.training.review import ReviewError, ReviewFilters, review_queue
-from flywheel.training.ui_page import render_page
+from flywheel.training.review.page import render_page
+from flywheel.training.review.queue import ReviewError, ReviewFilters, review_queue
 
 if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
@@ -94,7 +94,7 @@ class ReviewApp:
         The token writes need; ``None``: read-only.
     history : callable, optional
         The dashboard's retrain history (``[]`` without; ``flywheel ui``:
-        :func:`training.dashboard.retrain_history` of the site's versions' reports).
+        :func:`training.review.dashboard.retrain_history` of the site's versions' reports).
     """
 
     def __init__(self, store: Any, writer: HumanLabels, *, admin_token: str | None = None,
@@ -174,7 +174,7 @@ class ReviewApp:
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
 
     def _dashboard(self, query: Mapping[str, list[str]], *, page: bool) -> Response:
-        from flywheel.training.dashboard import dashboard_data, render_dashboard
+        from flywheel.training.review.dashboard import dashboard_data, render_dashboard
 
         unknown = sorted(set(query) - {"window"})
         if unknown:
