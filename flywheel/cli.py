@@ -1,7 +1,7 @@
 """The ``flywheel`` command line: one root that registers every command explicitly.
 
 The commands are thin functions over the library, defined next to the code they drive
-(:mod:`service.cli` for serving, :mod:`training.cli` and friends for the offline jobs).
+(:mod:`service.cli` for serving, :mod:`training.cli` for the offline jobs).
 Settings resolve flag > environment variable > config file > default (see
 :mod:`classifier.config`). Errors print one line ``flywheel: error: ...`` and exit
 with the error's code (2 for bad input or files, 3 for model problems).
@@ -24,7 +24,8 @@ from typer.core import TyperArgument, TyperGroup
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.service.cli import classify_command, serve_command
-from flywheel.training.cli import (
+from flywheel.training.cli.models import models_app
+from flywheel.training.cli.offline import (
     eval_command,
     feedback_command,
     label_command,
@@ -32,9 +33,8 @@ from flywheel.training.cli import (
     stats_command,
     train_command,
 )
-from flywheel.training.cli_models import models_app
-from flywheel.training.cli_retrain import retrain_command
-from flywheel.training.cli_review import review_command, ui_command
+from flywheel.training.cli.retrain import retrain_command
+from flywheel.training.cli.review import review_command, ui_command
 
 __all__ = ["DISTRIBUTION", "FlywheelGroup", "METAVARS", "app", "build_app", "distribution_version", "main",
            "usage_error_line"]

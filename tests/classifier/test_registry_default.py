@@ -17,7 +17,7 @@ from flywheel.classifier.intents import load_intents, parse_intents
 from flywheel.classifier.registry import ModelRegistry, ModelWatcher
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
-from flywheel.training.cli_models import default_version_name
+from flywheel.training.cli.models import default_version_name
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder
 

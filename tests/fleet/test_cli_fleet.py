@@ -97,7 +97,7 @@ def test_models_rollback_to_default_serves_the_default_fleet_wide(objects, store
     from flywheel.classifier.config import load_config
     from flywheel.classifier.default import cached_model_dir
     from flywheel.fleet.sync import RegistrySync
-    from flywheel.training.cli_models import default_version_name
+    from flywheel.training.cli.models import default_version_name
 
     intents = tmp_path / "intents.yaml"
     intents.write_text(yaml.safe_dump(DOC))

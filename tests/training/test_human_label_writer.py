@@ -92,7 +92,7 @@ def test_the_review_walk_records_through_the_writer(home):
 
 
 def test_a_post_of_1000_labels_reads_the_manifest_once(home):
-    from flywheel.training.cli_review import _open_review
+    from flywheel.training.cli.review import _open_review
     from flywheel.training.review.app import ReviewApp
 
     cfg, _, seen = home

@@ -24,8 +24,8 @@ from flywheel.classifier.registry import UNCHECKED, ModelRegistry
 from flywheel.classifier.text import normalise_key
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
-from flywheel.training import cli_retrain
 from flywheel.training import retrain as retrain_mod
+from flywheel.training.cli import retrain as cli_retrain
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.retrain import RetrainOptions, retrain
 from flywheel.training.teacher_noise import NoiseEstimate, check_training_set

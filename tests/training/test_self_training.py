@@ -18,8 +18,8 @@ from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.classifier.text import normalise_key
 from flywheel.cli import build_app
-from flywheel.training import cli_retrain
 from flywheel.training import retrain as retrain_mod
+from flywheel.training.cli import retrain as cli_retrain
 from flywheel.training.trainset import build_training_set
 from tests.support.fakes import HashEmbedder
 from tests.support.worlds import ENC, INTENT_DOC, World, blobs, record, sample, write

@@ -17,7 +17,7 @@ from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics
-from flywheel.training import cli_retrain
+from flywheel.training.cli import retrain as cli_retrain
 from flywheel.training.options import RetrainOptionError, RetrainOptions
 from flywheel.training.report import teacher_markdown
 from flywheel.training.stats.traffic import convergence, empty_stats, format_table

@@ -3,7 +3,7 @@
 :func:`convergence` reads the DuckDB traffic log (:class:`logstore.LogStore`)
 with one SQL statement (one consistent snapshot) and returns a JSON-ready dict;
 :func:`format_table` renders it for a terminal; ``flywheel stats``
-(:func:`training.cli.stats_command`) prints it.
+(:func:`training.cli.offline.stats_command`) prints it.
 
 Definitions (every count is over the ``decisions`` table, windows included):
 

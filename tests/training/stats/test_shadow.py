@@ -262,7 +262,7 @@ def test_cli_explicit_shadow_and_errors(log_path, tmp_path):
 
 def test_fleet_registry_down_leaves_the_section_out(capsys):
     from flywheel.fleet.errors import StoreUnavailable
-    from flywheel.training.cli import _registry_shadow
+    from flywheel.training.cli.offline import _registry_shadow
 
     class Down:   # a fleet site whose store does not answer
         fleet = True

@@ -259,7 +259,7 @@ def test_cli_missing_log_and_errors(app, tmp_path):
     r = CliRunner().invoke(app, ["stats", "--log-db", str(missing)])
     assert r.exit_code == 0 and "0 decisions" in r.stdout
 
-    # errors are FlywheelErrors with exit code 2 (training.cli.main prints them as one line)
+    # errors are FlywheelErrors with exit code 2 (the command line prints them as one line)
     for args, exc_type, text in ((["--window", "fortnight"], InvalidInputError, "fortnight"),
                                  (["--last", "x"], InvalidInputError, "--last"),
                                  (["--top", "-1"], InvalidInputError, "--top"),

@@ -24,8 +24,8 @@ from flywheel.classifier.intents import TuneSettings
 from flywheel.classifier.model import file_sha256
 from flywheel.classifier.trainer import fit_model
 from flywheel.cli import build_app
-from flywheel.training import cli_retrain
 from flywheel.training import retrain as retrain_mod
+from flywheel.training.cli import retrain as cli_retrain
 from flywheel.training.gate import evaluate_layer2, pick_challenger
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.options import RetrainOptionError, RetrainOptions, resolve_tune

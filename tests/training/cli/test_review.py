@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from flywheel.cli import build_app
 from flywheel.logstore import LogStore
-from flywheel.training.cli_review import Reviewer, show, walk
+from flywheel.training.cli.review import Reviewer, show, walk
 from flywheel.training.review.queue import review_queue
 from tests.support.records import NOW, review_record, teacher_call
 from tests.support.worlds import write
@@ -201,7 +201,7 @@ def test_the_reviewer_picks_any_served_intent():
 
 
 def test_find_puts_the_exact_name_first_then_the_ones_it_starts():
-    from flywheel.training.cli_review import find
+    from flywheel.training.cli.review import find
 
     names = ["PHONE_HOURS", "HOURS", "HOURS_HOLIDAY", "BOOK"]
     assert find("hours", names) == ["HOURS", "HOURS_HOLIDAY", "PHONE_HOURS"]

@@ -1,4 +1,4 @@
-"""``flywheel label`` (training/cli.py ``label_command``) against a teacher that is down:
+"""``flywheel label`` (training/cli/offline.py ``label_command``) against a teacher that is down:
 a closed local port, and a simulated Ollama that refuses; a fake embedder stands in for
 the real model."""
 

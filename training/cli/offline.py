@@ -1,6 +1,6 @@
 """Offline commands of the ``flywheel`` command line (registered in :mod:`flywheel.cli`):
 ``train``, ``eval``, ``feedback``, ``label`` and ``stats``; ``models`` is in
-:mod:`training.cli_models` and ``retrain`` in :mod:`training.cli_retrain`.
+:mod:`training.cli.models` and ``retrain`` in :mod:`training.cli.retrain`.
 
 Each command only parses its options, calls the library and prints the result.
 """
@@ -83,7 +83,7 @@ def train_command(
         model.save(target)   # copies the tuned encoder (if any) out of the work directory
     m = model.manifest
     if registry is not None:
-        from flywheel.training.cli_models import push_version
+        from flywheel.training.cli.models import push_version
 
         push_version(registry, target, promote=True, say=False)
     if as_json:
