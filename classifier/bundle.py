@@ -10,10 +10,11 @@ that head, loads it and scores once, before the bundle is served.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.classifier.errors import ModelError
+from flywheel.classifier.language import LanguageDetector
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import Embedder, LabelOption
 from flywheel.classifier.rules import RuleEngine
@@ -35,6 +36,7 @@ class ModelBundle:
     metadata: dict[str, dict[str, str]]     # label -> the intent's metadata
     embedder: Embedder                      # makes the vectors this model's head scores
     revision: str = ""                      # the intent set's content hash (the teacher cache's key)
+    language: LanguageDetector = field(default_factory=lambda: LanguageDetector(("en",)))  # the set's languages
 
     @classmethod
     def build(cls, model: IntentModel, embedder: Embedder) -> "ModelBundle":
@@ -46,7 +48,7 @@ class ModelBundle:
         options = {n: by_name[n] for n in labels if n in by_name}
         metadata = {i.name: dict(i.metadata) for i in intents.intents}
         return cls(model, RuleEngine(intents.rules), thresholds, labels, options, metadata, embedder,
-                   intent_set_revision(intents))
+                   intent_set_revision(intents), LanguageDetector(intents.languages))
 
 
 def new_embedder(model: IntentModel, cache_root: str | Path | None) -> Embedder:
@@ -78,6 +80,7 @@ def warmed_bundle(model: IntentModel, known: Iterable[Embedder | None],
         model.check_encoder(embedder.id, embedder.dim)
         rt = ModelBundle.build(model, embedder)
         rt.model.head.scores(embedder.encode(["warm-up"]))
+        rt.language.detect("warm-up")   # builds the language models before the swap
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken encoder or head is refused, never served

@@ -145,7 +145,9 @@ class Decision:
     string map from the intent file, e.g. ``{"rag": "false"}``; empty for out of scope) and
     ``degraded`` (why the answer did not get the layer it needed, one of
     :data:`DEGRADED_REASONS`: layer 2 was unsure and the teacher did not answer; ``None``
-    when it did). ``teacher`` records the LLM call, if any, and ``pending`` whether the
+    when it did) and ``language`` (the query's language, one of the intent set's declared
+    ``languages`` or ``"unknown"``, :mod:`classifier.language`; ``None`` from servers older
+    than the field). ``teacher`` records the LLM call, if any, and ``pending`` whether the
     teacher was needed but unavailable; they are for the traffic log and the metrics, not
     part of the public dict.
     """
@@ -163,6 +165,7 @@ class Decision:
     teacher: TeacherCall | None = None
     pending: bool = False  # the teacher was needed but unavailable: label it later (log only)
     degraded: str | None = None  # why this answer did not get the layer it needed (public)
+    language: str | None = None  # the query's language: a declared one or "unknown" (public)
 
     def to_dict(self) -> dict[str, Any]:
         """The public fields (:data:`PUBLIC_FIELDS`, in that order) as JSON-ready values."""
@@ -175,7 +178,7 @@ class Decision:
 #: fills each). A field added here must be added to the ``.proto`` too (with a new field
 #: number), and to the conversions; ``tests/service/test_decision_shape.py`` fails until it is.
 PUBLIC_FIELDS: tuple[str, ...] = ("id", "label", "confidence", "tier", "layer", "alternatives", "reason",
-                                  "model_version", "latency_ms", "metadata", "degraded")
+                                  "model_version", "latency_ms", "metadata", "degraded", "language")
 
 
 #: How :meth:`Decision.to_dict` writes the public fields that are not their attribute as is.

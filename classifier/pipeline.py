@@ -427,6 +427,7 @@ class Classifier:
         d = decision if decision is not None else p.decision
         assert d is not None, "finish needs a decision"
         p.decision = d
+        d.language = p.rt.language.detect(p.clean.text)
         if total:
             d.latency_ms["total"] = _ms(p.t_start)
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None

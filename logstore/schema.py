@@ -57,6 +57,10 @@ they arrive, :func:`logstore.segments.insert_segments`), the only place that rea
 The view ``unsure_answers`` (decision_id, candidates, model, created_at, ord) lists every
 unsure answer from both tables, oldest first by ``created_at, ord``.
 
+Migration 6 adds ``decisions.language``: the query's language as the classifier detected
+it (:mod:`classifier.language`: one of the intent set's declared ``languages``, or
+``unknown``); NULL for rows logged before it (and rows of older segments).
+
 Labels may name a decision that is not (yet) in ``decisions``: a label made at one
 replica for a decision logged at another, whose segment arrives later. They are kept;
 every reader starts from ``decisions`` and joins, so such a label counts only once its
@@ -237,6 +241,7 @@ ALTER TABLE labels_v4 RENAME TO labels;
 ALTER TABLE decisions ADD COLUMN teacher_candidates VARCHAR[];
 ALTER TABLE labels ADD COLUMN teacher_candidates VARCHAR[];
 """ + UNSURE_FROM_ERROR + _UNSURE_ANSWERS_VIEW),
+    (6, "ALTER TABLE decisions ADD COLUMN language VARCHAR;"),
 ]
 
 SCHEMA_VERSION: int = MIGRATIONS[-1][0]

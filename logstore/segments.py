@@ -69,7 +69,7 @@ _SEGMENT_FIELDS: list[tuple[str, pa.DataType]] = [
     ("teacher_error", pa.string()), ("audit", pa.bool_()), ("pending", pa.bool_()),
     ("l2_label", pa.string()), ("l2_confidence", pa.float64()), ("l2_tier", pa.string()),
     ("embedding", pa.list_(pa.float32())), ("degraded", pa.string()),
-    ("teacher_candidates", pa.list_(pa.string())),
+    ("teacher_candidates", pa.list_(pa.string())), ("language", pa.string()),
 ]
 SEGMENT_SCHEMA = pa.schema(_SEGMENT_FIELDS, metadata={"flywheel.schema_version": str(SCHEMA_VERSION)})
 
@@ -169,6 +169,7 @@ _COLUMNS: dict[str, Callable[[_Batch, pa.DataType], pa.Array]] = {
     "l2_tier": lambda b, t: pa.array([_v(a.tier) if a else None for a in b.l2], t),
     "embedding": _embedding,
     "degraded": lambda b, t: pa.array([d.degraded for d in b.ds], t),
+    "language": lambda b, t: pa.array([d.language for d in b.ds], t),
     "teacher_candidates": lambda b, t: pa.array([list(x.candidates) if x and x.candidates is not None else None
                                                  for x in b.ts], t),
 }

@@ -3,7 +3,7 @@
 
 Out of scope is ``None`` in Python and ``""`` in the messages (a decision's label, an
 alternative's label, a history entry's label). A decision's ``model_version`` and
-``degraded`` of ``None`` are ``""`` too. The message carries exactly the public fields,
+``degraded`` and ``language`` of ``None`` are ``""`` too. The message carries exactly the public fields,
 :data:`classifier.decision.PUBLIC_FIELDS`; ``Decision.teacher`` and ``Decision.pending``
 are for the traffic log only and do not travel.
 """
@@ -65,6 +65,7 @@ def decision_to_proto(d: Decision) -> pb.Decision:
         latency_ms={str(k): float(v) for k, v in d.latency_ms.items()},
         metadata={str(k): str(v) for k, v in d.metadata.items()},
         degraded=d.degraded or "",
+        language=d.language or "",
     )
 
 
@@ -95,6 +96,7 @@ def decision_from_proto(m: pb.Decision) -> Decision:
         id=m.id,
         metadata=dict(m.metadata),
         degraded=m.degraded or None,
+        language=m.language or None,
     )
 
 

@@ -72,6 +72,7 @@ def _full_record() -> DecisionRecord:
                                         candidates=("billing", None)))
     r.declared_type = "billing"
     r.decision.degraded = "timeout"
+    r.decision.language = "es"
     r.layer2 = Layer2Answer(label="billing", confidence=0.4, tier=Tier.WEAK)
     return r
 
@@ -88,6 +89,7 @@ def test_a_full_record_fills_every_column_of_the_log(tmp_path):
     assert (row["degraded"], row["l2_tier"], row["teacher_error"], row["declared_type"]) == (
         "timeout", "weak", "none", "billing")
     assert row["teacher_candidates"] == ["billing", None]
+    assert row["language"] == "es"
     assert store.query("SELECT dim FROM embeddings") == [(4,)]
 
 

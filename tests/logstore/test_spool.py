@@ -351,7 +351,7 @@ def test_migration_3_on_a_v2_database(tmp_path):
                 "VALUES ('old1', 'human', 'refund', true, TIMESTAMP '2025-01-02 00:00:00')")
     con.close()
     store = LogStore(path)
-    assert store.migrations_applied == [3, 4, 5] and store.schema_version == SCHEMA_VERSION == 5
+    assert store.migrations_applied == [3, 4, 5, 6] and store.schema_version == SCHEMA_VERSION == 6
     (row,) = store.labelled_rows()
     assert row.target == ("refund", "human")
     assert store.query("SELECT label_uid, logged_at FROM labels") == [(None, None)]

@@ -45,7 +45,7 @@ def test_migration_5_moves_the_old_unsure_prose_into_the_column(tmp_path):
     path = tmp_path / "v4.duckdb"
     _v4_database(path)
     store = LogStore(path)
-    assert store.migrations_applied == [5] and store.schema_version == SCHEMA_VERSION == 5
+    assert store.migrations_applied == [5, 6] and store.schema_version == SCHEMA_VERSION == 6
     rows = dict(((r[0]), r[1:]) for r in store.query(
         "SELECT decision_id, teacher_candidates, teacher_error FROM decisions"))
     assert rows == {"set": (["billing", None, "shipping"], None), "cannot": ([], None), "cut": ([], None),

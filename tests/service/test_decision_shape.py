@@ -28,7 +28,8 @@ from tests.support.paths import ROOT
 
 # what the message numbered before ``degraded``: old clients read these numbers, never renumber
 _WIRE_NUMBERS = {"id": 1, "label": 2, "confidence": 3, "tier": 4, "layer": 5, "alternatives": 6, "reason": 7,
-                 "model_version": 8, "latency_ms": 9, "metadata": 10, "degraded": 11}
+                 "model_version": 8, "latency_ms": 9, "metadata": 10, "degraded": 11,
+                 "language": 12}
 
 
 def _full() -> Decision:
@@ -37,7 +38,8 @@ def _full() -> Decision:
                     reason="confidence 0.41 < cutoff 0.59; llm unavailable: timeout: slow",
                     alternatives=[Candidate("RETRIEVAL", 0.40625), Candidate(None, 0.25)],
                     model_version="v20261126-000000-000001", latency_ms={"embedding": 3.5, "llm": 800.0},
-                    metadata={"rag": "true"}, degraded="timeout", pending=True, id="0123456789abcdef" * 2,
+                    metadata={"rag": "true"}, degraded="timeout", language="es", pending=True,
+                    id="0123456789abcdef" * 2,
                     teacher=TeacherCall(model="m", label=None, valid=False, latency_ms=800.0, error="timeout"))
 
 
@@ -74,6 +76,14 @@ def test_round_trip_keeps_every_public_field_and_drops_the_log_only_ones():
     assert (back.teacher, back.pending) == (None, False)       # traffic log only: they do not travel
     for reason in (*DEGRADED_REASONS, None):
         assert decision_from_proto(decision_to_proto(dataclasses.replace(d, degraded=reason))).degraded == reason
+
+
+def test_the_language_travels_and_an_older_servers_message_has_none():
+    m = decision_to_proto(_full())
+    assert (m.language, _full().to_dict()["language"]) == ("es", "es")
+    assert decision_from_proto(pb.Decision.FromString(m.SerializeToString())).language == "es"
+    m.ClearField("language")                                    # a server without field 12
+    assert decision_from_proto(pb.Decision.FromString(m.SerializeToString())).language is None
 
 
 def test_a_message_from_an_older_server_reads_as_not_degraded():

@@ -175,7 +175,7 @@ class Thresholds(_message.Message):
     def __init__(self, confident: _Optional[float] = ..., ambiguous_ratio: _Optional[float] = ..., oos: _Optional[float] = ..., oos_confident: _Optional[float] = ..., per_intent: _Optional[_Mapping[str, float]] = ..., defer: _Optional[float] = ..., set_cutoff: _Optional[float] = ..., coverage: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("id", "label", "confidence", "tier", "layer", "alternatives", "reason", "model_version", "latency_ms", "metadata", "degraded")
+    __slots__ = ("id", "label", "confidence", "tier", "layer", "alternatives", "reason", "model_version", "latency_ms", "metadata", "degraded", "language")
     class LatencyMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class Decision(_message.Message):
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     id: str
     label: str
     confidence: float
@@ -212,7 +213,8 @@ class Decision(_message.Message):
     latency_ms: _containers.ScalarMap[str, float]
     metadata: _containers.ScalarMap[str, str]
     degraded: str
-    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., confidence: _Optional[float] = ..., tier: _Optional[_Union[Tier, str]] = ..., layer: _Optional[_Union[Layer, str]] = ..., alternatives: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., reason: _Optional[str] = ..., model_version: _Optional[str] = ..., latency_ms: _Optional[_Mapping[str, float]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., degraded: _Optional[str] = ...) -> None: ...
+    language: str
+    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., confidence: _Optional[float] = ..., tier: _Optional[_Union[Tier, str]] = ..., layer: _Optional[_Union[Layer, str]] = ..., alternatives: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., reason: _Optional[str] = ..., model_version: _Optional[str] = ..., latency_ms: _Optional[_Mapping[str, float]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., degraded: _Optional[str] = ..., language: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("label", "confidence")
