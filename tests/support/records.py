@@ -50,12 +50,13 @@ NOW = time.time()
 
 def review_record(did: str, text: str, label: str | None, *, layer: Layer = Layer.LLM, l2: str | None = "RETRIEVAL",
          teacher: TeacherCall | None = None, age_days: float = 0.0, tier: Tier = Tier.CONFIDENT,
-         confidence: float = 0.9, audit: bool = False, pending: bool = False, degraded: str | None = None):
+         confidence: float = 0.9, audit: bool = False, pending: bool = False, degraded: str | None = None,
+         language: str | None = None):
     """A logged decision for the review queue's tests (issue 25): served ``label`` by ``layer``,
     layer 2's own answer ``l2``, ``age_days`` before :data:`NOW`."""
     d = Decision(label=label, confidence=confidence, tier=tier, layer=layer, reason="test",
                  alternatives=[Candidate("PLATFORM", 0.3), Candidate("CODE_GENERATION", 0.1)],
-                 model_version="v1", teacher=teacher, id=did, degraded=degraded)
+                 model_version="v1", teacher=teacher, id=did, degraded=degraded, language=language)
     return DecisionRecord(decision=d, text=text, created_at=NOW - age_days * 86_400 - 60, audit=audit,
                           pending=pending, layer2=Layer2Answer(l2, 0.5, Tier.WEAK))
 

@@ -4,6 +4,7 @@
   audits, the teacher's noise) and their table
 - :mod:`~training.stats.traffic.shadow`: the shadow version's section (its agreement with the champion)
 - :mod:`~training.stats.traffic.anchoring`: the anchoring section (a teacher echoing the history)
+- :mod:`~training.stats.language`: the per-language section (each language's share and how it fares)
 
 Nothing is imported here.
 """

@@ -43,6 +43,9 @@ Definitions (every count is over the ``decisions`` table, windows included):
   statement; the same figures the retrain reports and exports as ``flywheel_teacher_noise_ratio``).
 - ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
   :mod:`training.stats.anchoring` (its own statement; definition in :mod:`classifier.anchoring`).
+- ``by_language``: per logged language (``decisions.language``; ``none`` for rows logged
+  before it) its share, LLM share, confident and degraded shares and layer 2's agreement
+  with the teacher, over the whole log, by :mod:`training.stats.language` (its own statement).
 - ``shadow``: a shadow model version against the champion over the whole log (agreement,
   permissive / abstaining / flipped answers, accuracy on the disagreements, the LLM share it
   would have had), by :mod:`training.stats.shadow` (its own statement); ``None`` without a
@@ -82,6 +85,7 @@ from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import label_name
 from flywheel.classifier.output import counted
 from flywheel.training.stats.anchoring import anchoring_section, empty_anchoring, format_anchoring
+from flywheel.training.stats.language import format_languages, language_section
 from flywheel.training.stats.shadow import empty_shadow, format_shadow, shadow_section
 from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_section
 
@@ -273,6 +277,7 @@ def empty_stats(window: str | int = "day", shadow_version: str | None = None) ->
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
             "teacher_noise": {**NoiseEstimate().overall(), "by_intent": {}}, "anchoring": empty_anchoring(),
+            "by_language": {},
             "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
 
@@ -358,6 +363,7 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
             "n_windows": n_windows, "teacher_noise": noise_section(store), "anchoring": anchoring_section(store),
+            "by_language": language_section(store),
             "shadow": shadow_section(store, shadow_version), "windows": windows}
 
 
@@ -434,6 +440,11 @@ def format_table(stats: dict[str, Any]) -> str:
         lines.append("  " + format_anchoring(stats["anchoring"]))
     if stats.get("shadow"):
         lines.extend("  " + ln for ln in format_shadow(stats["shadow"]).splitlines())
+    if stats.get("by_language"):
+        lines.append("")
+        lines.append("per language: share, LLM share, confident, degraded, layer 2 agreeing with the teacher")
+        lines.extend("  " + ln for ln in _table(["language", "n", "share", "llm", "confident", "degraded", "l2 agree"],
+                                                 format_languages(stats["by_language"]), {1, 2, 3, 4, 5, 6}))
     windows = stats.get("windows") or []
     if windows:
         w = stats.get("window")

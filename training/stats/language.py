@@ -1,0 +1,57 @@
+"""The ``by_language`` section of ``flywheel stats``: how each language's traffic fares.
+
+One row per logged language (``decisions.language``, migration 6: one of the intent set's
+declared ``languages`` or ``unknown``; ``none`` for rows logged before the column), over
+the whole log like the totals of :func:`training.stats.traffic.convergence`, read by its
+own SQL statement: ``n`` and ``share`` of the decisions, ``llm_share`` (the teacher
+decided), ``confident_share``, ``degraded_share``, and layer 2 against the teacher:
+``l2_judged`` decisions with both layer 2's answer and a teacher label (the
+``decision_labels`` view), ``l2_agreement`` the share of those where they agree
+(``None`` when none is judged).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flywheel.logstore import LogStore
+
+__all__ = ["LANGUAGE_SQL", "format_languages", "language_section"]
+
+LANGUAGE_SQL = """
+SELECT coalesce(d.language, 'none') AS lang, count(*) AS n,
+       count(*) FILTER (WHERE d.layer = 'llm') AS llm,
+       count(*) FILTER (WHERE d.tier = 'confident') AS confident,
+       count(*) FILTER (WHERE d.degraded IS NOT NULL) AS degraded,
+       count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)) AS judged,
+       count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)
+                        AND d.l2_label IS NOT DISTINCT FROM l.teacher_label) AS agree
+FROM decisions d LEFT JOIN decision_labels l ON l.decision_id = d.decision_id
+GROUP BY 1 ORDER BY n DESC, lang
+"""
+
+
+def _share(k: int, n: int) -> float:
+    return round(k / n, 6) if n else 0.0
+
+
+def language_section(store: "LogStore") -> dict[str, dict[str, Any]]:
+    """``{language: {n, share, llm_share, confident_share, degraded_share, l2_judged,
+    l2_agreement}}``, largest first."""
+    rows = store.query(LANGUAGE_SQL)
+    total = sum(int(r[1]) for r in rows)
+    return {str(lang): {"n": int(n), "share": _share(n, total), "llm_share": _share(llm, n),
+                        "confident_share": _share(conf, n), "degraded_share": _share(deg, n),
+                        "l2_judged": int(judged), "l2_agreement": round(agree / judged, 6) if judged else None}
+            for lang, n, llm, conf, deg, judged, agree in rows}
+
+
+def format_languages(section: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The section as table rows: language, n, share, LLM, confident, degraded, layer 2 vs teacher."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    return [[lang, f"{s['n']:,}", pct(s["share"]), pct(s["llm_share"]), pct(s["confident_share"]),
+             pct(s["degraded_share"]), f"{pct(s['l2_agreement'])} of {s['l2_judged']}"]
+            for lang, s in section.items()]
