@@ -226,6 +226,8 @@ def review_command(
     intent: Optional[str] = typer.Option(None, "--intent", help="Only decisions about this intent."),
     tier: Optional[str] = typer.Option(None, "--tier", help="Only this served tier."),
     layer: Optional[str] = typer.Option(None, "--layer", help="Only this layer (rules, embedding, llm)."),
+    language: Optional[str] = typer.Option(None, "--language",
+                                           help="Only queries in this logged language (en, es, unknown)."),
     reason: Optional[List[str]] = typer.Option(None, "--reason", help=f"Only these reasons: {', '.join(REASONS)}."),
     min_confidence: Optional[float] = typer.Option(None, "--min-confidence",
                                                    help="Only decisions served with at least this confidence."),
@@ -255,7 +257,7 @@ def review_command(
         return
     filters = ReviewFilters(intent=intent, tier=tier, layer=layer, reasons=tuple(reason or ()),
                             min_confidence=min_confidence, max_confidence=max_confidence,
-                            since=None if days is None else time.time() - days * 86_400)
+                            since=None if days is None else time.time() - days * 86_400, language=language)
     served = writer.labels     # the served model's, read once
     items = review_queue(store, filters, limit=limit, labels=served)
     if export_ls is not None:

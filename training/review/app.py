@@ -10,7 +10,9 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
                         escaped; a small script labels the focused item with one key, as
                         ``flywheel review`` does, or with any intent typed into its box)
 ``GET /api/queue``      the queue as JSON: ``limit``, ``intent``, ``tier``, ``layer``,
-                        ``reason`` (repeatable), ``min_confidence``, ``max_confidence``, ``days``
+                        ``reason`` (repeatable), ``min_confidence``, ``max_confidence``, ``days``,
+                        ``language`` (``en``, ``es``, ``unknown``: the logged language; the page
+                        takes the same parameters and offers the logged languages in a select)
 ``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
                         labels (they win at the next retrain); needs
                         ``Authorization: Bearer <admin token>``
@@ -132,7 +134,8 @@ class ReviewApp:
 
     # ------------------------------------------------------------------- reading
     def _filters(self, query: Mapping[str, list[str]]) -> tuple[ReviewFilters, int]:
-        known = {"limit", "intent", "tier", "layer", "reason", "min_confidence", "max_confidence", "days"}
+        known = {"limit", "intent", "tier", "layer", "reason", "min_confidence", "max_confidence", "days",
+                 "language"}
         unknown = sorted(set(query) - known)
         if unknown:
             raise _BadRequest(400, f"unknown query parameter(s) {', '.join(unknown)} "
@@ -160,7 +163,8 @@ class ReviewApp:
         f = ReviewFilters(intent=one("intent"), tier=one("tier"), layer=one("layer"),
                           reasons=tuple(query.get("reason", ())), min_confidence=number("min_confidence"),
                           max_confidence=number("max_confidence"),
-                          since=None if days is None else time.time() - days * 86_400)
+                          since=None if days is None else time.time() - days * 86_400,
+                          language=one("language") or None)
         return f, int(limit or 50)
 
     def _queue_doc(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -170,7 +174,10 @@ class ReviewApp:
 
     def _page(self, query: Mapping[str, list[str]]) -> Response:
         doc = self._queue_doc(query)
-        html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels)
+        logged = [str(r[0]) for r in self.store.query(
+            "SELECT DISTINCT language FROM decisions WHERE language IS NOT NULL ORDER BY 1")]
+        html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels,
+                           languages=logged, language=(query.get("language") or [None])[-1] or None)
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
 
     def _dashboard(self, query: Mapping[str, list[str]], *, page: bool) -> Response:

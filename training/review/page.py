@@ -13,7 +13,8 @@ it. A row that merges several decisions with the same text says how many (``×N`
 label is sent for every one of them. Long texts are clipped to a few lines with a
 ``more`` control (``f`` on the keyboard, as in ``flywheel review``). ``s`` or ``j`` next item, ``k`` previous.
 Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
-the tab only).
+the tab only). A language select (the logged languages) reloads the page with
+``?language=``; each row shows its query's language under the layer.
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ def _row(i: int, item: dict[str, Any]) -> str:
     other = ('<form class="other"><input list="intents" placeholder="any intent (/)" aria-label="any intent"'
              ' autocomplete="off"> <button type="submit">label</button></form>')
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
+    lang = f" \u00b7 {item['language']}" if item.get("language") else ""
     return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
-            f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"])}</span></td>'
+            f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"] + lang)}</span></td>'
             f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
             f'<td>{choices}{oos}{other}</td><td class="outcome"></td></tr>')
 
@@ -182,9 +184,23 @@ def _intents(items: Sequence[dict[str, Any]], labels: Sequence[str] | None) -> l
     return [n for n in dict.fromkeys(names) if n != "OUT_OF_SCOPE"] + ["OUT_OF_SCOPE"]
 
 
-def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequence[str] | None = None) -> str:
+def _language_form(languages: Sequence[str], language: str | None) -> str:
+    """A GET form with the language select (``any`` and ``languages``), ``language`` selected;
+    none when no language is logged and none is asked for (nothing to choose)."""
+    e = html.escape
+    if not languages and not language:
+        return ""
+    opts = "".join(f'<option value="{e(v)}"{" selected" if v == (language or "") else ""}>{e(v or "any")}</option>'
+                   for v in ["", *dict.fromkeys([*languages, *([language] if language else [])])])
+    return (f'<form method="get" action="/" id="filters"><label>Language <select name="language" '
+            f'onchange="this.form.submit()">{opts}</select></label> <noscript><button>show</button></noscript></form>')
+
+
+def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequence[str] | None = None,
+                languages: Sequence[str] = (), language: str | None = None) -> str:
     """The review page for ``items`` (:meth:`training.review.queue.ReviewItem.to_dict` documents);
-    ``labels``: the served intent set (every one of them can be given to any row)."""
+    ``labels``: the served intent set (every one of them can be given to any row); ``languages``
+    the select's choices, ``language`` the one the queue is filtered by (``None``: any)."""
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'
     note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, o out of scope, "
@@ -204,6 +220,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
 <p><label>Admin token <input id="token" type="password" autocomplete="off"{'' if writable else ' disabled'}>
 </label></p>
 {known}
+{_language_form(languages, language)}
 <div id="status" role="status"></div>
 <datalist id="intents">{options}</datalist>
 <table><thead><tr><th class="n">#</th><th>text</th><th class="served">served</th><th class="teacher">teacher</th>

@@ -38,13 +38,15 @@ Every intent of the served set may be given to any item: :attr:`ReviewItem.choic
 likely ones, :func:`all_choices` the likely ones followed by the rest of the served set.
 
 Filters (:class:`ReviewFilters`): intent (served, layer-2 or teacher label), tier, layer,
-reason, confidence range and a time window. The log records no language per decision, so
-there is no language filter yet.
+reason, confidence range, a time window and the query's language (``decisions.language``,
+migration 6: a declared language code or ``unknown``; rows logged before it have none and
+never match a language filter). Each item carries its ``language``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -65,6 +67,9 @@ CONFUSED_PAIRS = 10     # the most corrected intent pairs that count as confusab
 SCAN_LIMIT = 20_000     # newest candidate decisions ranked per call
 
 
+_LANGUAGE = re.compile(r"^(?:[a-z]{2,3}(?:-[a-z0-9]{2,8})*|unknown)$")
+
+
 class ReviewError(InvalidInputError, ValueError):
     """A filter that cannot be applied (named in the message; exit code 2 on the CLI)."""
 
@@ -73,7 +78,7 @@ class ReviewError(InvalidInputError, ValueError):
 class ReviewFilters:
     """Which decisions the queue shows (``None``: any). ``intent`` matches the served,
     layer-2 or teacher label (``OUT_OF_SCOPE`` for out of scope); ``since``/``until`` are
-    unix seconds."""
+    unix seconds; ``language`` a logged language (``en``, ``es``, ``unknown``)."""
 
     intent: str | None = None
     tier: str | None = None
@@ -83,6 +88,7 @@ class ReviewFilters:
     max_confidence: float | None = None
     since: float | None = None
     until: float | None = None
+    language: str | None = None
 
     def check(self) -> "ReviewFilters":
         bad = [r for r in self.reasons if r not in REASONS]
@@ -95,6 +101,9 @@ class ReviewFilters:
         if self.min_confidence is not None and self.max_confidence is not None \
                 and self.min_confidence > self.max_confidence:
             raise ReviewError("min_confidence is above max_confidence")
+        if self.language is not None and not _LANGUAGE.match(self.language):
+            raise ReviewError(f"language must be a language code such as 'en', 'es' or 'unknown', "
+                              f"got {self.language!r}")
         return self
 
 
@@ -126,6 +135,7 @@ class ReviewItem:
     teacher_answered: bool = False
     decision_ids: tuple[str, ...] = ()
     l2_answered: bool = False
+    language: str | None = None
 
     def __post_init__(self) -> None:
         if self.teacher_label is not None and not self.teacher_answered:
@@ -174,12 +184,13 @@ SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier
        dl.teacher_label, coalesce(dl.has_teacher, false), u.candidates, d.audit, d.pending, d.degraded,
        sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
        [a.label FOR a IN coalesce(d.alternatives, [])],
-       d.l2_confidence IS NOT NULL OR d.layer = 'embedding'   -- layer 2 answered (not rules, declared)
+       d.l2_confidence IS NOT NULL OR d.layer = 'embedding',  -- layer 2 answered (not rules, declared)
+       d.language
 FROM d
 LEFT JOIN decision_labels dl USING (decision_id)
 LEFT JOIN sh USING (decision_id)
 LEFT JOIN u USING (decision_id)
-WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ?
+WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ? AND (?::VARCHAR IS NULL OR d.language = ?)
   AND (u.candidates IS NOT NULL
        OR (dl.has_teacher AND dl.teacher_label IS DISTINCT FROM d.l2)   -- inline, an audit's, a back-fill's
        OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
@@ -205,7 +216,7 @@ def _pair(a: str | None, b: str | None) -> tuple[str | None, str | None]:
 
 def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
     (_, _, _, label, _, _, layer, l2, teacher, t_valid, unsure, audit, pending, degraded, shadow, _, has_human,
-     _, _) = row
+     _, _, _) = row
     out = []
     if unsure is not None:
         out.append("unsure")
@@ -234,7 +245,7 @@ def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int
     now = time.time() if now is None else now
     lo = datetime.fromtimestamp(f.since if f.since is not None else 0.0, timezone.utc).replace(tzinfo=None)
     hi = datetime.fromtimestamp(f.until if f.until is not None else now + 86_400, timezone.utc).replace(tzinfo=None)
-    rows = store.query(_SQL, [lo, hi, SCAN_LIMIT])
+    rows = store.query(_SQL, [lo, hi, f.language, f.language, SCAN_LIMIT])
     traffic: dict[str | None, int] = {}
     labelled: dict[str | None, int] = {}
     for lab, n, n_lab in store.query(_COUNTS_SQL):
@@ -279,7 +290,7 @@ def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ..
 def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
           now: float, labels: Sequence[str] | None) -> ReviewItem:
     (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, unsure, _, _, _, shadow, human, _,
-     alts, l2_ran) = row
+     alts, l2_ran, language) = row
     cands: tuple[str | None, ...] = tuple(unsure or ())
     other = teacher if t_valid else shadow if shadow is not None else (cands[0] if cands else l2)
     stake = teacher if t_valid else label
@@ -294,7 +305,8 @@ def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled:
                       tier=tier, layer=layer, l2_label=l2 if l2_ran else None,
                       teacher_label=teacher if t_valid else None,
                       shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,
-                      choices=tuple(choices[:9]), teacher_answered=bool(t_valid), l2_answered=bool(l2_ran))
+                      choices=tuple(choices[:9]), teacher_answered=bool(t_valid), l2_answered=bool(l2_ran),
+                      language=language)
 
 
 def _keep(item: ReviewItem, f: ReviewFilters) -> bool:
