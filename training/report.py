@@ -19,7 +19,7 @@ from flywheel.training.trainset import SPLIT_ID
 if TYPE_CHECKING:   # the run's records load with the retrain, not with the CLI (report.py is imported by it)
     from flywheel.classifier.model import IntentModel
     from flywheel.training.rows import LabelledSet, TrainingSet
-    from flywheel.training.trial import Champion, Evaluation, Job, Trial, Tuned
+    from flywheel.training.trial import Challenger, Champion, Evaluation, Job, Trial
 
 __all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
            "challenger_lines", "intent_change_lines", "teacher_markdown", "write_reports", "model_metrics",
@@ -387,20 +387,21 @@ def model_metrics(m: IntentModel, sets: dict[str, LabelledSet], gate: str) -> di
             "thresholds": Thresholds.for_model(m).to_dict(), **per}
 
 
-def with_run_metrics(model: IntentModel, ts: TrainingSet, ev: Evaluation, tuning: dict[str, Any],
-                     tuned: Tuned | None = None) -> IntentModel:
-    """The challenger as saved: its manifest's metrics say which split and log it saw (and,
-    for a tuned one, that its encoder was tuned and how long that took)."""
+def with_run_metrics(chosen: Challenger, ts: TrainingSet, ev: Evaluation) -> IntentModel:
+    """The challenger put forward as saved: its manifest's metrics say which split and log it
+    saw and how its cutoffs were re-tuned (and, for a tuned one, that its encoder was tuned
+    and how long that took)."""
+    model, step = chosen.model, chosen.step
     ch = ev.challenger
     metrics = {**model.manifest.metrics,
                "eval_split": SPLIT_ID, "log_until": ts.log_until,
                "eval_accuracy": ch["eval"]["accuracy"], "eval_n": ch["eval"]["n"],
                "recent_llm_share": ch["recent"]["llm_share"], "recent_n": ch["recent"]["n"],
-               "confident_tuning": tuning["method"]}
-    if tuned is not None:
-        metrics.update(encoder_tuned=True, encoder_tune_seconds=tuned.report.get("step_seconds"),
-                       encoder_export_seconds=(tuned.report.get("tuner") or {}).get("export_seconds"),
-                       encoder_rows_without_text=tuned.report.get("rows_without_text"))
+               "confident_tuning": chosen.cutoffs["method"]}
+    if step is not None:
+        metrics.update(encoder_tuned=True, encoder_tune_seconds=step.report.get("step_seconds"),
+                       encoder_export_seconds=(step.report.get("tuner") or {}).get("export_seconds"),
+                       encoder_rows_without_text=step.report.get("rows_without_text"))
     return replace(model, manifest=replace(model.manifest, metrics=metrics))
 
 
@@ -408,7 +409,7 @@ def run_timing(trial: Trial, champion: Champion, model: IntentModel, t_eval: flo
     emb = trial.ts.report["embeddings"]
     out = {"total_seconds": round(time.perf_counter() - trial.t_start, 3), "dataset_seconds": round(trial.t_data, 3),
            "embed_seconds": emb["seconds"], "embeddings_reused": emb["reused"],
-           "embeddings_computed": emb["computed"], "fit_seconds": round(trial.t_fit, 3),
+           "embeddings_computed": emb["computed"], "fit_seconds": round(trial.head_only.t_fit, 3),
            "head_fit_seconds": model.manifest.metrics.get("fit_seconds"), "eval_seconds": round(t_eval, 3)}
     r = trial.tune_report
     if r is not None:   # the tuning budget bounds the step: tuning, export and re-encoding (forecast)

@@ -21,8 +21,9 @@ and its options, checked once (:class:`RetrainOptions`). One run, each step a fu
 5. ``_fit_challenger``: the head on the training rows and vectors as they are
    (:func:`classifier.trainer.fit_from_vectors`; with tuning, a second challenger on the
    re-encoded rows that carries the tuned encoder);
-6. ``_tune``: the ``confident`` cutoff re-tuned on the recent slice for the target precision
-   or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is never changed);
+6. ``_tune``: the ``confident`` cutoff re-tuned on the recent slice for the target
+   precision or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is
+   never changed); each challenger is one :class:`training.trial.Challenger`;
 7. ``_evaluate``: the champion and the challengers on the same rows, each with its own
    encoder's vectors and serving thresholds; with tuning, the challenger put forward
    (:func:`training.gate.pick_challenger`), kept through any re-gate;
@@ -78,8 +79,8 @@ from flywheel.training.report import (
 from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import REASONS, NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import SPLIT_ID, build_training_set
-from flywheel.training.trial import Champion, Change, Evaluation, Job, Trial, Tuned, intent_change
-from flywheel.training.tuner.step import reencode, tune_encoder
+from flywheel.training.trial import Challenger, Champion, Change, Evaluation, Job, Trial, intent_change
+from flywheel.training.tuner.step import TunedStep, reencode, tune_encoder
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -180,13 +181,11 @@ def _run_in(job: Job, workdir: str | None) -> RetrainResult:
         return result
     ts, t_data = _timed(_build_data, job, champion.model)
     ts = _filter_teacher(job, ts, champion.model)
-    tuned, tune_report = _tune_encoder(job, ts, champion, workdir) if workdir is not None else (None, None)
-    fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
-    tuning, thresholds = _tune(job, fitted, ts)
-    if tuned is not None:
-        _fit_tuned(job, tuned, champion)
-    trial = Trial(ts, fitted, with_thresholds(fitted, thresholds), tuning, run_at, t_start, t_data, t_fit,
-                  notes_before_gate=len(job.notes), tuned=tuned, tune_report=tune_report)
+    step, tune_report = _tune_encoder(job, ts, champion, workdir) if workdir is not None else (None, None)
+    head_only = _fit_head_only(job, ts, champion)
+    tuned = _fit_tuned(job, step, champion) if step is not None else None
+    trial = Trial(ts, head_only, run_at, t_start, t_data, notes_before_gate=len(job.notes), tuned=tuned,
+                  tune_report=tune_report)
     result, challenger = _gate(job, trial, champion)
     if not job.opts.dry_run:
         result = _save(job, trial, champion, challenger, result)
@@ -313,25 +312,33 @@ def _filter_teacher(job: Job, ts: TrainingSet, champion: IntentModel | None) -> 
 
 
 def _tune_encoder(job: Job, ts: TrainingSet, champion: Champion,
-                  workdir: str) -> tuple[Tuned | None, dict[str, Any]]:
+                  workdir: str) -> tuple[TunedStep | None, dict[str, Any]]:
     """Step 4b (:func:`training.tuner.step.tune_encoder`): the tuned encoder and the
     training set re-encoded by it, or ``None`` when tuning failed; and the step's report."""
     sets = _champion_sets(job, champion, ts).values() if champion.model is not None else ()
     made, report = tune_encoder(ts, champion.model, list(sets), store=job.store, opts=job.opts,
                                 intents=job.intents, embedder=job.embedder, registry=job.registry,
                                 workdir=workdir, say=job.say, notes=job.notes)
-    return (None if made is None else Tuned(**vars(made))), report
+    return made, report
 
 
-def _fit_tuned(job: Job, tuned: Tuned, champion: Champion) -> None:
+def _fit_head_only(job: Job, ts: TrainingSet, champion: Champion) -> Challenger:
+    """Steps 5 and 6 for the head-only challenger: the head fitted on the training rows
+    and the served encoder's vectors, its cutoffs re-tuned."""
+    fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
+    cutoffs, thresholds = _tune(job, fitted, ts)
+    return Challenger(ts, fitted, with_thresholds(fitted, thresholds), cutoffs, t_fit)
+
+
+def _fit_tuned(job: Job, step: TunedStep, champion: Champion) -> Challenger:
     """Fit the tuned challenger exactly as the head-only one (its rows, its vectors) and
-    tune its thresholds the same way; it carries the tuned encoder."""
+    re-tune its cutoffs the same way; it carries the tuned encoder."""
     job.say("the tuned challenger:")
-    fitted, tuned.t_fit = _timed(_fit_challenger, job, tuned.ts, champion.model, tuned.embedder.id,
-                                 tuned.fit_only, tuned.views)
-    tuned.fitted = replace(fitted, encoder_dir=tuned.export_path)
-    tuned.tuning, thresholds = _tune(job, tuned.fitted, tuned.ts, tuned.sample)
-    tuned.challenger = with_thresholds(tuned.fitted, thresholds)
+    fitted, t_fit = _timed(_fit_challenger, job, step.ts, champion.model, step.embedder.id,
+                           step.fit_only, step.views)
+    fitted = replace(fitted, encoder_dir=step.export_path)
+    cutoffs, thresholds = _tune(job, fitted, step.ts, step.sample)
+    return Challenger(step.ts, fitted, with_thresholds(fitted, thresholds), cutoffs, t_fit, step)
 
 
 def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
@@ -369,39 +376,39 @@ _LOGGED: Any = object()   # _tune's default sample: the logged vectors of the se
 
 def _tune(job: Job, model: IntentModel, ts: TrainingSet,
           sample: Any = _LOGGED) -> tuple[dict[str, Any], dict[str, float]]:
-    """Re-tune the confident cutoff on the recent slice (and the LLM budget's traffic
-    sample: by default of the logged vectors; the tuned challenger passes its own): the
-    tuning report and the new learned thresholds."""
+    """Step 6: re-tune the confident cutoff on the recent slice (and the LLM budget's
+    traffic sample: by default of the logged vectors; the tuned challenger passes its own):
+    how it was re-tuned (:func:`training.cutoffs.retune`'s report) and the new learned
+    thresholds."""
     budget = job.opts.llm_budget
     if sample is _LOGGED:
         sample = traffic_sample(job.store, job.embedder.id, ts) if budget is not None else None
-    tuning, thresholds = retune(model, ts.recent, job.target_precision, budget, sample)
-    if tuning.get("method") == "risk":
-        job.say(f"deferral cutoff: P(wrong) > {fmt_probs(tuning['defer'], digits=3)[0]} goes to the LLM "
-                f"(expected LLM share {tuning.get('llm_share_expected', 'n/a')})")
+    cutoffs, thresholds = retune(model, ts.recent, job.target_precision, budget, sample)
+    if cutoffs.get("method") == "risk":
+        job.say(f"deferral cutoff: P(wrong) > {fmt_probs(cutoffs['defer'], digits=3)[0]} goes to the LLM "
+                f"(expected LLM share {cutoffs.get('llm_share_expected', 'n/a')})")
     else:
-        cv, served = fmt_probs(tuning["cv_confident"], tuning["confident"], digits=3)
-        job.say(f"confident cutoff: {cv} (cross-validation) -> {served} ({tuning['method']})")
-    if "risk_ece_recent" in tuning:
-        job.say(f"deferral model calibration: ECE {tuning['risk_ece_recent']:.3f} on {tuning['n']:,} recent "
+        cv, served = fmt_probs(cutoffs["cv_confident"], cutoffs["confident"], digits=3)
+        job.say(f"confident cutoff: {cv} (cross-validation) -> {served} ({cutoffs['method']})")
+    if "risk_ece_recent" in cutoffs:
+        job.say(f"deferral model calibration: ECE {cutoffs['risk_ece_recent']:.3f} on {cutoffs['n']:,} recent "
                 f"labelled rows (out of fold: {model.head.metrics_.get('oof_risk_ece', float('nan')):.3f})")
-    return tuning, thresholds
+    return cutoffs, thresholds
 
 
 def _gate(job: Job, trial: Trial, champion: Champion) -> tuple[RetrainResult, IntentModel]:
     """Steps 7 and 8 against ``champion``: the result (with its report) and the challenger
     put forward as saved (its metrics do not depend on the champion)."""
     ev, t_eval = _timed(_evaluate, job, trial, champion)
-    tuned = trial.tuned if ev.choice.get("put_forward") == "tuned" else None
-    fitted, chosen = tuned.made() if tuned is not None else (trial.fitted, trial.challenger)
-    outcome, reason, checks = _decide(job, chosen, champion.model, ev)
+    chosen = trial.tuned if trial.tuned is not None and ev.choice.get("put_forward") == "tuned" else trial.head_only
+    outcome, reason, checks = _decide(job, chosen.model, champion.model, ev)
     if job.opts.dry_run and outcome == "promoted":     # nothing is promoted in a dry run
         outcome = "would_shadow" if job.opts.shadow else "would_promote"
-    model = with_run_metrics(chosen, trial.ts, ev, tuned.tuning if tuned else trial.tuning, tuned)
+    model = with_run_metrics(chosen, trial.ts, ev)
     timing = run_timing(trial, champion, model, t_eval)
     report = run_report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
-                        timing, {"cross_validation": learned_thresholds(fitted),
-                                 "tuning": tuned.tuning if tuned else trial.tuning,
+                        timing, {"cross_validation": learned_thresholds(chosen.fitted),
+                                 "tuning": chosen.cutoffs,
                                  "saved": dict(model.manifest.thresholds)}, trial)
     return _result(job, report), model
 
@@ -421,21 +428,21 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
                          f"gated on the {len(sets['shared']):,} held-out rows of the intents both sets share "
                          f"(out of scope included; none of the {len(change.seen):,} texts the champion trained on), "
                          f"kept only if measurably worse there{rename}")
-    head = model_metrics(trial.challenger, sets, gate)
+    head = model_metrics(trial.head_only.model, sets, gate)
     cp_sets = None
     if cp is not None:
         own = _champion_sets(job, champion, ts)
         cp_sets = _sets(own["eval"], own["recent"], gate, change)
     cp_metrics = model_metrics(cp, cp_sets, gate) if cp is not None and cp_sets is not None else None
     tuned = trial.tuned
-    if tuned is None or tuned.challenger is None:
+    if tuned is None:
         why = "encoder tuning is off" if trial.tune_report is None else "encoder tuning failed"
         return Evaluation(gate, sets, head, cp_metrics, cp_sets, head, None,
                           {"put_forward": "head_only", "reason": why, "paired": None, "by_language": {},
                            "languages": "none"}, change)
     t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
-    t_metrics = model_metrics(tuned.challenger, t_sets, gate)
-    choice = pick_challenger(trial.challenger, tuned.challenger, head, t_metrics, sets[gate], t_sets[gate],
+    t_metrics = model_metrics(tuned.model, t_sets, gate)
+    choice = pick_challenger(trial.head_only.model, tuned.model, head, t_metrics, sets[gate], t_sets[gate],
                              job.opts.tolerance, job.intents.languages, getattr(sets[gate], "langs", None))
     if trial.pick is None:
         trial.pick = choice["put_forward"]

@@ -1,7 +1,8 @@
 """The retrain's records (:mod:`training.retrain`): one run's inputs (:class:`Job`), the
-champion as the run read it (:class:`Champion`), the challengers and what they were made
-from (:class:`Trial`, :class:`Tuned`), their evaluation (:class:`Evaluation`) and how the
-intent set changed (:class:`Change`, :func:`intent_change`). Data only: the steps that
+champion as the run read it (:class:`Champion`), the challengers (:class:`Challenger`, the
+head-only one and the tuned one) and what they were made from (:class:`Trial`), their
+evaluation (:class:`Evaluation`) and how the intent set changed (:class:`Change`,
+:func:`intent_change`). Data only: the steps that
 fill them are the retrain's, the report made of them is :mod:`training.report`'s.
 """
 
@@ -22,7 +23,7 @@ from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.trainset import RECENT_HOLDOUT_SHARE, SPLIT_ID, held_out_examples, split_value
 from flywheel.training.tuner.step import TunedStep
 
-__all__ = ["Champion", "Change", "Evaluation", "Job", "Trial", "Tuned", "intent_change"]
+__all__ = ["Challenger", "Champion", "Change", "Evaluation", "Job", "Trial", "intent_change"]
 
 
 @dataclass(frozen=True)
@@ -121,37 +122,35 @@ class Champion:
     encoded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-@dataclass
-class Tuned(TunedStep):
-    """The tuned challenger and what it was made from (step 4b)."""
+@dataclass(frozen=True)
+class Challenger:
+    """One challenger as the retrain made it (step 5 and 6), the head-only one or the tuned
+    one: the rows it was fitted on, the model as fitted and as served, the result of
+    re-tuning its cutoffs (:func:`training.cutoffs.retune`) and the fit's seconds.
+    ``step``: the encoder tuning it carries (``None``: the head-only challenger, on the
+    served encoder's vectors)."""
 
-    fitted: IntentModel | None = None
-    challenger: IntentModel | None = None
-    tuning: dict[str, Any] = field(default_factory=dict)
-    t_fit: float = 0.0
-
-    def made(self) -> tuple[IntentModel, IntentModel]:
-        """``(fitted, challenger)``, once the retrain has fitted them."""
-        assert self.fitted is not None and self.challenger is not None, "the tuned challenger is fitted first"
-        return self.fitted, self.challenger
+    ts: TrainingSet               # its training rows (the tuned one's re-encoded by its encoder)
+    fitted: IntentModel           # as fitted: the cross-validation thresholds
+    model: IntentModel            # with the re-tuned cutoffs: what is evaluated and saved
+    cutoffs: dict[str, Any]       # how the cutoffs were re-tuned (report ``thresholds.tuning``)
+    t_fit: float
+    step: TunedStep | None = None  # the tuned encoder and its rows (None: head-only)
 
 
 @dataclass
 class Trial:
-    """The challenger and what it was made from: everything a (re-)gate needs."""
+    """The challengers and what they were made from: everything a (re-)gate needs."""
 
     ts: TrainingSet
-    fitted: IntentModel           # as fitted: the cross-validation thresholds
-    challenger: IntentModel       # with the tuned thresholds: what is evaluated and saved
-    tuning: dict[str, Any]
+    head_only: Challenger         # on the served encoder's vectors
     run_at: float
     t_start: float
     t_data: float
-    t_fit: float
     notes_before_gate: int = 0    # job.notes up to here hold for any champion
     moves: list[tuple[str | None, str | None]] = field(default_factory=list)  # (expected, found) per move
-    tuned: Tuned | None = None    # the tuned challenger (encoder tuning on, and it worked)
-    tune_report: dict[str, Any] | None = None   # the tuning step's report (None: tuning off)
+    tuned: Challenger | None = None   # the tuned challenger (encoder tuning on, and it worked)
+    tune_report: dict[str, Any] | None = None   # the encoder tuning step's report (None: tuning off)
     pick: str | None = None       # the challenger put forward at the first gate ("head_only" / "tuned")
 
 
