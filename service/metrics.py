@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -38,9 +38,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from flywheel.classifier.audit import AUDIT_OUTCOMES
 from flywheel.classifier.decision import DEGRADED_REASONS, Decision
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.language import UNKNOWN, language_labels
 from flywheel.classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 from flywheel.classifier.teachers.budget import BudgetedTeacher
 from flywheel.classifier.teachers.cache import CACHE_OUTCOMES, TeacherCache
+
+if TYPE_CHECKING:
+    from flywheel.classifier.anchoring import AnchoringMonitor
+    from flywheel.classifier.protocols import Registry
+    from flywheel.classifier.shadow import ShadowScorer
+    from flywheel.fleet.sync import RegistrySync
+    from flywheel.logstore.sink import SpoolSink
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -74,7 +82,8 @@ class ServerMetrics:
     Thread-safe: the request path calls these methods from gRPC worker threads.
     """
 
-    def __init__(self, labels: Iterable[str] | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, labels: Iterable[str] | None = None, registry: CollectorRegistry | None = None,
+                 languages: Iterable[str] | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
 
@@ -101,6 +110,10 @@ class ServerMetrics:
             "flywheel_degraded_decisions_total",
             "Answers that did not get the layer they needed (layer 2 was unsure and the teacher did not "
             "answer), by reason.", ["reason"], registry=r)
+        self.decision_languages = Counter(
+            "flywheel_decision_languages_total",
+            f"Decisions by the query's language: the intent set's declared languages and '{UNKNOWN}' "
+            "(bounded: anything else counts as unknown).", ["language"], registry=r)
         self.layer_seconds = Histogram(
             "flywheel_layer_seconds", "Time spent per classifier layer that ran (seconds).",
             ["layer"], buckets=LATENCY_BUCKETS, registry=r)
@@ -145,6 +158,7 @@ class ServerMetrics:
         self._teacher_children: dict[str, Any] = {}
         self._degraded_children: dict[str, Any] = {r_: self.degraded.labels(r_) for r_ in DEGRADED_REASONS}
         self._known_labels: frozenset[str] = frozenset()
+        self._language_children: dict[str, Any] = {}
         self._model_lock = threading.Lock()
         self._model: tuple[str, str] | None = None
         self._teacher_lock = threading.Lock()
@@ -157,6 +171,7 @@ class ServerMetrics:
         for outcome in RELOAD_OUTCOMES:
             self.model_reloads.labels(outcome)
         self.set_labels(labels or ())
+        self.set_languages(languages or ("en",))
 
     # ------------------------------------------------------------ decisions
     def set_labels(self, labels: Iterable[str]) -> None:
@@ -170,6 +185,16 @@ class ServerMetrics:
         for name in (*sorted(known), OUT_OF_SCOPE, OTHER_LABEL):
             self._label_child(name)
         self._known_labels = known  # one atomic swap
+
+    def set_languages(self, languages: Iterable[str]) -> None:
+        """The intent set's declared languages: the ``language`` label's values (and
+        ``unknown``), pre-created at 0; a decision in any other counts as ``unknown``, so the
+        series stay as few as the set's languages. Series of languages dropped later stay."""
+        children = dict(self._language_children)
+        for name in language_labels(tuple(str(x) for x in languages)):
+            if name not in children:
+                children[name] = self.decision_languages.labels(name)
+        self._language_children = children   # one atomic swap
 
     def _label_child(self, name: str) -> Any:
         child = self._label_children.get(name)
@@ -196,6 +221,10 @@ class ServerMetrics:
 
         name = label_name(decision.label)  # OUT_OF_SCOPE for None
         self._label_child(name if name == OUT_OF_SCOPE or name in self._known_labels else OTHER_LABEL).inc()
+
+        langs = self._language_children
+        lang = langs.get(decision.language or UNKNOWN)
+        (lang if lang is not None else langs[UNKNOWN]).inc()
 
         for lay, ms in decision.latency_ms.items():
             if lay == "total":
@@ -282,12 +311,13 @@ class ServerMetrics:
         """Count a reload: ``ok`` or ``refused``."""
         self.model_reloads.labels(outcome).inc()
 
-    def bind_fleet(self, *, spool: Any = None, sync: Any = None) -> None:
+    def bind_fleet(self, *, spool: SpoolSink | None = None, sync: RegistrySync | None = None) -> None:
         """Expose fleet mode's shipping (``spool``: a :class:`logstore.SpoolSink`) and model
         sync (``sync``: a :class:`fleet.sync.RegistrySync`), read at scrape time."""
         self.registry.register(_FleetCollector(spool, sync))
 
-    def bind_serving(self, *, classifier: ServedClassifier, shadow: Any = None, registry: Any = None) -> None:
+    def bind_serving(self, *, classifier: ServedClassifier, shadow: ShadowScorer | None = None,
+                     registry: Registry | None = None) -> None:
         """Expose, read at scrape time: the classifier's audit outcomes
         (``flywheel_audit_answers_total{outcome}``), the shadow scorer's outcomes and loads
         (``flywheel_shadow_decisions_total{outcome}``, ``flywheel_shadow_loads_total{outcome}``,
@@ -312,7 +342,7 @@ class ServerMetrics:
         return MetricsInterceptor(self)
 
     # ------------------------------------------------------------ teacher anchoring (ADR RC-03)
-    def bind_anchoring(self, monitor: Any) -> None:
+    def bind_anchoring(self, monitor: AnchoringMonitor | None) -> None:
         """Expose a :class:`classifier.anchoring.AnchoringMonitor` (the classifier's
         ``anchoring``), read at scrape time: ``flywheel_anchoring_rate{history}`` (NaN while
         its count is 0) and ``flywheel_anchoring_observed_total{history}``, ``history`` being
@@ -435,7 +465,7 @@ class _FleetCollector:
     """Counters and gauges that live on the spool sink and the registry sync; read when
     Prometheus scrapes, so the request path pays nothing for them."""
 
-    def __init__(self, spool: Any, sync: Any) -> None:
+    def __init__(self, spool: SpoolSink | None, sync: RegistrySync | None) -> None:
         self.spool, self.sync = spool, sync
 
     def collect(self) -> Iterator[Metric]:
@@ -481,7 +511,7 @@ class _ServingCollector:
     """Audit outcomes, the shadow scorer, the last retrain, the teacher's call budget and
     its answer cache, read when Prometheus scrapes."""
 
-    def __init__(self, classifier: ServedClassifier, shadow: Any, registry: Any) -> None:
+    def __init__(self, classifier: ServedClassifier, shadow: ShadowScorer | None, registry: Registry | None) -> None:
         self.classifier, self.shadow, self.models = classifier, shadow, registry
 
     def collect(self) -> Iterator[Metric]:
@@ -550,7 +580,7 @@ class _AnchoringCollector:
     """The teacher's history anchoring (:mod:`classifier.anchoring`), reported by the
     monitor when Prometheus scrapes; a rate that has no observations yet is NaN."""
 
-    def __init__(self, monitor: Any) -> None:
+    def __init__(self, monitor: AnchoringMonitor) -> None:
         self.monitor = monitor
 
     def collect(self) -> Iterator[Metric]:

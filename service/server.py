@@ -65,7 +65,7 @@ class SidecarServer:
         self.options = options
         self.runtime = runtime
         clf = runtime.classifier
-        self.metrics = ServerMetrics(labels=clf.model.manifest.labels)
+        self.metrics = ServerMetrics(labels=clf.model.manifest.labels, languages=clf.intents.languages)
         self.core = SidecarCore(runtime, options.batch, self.metrics)
         self.health = health.HealthServicer()
         self._stopped = threading.Event()
@@ -251,6 +251,7 @@ class SidecarServer:
             clf = self.runtime.classifier
             self.metrics.set_model(version, clf.embedder.id)
             self.metrics.set_labels(clf.model.manifest.labels)  # a promotion may add or drop intents
+            self.metrics.set_languages(clf.intents.languages)
 
 
 def check_address(address: str) -> None:

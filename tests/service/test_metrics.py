@@ -26,6 +26,7 @@ COUNTERS = [
     "grpc_server_started_total", "grpc_server_handled_total", "flywheel_decisions_total",
     "flywheel_decision_labels_total", "flywheel_embedding_cache_hits_total",
     "flywheel_embedding_cache_misses_total", "flywheel_teacher_calls_total", "flywheel_model_reloads_total",
+    "flywheel_decision_languages_total",
 ]
 HISTOGRAMS = ["grpc_server_handling_seconds", "flywheel_layer_seconds", "flywheel_batch_size"]
 GAUGES = ["flywheel_queue_depth", "flywheel_teacher_breaker_open", "flywheel_teacher_ready", "flywheel_model_info",
@@ -136,6 +137,21 @@ def test_observe_decision_bounded_labels():
     assert get("flywheel_layer_seconds_count", {"layer": "embedding"}) == 3
     assert get("flywheel_layer_seconds_sum", {"layer": "llm"}) == pytest.approx(0.8)
     assert get("flywheel_layer_seconds_count", {"layer": "total"}) is None
+
+
+def test_the_language_label_is_bounded_by_the_declared_languages():
+    m = ServerMetrics(languages=("en", "es"))
+    get = m.registry.get_sample_value
+    assert [get("flywheel_decision_languages_total", {"language": x}) for x in ("en", "es", "unknown")] == [0, 0, 0]
+    for lang in ("es", "es", "en", "unknown", "fr", "x" * 40, None):
+        d = _decision("billing", Layer.EMBEDDING, Tier.CONFIDENT)
+        d.language = lang
+        m.observe_decision(d)
+    assert [get("flywheel_decision_languages_total", {"language": x}) for x in ("en", "es", "unknown")] == [1, 2, 4]
+    assert get("flywheel_decision_languages_total", {"language": "fr"}) is None     # never a new series
+    m.set_languages(("en", "fr"))                                                   # a promotion adds French
+    assert get("flywheel_decision_languages_total", {"language": "fr"}) == 0
+    assert get("flywheel_decision_languages_total", {"language": "es"}) == 2      # kept, like dropped labels
 
 
 def test_model_swap_leaves_one_series_and_simple_setters():
