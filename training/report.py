@@ -343,13 +343,13 @@ def render_markdown(result: RetrainResult) -> str:
     lines += teacher_markdown(r)
     th = r.get("thresholds", {})
     if th:
-        t = th["tuning"]
+        cut = th["tuning"]   # the cutoffs' re-tuning (the encoder's is the top-level "tuning")
         lines += ["", "## Thresholds", "",
-                  f"- confident: {t['cv_confident']:.4f} (cross-validation) -> {t['confident']:.4f} ({t['method']}"
-                  + (f"; {t['why']}" if t.get("why") else "") + ")",
+                  f"- confident: {cut['cv_confident']:.4f} (cross-validation) -> {cut['confident']:.4f} "
+                  f"({cut['method']}" + (f"; {cut['why']}" if cut.get("why") else "") + ")",
                   "- saved: " + ", ".join(f"{k}={v:.4f}" for k, v in th["saved"].items())]
-        if t.get("note"):
-            lines.append(f"- note: {t['note']}")
+        if cut.get("note"):
+            lines.append(f"- note: {cut['note']}")
     tm = r.get("timing", {})
     if tm:
         lines += ["", "## Timing", "",

@@ -21,7 +21,7 @@ and its options, checked once (:class:`RetrainOptions`). One run, each step a fu
 5. ``_fit_challenger``: the head on the training rows and vectors as they are
    (:func:`classifier.trainer.fit_from_vectors`; with tuning, a second challenger on the
    re-encoded rows that carries the tuned encoder);
-6. ``_tune``: the ``confident`` cutoff re-tuned on the recent slice for the target
+6. ``_retune_cutoffs``: the ``confident`` cutoff re-tuned on the recent slice for the target
    precision or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is
    never changed); each challenger is one :class:`training.trial.Challenger`;
 7. ``_evaluate``: the champion and the challengers on the same rows, each with its own
@@ -326,7 +326,7 @@ def _fit_head_only(job: Job, ts: TrainingSet, champion: Champion) -> Challenger:
     """Steps 5 and 6 for the head-only challenger: the head fitted on the training rows
     and the served encoder's vectors, its cutoffs re-tuned."""
     fitted, t_fit = _timed(_fit_challenger, job, ts, champion.model)
-    cutoffs, thresholds = _tune(job, fitted, ts)
+    cutoffs, thresholds = _retune_cutoffs(job, fitted, ts)
     return Challenger(ts, fitted, with_thresholds(fitted, thresholds), cutoffs, t_fit)
 
 
@@ -337,7 +337,7 @@ def _fit_tuned(job: Job, step: TunedStep, champion: Champion) -> Challenger:
     fitted, t_fit = _timed(_fit_challenger, job, step.ts, champion.model, step.embedder.id,
                            step.fit_only, step.views)
     fitted = replace(fitted, encoder_dir=step.export_path)
-    cutoffs, thresholds = _tune(job, fitted, step.ts, step.sample)
+    cutoffs, thresholds = _retune_cutoffs(job, fitted, step.ts, step.sample)
     return Challenger(step.ts, fitted, with_thresholds(fitted, thresholds), cutoffs, t_fit, step)
 
 
@@ -371,11 +371,11 @@ def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
     return replace(model, intents=job.intents)
 
 
-_LOGGED: Any = object()   # _tune's default sample: the logged vectors of the served encoder
+_LOGGED: Any = object()   # _retune_cutoffs' default sample: the logged vectors of the served encoder
 
 
-def _tune(job: Job, model: IntentModel, ts: TrainingSet,
-          sample: Any = _LOGGED) -> tuple[dict[str, Any], dict[str, float]]:
+def _retune_cutoffs(job: Job, model: IntentModel, ts: TrainingSet,
+                    sample: Any = _LOGGED) -> tuple[dict[str, Any], dict[str, float]]:
     """Step 6: re-tune the confident cutoff on the recent slice (and the LLM budget's
     traffic sample: by default of the logged vectors; the tuned challenger passes its own):
     how it was re-tuned (:func:`training.cutoffs.retune`'s report) and the new learned
