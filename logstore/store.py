@@ -542,6 +542,21 @@ class LogStore:
         return bool(self._run(lambda con: con.execute(
             "SELECT count(*) FROM decisions WHERE decision_id = ?", [decision_id]).fetchall()[0][0]))
 
+    def decision_languages(self, decision_ids: Iterable[str]) -> dict[str, str]:
+        """The logged language (``decisions.language``) of each of ``decision_ids`` that is in
+        the log and has one (rows logged before migration 6 have none)."""
+        ids = pa.table({"decision_id": pa.array(list(dict.fromkeys(decision_ids)), pa.string())})
+
+        def run(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+            con.register("_flywheel_lang_ids", ids)
+            try:
+                return con.execute("SELECT d.decision_id, d.language FROM decisions d "
+                                   "JOIN _flywheel_lang_ids i USING (decision_id) "
+                                   "WHERE d.language IS NOT NULL").fetchall()
+            finally:
+                con.unregister("_flywheel_lang_ids")
+        return {str(d): str(lang) for d, lang in self._run(run)}
+
     def count(self) -> int:
         """Number of logged decisions (after ingesting the spool)."""
         return int(self._run(lambda con: scalar(con, "SELECT count(*) FROM decisions")))

@@ -32,6 +32,10 @@ class TrafficLog(Protocol):
         """Decisions with a human or a valid teacher label (newer than ``since``), oldest first."""
         ...
 
+    def decision_languages(self, decision_ids: Iterable[str]) -> dict[str, str]:
+        """The logged language of each decision that has one, by decision id."""
+        ...
+
     def invalid_teacher_answers(self) -> int:
         """How many teacher answers were logged as invalid."""
         ...

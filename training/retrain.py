@@ -443,7 +443,7 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
     t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
     t_metrics = model_metrics(tuned.model, t_sets, gate)
     choice = pick_challenger(trial.head_only.model, tuned.model, head, t_metrics, sets[gate], t_sets[gate],
-                             job.opts.tolerance, job.intents.languages, getattr(sets[gate], "langs", None))
+                             job.opts.tolerance, job.intents.languages, _gate_languages(job.store, sets[gate]))
     if trial.pick is None:
         trial.pick = choice["put_forward"]
         job.say(f"put forward: the {_CHALLENGER[trial.pick]} challenger ({choice['reason']})")
@@ -457,6 +457,14 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
 
 
 _CHALLENGER = {"head_only": "head-only", "tuned": "tuned"}
+
+
+def _gate_languages(store: TrafficLog, rows: LabelledSet) -> list[str | None] | None:
+    """Each gate row's logged language (``None`` for a row without one: an intent-file
+    example, a decision logged before the column); ``None`` when no row has one."""
+    ids = [d for d in rows.decision_ids if d]
+    got = store.decision_languages(ids) if ids else {}
+    return [got.get(d) if d else None for d in rows.decision_ids] if got else None
 
 
 def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: Change | None = None) -> dict[str, LabelledSet]:
