@@ -20,7 +20,7 @@ from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.label_names import OUT_OF_SCOPE_NAMES, suggest_label
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
-EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "sentence-transformers", "bge-m3")
+EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "e5-multilingual", "sentence-transformers", "bge-m3")
 EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
 TEACHER_BACKENDS = ("ollama", "openai")
 #: ``teacher.response_format`` (openai backend): ``auto`` starts with ``json_schema`` and moves

