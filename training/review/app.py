@@ -177,7 +177,7 @@ class ReviewApp:
         logged = [str(r[0]) for r in self.store.query(
             "SELECT DISTINCT language FROM decisions WHERE language IS NOT NULL ORDER BY 1")]
         html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels,
-                           languages=logged, language=(query.get("language") or [None])[-1] or None)
+                           languages=logged, language=(query.get("language") or [""])[-1] or None)
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
 
     def _dashboard(self, query: Mapping[str, list[str]], *, page: bool) -> Response:
