@@ -276,8 +276,8 @@ def empty_stats(window: str | int = "day", shadow_version: str | None = None) ->
     out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
-            "teacher_noise": {**NoiseEstimate().overall(), "by_intent": {}}, "anchoring": empty_anchoring(),
             "by_language": {},
+            "teacher_noise": {**NoiseEstimate().overall(), "by_intent": {}}, "anchoring": empty_anchoring(),
             "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
 
@@ -362,8 +362,8 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     summary.pop("n")
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
-            "n_windows": n_windows, "teacher_noise": noise_section(store), "anchoring": anchoring_section(store),
-            "by_language": language_section(store),
+            "n_windows": n_windows, "by_language": language_section(store),
+            "teacher_noise": noise_section(store), "anchoring": anchoring_section(store),
             "shadow": shadow_section(store, shadow_version), "windows": windows}
 
 
