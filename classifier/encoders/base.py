@@ -70,7 +70,12 @@ def default_quantize(backend: str, runtime: str, layers: Sequence[int] | None = 
     section 12, 92.93% against 93.58%, the int8 vectors being CPU-dependent; kept there, as
     out-of-scope recall moves the other way, 84.8% against 83.2%). Everything else stays fp32
     until measured: torch's int8 MiniLM is further from fp32, and bge-m3 and
-    sentence-transformers directories were not measured on CLINC150."""
+    sentence-transformers directories were not measured on CLINC150. e5-multilingual on ONNX
+    Runtime is int8 too, with its 12 FFN down-projections kept fp32 (the e5 probe,
+    ``shared/design/multilingual-e5-probe-2026-11-28.md`` §3: CLINC150 10-shot 88.67 against
+    88.78 frozen, 92.27 against 92.51 tuned; BENCHMARKS.md, section 18)."""
+    if backend == "e5-multilingual":
+        return runtime == "onnx"
     return backend == "minilm" and runtime == "onnx" and not layers
 
 

@@ -613,7 +613,7 @@ class E5Embedder(_LazyEmbedder):
         return ("e5-multilingual", *self._opts(), *where)
 
     def _load(self) -> Runner:
-        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX, ensure_e5_model
+        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX, ensure_e5_model, ffn_down_projections
 
         path = ensure_e5_model(self.e5_cache_dir)
 
@@ -631,5 +631,6 @@ class E5Embedder(_LazyEmbedder):
 
         runner = load_onnx_runner(path, reference=reference, fallback=torch_runner, pooling="mean",
                                   max_length=self.max_length, num_threads=self.num_threads,
-                                  quantize=self.quantize, cache_dir=self.onnx_cache_dir)
+                                  quantize=self.quantize, cache_dir=self.onnx_cache_dir,
+                                  int8_keep_fp32=ffn_down_projections)
         return _PrefixRunner(runner, QUERY_PREFIX)

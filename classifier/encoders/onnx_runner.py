@@ -371,12 +371,14 @@ def _build(entry: Path, source: Path, key: str, reference_factory: Callable[[], 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def quantize_export(entry: Path) -> float:
+def quantize_export(entry: Path, keep_fp32: Callable[[Path], list[str]] | None = None) -> float:
     """Write ``model.int8.onnx`` beside the verified fp32 ``model.onnx`` of ``entry`` (a cache
     entry or an :func:`export_checked` directory) and record its min cosine to fp32 on
-    :data:`PROBE` and its probe vector in the manifest (``int8``); return that cosine."""
+    :data:`PROBE` and its probe vector in the manifest (``int8``); return that cosine.
+    ``keep_fp32`` names the nodes of ``model.onnx`` to leave unquantized (e5's FFN down-projections)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    excluded = keep_fp32(entry / "model.onnx") if keep_fp32 is not None else []
     fd, tmp_name = tempfile.mkstemp(prefix=".model.int8-", suffix=".onnx", dir=entry)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -388,7 +390,7 @@ def quantize_export(entry: Path) -> float:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 quantize_dynamic(str(entry / "model.onnx"), str(tmp), weight_type=QuantType.QInt8,
-                                 per_channel=True)
+                                 per_channel=True, nodes_to_exclude=excluded)
         finally:
             root.removeFilter(advice)
         _count("quantizations")
@@ -397,7 +399,7 @@ def quantize_export(entry: Path) -> float:
         texts = list(PROBE)
         cosine = min(_min_cosine(int8.encode_batch([t]), fp32.encode_batch([t])) for t in texts)
         manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
-        manifest["int8"] = {"min_cosine_to_fp32": round(cosine, 6),
+        manifest["int8"] = {"min_cosine_to_fp32": round(cosine, 6), "kept_fp32": len(excluded),
                             "probe": int8.encode_batch([_PROBE_TEXT])[0].tolist()}
         tmp.chmod(0o644)
         os.replace(tmp, entry / "model.int8.onnx")
@@ -417,12 +419,13 @@ class _Int8Error(Exception):
     """Quantizing a verified fp32 export failed (the fp32 export itself is fine)."""
 
 
-def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int | None) -> OnnxRunner:
+def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int | None,
+          keep_fp32: Callable[[Path], list[str]] | None = None) -> OnnxRunner:
     """Open a cached entry and re-check its probe vector (raises on any problem)."""
     if quantize and ("int8" not in json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
                      or not (entry / "model.int8.onnx").is_file()):
         try:
-            quantize_export(entry)
+            quantize_export(entry, keep_fp32)
         except Exception as exc:
             raise _Int8Error(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
     runner = OnnxRunner(entry, "model.int8.onnx" if quantize else "model.onnx", max_length, num_threads)
@@ -438,7 +441,8 @@ def _open(entry: Path, quantize: bool, max_length: int | None, num_threads: int 
 def load_onnx_runner(source: str | os.PathLike[str], *, reference: Callable[[], tuple[Runner, Any, Any]],
                      fallback: Callable[[], Runner], pooling: str = "mean", layers: Sequence[int] | None = None,
                      max_length: int | None, num_threads: int | None = None, quantize: bool = False,
-                     cache_dir: str | os.PathLike[str] | None = None) -> Runner:
+                     cache_dir: str | os.PathLike[str] | None = None,
+                     int8_keep_fp32: Callable[[Path], list[str]] | None = None) -> Runner:
     """An :class:`OnnxRunner` for the model in ``source``, exporting it on a cache miss.
 
     Parameters
@@ -462,6 +466,8 @@ def load_onnx_runner(source: str | os.PathLike[str], *, reference: Callable[[], 
         Serve the int8 (dynamically quantized) copy of the verified export.
     cache_dir : path, optional
         Default :func:`default_cache_dir`.
+    int8_keep_fp32 : callable, optional
+        Given the fp32 ``model.onnx``, the node names to keep fp32 in the int8 copy.
     """
     source = Path(source)
     layer_t = tuple(int(i) for i in layers) if layers else None
@@ -479,12 +485,12 @@ def load_onnx_runner(source: str | os.PathLike[str], *, reference: Callable[[], 
                                         f"nothing was cached ({_brief(exc)})")
         if built:
             try:
-                return _open(entry, quantize, max_length, num_threads)
+                return _open(entry, quantize, max_length, num_threads, int8_keep_fp32)
             except Exception as exc:  # noqa: BLE001 - int8 conversion failed...
                 return _fall_back(fallback, f"{entry}: {_brief(exc)}")
     # in the cache: from an earlier run, or exported by another process while this one waited
     try:
-        runner = _open(entry, quantize, max_length, num_threads)
+        runner = _open(entry, quantize, max_length, num_threads, int8_keep_fp32)
     except _Int8Error as exc:
         return _fall_back(fallback, f"{entry}: {exc}")
     except Exception as exc:  # noqa: BLE001 - corrupt file, wrong graph...

