@@ -7,12 +7,15 @@ threshold (a confident cutoff of 0.0 makes every in-scope answer confident).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from flywheel.classifier.decision import Candidate, Tier
 from flywheel.classifier.scoring import HeadScores
+
+if TYPE_CHECKING:
+    from flywheel.classifier.model import IntentModel
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class Thresholds:
     coverage: float | None = None
 
     @classmethod
-    def for_model(cls, model: Any) -> "Thresholds":
-        """The cutoffs ``model`` (an IntentModel) is served with: the intent file's fixed
+    def for_model(cls, model: IntentModel) -> "Thresholds":
+        """The cutoffs ``model`` is served with: the intent file's fixed
         values where set, else the learned ones of its manifest (which post-hoc tuning
         replaces; a key missing there falls back to the head's own ``thresholds_``)."""
         th = {**getattr(model.head, "thresholds_", {}), **(model.manifest.thresholds or {})}

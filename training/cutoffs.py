@@ -34,7 +34,7 @@ an LLM budget, the budget cutoff and any relaxed escalations (:func:`_budget_cut
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,10 @@ from flywheel.classifier.model import IntentModel
 from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet, TrainingSet
+
+if TYPE_CHECKING:
+    from flywheel.classifier.protocols import Embedder
+    from flywheel.training.protocols import TrafficLog
 
 __all__ = ["MIN_TUNE_ROWS", "TRAFFIC_SAMPLE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
            "with_thresholds", "layer2_state", "risk_ece"]
@@ -74,8 +78,8 @@ class TrafficSample:
                 f"{self.n_labelled / max(self.n_held_out, 1):.2f}), {self.n_excluded:,} training texts left out")
 
 
-def traffic_sample(store: Any, encoder_id: str, ts: TrainingSet, n: int = TRAFFIC_SAMPLE_ROWS,
-                   min_held: int = 50, encoder: Any = None) -> TrafficSample | None:
+def traffic_sample(store: TrafficLog | None, encoder_id: str, ts: TrainingSet, n: int = TRAFFIC_SAMPLE_ROWS,
+                   min_held: int = 50, encoder: Embedder | None = None) -> TrafficSample | None:
     """The budget sample of the latest ``n`` decisions logged with ``encoder_id``.
 
     ``None`` when the log has none, or the sample would be smaller than

@@ -50,12 +50,14 @@ from flywheel.classifier.decision import Decision, Layer, Tier
 from flywheel.classifier.encoders.cache import uncached
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
-from flywheel.classifier.protocols import DelegatingEmbedder
+from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
 from flywheel.classifier.text import clean_text
 from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
 
 if TYPE_CHECKING:
+    from flywheel.classifier.model import IntentModel
     from flywheel.classifier.pipeline import Classifier
+    from flywheel.training.loaders import LabelledData
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 
@@ -181,7 +183,7 @@ class _EvalEmbedder(DelegatingEmbedder):
     """Wraps the uncached embedder; remembers the vectors of the texts it encodes while
     ``recording`` is on (so layer-2 scores need no second encoding pass)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Embedder) -> None:
         super().__init__(inner)
         self.recording = False
         self.seen: dict[str, np.ndarray] = {}
@@ -202,7 +204,7 @@ def _share(values: list[str], names: list[str]) -> dict[str, float]:
     return {k: _r(c / n) if n else 0.0 for k, c in out.items()}
 
 
-def calibrate_sets(model: Any, data: Any, embedder: Any = None) -> Any:
+def calibrate_sets(model: IntentModel, data: LabelledData, embedder: Embedder | None = None) -> IntentModel:
     """``model`` with its prediction sets calibrated on held-out ``data`` (a
     :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
     textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
@@ -396,7 +398,7 @@ def _clean_texts(texts: list[str], max_chars: int, on_long: str) -> list[str]:
     return cleaned
 
 
-def _score(twin: Any, emb: _EvalEmbedder, texts: list[str], cleaned: list[str], truth: list[str | None],
+def _score(twin: Classifier, emb: _EvalEmbedder, texts: list[str], cleaned: list[str], truth: list[str | None],
            classes: list[str], *, chunk_size: int, progress: bool) -> _Scored:
     """The batch pass: ``twin`` classifies ``texts`` chunk by chunk (timed), and layer 2's
     scores of each chunk go to the tallies, from the vectors the chunk was encoded to."""
@@ -466,7 +468,7 @@ def _torch_threads() -> int | None:
         return None
 
 
-def _latency(clf: Any, texts: list[str], sample: int, seed: int) -> dict[str, Any] | None:
+def _latency(clf: Classifier, texts: list[str], sample: int, seed: int) -> dict[str, Any] | None:
     """Classify a random sample one query at a time; wall-clock milliseconds per call."""
     k = min(int(sample), len(texts))
     if k <= 0:

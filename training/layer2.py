@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from flywheel.classifier.label_names import label_name
 from flywheel.classifier.scoring import HeadScores, normalise_rows
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet
+
+if TYPE_CHECKING:
+    from flywheel.classifier.model import IntentModel
 
 __all__ = ["GUARD_K", "Layer2Batch", "layer2_predict", "knn_labels", "noisy_teacher_guard"]
 
@@ -34,7 +37,7 @@ class Layer2Batch:
     risk: np.ndarray | None = None  # calibrated P(wrong); None for heads without a risk model
 
 
-def layer2_predict(model: Any, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
+def layer2_predict(model: IntentModel, X: np.ndarray, thresholds: Thresholds | None = None) -> Layer2Batch:
     """Score ``X`` with ``model``'s head and tier every row as the pipeline would."""
     th = thresholds if thresholds is not None else Thresholds.for_model(model)
     classes = [str(c) for c in model.manifest.labels]
@@ -76,7 +79,7 @@ def knn_labels(X: np.ndarray, ref: np.ndarray, ref_labels: Sequence[str | None],
     return out
 
 
-def noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: Any,
+def noisy_teacher_guard(rows: LabelledSet, examples: LabelledSet, champion: IntentModel | None,
                          encoder_id: str) -> tuple[dict[str, Any], list[int]]:
     """Drop teacher labels that both a sure champion and the nearest intent examples
     contradict (see :mod:`training.trainset`'s rules): the report and the indices of the

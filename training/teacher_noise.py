@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -71,6 +71,11 @@ from flywheel.classifier.output import counted
 from flywheel.classifier.scoring import normalise_rows
 from flywheel.classifier.text import normalise_key
 from flywheel.training.layer2 import noisy_teacher_guard
+
+if TYPE_CHECKING:
+    from flywheel.classifier.model import IntentModel
+    from flywheel.training.protocols import TrafficLog
+    from flywheel.training.rows import TrainingSet
 
 __all__ = ["CONFIDENCE", "GUARD_REASON", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
            "NoiseEstimate", "Ranker", "champion_ranker", "check_training_set", "clopper_pearson", "estimate_from_log",
@@ -173,7 +178,7 @@ class NoiseEstimate:
         return {"teacher_noise": self.overall(), "teacher_noise_by_intent": self.by_intent(min_rows)}
 
 
-def estimate_from_log(store: Any) -> NoiseEstimate:
+def estimate_from_log(store: TrafficLog | None) -> NoiseEstimate:
     """The estimate over the whole traffic log: one grouped SQL statement on a store that
     runs SQL (:meth:`logstore.LogStore.query`), else its labelled rows."""
     if store is None:
@@ -185,7 +190,7 @@ def estimate_from_log(store: Any) -> NoiseEstimate:
                                    if r.has_teacher_label and r.has_human_label)
 
 
-def noise_section(store: Any, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
+def noise_section(store: TrafficLog | None, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
     """``flywheel stats``' ``teacher_noise``: the overall figures plus ``by_intent``."""
     est = estimate_from_log(store)
     return {**est.overall(), "by_intent": est.by_intent(min_rows)}
@@ -288,7 +293,7 @@ class IntentProfile:
 Ranker = Callable[[np.ndarray, Sequence[str | None]], list]
 
 
-def champion_ranker(champion: Any, ratio: float = FilterRules.runner_up_ratio) -> Ranker:
+def champion_ranker(champion: IntentModel, ratio: float = FilterRules.runner_up_ratio) -> Ranker:
     """Layer 2's runner-up to the row's label ``A``: the champion's most probable intent
     ``B`` other than ``A``, when ``P(B) >= ratio * P(A)`` (a close second, or preferred;
     ``P(A)`` is 0 for out of scope); else ``None``."""
@@ -402,8 +407,9 @@ def _cap(cand: dict[int, tuple[str, float, str | None]], labels: list, sources: 
     return drop
 
 
-def check_training_set(ts: Any, estimate: NoiseEstimate, *, champion: Any = None, encoder_id: str | None = None,
-                       enabled: bool = True, rules: FilterRules = FilterRules()) -> tuple[Any, dict[str, Any]]:
+def check_training_set(ts: TrainingSet, estimate: NoiseEstimate, *, champion: IntentModel | None = None,
+                       encoder_id: str | None = None, enabled: bool = True,
+                       rules: FilterRules = FilterRules()) -> tuple[TrainingSet, dict[str, Any]]:
     """The retrain's one teacher-label filter step on a :class:`training.rows.TrainingSet`:
     the training set without the teacher rows the evidence contradicts, and
     ``teacher_filter``, the step's one report section.
@@ -423,7 +429,7 @@ def check_training_set(ts: Any, estimate: NoiseEstimate, *, champion: Any = None
     return ts, info
 
 
-def _guard(ts: Any, champion: Any, encoder_id: str | None) -> tuple[Any, dict[str, Any]]:
+def _guard(ts: TrainingSet, champion: IntentModel | None, encoder_id: str | None) -> tuple[TrainingSet, dict[str, Any]]:
     """The noisy-teacher guard over the teacher rows that have a text (those whose text
     retention removed are training-only rows, never checked), against the intent examples."""
     rows = [i for i, (s, t) in enumerate(zip(ts.sources, ts.texts)) if s == "teacher" and t]
@@ -436,7 +442,7 @@ def _guard(ts: Any, champion: Any, encoder_id: str | None) -> tuple[Any, dict[st
     return replace(_without(ts, gone), train_keys=keys), info
 
 
-def _without(ts: Any, gone: set[int]) -> Any:
+def _without(ts: TrainingSet, gone: set[int]) -> TrainingSet:
     """``ts`` without the rows ``gone``, its report's ``train`` counts updated."""
     kept = ts.select(i for i in range(len(ts)) if i not in gone)
     report = {**ts.report, "train": {"n": len(kept), "by_source": kept.counts(), "n_out_of_scope": kept.n_out_of_scope}}
@@ -444,17 +450,18 @@ def _without(ts: Any, gone: set[int]) -> Any:
                    decision_ids=kept.decision_ids, report=report)
 
 
-def _check_evidence(ts: Any, estimate: NoiseEstimate, *, champion: Any, encoder_id: str | None, enabled: bool,
-                    rules: FilterRules) -> tuple[Any, dict[str, Any]]:
+def _check_evidence(ts: TrainingSet, estimate: NoiseEstimate, *, champion: IntentModel | None, encoder_id: str | None,
+                    enabled: bool, rules: FilterRules) -> tuple[TrainingSet, dict[str, Any]]:
     """The evidence rules (the module docs) on the guarded training set."""
     dim = ts.vectors.shape[1] if ts.vectors.ndim == 2 else 0
-    usable = (champion is not None and encoder_id is not None and champion.encoder_dir is None
-              and champion.encoder_matches(encoder_id, dim))
-    ranker = champion_ranker(champion, rules.runner_up_ratio) if usable else None
+    usable = champion if (champion is not None and encoder_id is not None and champion.encoder_dir is None
+                          and champion.encoder_matches(encoder_id, dim)) else None
+    ranker = champion_ranker(usable, rules.runner_up_ratio) if usable is not None else None
     drop, info = filter_teacher_rows(ts.vectors, ts.labels, ts.sources, estimate, ranker=ranker, rules=rules,
                                      texts=ts.texts)
     info = {"enabled": bool(enabled), **info,
-            "runner_up_from": f"champion {champion.version}" if usable else "intent examples and human labels",
+            "runner_up_from": (f"champion {usable.version}" if usable is not None
+                               else "intent examples and human labels"),
             "rules": {k: getattr(rules, k) for k in rules.__dataclass_fields__}}
     if not enabled:
         info["would_drop"], info["dropped"] = info["dropped"], {r: 0 for r in REASONS}

@@ -76,7 +76,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -84,6 +84,10 @@ from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.negatives import synthetic_negatives
 from flywheel.classifier.text import normalise_key
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
+
+if TYPE_CHECKING:
+    from flywheel.classifier.protocols import Embedder
+    from flywheel.training.protocols import TrafficLog
 
 __all__ = ["SPLIT_ID", "EXAMPLE_EVAL_SHARE", "HUMAN_EVAL_SHARE", "RECENT_HOLDOUT_SHARE", "RECENT_MAX",
            "SELF_TRAINING_MAX", "build_training_set", "held_out_examples", "split_value", "split_role"]
@@ -219,7 +223,7 @@ class _Parts:
     negatives: np.ndarray | None  # vectors of the intent set's synthetic negatives (classifier.negatives)
 
 
-def build_training_set(store: Any, intents: IntentSet, *, embedder: Any,
+def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder: Embedder,
                        since: Any = None, progress: bool = False, self_training_max: int = 0) -> TrainingSet:
     """Build the training rows and the fixed evaluation split (see the module docs).
 
@@ -273,7 +277,7 @@ def build_training_set(store: Any, intents: IntentSet, *, embedder: Any,
                        negatives=parts.negatives)
 
 
-def _read_log(store: Any, since: Any) -> _Log:
+def _read_log(store: TrafficLog | None, since: Any) -> _Log:
     """The labelled rows (each with its latest human label's time), the invalid teacher
     answers, and apart the labelled rows whose text retention removed."""
     if store is None:
@@ -286,7 +290,7 @@ def _read_log(store: Any, since: Any) -> _Log:
                 textless=[r for r in rows if not r.text])
 
 
-def _textless_rows(store: Any, embedder: Any, rows: list, known: set[str]) -> LabelledSet:
+def _textless_rows(store: TrafficLog | None, embedder: Embedder, rows: list, known: set[str]) -> LabelledSet:
     """Training-only rows for labelled decisions whose text retention removed: keyed by
     decision id (never merged, never held out), with their logged vector of this encoder
     (rows without one are skipped: there is no text to embed) and their own label (the
@@ -303,7 +307,7 @@ def _textless_rows(store: Any, embedder: Any, rows: list, known: set[str]) -> La
             label, source = ranked[0][0], "teacher"
         if label is None or label in known:
             picked.append((r.decision_id, label, source))
-    vecs = store.embeddings(embedder.id, [d for d, _, _ in picked]) if picked else {}
+    vecs = store.embeddings(embedder.id, [d for d, _, _ in picked]) if picked and store is not None else {}
     picked = [p for p in picked if p[0] in vecs and vecs[p[0]].size == dim]
     if not picked:
         return _empty(dim)
@@ -395,7 +399,7 @@ def _fixed_split(groups: dict[str, _Group], resolved: _Resolved, intents: Intent
                   roles["train"], roles["eval"], holdout, holdout[-RECENT_MAX:])
 
 
-def _attach_vectors(store: Any, embedder: Any, groups: dict[str, _Group], resolved: _Resolved,
+def _attach_vectors(store: TrafficLog | None, embedder: Embedder, groups: dict[str, _Group], resolved: _Resolved,
                     split: _Split) -> _Parts:
     """Vectors for every row: logged ones reused, the misses embedded in one batch."""
     dim = int(embedder.dim)
@@ -492,7 +496,7 @@ def _decisions(groups: dict[str, _Group], text: str) -> list:
     return g.decisions if g is not None else []
 
 
-def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
+def _vectors(store: TrafficLog | None, embedder: Embedder, dim: int, groups: dict[str, _Group],
              texts: list[str]) -> tuple[dict[str, np.ndarray], int, int]:
     """text -> vector for every text: the newest logged vector of its normalised text made
     by ``embedder.id``, else encoded (all misses in one call)."""
@@ -524,7 +528,7 @@ def _vectors(store: Any, embedder: Any, dim: int, groups: dict[str, _Group],
     return out, reused, len(missing)
 
 
-def _self_training(store: Any, embedder: Any, dim: int, groups: dict[str, _Group], known: set[str],
+def _self_training(store: TrafficLog | None, embedder: Embedder, dim: int, groups: dict[str, _Group], known: set[str],
                    limit: int) -> tuple[dict[str, Any], LabelledSet]:
     """Layer 2's newest confident in-scope decisions whose text has no other label."""
     info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0,

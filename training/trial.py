@@ -118,7 +118,7 @@ class Champion:
     name: str | None
     token: str | None
     model: IntentModel | None
-    embedder: Any = None
+    embedder: Embedder | None = None
     encoded: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

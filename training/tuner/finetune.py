@@ -55,13 +55,16 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from flywheel.classifier.encoders.base import check_texts
 from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_dir
 from flywheel.classifier.errors import TrainingError
+
+if TYPE_CHECKING:
+    from flywheel.classifier.intents import EmbedderSettings
 
 __all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows",
            "plan_batches", "tunable_base"]
@@ -175,7 +178,7 @@ def _supcon(v: Any, y: Any, anchor: Any, weight: Any, temperature: float) -> Any
     return (per_anchor * w).sum() / w.sum()
 
 
-def tunable_base(settings: Any) -> Path:
+def tunable_base(settings: EmbedderSettings) -> Path:
     """The model directory an intent set's ``embedder`` settings
     (:class:`~classifier.intents.EmbedderSettings`) can be tuned from: MiniLM's for
     ``minilm``, the directory of a mean-pooling ``sentence-transformers`` model.

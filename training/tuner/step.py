@@ -35,7 +35,7 @@ import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, TrainingError
 from flywheel.classifier.negatives import synthetic_negatives
-from flywheel.training.cutoffs import TRAFFIC_SAMPLE_ROWS, traffic_sample
+from flywheel.training.cutoffs import TRAFFIC_SAMPLE_ROWS, TrafficSample, traffic_sample
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.options import RetrainOptions
 from flywheel.training.protocols import TrafficLog
@@ -68,7 +68,7 @@ def tuning_rows(ts: LabelledSet, self_training_weight: float) -> tuple[list[str]
     return ([ts.texts[i] for i in keep], [ts.labels[i] for i in keep], weights, len(ts) - len(keep))
 
 
-def confusion_pairs(model: Any, sets: Sequence[LabelledSet], k: int = HARD_PAIRS) -> list[dict[str, Any]]:
+def confusion_pairs(model: IntentModel, sets: Sequence[LabelledSet], k: int = HARD_PAIRS) -> list[dict[str, Any]]:
     """The ``k`` intent pairs ``model`` (its serving thresholds) confuses most on ``sets``:
     ``[{"pair": [a, b], "errors": n}]``, most errors first (``None``: out of scope; a pair
     is unordered, both directions counted together)."""
@@ -103,7 +103,7 @@ def hard_pairs_of(confused: Sequence[dict[str, Any]], candidates: Sequence[dict[
     return out + [tuple(p["pair"]) for p in candidates if tuple(p["pair"]) not in out]
 
 
-def encode_texts(embedder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:
+def encode_texts(embedder: Embedder, texts: Sequence[str]) -> dict[str, np.ndarray]:
     """text -> vector for every distinct text of ``texts``, in one ``encode`` call."""
     uniq = list(dict.fromkeys(texts))
     if not uniq:
@@ -120,7 +120,7 @@ def reencode_rows(ts: TrainingSet, sample_rows: int = 0) -> int:
     return sum(1 for t in ts.texts if t) + len(ts.eval) + len(ts.recent) + negatives + int(sample_rows)
 
 
-def reencode_forecast(embedder: Any, texts: Sequence[str], n_rows: int, seed: int = 0) -> float:
+def reencode_forecast(embedder: Embedder, texts: Sequence[str], n_rows: int, seed: int = 0) -> float:
     """Seconds ``embedder`` will take to encode ``n_rows`` texts (times
     :data:`REENCODE_MARGIN`), timed on a seeded sample of :data:`REENCODE_PROBE` of
     ``texts`` (a sample, since the first rows are the short intent examples; not through a
@@ -165,7 +165,7 @@ def _rows(data: LabelledSet, vectors: dict[str, np.ndarray], dim: int) -> Labell
     return LabelledSet(list(data.texts), list(data.labels), X, list(data.sources), list(data.decision_ids))
 
 
-def reencode(sets: dict[str, LabelledSet], embedder: Any) -> dict[str, LabelledSet]:
+def reencode(sets: dict[str, LabelledSet], embedder: Embedder) -> dict[str, LabelledSet]:
     """``sets`` with their vectors made by ``embedder`` (same rows, same order); every
     distinct text is encoded once. Every row must have its text."""
     texts = [t for data in sets.values() for t in data.texts]
@@ -176,7 +176,7 @@ def reencode(sets: dict[str, LabelledSet], embedder: Any) -> dict[str, LabelledS
     return {name: _rows(data, vectors, dim) for name, data in sets.items()}
 
 
-def reencode_training_set(ts: TrainingSet, embedder: Any) -> TrainingSet:
+def reencode_training_set(ts: TrainingSet, embedder: Embedder) -> TrainingSet:
     """``ts`` encoded by ``embedder``: its training rows that have a text (rows without
     one left out), ``eval``, ``recent`` and the synthetic negatives, in one ``encode``
     call. The report, split and keys are ``ts``'s."""
@@ -198,10 +198,10 @@ class TunedStep:
     """What the tuning step made: the tuned encoder and the training set re-encoded by it."""
 
     ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
-    embedder: Any                 # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
+    embedder: Embedder            # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
     export_path: Path             # the export, in the run's temporary directory
     report: dict[str, Any]        # the tuning step's report
-    sample: Any = None            # the LLM-budget sample, re-encoded (None: no budget, or too small)
+    sample: TrafficSample | None = None  # the LLM-budget sample, re-encoded (None: no budget, or too small)
     fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
     views: tuple[CrossFitView, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows
 
