@@ -49,6 +49,7 @@ from flywheel.training.review.queue import ReviewError, ReviewFilters, review_qu
 
 if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
+    from flywheel.logstore import LogStore
 
 __all__ = ["MAX_BODY", "ReviewApp", "Response", "make_server"]
 
@@ -99,7 +100,7 @@ class ReviewApp:
         :func:`training.review.dashboard.retrain_history` of the site's versions' reports).
     """
 
-    def __init__(self, store: Any, writer: HumanLabels, *, admin_token: str | None = None,
+    def __init__(self, store: LogStore, writer: HumanLabels, *, admin_token: str | None = None,
                  history: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.store = store
         self.writer = writer

@@ -27,7 +27,10 @@ import html
 import io
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flywheel.logstore import LogStore
 
 __all__ = ["MIN_POINT", "charts", "dashboard_data", "figures", "render_dashboard", "retrain_history"]
 
@@ -59,7 +62,7 @@ def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[
     return sorted(out, key=lambda h: (h["created_at"] or "", h["version"]))
 
 
-def dashboard_data(store: Any, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
+def dashboard_data(store: LogStore, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
     """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`);
     JSON-ready."""
     from flywheel.training.stats.traffic import convergence

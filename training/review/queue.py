@@ -51,10 +51,13 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+
+if TYPE_CHECKING:
+    from flywheel.logstore import LogStore
 
 __all__ = ["CONFUSED_PAIRS", "HALF_LIFE_DAYS", "REASONS", "REASON_WEIGHTS", "ReviewError", "ReviewFilters",
            "ReviewItem", "all_choices", "review_queue"]
@@ -233,7 +236,7 @@ def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def review_queue(store: Any, filters: ReviewFilters | None = None, *, limit: int = 50,
+def review_queue(store: LogStore, filters: ReviewFilters | None = None, *, limit: int = 50,
                  now: float | None = None, labels: Sequence[str] | None = None) -> list[ReviewItem]:
     """The ``limit`` decisions most worth reviewing under ``filters``, best first (see the
     module docs). ``store`` is a :class:`logstore.LogStore` (its read-only ``query``).
