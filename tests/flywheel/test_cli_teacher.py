@@ -4,18 +4,14 @@ fake embedder (tests.support.fakes.HashEmbedder) stands in for the real model.""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
-from tests.support.docs import ALWAYS_UNSURE, DOC
-from tests.support.fakes import HashEmbedder
 from tests.support.servers import free_port
 from tests.support.simulated_ollama import SimulatedOllama
+from tests.support.teacher_models import always_unsure_model
 
 TEXTS = ["explain addparam", "what is addvar"]
 
@@ -30,19 +26,7 @@ def completion(label: str) -> dict:
 def model_dir(tmp_path, monkeypatch):
     """A model whose layer 2 always asks the teacher (intent file: the default ollama
     backend), served as FLYWHEEL_MODEL; no teacher host in the environment."""
-    import flywheel.classifier.encoders
-
-    emb = HashEmbedder()
-    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: emb)
-    for name in ("FLYWHEEL_TEACHER", "FLYWHEEL_TEACHER_HOST", "OPENAI_API_KEY"):
-        monkeypatch.delenv(name, raising=False)
-    doc = copy.deepcopy(DOC)
-    doc["thresholds"] = ALWAYS_UNSURE
-    doc["teacher"] = {"model": "tiny-llm", "timeout_s": 2.0}
-    path = tmp_path / "m"
-    fit_model(parse_intents(doc), embedder=emb, version="v1").save(path)
-    monkeypatch.setenv("FLYWHEEL_MODEL", str(path))
-    return path
+    return always_unsure_model(tmp_path, monkeypatch)
 
 
 @pytest.fixture()
