@@ -8,7 +8,10 @@ Layout of ``<version>/encoder/`` (every file hashed in the version's manifest,
     model.int8.onnx   the served graph (``model.onnx`` when int8 was not asked for or did not hold)
     tokenizer.json    the fast tokenizer the export used
     manifest.json     the export's record: recipe, library versions, cosines, probe vectors,
-                      ``served`` (the graph's file name) and ``encoder_id``
+                      ``served`` (the graph's file name), ``encoder_id`` and, when tuning put
+                      one before every text, ``query_prefix`` (e5's ``query: ``), which
+                      serving puts before every text too (the probe checks the bare graph)
+    LICENSE-NOTICE.txt  (e5-multilingual) the base model's MIT licence notice
 
 (:mod:`~classifier.encoders.version_format` owns these names, the id and the checks that
 read them, without importing an encoder.)
@@ -61,7 +64,7 @@ import threading
 import time
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -111,7 +114,9 @@ def _brief(exc: BaseException) -> str:
 
 def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str], *, quantize: bool,
                    max_length: int | None = None, pooling: str = "mean", num_threads: int | None = None,
-                   int8_min_cosine: float = INT8_MIN_COSINE) -> EncoderExport:
+                   int8_min_cosine: float = INT8_MIN_COSINE, query_prefix: str = "",
+                   int8_keep_fp32: Callable[[Path], list[str]] | None = None,
+                   extra_files: Sequence[Path] = ()) -> EncoderExport:
     """Export the Hugging Face encoder in ``hf_dir`` to ONNX into ``dest`` (created; it must
     not exist or be empty), checked against torch; see the module docs.
 
@@ -132,6 +137,14 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         Masked mean pooling and L2 normalisation (the only pooling supported here).
     num_threads : int, optional
         onnxruntime threads for the checks.
+    query_prefix : str
+        Put before every text when served (e5's ``query: ``, what the tuner put before
+        them); recorded as ``query_prefix`` and part of the id. ``""``: none, not recorded.
+    int8_keep_fp32 : callable, optional
+        Nodes of ``model.onnx`` the int8 copy leaves fp32 (e5's FFN down-projections).
+    extra_files : paths
+        Files copied into the directory as they are (a licence notice); hashed in the
+        version's manifest like the others.
 
     Raises
     ------
@@ -167,7 +180,7 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         served, note = FP32_FILE, ""
         if quantize:
             try:
-                int8_cosine = onnx_runner.quantize_export(tmp)
+                int8_cosine = onnx_runner.quantize_export(tmp, int8_keep_fp32)
             except Exception as exc:  # noqa: BLE001 - fp32 is verified: serve it
                 note = f"int8 quantization failed ({_brief(exc)})"
             else:
@@ -182,8 +195,12 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         for p in list(tmp.iterdir()):   # only the served graph travels (and its external data, if any)
             if p.name not in keep and not (served == FP32_FILE and p.name.startswith(FP32_FILE + ".")):
                 p.unlink() if p.is_file() else shutil.rmtree(p)
+        for extra in extra_files:
+            shutil.copyfile(extra, tmp / Path(extra).name)
         manifest.update({"served": served, "int8_not_served": note or None,
                          "total_seconds": round(time.perf_counter() - t0, 3)})
+        if query_prefix:
+            manifest["query_prefix"] = query_prefix
         manifest["encoder_id"] = content_id(file_sha256(tmp / served), file_sha256(tmp / TOKENIZER), manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         for p in tmp.iterdir():   # mkdtemp/mkstemp make owner-only files
@@ -242,6 +259,8 @@ class VersionEncoderEmbedder(LazyEmbedder):
             raise EmbedderError(f"{self.directory}: not a version encoder: {exc}") from None
         self._id = str(self.manifest["encoder_id"])
         self._dim = int(self.manifest["dim"])
+        #: put before every text (the export's ``query_prefix``: what its tuning used)
+        self.query_prefix = str(self.manifest.get("query_prefix") or "")
         self._load_lock = threading.Lock()
         #: cosine of the probe vector at load to the one recorded at export (None before loading)
         self.probe_cosine: float | None = None
@@ -307,4 +326,8 @@ class VersionEncoderEmbedder(LazyEmbedder):
             if not cos >= onnx_runner.MIN_COSINE:
                 raise EmbedderError(f"{d}: the probe vector changed (cosine {cos:.6f} to the one recorded at export)")
         self.probe_cosine = cos
+        if self.query_prefix:   # the probe above checks the graph itself, as exported (no prefix)
+            from flywheel.classifier.encoders.embedders import _PrefixRunner
+
+            return _PrefixRunner(runner, self.query_prefix)
         return runner

@@ -53,7 +53,10 @@ def file_sha256(path: Path) -> str:
 def content_id(graph_sha256: str, tokenizer_sha256: str, manifest: dict[str, Any]) -> str:
     """``tuned:<16 hex>``: the encoder id of a served graph, its tokenizer and the export
     recipe recorded in ``manifest`` (see :mod:`classifier.encoders.version_encoder`)."""
-    recipe = json.dumps({k: manifest.get(k) for k in _RECIPE}, sort_keys=True)
+    fields = {k: manifest.get(k) for k in _RECIPE}
+    if manifest.get("query_prefix"):   # e5's "query: " (absent before it existed: those ids unchanged)
+        fields["query_prefix"] = manifest["query_prefix"]
+    recipe = json.dumps(fields, sort_keys=True)
     digest = hashlib.sha256(f"{graph_sha256}\n{tokenizer_sha256}\n{recipe}".encode()).hexdigest()
     return f"{ID_PREFIX}{digest[:16]}"
 

@@ -223,19 +223,22 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     classifier.errors.EmbedderError
         The export did not match torch.
     """
-    from flywheel.training.tuner.finetune import EncoderTuner, TuningError, tunable_base
+    from flywheel.training.tuner.finetune import EncoderTuner, TuningError, tunable_base, tuning_recipe
 
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     if tune.objective == ADAPTER:
         return adapt_and_export(texts, labels, settings, tune, work, sample_weight=sample_weight, progress=progress)
     base = tunable_base(settings)
+    recipe = tuning_recipe(settings)
 
     def tuner_for(budget_s: float) -> EncoderTuner:
         return EncoderTuner(base, objective=tune.objective, epochs=tune.epochs,
                             batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
                             budget_s=budget_s, seed=tune.seed, device=settings.device, progress=progress,
-                            hard_pairs=hard_pairs, num_threads=settings.num_threads)
+                            hard_pairs=hard_pairs, num_threads=settings.num_threads,
+                            query_prefix=recipe["query_prefix"],
+                            freeze_word_embeddings=recipe["freeze_word_embeddings"])
 
     t_start = time.perf_counter()
     calibration = resolve_calibration(tune.calibration, sum(1 for y in labels if tune_on_oos or y is not None))
@@ -271,7 +274,9 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
             progress("exporting the tuned encoder to ONNX (checked against torch) ...")
         # served with the base encoder's token limit (tuning truncates at tune.max_length for speed)
         export = export_encoder(hf, work / "encoder", quantize=bool(quantize), max_length=base_max_length(base),
-                                num_threads=settings.num_threads)
+                                num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
+                                int8_keep_fp32=_int8_keep_fp32(settings),
+                                extra_files=[base / recipe["licence"]] if recipe["licence"] else ())
     finally:
         shutil.rmtree(hf, ignore_errors=True)
     embedder = VersionEncoderEmbedder(export.path, batch_size=settings.batch_size, max_chars=settings.max_chars,
@@ -286,6 +291,15 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         report["seconds"] = round(time.perf_counter() - t_start - export.seconds, 2)
         report["stopped_early"] = bool(report["stopped_early"] or any(h["stopped_early"] for h in half_reports))
     return TunedEncoder(embedder, export, report, fit_only, views)
+
+
+def _int8_keep_fp32(settings: EmbedderSettings) -> Callable[[Path], list[str]] | None:
+    """The nodes a tuned encoder's int8 copy keeps fp32: e5's FFN down-projections, as its base serves."""
+    if (settings.backend or "").strip().lower() == "e5-multilingual":
+        from flywheel.classifier.encoders.e5_convert import ffn_down_projections
+
+        return ffn_down_projections
+    return None
 
 
 def _crossfit_views(texts: Sequence[str], labels: Sequence[str | None], tuner_for: Callable[[float], Any],

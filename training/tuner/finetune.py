@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from flywheel.classifier.intents import EmbedderSettings
 
 __all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows",
-           "plan_batches", "tunable_base"]
+           "plan_batches", "tunable_base", "tuning_recipe"]
 
 OBJECTIVES = ("cross_entropy", "contrastive")
 CHUNK = 4           # rows of one intent kept together in a batch (contrastive, hard pairs)
@@ -181,10 +181,14 @@ def _supcon(v: Any, y: Any, anchor: Any, weight: Any, temperature: float) -> Any
 def tunable_base(settings: EmbedderSettings) -> Path:
     """The model directory an intent set's ``embedder`` settings
     (:class:`~classifier.intents.EmbedderSettings`) can be tuned from: MiniLM's for
-    ``minilm``, the directory of a mean-pooling ``sentence-transformers`` model.
+    ``minilm``, the converted multilingual-e5-small for ``e5-multilingual`` (from the
+    machine cache, converted on first use; see :func:`tuning_recipe` for its prefix and
+    frozen word embeddings), the directory of a mean-pooling ``sentence-transformers`` model.
 
     Raises
     ------
+    EmbedderError
+        ``e5-multilingual`` without its package, or a failed conversion.
     TuningError
         A backend that cannot be fine-tuned in place (``use-multilingual`` runs in numpy;
         ``bge-m3`` pools CLS), or MiniLM with ``embedder.layers`` (tuning pools the last
@@ -195,6 +199,10 @@ def tunable_base(settings: EmbedderSettings) -> Path:
         if getattr(settings, "layers", None):
             raise TuningError("the tuned encoder mean-pools the last layer only: unset embedder.layers to tune it")
         return minilm_model_dir()
+    if backend == "e5-multilingual":
+        from flywheel.classifier.encoders.e5_convert import ensure_e5_model
+
+        return ensure_e5_model()
     if backend == "sentence-transformers" and settings.model:
         path = Path(settings.model).expanduser()
         pooling = path / "1_Pooling" / "config.json"
@@ -206,8 +214,22 @@ def tunable_base(settings: EmbedderSettings) -> Path:
                 return path
         raise TuningError(f"{path} is not a mean-pooling sentence-transformers directory: it cannot be tuned here")
     raise TuningError(f"embedder.backend {backend!r} cannot be fine-tuned in place (tuning needs a BERT-like "
-                      "mean-pooling encoder: minilm, or a sentence-transformers directory); "
+                      "mean-pooling encoder: minilm, e5-multilingual, or a sentence-transformers directory); "
                       "embedder.tune.objective: adapter trains an adapter on its frozen vectors instead")
+
+
+def tuning_recipe(settings: EmbedderSettings) -> dict[str, Any]:
+    """What tuning :func:`tunable_base`'s model takes beyond its weights: ``query_prefix``
+    (e5's ``query: ``, put before every text by the tuner and, recorded in the export, by
+    serving) and ``freeze_word_embeddings`` (e5: its 250k x 384 token table stays as
+    converted, as in the e5 probe), ``licence`` (a notice file the tuned version carries, or
+    ``None``). Other backends: no prefix, nothing frozen, no notice (as before)."""
+    backend = (getattr(settings, "backend", "") or "").strip().lower()
+    if backend == "e5-multilingual":
+        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX
+
+        return {"query_prefix": QUERY_PREFIX, "freeze_word_embeddings": True, "licence": "LICENSE-NOTICE.txt"}
+    return {"query_prefix": "", "freeze_word_embeddings": False, "licence": None}
 
 
 class EncoderTuner:
@@ -255,6 +277,11 @@ class EncoderTuner:
         torch's intra-op threads while ``fit`` runs (restored afterwards; torch's setting is
         process-wide). ``None`` leaves it alone. One thread is far faster for tiny models and
         on a CPU other processes share (the threads' barriers spin).
+    query_prefix : str
+        Put before every text in ``fit`` and by :meth:`embedder` (e5's ``query: ``:
+        :func:`tuning_recipe`); recorded in ``report_`` and the id. ``""``: none.
+    freeze_word_embeddings : bool
+        Keep the token-embedding matrix as loaded (no gradient, not in the optimiser).
 
     Attributes
     ----------
@@ -289,7 +316,8 @@ class EncoderTuner:
                  budget_s: float | None = 600.0,
                  hard_pairs: Sequence[tuple[str | None, str | None]] | None = None, seed: int = 0,
                  device: str | None = None, progress: Callable[[str], None] | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, query_prefix: str = "",
+                 freeze_word_embeddings: bool = False) -> None:
         self.base_model = base_model
         self.objective = objective
         self.epochs = epochs
@@ -307,6 +335,8 @@ class EncoderTuner:
         self.device = device
         self.progress = progress
         self.num_threads = num_threads
+        self.query_prefix = query_prefix
+        self.freeze_word_embeddings = freeze_word_embeddings
 
     # ---------------------------------------------------------------- checking
     def _check_params(self) -> None:
@@ -373,6 +403,7 @@ class EncoderTuner:
         t0 = time.perf_counter()
         self._check_params()
         texts, labels, w = self._check_data(texts, labels, sample_weight)
+        texts = [self.query_prefix + t for t in texts] if self.query_prefix else texts
         hub_offline()
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -410,6 +441,8 @@ class EncoderTuner:
                 torch.manual_seed(int(self.seed))
                 tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
                 model = AutoModel.from_pretrained(str(base), local_files_only=True).float().to(device)
+                if self.freeze_word_embeddings:
+                    model.get_input_embeddings().weight.requires_grad_(False)
                 losses, stopped, epochs_done = self._train(model, tokenizer, texts, y, w, classes, oos_index,
                                                            plan, total, device, t0)
         finally:
@@ -430,6 +463,7 @@ class EncoderTuner:
             "loss_last": round(float(np.mean(losses[-window:])), 4) if losses else None,
             "base_model": str(base), "encoder_id": self.encoder_id_,
             "hard_pairs_used": len(pairs), "hard_pairs_skipped": skipped,
+            "query_prefix": self.query_prefix, "word_embeddings_frozen": bool(self.freeze_word_embeddings),
         }
         if stopped:
             self._say(f"tuning stopped by its budget ({self.budget_s:g} s) after {len(losses)} of {total} steps")
@@ -448,6 +482,8 @@ class EncoderTuner:
         decay: list[torch.nn.Parameter] = []
         no_decay: list[torch.nn.Parameter] = []
         for name, p in model.named_parameters():
+            if not p.requires_grad:   # the frozen word embeddings
+                continue
             (no_decay if p.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(p)
         groups: list[dict[str, Any]] = [
             {"params": decay, "weight_decay": float(self.weight_decay), "lr": float(self.learning_rate)},
@@ -530,8 +566,10 @@ class EncoderTuner:
 
     def _content_hash(self) -> str:
         h = hashlib.sha256()
-        h.update(json.dumps({"pooling": "mean", "normalize": True, "max_length": int(self.max_length)},
-                            sort_keys=True).encode())
+        recipe: dict[str, Any] = {"pooling": "mean", "normalize": True, "max_length": int(self.max_length)}
+        if self.query_prefix:
+            recipe["query_prefix"] = self.query_prefix
+        h.update(json.dumps(recipe, sort_keys=True).encode())
         for name, tensor in sorted(self.model_.state_dict().items()):
             h.update(name.encode())
             h.update(tensor.detach().cpu().float().contiguous().numpy().tobytes())
@@ -544,7 +582,8 @@ class EncoderTuner:
         fp32, the pooling MeanPoolRunner uses): the offline side can encode with the tuned
         encoder before it is exported."""
         self._check_fitted()
-        return TunedEmbedder(self.model_, self.tokenizer_, int(self.max_length), self.encoder_id_)
+        return TunedEmbedder(self.model_, self.tokenizer_, int(self.max_length), self.encoder_id_,
+                             query_prefix=self.query_prefix)
 
     def save(self, directory: str | Path) -> Path:
         """Write the tuned encoder as a Hugging Face model directory: ``config.json``,
@@ -585,8 +624,9 @@ class TunedEmbedder:
     pooling, on CPU."""
 
     def __init__(self, model: Any, tokenizer: Any, max_length: int, encoder_id: str,
-                 batch_size: int = 64) -> None:
+                 batch_size: int = 64, *, query_prefix: str = "") -> None:
         self.model = model
+        self.query_prefix = query_prefix
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.batch_size = batch_size
@@ -606,6 +646,8 @@ class TunedEmbedder:
         items = check_texts(texts)
         if not items:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self.query_prefix:
+            items = [self.query_prefix + t for t in items]
         with self._lock:
             out = _encode(self.model, self.tokenizer, items, self.max_length, "cpu", batch_size or self.batch_size)
         return np.ascontiguousarray(out, dtype=np.float32)
