@@ -35,6 +35,14 @@ serving thresholds, so the comparison is paired. With ``tolerance`` (``--toleran
    its encoder for no measured gain. Between models of one size (both or neither carry an
    encoder), or with a smaller challenger, a tie promotes as before.
 
+6. **per language**: where the gate rows carry two logged languages or more, rules 1 and 2
+   (the same paired accuracy check) on each language's rows with at least
+   :data:`MIN_GATE_ROWS` of them: a challenger better overall but worse in one language
+   beyond the tolerance (or worse there on too few rows to bound the drop) is kept, and
+   the reason names the language. A language with fewer rows is listed, not gated (a note
+   says so). Rows without a language (intent-file examples, decisions logged before the
+   language column) count only overall; with one language or none the gate is as above.
+
 A **changed intent set** (:func:`decide_changed`) is gated the other way round, on the rows
 of the intents both sets share: the champion cannot serve the new intent file, so the
 challenger is kept out only when it is *measurably* worse there: when, for accuracy (for
@@ -171,15 +179,54 @@ def _paired_check(metric: str, a: Any, b: Any, pair: dict[str, Any], tolerance: 
     return check, why
 
 
+def _language_checks(r_ch: np.ndarray, r_cp: np.ndarray, langs: list[str | None] | None,
+                     declared: tuple[str, ...] | list[str], gate_name: str, tolerance: float,
+                     notes: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rule 6: the paired accuracy check of rules 1 and 2 (:func:`_paired_check` on
+    :func:`paired_drop`) on each language's gate rows, for a language with at least
+    :data:`MIN_GATE_ROWS` of them (fewer: listed, not gated, and a note says so). Only when
+    the rows carry two languages or more (one language, or none: ``[]``, as before); rows
+    without one count only overall. ``(checks, reasons)``: each check has ``language``."""
+    present = sorted({v for v in langs or () if v})
+    if len(present) < 2:
+        return [], []
+    assert langs is not None
+    row_langs = np.array([v or "" for v in langs], dtype=object)
+    checks: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for lang in [x for x in declared if x in present] + [x for x in present if x not in declared]:
+        mask = row_langs == lang
+        n = int(mask.sum())
+        a, b = _accuracy(r_ch[mask]), _accuracy(r_cp[mask])
+        if n < MIN_GATE_ROWS:
+            pair = paired_drop(r_ch[mask], r_cp[mask])
+            checks.append({"metric": "accuracy", "language": lang, "challenger": a, "champion": b, **pair,
+                           "tolerance": tolerance, "gated": False, "ok": True,
+                           "note": f"not gated (n < {MIN_GATE_ROWS})"})
+            notes.append(f"accuracy in language {lang} not gated: {n} {gate_name} queries (< {MIN_GATE_ROWS}); "
+                         f"challenger {_f(a)} vs champion {_f(b)}")
+            continue
+        check, why = _paired_check(f"accuracy in language {lang}", a, b, paired_drop(r_ch[mask], r_cp[mask]),
+                                   tolerance, f"{lang} {gate_name} queries")
+        checks.append({**check, "metric": "accuracy", "language": lang, "gated": True})
+        if why:
+            failed.append(why)
+    return checks, failed
+
+
 def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, Any], cp: dict[str, Any] | None,
            data: LabelledSet | None, gate_name: str, tolerance: float,
-           notes: list[str], champion_data: LabelledSet | None = None) -> tuple[str, str, list[dict[str, Any]]]:
+           notes: list[str], champion_data: LabelledSet | None = None,
+           langs: list[str | None] | None = None,
+           declared: tuple[str, ...] | list[str] = ()) -> tuple[str, str, list[dict[str, Any]]]:
     """``(outcome, reason, checks)`` for the challenger's and champion's metrics ``ch`` and
     ``cp`` (per set, from :func:`evaluate_layer2`, with ``llm_share`` and ``llm_share_on``)
     on the gate set ``data`` named ``gate_name`` (the rule: see the module docs). Appends
     to ``notes`` what was not gated. ``reason`` is one line. ``champion_data``: the same
     rows with the champion's vectors when its encoder is not the challenger's (default
-    ``data``)."""
+    ``data``). ``langs``: one logged language per gate row (``None`` where a row has none,
+    or as a whole) for rule 6, in the order of ``declared`` (the intent set's languages);
+    its checks come last in ``checks``, each with ``language``."""
     checks: list[dict[str, Any]] = []
     if cp is None or champion is None or data is None:
         return "promoted", "no usable champion: first model", checks
@@ -194,6 +241,8 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     if list(cp_data.labels) != truth:
         raise ValueError("champion_data must be the gate rows, in the same order")
     r_cp = np.array([p == y for p, y in zip(layer2_predict(champion, cp_data.vectors).labels, truth)], dtype=bool)
+    if langs is not None and len(langs) != len(truth):
+        raise ValueError("langs must give one language (or None) per gate row")
     oos = np.array([y is None for y in truth], dtype=bool)
     failed: list[str] = []
     paired = [("accuracy", np.ones_like(oos), f"{gate_name} queries")]
@@ -218,13 +267,16 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
             failed.append(f"LLM share {_pct(s_ch)} > champion {_pct(s_cp)} + tolerance {tolerance:g} "
                           f"(n={n_share:,} {on} queries) without a significant accuracy gain "
                           f"({acc['better']} better, {acc['worse']} worse); keeping the champion")
+    by_lang, lang_failed = _language_checks(r_ch, r_cp, langs, declared, gate_name, tolerance, notes)
+    checks += by_lang
+    failed += lang_failed
     if failed:
         return "kept", failed[0], checks
     tie = _tie_to_the_smaller(challenger, champion, checks, tolerance)
     if tie is not None:
         return "kept", tie, checks
     parts = [f"{c['metric']} {_f(c['challenger'])} vs {_f(c['champion'])} ({c['worse']} worse, {c['better']} "
-             f"better of {c['n']:,})" for c in checks if "worse" in c]
+             f"better of {c['n']:,})" for c in checks if "worse" in c and "language" not in c]
     parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])} (n={c['n']:,} {c['set']} queries"
               + ("; a rise traded for a significant accuracy gain)" if c["traded_for_accuracy"] else ")")
               for c in checks if c["metric"] == "llm_share"]

@@ -23,7 +23,8 @@ if TYPE_CHECKING:   # the run's records load with the retrain, not with the CLI 
 
 __all__ = ["RetrainResult", "fmt_value", "fmt_share", "fmt_n", "figures_line", "jsonable", "render_markdown",
            "challenger_lines", "intent_change_lines", "teacher_markdown", "write_reports", "model_metrics",
-           "with_run_metrics", "run_timing", "challengers_section", "run_report", "teacher_fields"]
+           "with_run_metrics", "run_timing", "challengers_section", "run_report", "teacher_fields",
+           "gate_by_language", "gate_language_markdown"]
 
 
 @dataclass
@@ -304,6 +305,7 @@ def render_markdown(result: RetrainResult) -> str:
              f"tolerance {r['gate']['tolerance']:g}"]
     lines += [f"- note: {n}" for n in r.get("notes", [])]
     lines += intent_change_lines(r, "- ")
+    lines += gate_language_markdown(r)
     for part in ("eval", "recent") + tuple(k for k in ("eval_traffic", "shared", "recent_shared") if k in ch):
         c = ch.get(part) or {}
         p = cp.get(part) if cp else None
@@ -365,6 +367,21 @@ def render_markdown(result: RetrainResult) -> str:
             lines.append(f"- re-encoding the evaluation sets with the champion's own encoder "
                          f"{tm['champion_reencode_seconds']}s")
     return "\n".join(lines)
+
+
+def gate_language_markdown(r: dict[str, Any]) -> list[str]:
+    """The gate's per-language accuracy (``gate.by_language``): each language's n, both
+    models' accuracy, and whether it was gated (empty with one language or none)."""
+    by = (r.get("gate") or {}).get("by_language") or {}
+    if not by:
+        return []
+    lines = ["", f"## Gate by language (`{r['gate']['set']}` set)", "",
+             "| language | queries | champion | challenger | worse | better | gated |", "|---|---|---|---|---|---|---|"]
+    for lang, c in by.items():
+        gated = ("ok" if c["ok"] else "**failed**") if c["gated"] else c.get("note", "not gated")
+        lines.append(f"| {lang} | {c['n']:,} | {fmt_value(c['champion'])} | {fmt_value(c['challenger'])} | "
+                     f"{c['worse']} | {c['better']} | {gated} |")
+    return lines
 
 
 def write_reports(path: Path, result: RetrainResult) -> None:
@@ -468,7 +485,8 @@ def run_report(job: Job, name: str, run_at: float, outcome: str, reason: str, ch
         "created_at": datetime.fromtimestamp(run_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "champion_version": champion.version if champion else None,
         "notes": job.notes,
-        "gate": {"set": ev.gate, "n": ev.challenger["n"], "tolerance": job.opts.tolerance, "checks": checks},
+        "gate": {"set": ev.gate, "n": ev.challenger["n"], "tolerance": job.opts.tolerance, "checks": checks,
+                 **gate_by_language(checks)},
         "challenger": ev.challenger, "champion": ev.champion,
         "thresholds": thresholds,
         "dataset": ts.report,
@@ -477,6 +495,14 @@ def run_report(job: Job, name: str, run_at: float, outcome: str, reason: str, ch
         **teacher_fields(job),
         **extra,
     }
+
+
+def gate_by_language(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``gate.by_language``: the gate's per-language checks (rule 6 of :mod:`training.gate`)
+    by language, each with its n; nothing when the gate had none (one language or none)."""
+    by = {c["language"]: {k: v for k, v in c.items() if k not in ("language", "metric")}
+          for c in checks if "language" in c}
+    return {"by_language": by} if by else {}
 
 
 def teacher_fields(job: Job) -> dict[str, Any]:

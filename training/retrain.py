@@ -511,9 +511,11 @@ def _decide(job: Job, challenger: IntentModel, champion: IntentModel | None,
         return decide_changed(challenger, champion, ev.sets["shared"], ev.champion_sets["shared"],
                               ev.sets[share_on], ev.champion_sets[share_on], job.opts.tolerance, job.notes,
                               ev.change.words())
-    return decide(challenger, champion, ev.challenger, ev.champion,
-                  ev.sets[ev.gate] if ev.champion else None, ev.gate, job.opts.tolerance, job.notes,
-                  champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None)
+    rows = ev.sets[ev.gate] if ev.champion else None
+    return decide(challenger, champion, ev.challenger, ev.champion, rows, ev.gate, job.opts.tolerance, job.notes,
+                  champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None,
+                  langs=_gate_languages(job.store, rows) if rows is not None and len(rows) else None,
+                  declared=job.intents.languages)
 
 
 def _result(job: Job, report: dict[str, Any]) -> RetrainResult:
