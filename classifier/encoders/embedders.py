@@ -53,7 +53,8 @@ from flywheel.classifier.encoders.torch_runner import (
 )
 from flywheel.classifier.errors import EmbedderError
 
-__all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder", "E5Embedder"]
+__all__ = ["MiniLMEmbedder", "SentenceTransformerEmbedder", "BGEM3Embedder", "USEMultilingualEmbedder", "E5Embedder",
+           "PrefixRunner"]
 
 
 def _st_onnx_pooling(path: Path) -> str:
@@ -561,7 +562,7 @@ class USEMultilingualEmbedder(_LazyEmbedder):
         return USERunner(self.cache_dir)
 
 
-class _PrefixRunner(Runner):
+class PrefixRunner(Runner):
     """A runner that puts ``prefix`` before every text (e5's ``query: ``)."""
 
     def __init__(self, inner: Runner, prefix: str) -> None:
@@ -622,7 +623,7 @@ class E5Embedder(_LazyEmbedder):
                                   self.pack_weights)
 
         if self.runtime != "onnx":
-            return _PrefixRunner(torch_runner(), QUERY_PREFIX)
+            return PrefixRunner(torch_runner(), QUERY_PREFIX)
         from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
@@ -633,4 +634,4 @@ class E5Embedder(_LazyEmbedder):
                                   max_length=self.max_length, num_threads=self.num_threads,
                                   quantize=self.quantize, cache_dir=self.onnx_cache_dir,
                                   int8_keep_fp32=ffn_down_projections)
-        return _PrefixRunner(runner, QUERY_PREFIX)
+        return PrefixRunner(runner, QUERY_PREFIX)

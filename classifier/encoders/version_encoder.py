@@ -327,7 +327,7 @@ class VersionEncoderEmbedder(LazyEmbedder):
                 raise EmbedderError(f"{d}: the probe vector changed (cosine {cos:.6f} to the one recorded at export)")
         self.probe_cosine = cos
         if self.query_prefix:   # the probe above checks the graph itself, as exported (no prefix)
-            from flywheel.classifier.encoders.embedders import _PrefixRunner
+            from flywheel.classifier.encoders.embedders import PrefixRunner
 
-            return _PrefixRunner(runner, self.query_prefix)
+            return PrefixRunner(runner, self.query_prefix)
         return runner

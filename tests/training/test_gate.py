@@ -8,26 +8,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from flywheel.classifier.head import IntentHead
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
-from flywheel.training.gate import decide, decide_changed, drop_lower, evaluate_layer2, paired_drop
-from flywheel.training.layer2 import layer2_predict
+from flywheel.training.gate import decide, decide_changed, drop_lower, paired_drop
 from flywheel.training.rows import LabelledSet
-from tests.support.fakes import HashEmbedder
-from tests.support.worlds import INTENT_DOC, sample
+from tests.support.gates import gate_metrics as metrics
+from tests.support.gates import heads_that_disagree
 
 
 @pytest.fixture(scope="module")
 def pair():
     """Two heads that disagree on some queries, and their predictions on 1,500 queries."""
-    intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
-    champion = fit_model(intents, embedder=HashEmbedder())
-    challenger = fit_model(intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
-    texts = [t for t, _ in sample(1500, 11)]
-    X = HashEmbedder().encode(texts)
-    p_cp, p_ch = layer2_predict(champion, X).labels, layer2_predict(challenger, X).labels
-    return champion, challenger, texts, X, list(p_cp), list(p_ch)
+    return heads_that_disagree()
 
 
 def gate_set(pair, n: int, worse: int, better: int, oos: bool = True) -> LabelledSet:
@@ -42,13 +32,6 @@ def gate_set(pair, n: int, worse: int, better: int, oos: bool = True) -> Labelle
     labels = [p_cp[i] for i in differ[:worse]] + [p_ch[i] for i in differ[worse:worse + better]] + \
         [p_cp[i] for i in agree[:n - worse - better]]
     return LabelledSet([texts[i] for i in idx], labels, X[idx], ["human"] * n, [None] * n)
-
-
-def metrics(model, data: LabelledSet) -> dict:
-    """What the retrain job hands the gate (training.report.model_metrics), on one set."""
-    per = evaluate_layer2(model, data)
-    return {"version": model.version, "n": per["n"], "accuracy": per["accuracy"], "oos_recall": per["oos_recall"],
-            "llm_share": per["llm_share"], "llm_share_on": "eval", "eval": per}
 
 
 def gate(pair, data: LabelledSet, tolerance: float = 0.01, ch: dict | None = None, cp: dict | None = None):

@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.classifier.head import IntentHead
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
 from flywheel.training.gate import MIN_GATE_ROWS, decide
-from flywheel.training.layer2 import layer2_predict
 from flywheel.training.report import gate_by_language, gate_language_markdown
 from flywheel.training.rows import LabelledSet
-from tests.support.fakes import HashEmbedder
-from tests.support.worlds import INTENT_DOC, sample
-from tests.training.test_gate import metrics
+from tests.support.gates import gate_metrics as metrics
+from tests.support.gates import heads_that_disagree
 
 
 @pytest.fixture(scope="module")
 def pair():
     """Two heads that disagree on some queries, and their predictions on 1,500 queries."""
-    intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
-    champion = fit_model(intents, embedder=HashEmbedder())
-    challenger = fit_model(intents, embedder=HashEmbedder(), head=IntentHead(C=0.01))
-    texts = [t for t, _ in sample(1500, 11)]
-    X = HashEmbedder().encode(texts)
-    p_cp, p_ch = layer2_predict(champion, X).labels, layer2_predict(challenger, X).labels
-    return champion, challenger, texts, X, list(p_cp), list(p_ch)
+    return heads_that_disagree()
 
 
 def lang_set(pair, spec: list[tuple[str | None, int, int, int]]) -> tuple[LabelledSet, list[str | None]]:
