@@ -356,3 +356,17 @@ def test_a_content_length_that_is_not_a_whole_number_is_a_400(store, length):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_the_served_column_shows_layer_2s_own_answer_where_it_differs(tmp_path):
+    """A teacher_vs_l2 row says what layer 2 answered: the served label is the teacher's, so
+    without it the row shows no disagreement at all (seen in a screenshot)."""
+    store = LogStore(tmp_path / "log.duckdb")
+    differs, agrees = "1" * 32, "2" * 32
+    write(store, [review_record(differs, "is it sunny", "PLATFORM", l2=None, teacher=teacher_call("PLATFORM")),
+                  review_record(agrees, "my plan", "PLATFORM", layer=Layer.EMBEDDING, l2="PLATFORM",
+                                degraded="teacher down")])
+    page, parsed = _page(_app(store))
+    by_id = {it["decision_id"]: row for it, row in zip(_script_data(page)["items"], parsed.rows)}
+    assert "layer 2: OUT_OF_SCOPE" in by_id[differs][2]
+    assert "layer 2" not in by_id[agrees][2]
