@@ -19,7 +19,9 @@ files of ``encoder/`` are recorded with their sha256 in :attr:`Manifest.encoder_
 (written only when present, so a replica of an earlier release reads the manifest and
 ignores them, then refuses the version for its encoder id), :meth:`Manifest.files` lists
 them, so every verifier (install, publish, download, promote, rollback) hashes them too,
-and :attr:`IntentModel.encoder_dir` points at them once loaded.
+and :attr:`IntentModel.encoder_dir` points at them once loaded. The large weights such an
+encoder names as shared blobs (:mod:`classifier.encoders.blobs`: e5's token table) live
+once in ``blobs/`` beside the versions; loading checks each one's SHA-256 too.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ HEAD_FILE = "head.joblib"
 SERVING_HEAD_FILE = "head.npz"
 INTENTS_FILE = "intents.yaml"
 ENCODER_DIR = "encoder"            # a version's own encoder (classifier.encoders.version_encoder)
+BLOBS_DIR = "blobs"                # beside the versions: their encoders' shared weights (classifier.encoders.blobs)
 _ENCODER_FILE = re.compile(rf"{ENCODER_DIR}/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -261,13 +264,21 @@ def _check_encoder(d: Path, manifest: Manifest) -> Path | None:
     if cid != manifest.encoder.get("id") or dim != int(manifest.encoder.get("dim", -1)):
         raise ModelError(f"{enc}: the encoder is {cid} ({dim}-d), the head was trained with "
                          f"{manifest.encoder.get('id')!r} ({manifest.encoder.get('dim')}-d)")
+    from flywheel.classifier.encoders.blobs import check_blobs, version_blobs
+
+    try:   # the shared weights it names (the id above covers their SHA-256): present and intact
+        check_blobs(enc, version_blobs(d))
+    except EmbedderError as exc:
+        raise ModelError(str(exc)) from None
     return enc
 
 
-def _copy_encoder(src: Path, dst: Path, manifest: Manifest) -> dict[str, str]:
-    """Copy the encoder export ``src`` into ``dst`` (a version being saved); return
-    ``{"encoder/<file>": sha256}`` of the copies. The export must be the encoder the head was
-    trained with (its id and dim in ``manifest``)."""
+def _copy_encoder(src: Path, dst: Path, manifest: Manifest, store: Path) -> dict[str, str]:
+    """Copy the encoder export ``src`` into ``dst`` (a version being saved) and the shared
+    blobs it names into ``store`` (those not there yet); return ``{"encoder/<file>": sha256}``
+    of the copies. The export must be the encoder the head was trained with (its id and dim
+    in ``manifest``)."""
+    from flywheel.classifier.encoders.blobs import find_blob, store_blob
     from flywheel.classifier.encoders.version_format import read_export
 
     try:
@@ -285,6 +296,14 @@ def _copy_encoder(src: Path, dst: Path, manifest: Manifest) -> dict[str, str]:
         if file_sha256(dst / name) != sha:
             raise ModelError(f"{src / name}: changed while the version was saved")
         out[f"{ENCODER_DIR}/{name}"] = sha
+    for ref in export.blobs:   # content-addressed: a blob another version stored already is not written again
+        blob = find_blob(src, ref.sha256)
+        try:
+            if blob is None:
+                raise ValueError("it is missing")
+            store_blob(blob, store, ref.sha256)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{src}: cannot store encoder blob {ref.sha256} ({ref.name}): {exc}") from None
     return out
 
 
@@ -327,7 +346,8 @@ class IntentModel:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the version directory atomically (a temp dir renamed into place), with a copy
         of :attr:`encoder_dir` as ``encoder/`` when set (refused with :class:`ModelError`
-        unless it is the encoder the manifest names)."""
+        unless it is the encoder the manifest names); the shared blobs that encoder names go
+        to the store beside the version (``<home>/blobs/``, :mod:`classifier.encoders.blobs`)."""
         import joblib
 
         target = Path(directory)
@@ -346,7 +366,8 @@ class IntentModel:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
             self.manifest.intents_sha256 = file_sha256(tmp / INTENTS_FILE)
             self.manifest.encoder_files = ({} if self.encoder_dir is None
-                                           else _copy_encoder(Path(self.encoder_dir), tmp / ENCODER_DIR, self.manifest))
+                                           else _copy_encoder(Path(self.encoder_dir), tmp / ENCODER_DIR, self.manifest,
+                                                             target.parent / BLOBS_DIR))
             (tmp / MANIFEST).write_text(json.dumps(self.manifest.to_dict(), indent=2, sort_keys=False))
             if target.exists():
                 target.rmdir()

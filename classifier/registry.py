@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from flywheel.classifier.errors import FlywheelError, ModelError
-from flywheel.classifier.model import MANIFEST, IntentModel
+from flywheel.classifier.model import BLOBS_DIR, ENCODER_DIR, MANIFEST, IntentModel
 from flywheel.classifier.registry_policy import history_without, prune_plan, rollback_target
 
 log = logging.getLogger("flywheel.registry")
@@ -39,7 +39,7 @@ CURRENT = "CURRENT"
 HISTORY = "HISTORY"
 SHADOW = "SHADOW"                  # the version replicas score beside CURRENT, enforcing nothing
 LAST_RETRAIN = "LAST_RETRAIN"      # JSON: when the last retrain run finished, and what it did
-_POINTER_NAMES = (CURRENT, HISTORY, SHADOW, LAST_RETRAIN)
+_POINTER_NAMES = (CURRENT, HISTORY, SHADOW, LAST_RETRAIN, BLOBS_DIR)   # BLOBS_DIR: the shared encoder weights
 RETRAIN_LOCK = ".retrain.lock"     # the retrain lock (ModelRegistry.lock)
 POINTER_LOCK = ".current.lock"     # held for the moment CURRENT and HISTORY are compared and rewritten
 POINTER_LOCK_TIMEOUT_S = 30.0
@@ -135,7 +135,11 @@ class VersionInfo:
 
 
 class ModelRegistry:
-    """The versions under ``home`` (created on demand)."""
+    """The versions under ``home`` (created on demand), and in ``home/blobs/`` the shared
+    weights their own encoders name, once each (:mod:`classifier.encoders.blobs`)."""
+
+    #: a blob no version names is collected by :meth:`prune` once it is this old (seconds)
+    blob_grace_s: float = 3600.0
 
     def __init__(self, home: str | os.PathLike[str]) -> None:
         self.home = Path(home)
@@ -375,6 +379,7 @@ class ModelRegistry:
             return name
         IntentModel.load(src)
         self.home.mkdir(parents=True, exist_ok=True)
+        self._adopt_blobs(src)
         tmp = self.home / f".{name}.publish-{uuid.uuid4().hex[:8]}"
         try:
             shutil.copytree(src, tmp)
@@ -405,6 +410,7 @@ class ModelRegistry:
             self.home.mkdir(parents=True, exist_ok=True)
             if src.resolve().parent != self.home.resolve():   # another file system, maybe: copy in first
                 local = self.home / f".{name}.install-{uuid.uuid4().hex[:8]}"
+                self._adopt_blobs(src)
                 shutil.copytree(src, local)
                 self._delete(src)
                 src = local
@@ -435,6 +441,19 @@ class ModelRegistry:
         self._delete(src)
         return True
 
+    def _adopt_blobs(self, src: Path) -> None:
+        """Store the shared blobs the version ``src`` (verified) names in this home, those not here yet."""
+        from flywheel.classifier.encoders.blobs import find_blob, store_blob, version_blobs
+
+        for ref in version_blobs(src):
+            blob = find_blob(src / ENCODER_DIR, ref.sha256)
+            if blob is None or blob.resolve() == (self.home / BLOBS_DIR / ref.sha256).resolve():
+                continue   # here already (IntentModel.load found every blob it names)
+            try:
+                store_blob(blob, self.home / BLOBS_DIR, ref.sha256)
+            except (OSError, ValueError) as exc:
+                raise ModelError(f"{self.home}: cannot store encoder blob {ref.sha256} of {src.name}: {exc}") from None
+
     def _rename_new(self, src: Path, target: Path) -> None:
         """Rename ``src`` to ``target``, which must not exist (create-only)."""
         if target.exists() or target.is_symlink():
@@ -457,7 +476,8 @@ class ModelRegistry:
           retrain gives), promoted or not.
 
         Every other version directory is removed, kept challengers and old promotions
-        alike. Only version directories (those :meth:`versions` lists: not hidden, with a
+        alike, and then the shared blobs (``blobs/``) that no version left names and that
+        are older than :attr:`blob_grace_s`. Only version directories (those :meth:`versions` lists: not hidden, with a
         manifest) are touched; ``CURRENT``, ``HISTORY``, lock files and stray files or
         folders stay as they are. The ``HISTORY`` lines of removed versions are dropped
         first (atomically), so a rollback never points at a deleted version; then each
@@ -534,12 +554,16 @@ class ModelRegistry:
             log.warning("could not delete %s (will retry on the next prune): %s", path, exc)
 
     def _remove_leftovers(self) -> None:
-        """Finish the deletions an interrupted prune left behind (``..pruning-*``)."""
+        """Finish the deletions an interrupted prune left behind (``..pruning-*``), then
+        delete the blobs no version names (:func:`~classifier.encoders.blobs.collect_garbage`)."""
+        from flywheel.classifier.encoders.blobs import collect_garbage
+
         if not self.home.is_dir():
             return
         for p in self.home.iterdir():
             if p.name.startswith(PRUNING_PREFIX):
                 self._delete(p)
+        collect_garbage(self.home, grace_s=self.blob_grace_s)
 
 
 class ModelWatcher:

@@ -4,6 +4,8 @@ Layout, under the store's prefix::
 
     models/<version>/head.npz, head.joblib, intents.yaml   the files the manifest hashes
     models/<version>/encoder/...                         a version's own encoder, hashed too (optional)
+    models/blobs/<sha256>                                the large weights such encoders name, once each
+                                                         (fleet/blobs.py; uploaded when the bucket lacks them)
     models/<version>/report.json, report.md              the retrain's report (optional, not hashed)
     models/<version>/manifest.json                       uploaded LAST: a version is complete once it exists
     models/CURRENT                                       {"version", "history", "updated_at", "by", "generation"}
@@ -45,8 +47,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flywheel.classifier.encoders.blobs import BLOB_GRACE_S, BLOBS_DIR, version_blobs
 from flywheel.classifier.errors import FlywheelError, ModelError
-from flywheel.classifier.model import HEAD_FILE, INTENTS_FILE, MANIFEST, SERVING_HEAD_FILE, IntentModel, Manifest
+from flywheel.classifier.model import (
+    ENCODER_DIR,
+    HEAD_FILE,
+    INTENTS_FILE,
+    MANIFEST,
+    SERVING_HEAD_FILE,
+    IntentModel,
+    Manifest,
+)
 from flywheel.classifier.registry import (
     LAST_RETRAIN,
     NOTHING_TO_ROLL_BACK,
@@ -57,6 +68,7 @@ from flywheel.classifier.registry import (
     Unchecked,
 )
 from flywheel.classifier.registry_policy import check_keep_counts, history_without, prune_plan, rollback_target
+from flywheel.fleet import blobs
 from flywheel.fleet.errors import PreconditionFailed
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 
@@ -75,6 +87,7 @@ REQUIRED_FILES = (HEAD_FILE, SERVING_HEAD_FILE, INTENTS_FILE)   # a fleet versio
 DOWNLOAD_MARK = ".download-"                         # temp dirs: ``.<name>.download-<random>`` in the home
 STALE_DOWNLOAD_S = 3600.0                            # leftovers of a crashed download older than this go
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+_ENCODER_MANIFEST = f"{ENCODER_DIR}/{MANIFEST}"
 
 
 def _utcnow() -> str:
@@ -146,6 +159,8 @@ class BucketVersion:
     valid: bool
     problem: str = ""
     files: tuple[str, ...] = field(default=())
+    bytes: int = 0          # its own files in the bucket
+    blob_bytes: int = 0     # the shared blobs its encoder names (models/blobs/, stored once)
 
 
 class BucketRegistry:
@@ -161,10 +176,15 @@ class BucketRegistry:
     overwrite each other; the loser re-gates against the winner (``training.retrain``).
     """
 
+    #: a blob no version names is deleted by :meth:`prune` once it is this old (seconds)
+    blob_grace_s: float = BLOB_GRACE_S
+
     def __init__(self, objects: ObjectStore, local: ModelRegistry, *, by: str | None = None) -> None:
         self.objects = objects
         self.local = local
         self.by = by or _who()
+        #: what the last :meth:`publish` uploaded / :meth:`download` fetched of the shared blobs
+        self.last_blobs = blobs.BlobTransfer()
 
     def __repr__(self) -> str:
         return f"BucketRegistry({self.objects.cfg.location(MODELS)}, local={self.local.home})"
@@ -244,14 +264,22 @@ class BucketRegistry:
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise ModelError(f"{self.objects.cfg.location(key)}: corrupt manifest: {exc}") from None
 
-    def _files_by_version(self) -> dict[str, set[str]]:
-        """Every version folder in the bucket (complete or not) and its files."""
-        by_version: dict[str, set[str]] = {}
+    def _files_by_version(self) -> dict[str, dict[str, int]]:
+        """Every version folder in the bucket (complete or not): its files and their sizes."""
+        by_version: dict[str, dict[str, int]] = {}
         for info in self.objects.list(MODELS):
             parts = info.key.split("/")
-            if len(parts) >= 3:   # models/<version>/<file>, models/<version>/encoder/<file>
-                by_version.setdefault(parts[1], set()).add("/".join(parts[2:]))
+            if len(parts) >= 3 and parts[1] != BLOBS_DIR:   # models/<version>/<file>, .../encoder/<file>
+                by_version.setdefault(parts[1], {})["/".join(parts[2:])] = info.size
         return by_version
+
+    def _blob_refs(self, name: str, files: Any = ()) -> list[Any]:
+        """The shared blobs version ``name``'s encoder names (read from the bucket; ``[]``: none)."""
+        if files and _ENCODER_MANIFEST not in files:
+            return []
+        got = self.objects.get(self._key(name, _ENCODER_MANIFEST))
+        data = None if got is None or got is NOT_MODIFIED else got[0]
+        return blobs.refs_in(data, self.objects.cfg.location(self._key(name, _ENCODER_MANIFEST)))
 
     def versions(self) -> list[BucketVersion]:
         """Every complete version (one with a manifest), by name; partial uploads are not listed."""
@@ -265,7 +293,8 @@ class BucketRegistry:
                 m, _ = self.manifest(name)
                 problem = self._unservable(m)
                 out.append(BucketVersion(name, where, m.created_at, int(m.training_size), m.metrics,
-                                         name == current, not problem, problem, files))
+                                         name == current, not problem, problem, files, sum(by_version[name].values()),
+                                         sum(r.bytes for r in self._blob_refs(name, files))))
             except ModelError as exc:
                 out.append(BucketVersion(name, where, "", 0, {}, name == current, False, str(exc), files))
         return out
@@ -308,12 +337,15 @@ class BucketRegistry:
                              f"is already in the store; refusing to replace it")
         for fname, sha in model.manifest.files().items():
             self._put_file(name, fname, (src / fname).read_bytes(), sha)
+        # the shared blobs it names that the bucket lacks, before the manifest
+        self.last_blobs = blobs.upload_blobs(self.objects, src / ENCODER_DIR, version_blobs(src))
         for fname in REPORT_FILES:  # informational; the first upload stays
             if (src / fname).is_file():
                 self.objects.put_if_absent(self._key(name, fname), (src / fname).read_bytes())
         if remote_bytes is None:
             self._put_file(name, MANIFEST, manifest_bytes, _sha256(manifest_bytes))
-        log.info("published %s to %s", name, self.objects.cfg.location(self._key(name)))
+        log.info("published %s to %s (%d shared blob(s) uploaded, %d already there)", name,
+                 self.objects.cfg.location(self._key(name)), self.last_blobs.moved, self.last_blobs.kept)
         return name
 
     def promote(self, name: str, *, expected: str | None, verify: bool = True) -> str:
@@ -375,7 +407,8 @@ class BucketRegistry:
         still lists, fails to download (a missing file: :class:`ModelError`, as for any
         tampered version) and is deleted by the next prune. Before each version is deleted
         the pointers are read again, and a version promoted or shadowed meanwhile stays.
-        Store failures raise :class:`~fleet.errors.FleetError`."""
+        Last, the shared blobs (``models/blobs/``) no version names any more and older
+        than :attr:`blob_grace_s` are deleted. Store failures raise :class:`~fleet.errors.FleetError`."""
         check_keep_counts(keep_promoted, keep_recent)   # before any request
         by_version = self._files_by_version()
         now = self.pointer()
@@ -383,6 +416,8 @@ class BucketRegistry:
                             served=now.version, shadow=self.shadow(), keep_promoted=keep_promoted,
                             keep_recent=keep_recent)
         if dry_run or not doomed:
+            if not dry_run:
+                self._collect_blobs()
             return doomed
         gone = set(doomed)
         if any(n in gone for n in now.history):
@@ -394,12 +429,18 @@ class BucketRegistry:
             if name in (self.pointer().version, self.shadow()):   # promoted or shadowed meanwhile: leave it
                 log.warning("not pruning %s: it was promoted or shadowed while pruning", name)
                 continue
-            files = sorted(by_version[name] - {MANIFEST}) + [MANIFEST]
+            files = sorted(set(by_version[name]) - {MANIFEST}) + [MANIFEST]
             for fname in files:
                 self.objects.delete(self._key(name, fname))
             removed.append(name)
             log.info("pruned %s from %s", name, self.objects.cfg.location(self._key(name)))
+        self._collect_blobs()
         return removed
+
+    def _collect_blobs(self) -> list[str]:
+        """Delete the shared blobs no version folder (complete or not) names, past :attr:`blob_grace_s`."""
+        named = {r.sha256 for n, files in self._files_by_version().items() for r in self._blob_refs(n, files)}
+        return blobs.collect_bucket_garbage(self.objects, named, self.blob_grace_s)
 
     @contextmanager
     def lock(self, *, create: bool = True) -> Iterator[bool]:
@@ -441,11 +482,15 @@ class BucketRegistry:
                 (tmp / fname).parent.mkdir(parents=True, exist_ok=True)   # encoder/<file>
                 (tmp / fname).write_bytes(data)
             (tmp / MANIFEST).write_bytes(manifest_bytes)
+            enc = tmp / _ENCODER_MANIFEST   # the blobs it names: only those the home lacks are fetched
+            refs = blobs.refs_in(enc.read_bytes() if enc.is_file() else None, str(enc))
+            self.last_blobs = blobs.fetch_blobs(self.objects, self.local.home, refs, name)
             path = self.local.install(name, tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        log.info("downloaded %s from %s", name, self.objects.cfg.location(self._key(name)))
+        log.info("downloaded %s from %s (%d shared blob(s) fetched, %d already here)", name,
+                 self.objects.cfg.location(self._key(name)), self.last_blobs.moved, self.last_blobs.kept)
         return path
 
     # ------------------------------------------------------------------ helpers
@@ -482,6 +527,10 @@ class BucketRegistry:
             if self.objects.head(self._key(name, fname)) is None:
                 raise ModelError(f"{self.objects.cfg.location(self._key(name, fname))}: missing; cannot promote "
                                  f"{name!r}")
+        missing = blobs.missing_blobs(self.objects, self._blob_refs(name, manifest.files()))
+        if missing:
+            raise ModelError(f"{self.objects.cfg.location(missing[0])}: missing (an encoder blob of {name!r}); "
+                             f"cannot promote {name!r}")
         return manifest
 
     def _verified(self, name: str, *, verify: bool = True) -> Manifest:

@@ -303,6 +303,10 @@ def render_markdown(result: RetrainResult) -> str:
              f"- decision: {result.reason}",
              f"- gate: accuracy on the `{r['gate']['set']}` set ({r['gate']['n']:,} queries), "
              f"tolerance {r['gate']['tolerance']:g}"]
+    st = r.get("storage")
+    if st:   # training.retrain._record_storage
+        lines.append(f"- storage: {st['own_bytes']:,} bytes of its own + {st['blob_bytes']:,} bytes of shared encoder "
+                     f"blobs; a replica serving the champion downloads {st['download_bytes']:,} bytes on a promotion")
     lines += [f"- note: {n}" for n in r.get("notes", [])]
     lines += intent_change_lines(r, "- ")
     lines += gate_language_markdown(r)

@@ -536,6 +536,7 @@ def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
     publishing, and after each refused promotion, at most :data:`PROMOTE_TRIES`)."""
     path = job.registry.staging_dir(model.version)
     model.save(path)
+    _record_storage(job, champion, path, result)
     if result.outcome == "promoted":
         champion, result = _follow(job, trial, champion, result)
     if result.outcome == "promoted" and job.opts.shadow:
@@ -565,6 +566,21 @@ def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
     result = _overrule(job, result, f"champion moved during the run ({_moved(*moved)}); not overwritten")
     _write_reports(path, result)
     return result
+
+
+def _record_storage(job: Job, champion: Champion, path: Path, result: RetrainResult) -> None:
+    """``report["storage"]`` (:func:`classifier.encoders.blobs.version_storage`): the saved
+    version's own bytes, the shared encoder blobs it names, and what a replica serving the
+    champion downloads to follow a promotion to it (its files + the blobs the champion lacks)."""
+    from flywheel.classifier.encoders.blobs import version_storage
+
+    champ = champion.model.path if champion.model is not None else None
+    st = version_storage(path, [champ] if champ is not None else [])
+    result.report["storage"] = st
+    result.markdown = render_markdown(result)
+    job.say(f"{path.name}: {st['own_bytes'] / 1e6:.1f} MB of its own + {st['blob_bytes'] / 1e6:.1f} MB of shared "
+            f"encoder blobs; a replica serving {champion.name or 'nothing'} downloads "
+            f"{st['download_bytes'] / 1e6:.1f} MB to follow a promotion to it")
 
 
 def _as_shadow(job: Job, result: RetrainResult) -> RetrainResult:

@@ -179,7 +179,10 @@ class OnnxRunner(Runner):
     uses_torch = False  # _LazyEmbedder must not call torch.set_num_threads for this one
     runtime = "onnx"
 
-    def __init__(self, entry: Path, model_file: str, max_length: int | None, num_threads: int | None) -> None:
+    def __init__(self, entry: Path, model_file: str, max_length: int | None, num_threads: int | None, *,
+                 initializers: dict[str, np.ndarray] | None = None) -> None:
+        """``initializers``: arrays for the graph's external initializers (a version's shared
+        blobs, :mod:`~classifier.encoders.blobs`), kept alive with the session."""
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -201,6 +204,10 @@ class OnnxRunner(Runner):
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
+        self._external = [ort.OrtValue.ortvalue_from_numpy(a) for a in (initializers or {}).values()]
+        if self._external:
+            opts.add_external_initializers(list(initializers or {}), self._external)
+        self._arrays = initializers
         self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=["CPUExecutionProvider"])
         self.model = self.session
         self.inputs = [i.name for i in self.session.get_inputs()]

@@ -13,6 +13,11 @@ Layout of ``<version>/encoder/`` (every file hashed in the version's manifest,
                       serving puts before every text too (the probe checks the bare graph)
     LICENSE-NOTICE.txt  (e5-multilingual) the base model's MIT licence notice
 
+The served graph's initializers of at least ``split_min_bytes`` (8 MiB: e5's token table)
+are not in it but in shared blobs (:mod:`~classifier.encoders.blobs`): ``blobs`` in the
+manifest names them with their SHA-256, the id covers them, an export keeps them in its own
+``blobs/`` and a saved version in the home's ``blobs/``, stored once whichever versions name them.
+
 (:mod:`~classifier.encoders.version_format` owns these names, the id and the checks that
 read them, without importing an encoder.)
 
@@ -29,8 +34,9 @@ read them, without importing an encoder.)
   place.
 - **Id** (:func:`content_id`): ``tuned:`` + 16 hex digits of the SHA-256 of the served
   graph's SHA-256, ``tokenizer.json``'s SHA-256 and the recipe (pooling, token limit,
-  inputs, outputs, padding). Any change to the weights, the tokenizer or the recipe is a
-  new id, so vectors (a head, logged vectors, a cache) of two encoders never mix.
+  inputs, outputs, padding), and the SHA-256 of each shared blob it names. Any change to
+  the weights, the tokenizer or the recipe is a new id, so vectors (a head, logged vectors,
+  a cache) of two encoders never mix.
 - **Serving** (:class:`VersionEncoderEmbedder`): on load, the served graph and tokenizer
   must hash to the recorded id, and the probe text must encode to the recorded vector:
   cosine >= :data:`~classifier.encoders.onnx_runner.MIN_COSINE` to the one recorded at
@@ -40,9 +46,12 @@ read them, without importing an encoder.)
   :data:`INT8_CPU_SLACK`. Anything else is an :class:`~classifier.errors.EmbedderError`.
 
 **What a fleet pays to follow a promotion** of a version with its own encoder: every
-replica downloads the whole version, about 23 MB for an int8 MiniLM (about 90 MB in fp32,
-which is why only the served graph is kept), within the store client's per-request timeout
-(10 s by default: 2.3 MB/s for int8, 9 MB/s for fp32); it hashes those bytes when they
+replica downloads the version's own files plus the shared blobs it does not hold yet
+(:mod:`fleet.blobs`): about 23 MB for an int8 MiniLM, whose tuning moves its token table
+(about 90 MB in fp32, which is why only the served graph is kept); a tuned int8 e5 is about
+62 MB of its own plus a 96 MB token-table blob that every tuned e5 version shares, so only the
+first e5 promotion fetches it (BENCHMARKS.md section 18.2), within the store client's
+per-request timeout (10 s by default: 2.3 MB/s for int8, 9 MB/s for fp32); it hashes those bytes when they
 arrive and again each time the version is loaded (install, promotion, the watcher's load:
 a SHA-256 of 23 MB is some 0.05-0.1 s per pass on one core); then the watcher's thread
 opens an onnxruntime session and encodes the probe text and a warm-up query before the
@@ -50,7 +59,7 @@ swap (well under a second for MiniLM), never on a request. Until the queries tha
 on the old bundle finish, both encoders are in memory (a MiniLM int8 session is some
 tens of MB). A promotion that keeps the champion's encoder (same id) reuses the loaded
 encoder and its vector cache, but the version still carries (and replicas still download)
-its own copy of the files: the bucket holds one copy per version, so prune it.
+its own copy of the small files: the bucket holds one copy per version, so prune it.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from flywheel.classifier.encoders.base import Runner
+from flywheel.classifier.encoders.blobs import BLOBS_DIR, SPLIT_MIN_BYTES, blob_refs, load_blobs, split_graph
 from flywheel.classifier.encoders.embedders import LazyEmbedder
 from flywheel.classifier.encoders.version_format import (
     ENCODER_DIR,
@@ -116,7 +126,7 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
                    max_length: int | None = None, pooling: str = "mean", num_threads: int | None = None,
                    int8_min_cosine: float = INT8_MIN_COSINE, query_prefix: str = "",
                    int8_keep_fp32: Callable[[Path], list[str]] | None = None,
-                   extra_files: Sequence[Path] = ()) -> EncoderExport:
+                   extra_files: Sequence[Path] = (), split_min_bytes: int = SPLIT_MIN_BYTES) -> EncoderExport:
     """Export the Hugging Face encoder in ``hf_dir`` to ONNX into ``dest`` (created; it must
     not exist or be empty), checked against torch; see the module docs.
 
@@ -145,6 +155,10 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     extra_files : paths
         Files copied into the directory as they are (a licence notice); hashed in the
         version's manifest like the others.
+    split_min_bytes : int
+        Initializers of the served graph this large or larger go to shared blobs in
+        ``dest/blobs/`` (:func:`~classifier.encoders.blobs.split_graph`), recorded as
+        ``blobs``; default :data:`~classifier.encoders.blobs.SPLIT_MIN_BYTES`.
 
     Raises
     ------
@@ -195,6 +209,11 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         for p in list(tmp.iterdir()):   # only the served graph travels (and its external data, if any)
             if p.name not in keep and not (served == FP32_FILE and p.name.startswith(FP32_FILE + ".")):
                 p.unlink() if p.is_file() else shutil.rmtree(p)
+        blobs = split_graph(tmp / served, tmp / BLOBS_DIR, split_min_bytes)
+        if blobs:   # the graph is one file now: drop a large fp32 export's external data
+            for p in tmp.glob(f"{served}.*"):
+                p.unlink()
+            manifest["blobs"] = [b.record() for b in blobs]
         for extra in extra_files:
             shutil.copyfile(extra, tmp / Path(extra).name)
         manifest.update({"served": served, "int8_not_served": note or None,
@@ -204,7 +223,7 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         manifest["encoder_id"] = content_id(file_sha256(tmp / served), file_sha256(tmp / TOKENIZER), manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         for p in tmp.iterdir():   # mkdtemp/mkstemp make owner-only files
-            p.chmod(0o644)
+            p.chmod(0o755 if p.is_dir() else 0o644)
         tmp.chmod(0o755)
         if target.is_dir():
             target.rmdir()   # empty (checked above)
@@ -212,8 +231,9 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     export = read_export(target)
-    log.info("exported encoder %s from %s to %s: %s, %.1f MB, min cosine to torch %.6f%s, in %.1fs",
-             export.id, source, target, export.served, export.size_bytes / 1e6, export.cosine,
+    log.info("exported encoder %s from %s to %s: %s, %.1f MB (+ %.1f MB of shared blobs), min cosine to torch "
+             "%.6f%s, in %.1fs", export.id, source, target, export.served, export.size_bytes / 1e6,
+             export.blob_bytes / 1e6, export.cosine,
              f", int8 to fp32 {export.int8_cosine:.4f}" if export.int8_cosine is not None else "", export.seconds)
     return export
 
@@ -305,7 +325,12 @@ class VersionEncoderEmbedder(LazyEmbedder):
         if cid != self._id:
             raise EmbedderError(f"{d}: the encoder files do not match the recorded id {self._id} (they hash to "
                                 f"{cid}: corrupt or replaced)")
-        runner = onnx_runner.OnnxRunner(d, served, None, self.num_threads)
+        try:
+            refs = blob_refs(m)
+        except ValueError as exc:
+            raise EmbedderError(f"{d}: {exc}") from None
+        runner = onnx_runner.OnnxRunner(d, served, None, self.num_threads,
+                                        initializers=load_blobs(d, refs) if refs else None)
         if int(runner.dim) != self._dim:
             raise EmbedderError(f"{d}: the graph makes {runner.dim}-d vectors, the record says {self._dim}")
         now = runner.encode_batch([str(m["probe_text"])])

@@ -51,11 +51,14 @@ def file_sha256(path: Path) -> str:
 
 
 def content_id(graph_sha256: str, tokenizer_sha256: str, manifest: dict[str, Any]) -> str:
-    """``tuned:<16 hex>``: the encoder id of a served graph, its tokenizer and the export
-    recipe recorded in ``manifest`` (see :mod:`classifier.encoders.version_encoder`)."""
+    """``tuned:<16 hex>``: the encoder id of a served graph, its tokenizer, the export
+    recipe recorded in ``manifest`` and the blobs it names with their SHA-256 (see
+    :mod:`classifier.encoders.version_encoder`; an export without blobs keeps its id)."""
     fields = {k: manifest.get(k) for k in _RECIPE}
     if manifest.get("query_prefix"):   # e5's "query: " (absent before it existed: those ids unchanged)
         fields["query_prefix"] = manifest["query_prefix"]
+    if manifest.get("blobs"):   # the weights kept in shared blobs (classifier.encoders.blobs): each one's SHA-256
+        fields["blobs"] = manifest["blobs"]
     recipe = json.dumps(fields, sort_keys=True)
     digest = hashlib.sha256(f"{graph_sha256}\n{tokenizer_sha256}\n{recipe}".encode()).hexdigest()
     return f"{ID_PREFIX}{digest[:16]}"
@@ -106,6 +109,7 @@ class EncoderExport:
     int8_cosine: float | None = None
     note: str = ""
     seconds: float = 0.0
+    blobs: tuple[Any, ...] = ()   # the shared blobs it names (classifier.encoders.blobs.BlobRef)
 
     @property
     def quantized(self) -> bool:
@@ -113,8 +117,13 @@ class EncoderExport:
 
     @property
     def size_bytes(self) -> int:
-        """The bytes a version carries for this encoder (every file)."""
+        """The bytes a version carries for this encoder (every file; the blobs it names are shared)."""
         return sum((self.path / name).stat().st_size for name in self.files)
+
+    @property
+    def blob_bytes(self) -> int:
+        """The bytes of the shared blobs it names (stored once per home, whichever versions name them)."""
+        return sum(int(b.bytes) for b in self.blobs)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -130,6 +139,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     served = doc["served"]
     if served not in ((ADAPTER_FILE,) if is_adapter(doc) else (FP32_FILE, INT8_FILE)):
         raise ValueError(f"{MANIFEST} names an unknown graph file {served!r}")
+    if doc.get("blobs"):
+        from flywheel.classifier.encoders.blobs import blob_refs
+
+        blob_refs(doc)   # ValueError naming a malformed entry
     return doc
 
 
@@ -150,7 +163,14 @@ def read_export(directory: str | os.PathLike[str]) -> EncoderExport:
     return EncoderExport(id=cid, dim=int(m["dim"]), path=d, served=m["served"], files=files,
                          cosine=float(m.get("verified_min_cosine", 0.0)),
                          int8_cosine=(m.get("int8") or {}).get("min_cosine_to_fp32"),
-                         note=str(m.get("int8_not_served") or ""), seconds=float(m.get("total_seconds", 0.0)))
+                         note=str(m.get("int8_not_served") or ""), seconds=float(m.get("total_seconds", 0.0)),
+                         blobs=tuple(_blob_refs(m)))
+
+
+def _blob_refs(manifest: dict[str, Any]) -> list[Any]:
+    from flywheel.classifier.encoders.blobs import blob_refs
+
+    return blob_refs(manifest)
 
 
 def check_recorded_export(directory: str | os.PathLike[str], shas: dict[str, str]) -> tuple[str, int]:

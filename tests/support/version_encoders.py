@@ -54,3 +54,34 @@ def flip_byte(path: Path, offset: int = -100) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+#: test threshold: a tiny BERT's token table (int8, ~3.4 kB) and position table leave the graph for blobs
+TINY_SPLIT_BYTES = 3000
+
+
+def retuned_copy(src: Path, dest: Path, seed: int) -> Path:
+    """A copy of the Hugging Face model ``src`` whose transformer layers moved (a seeded
+    nudge) and whose embeddings did not: what two tunings with frozen embeddings make."""
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    shutil.copytree(src, dest)
+    model = BertModel.from_pretrained(str(src))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith("embeddings."):
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(str(dest))
+    return dest
+
+
+def sharing_exports(base: Path, n: int = 2) -> list[EncoderExport]:
+    """``n`` int8 exports of tiny BERTs that differ in every layer but share their embeddings,
+    split with :data:`TINY_SPLIT_BYTES` (so they name the same blobs)."""
+    src = build_tiny_bert(base / "bert-base", seed=0, extra_texts=DOC_TEXTS)
+    return [export_encoder(retuned_copy(src, base / f"bert-tuned-{i}", seed=i), base / f"encoder-tuned-{i}",
+                           quantize=True, split_min_bytes=TINY_SPLIT_BYTES) for i in range(n)]

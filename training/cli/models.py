@@ -88,10 +88,11 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
     reg = _site_of(cfg).registry(models)
     vs = reg.versions()
     default = _default_name_or_none(cfg)
+    sizes = {v.name: _bytes(v) for v in vs}
     if as_json:
         echo_json([{"version": v.name, "current": v.current, "default": v.name == default,
                     "created_at": v.created_at, "training_size": v.training_size, "valid": v.valid,
-                    "metrics": v.metrics} for v in vs])
+                    "metrics": v.metrics, "bytes": sizes[v.name][0], "blob_bytes": sizes[v.name][1]} for v in vs])
         return
     if not vs:
         typer.echo(f"no model versions in {_where(reg)}")
@@ -101,10 +102,45 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
         acc = v.metrics.get("oof_top1_accuracy")
         typer.echo(f"{'*' if v.current else ' '} {v.name:{width}} {v.created_at:21} n={v.training_size:<7}"
                    + (f" cv-top1={acc:.3f}" if isinstance(acc, (int, float)) else "")
+                   + f" {_mb(sizes[v.name][0])}" + (f" + {_mb(sizes[v.name][1])} shared" if sizes[v.name][1] else "")
                    + ("  (the default model)" if v.name == default else "")
                    + ("" if v.valid else f"  INVALID: {v.problem}"))
     if default is not None and default not in {v.name for v in vs}:
         typer.echo("  (the default model: flywheel models rollback --to-default serves it again)")
+    count, total = _blob_store(reg)
+    if count:
+        typer.echo(f"  shared encoder blobs: {count}, {_mb(total)}, stored once (each version: its own files "
+                   f"+ the shared blobs it names; a replica downloads only the blobs it lacks)")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _bytes(v: object) -> tuple[int, int]:
+    """(own bytes, bytes of the shared blobs it names) of a listed version, local or in the bucket."""
+    from flywheel.classifier.encoders.blobs import version_storage
+
+    if hasattr(v, "blob_bytes"):   # the bucket's BucketVersion
+        return int(getattr(v, "bytes", 0)), int(getattr(v, "blob_bytes", 0))
+    st = version_storage(Path(getattr(v, "path")))
+    return st["own_bytes"], st["blob_bytes"]
+
+
+def _blob_store(reg: Registry) -> tuple[int, int]:
+    """How many shared blobs ``reg`` holds and their bytes."""
+    from flywheel.classifier.encoders.blobs import BLOBS_DIR
+
+    if isinstance(reg, ModelRegistry):
+        files = [p for p in (reg.home / BLOBS_DIR).glob("*") if p.is_file() and not p.name.startswith(".")]
+        return len(files), sum(p.stat().st_size for p in files)
+    objects = getattr(reg, "objects", None)
+    if objects is None:
+        return 0, 0
+    from flywheel.fleet.blobs import BLOBS_PREFIX
+
+    infos = objects.list(BLOBS_PREFIX + "/")
+    return len(infos), sum(i.size for i in infos)
 
 
 @models_app.command("promote")

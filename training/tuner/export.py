@@ -283,6 +283,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                                       num_threads=settings.num_threads)
     report = {**tuner.report_, "encoder_id": export.id, "quantized": export.quantized,
               "export_seconds": round(export.seconds, 2), "encoder_bytes": export.size_bytes,
+              "encoder_blob_bytes": export.blob_bytes,   # shared (classifier.encoders.blobs), stored once per home
               "cosine_to_torch": export.cosine, "int8_cosine_to_fp32": export.int8_cosine,
               "holdout": 0.0 if crossfit else tune.holdout, "held_out_rows": int(held.sum()),
               "held_out_intents": len(calibrated), "calibration": calibration}
