@@ -34,10 +34,11 @@ ENV = {
     "log_retention_days": "FLYWHEEL_LOG_RETENTION_DAYS",
     "mask_pii": "FLYWHEEL_MASK_PII",
     "shadow_fraction": "FLYWHEEL_SHADOW_FRACTION",
+    "tune_encoder": "FLYWHEEL_TUNE_ENCODER",
 }
 _FLOATS = {"teacher_timeout_s", "audit_rate", "store_poll_s", "ship_interval_s", "spool_max_mb",
            "log_retention_days", "shadow_fraction"}
-_BOOLS = {"mask_pii"}
+_BOOLS = {"mask_pii", "tune_encoder"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 #: What the ``teacher`` setting may be: ``on`` (the intent file's ``teacher.backend``),
 #: ``ollama`` or ``openai`` (that backend, whatever the intent file says), ``off`` (no layer 3).
@@ -95,6 +96,9 @@ class Config:
     log_retention_days: float | None = None   # raw query text older than this is deleted by the retrain
     mask_pii: bool = False            # mask e-mails, phones, cards, IBANs in logged text (classifier.masking)
     shadow_fraction: float = 1.0      # share of layer-2 traffic a shadow version scores (0: never load one)
+    # the retrain's encoder tuning (--tune-encoder/--no-tune-encoder); None: the intent file's
+    # embedder.tune, which left out is on where the encoder can be tuned (intents.retrain_tuning)
+    tune_encoder: bool | None = None
     sources: dict[str, str] = field(default_factory=dict)  # key -> flag|env|file|default
 
     @property

@@ -50,6 +50,9 @@ _TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", 
 TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
 # how the head of a tuned encoder learns its calibration and cutoffs (TuneSettings.calibration)
 TUNE_CALIBRATIONS = ("auto", "holdout", "crossfit")
+#: the backends ``flywheel retrain`` tunes when the intent file leaves ``embedder.tune`` out
+#: (:func:`retrain_tuning`); a ``sentence-transformers`` directory is tuned when the file asks
+TUNED_BY_DEFAULT = ("minilm", "e5-multilingual")
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
@@ -161,8 +164,11 @@ class EmbedderSettings:
     # classifier.encoders.resolve_runtime); "onnx": exported once, verified, cached, served
     # by onnxruntime; "torch": the transformers forward pass. use-multilingual is numpy: auto only.
     runtime: str = "auto"
-    # fine-tune the encoder in the retrain (None: off; the head alone is refitted)
+    # ``embedder.tune`` as the file gives it (None: left out or off; see retrain_tuning for
+    # what the retrain does then); train and eval tune only when it is set
     tune: TuneSettings | None = None
+    # the file says ``tune: off`` (or false): the retrain never tunes by default
+    tune_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -449,7 +455,32 @@ def _embedder(c: _Checker, value: Any, languages: tuple[str, ...]) -> EmbedderSe
         layers=_layers(c, e.get("layers")),
         runtime=runtime,
         tune=_tune(c, e.get("tune")),
+        tune_off=e.get("tune") in (False, "off"),
     )
+
+
+def retrain_tuning(e: EmbedderSettings) -> tuple[TuneSettings | None, str]:
+    """What ``flywheel retrain`` tunes with when no ``--tune-encoder``/``--no-tune-encoder``
+    says (:func:`training.options.resolve_tune` gets the first element), and why, in words
+    for its report: the file's ``embedder.tune``; off where the file says ``tune: off``;
+    else on, with the defaults, for the backends in :data:`TUNED_BY_DEFAULT` (MiniLM without
+    ``layers``: tuning pools the last layer only); else off (the backend cannot be tuned).
+
+    >>> retrain_tuning(EmbedderSettings(backend="minilm"))[0] == TuneSettings()
+    True
+    >>> retrain_tuning(EmbedderSettings(backend="minilm", tune_off=True))
+    (None, 'off: the intent file says embedder.tune: off')
+    """
+    if e.tune is not None:
+        return e.tune, "on: the intent file's embedder.tune"
+    if e.tune_off:
+        return None, "off: the intent file says embedder.tune: off"
+    if e.backend in TUNED_BY_DEFAULT and not e.layers:
+        return TuneSettings(), f"on by default ({e.backend} can be tuned; embedder.tune: off or --no-tune-encoder " \
+                               "turns it off)"
+    why = "embedder.layers is set (tuning pools the last layer only)" if e.layers else \
+        f"{e.backend} cannot be tuned in place"
+    return None, f"off: {why}"
 
 
 def _teacher(c: _Checker, value: Any) -> TeacherSettings:
@@ -553,12 +584,15 @@ def _keep_alive(c: _Checker, value: Any) -> str:
 
 
 def _tune(c: _Checker, value: Any) -> TuneSettings | None:
-    """``embedder.tune``: ``true``/``false``, or a mapping of :class:`TuneSettings` fields
-    (checked by :class:`TuneSettings` itself, the one place)."""
-    if value is None or value is False:
+    """``embedder.tune``: ``true``/``on``, ``false``/``off`` (``None``: see
+    :func:`retrain_tuning`), or a mapping of :class:`TuneSettings` fields (checked by
+    :class:`TuneSettings` itself, the one place)."""
+    if value is None or value is False or value == "off":
         return None
-    if value is True:
+    if value is True or value == "on":
         return TuneSettings()
+    if isinstance(value, str):
+        raise c.fail(f"embedder.tune must be on, off, or a mapping of tuning settings, got {value!r}")
     t = c.mapping(value, "embedder.tune", _TUNE_KEYS)
     try:
         return TuneSettings(**t)

@@ -93,10 +93,13 @@ def _set_only(settings: Any, always: frozenset[str]) -> dict[str, Any]:
 
 
 def _embedder_doc(settings: EmbedderSettings) -> dict[str, Any]:
-    """The ``embedder`` section; ``tune`` only when set (older replicas refuse unknown keys)."""
-    doc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(settings).items() if k != "tune"}
+    """The ``embedder`` section; ``tune`` only when set or off (older replicas refuse unknown keys)."""
+    doc = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(settings).items()
+           if k not in ("tune", "tune_off")}
     if settings.tune is not None:
         doc["tune"] = asdict(settings.tune)
+    elif settings.tune_off:   # the file's "tune: off", kept so the retrain on the bundled set stays off
+        doc["tune"] = False
     return doc
 
 

@@ -34,6 +34,9 @@ def _isolated_home(tmp_path_factory, monkeypatch, onnx_cache):
     monkeypatch.delenv("FLYWHEEL_CONFIG", raising=False)
     monkeypatch.delenv("FLYWHEEL_MODEL", raising=False)
     monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)
+    # `flywheel retrain` tunes a real encoder by default (minutes): a test opts in with
+    # --tune-encoder, and the tests of that default remove this
+    monkeypatch.setenv("FLYWHEEL_TUNE_ENCODER", "off")
     monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{free_port()}")  # nobody listens there
     from flywheel.classifier.default import reset_default
 

@@ -64,7 +64,11 @@ class RetrainOptions:
         Fine-tune the encoder too (:mod:`training.tuner.finetune`): a second challenger on a tuned
         encoder competes with the head-only one and the champion (see
         :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it from the
-        intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`).
+        intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`): on by default
+        for an encoder that can be tuned (:func:`classifier.intents.retrain_tuning`).
+    tune_why : str
+        Why tuning is on or off, in words, for the report's ``encoder_tuning`` (the CLI says
+        which flag, file setting or default decided it); empty: not said.
     teacher_filter : bool
         Drop the teacher labels the evidence contradicts before fitting
         (:mod:`training.teacher_noise`: out-of-scope labels deep inside an intent's cluster,
@@ -89,6 +93,7 @@ class RetrainOptions:
     self_training_max: int = SELF_TRAINING_MAX
     shadow: bool = False
     tune: TuneSettings | None = None
+    tune_why: str = ""
     teacher_filter: bool = False
     candidate_pairs: bool = True
 

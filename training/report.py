@@ -54,8 +54,8 @@ class RetrainResult:
                "summary": self.summary_line(), "dry_run": self.dry_run,
                "report_path": str(self.report_path) if self.report_path else None,
                "challenger": self.challenger, "champion": self.champion}
-        for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning", "teacher_noise",
-                  "teacher_noise_by_intent", "teacher_filtered", "teacher_filter", "teacher_unsure"):
+        for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning", "encoder_tuning",
+                  "teacher_noise", "teacher_noise_by_intent", "teacher_filtered", "teacher_filter", "teacher_unsure"):
             if k in self.report:
                 out[k] = self.report[k]
         return jsonable(out)
@@ -303,6 +303,10 @@ def render_markdown(result: RetrainResult) -> str:
              f"- decision: {result.reason}",
              f"- gate: accuracy on the `{r['gate']['set']}` set ({r['gate']['n']:,} queries), "
              f"tolerance {r['gate']['tolerance']:g}"]
+    t = r.get("encoder_tuning")
+    if t:
+        lines.append(f"- encoder tuning: {t['why']}" + (f"; {t['fallback']}: the head-only challenger alone"
+                                                       if t.get("fallback") else ""))
     st = r.get("storage")
     if st:   # training.retrain._record_storage
         lines.append(f"- storage: {st['own_bytes']:,} bytes of its own + {st['blob_bytes']:,} bytes of shared encoder "
@@ -496,9 +500,27 @@ def run_report(job: Job, name: str, run_at: float, outcome: str, reason: str, ch
         "dataset": ts.report,
         "teacher_unsure": ts.report["teacher_unsure"],
         "timing": timing,
+        "encoder_tuning": encoder_tuning(job, trial),
         **teacher_fields(job),
         **extra,
     }
+
+
+def encoder_tuning(job: Job, trial: Trial) -> dict[str, Any]:
+    """``report["encoder_tuning"]``: whether the run tuned the encoder, why it was on or off
+    (``RetrainOptions.tune_why``: a flag, the intent file, or the default), and what came of
+    it: ``tuned``, ``off``, or ``head_only`` with the reason (budget spent, no torch, a
+    failed tuning)."""
+    on = job.opts.tune is not None
+    r = trial.tune_report or {}
+    if not on:
+        result, fallback = "off", None
+    elif r.get("error"):
+        result, fallback = "head_only", str(r["error"])
+    else:
+        result, fallback = "tuned", None
+    return {"on": on, "why": job.opts.tune_why or ("on" if on else "off"), "result": result,
+            "fallback": fallback}
 
 
 def gate_by_language(checks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def retrain_command(
     tune_encoder: Optional[bool] = typer.Option(
         None, "--tune-encoder/--no-tune-encoder",
         help="Also fine-tune the encoder: a tuned challenger competes with the head-only one and the champion "
-             "(default: the intent file's embedder.tune)."),
+             "(default: the intent file's embedder.tune; left out, on for minilm and e5-multilingual)."),
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s, 900)."),
     teacher_filter: bool = typer.Option(
@@ -127,14 +127,16 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
 
     Encoder tuning (``options.tune``): ``tune_encoder`` (``--tune-encoder`` True,
     ``--no-tune-encoder`` False) wins over the intent set's ``embedder.tune``, which applies
-    when it is ``None``; ``tune_budget`` (``--tune-budget``) overrides the budget
+    when it is ``None``: left out, tuning is on for an encoder that can be tuned
+    (:func:`classifier.intents.retrain_tuning`); ``tune_budget`` (``--tune-budget``) overrides the budget
     (:func:`training.options.resolve_tune`). ``options.tune`` is used as it is when set."""
     from flywheel.classifier.config import load_config, starter_intents_path
     from flywheel.classifier.default import existing_model_dir
-    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.intents import load_intents, retrain_tuning
     from flywheel.fleet.site import open_site
 
-    cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None)
+    cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None,
+                      tune_encoder=tune_encoder)
     site = open_site(cfg)
     registry = site.registry(models)
     if intents is not None:
@@ -144,9 +146,11 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         intent_set = bundled if bundled is not None else load_intents(
             Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     if options.tune is None:
-        tune = resolve_tune(intent_set.embedder.tune, tune_encoder, tune_budget)
-        if tune is not None:
-            options = replace(options, tune=tune)
+        by_file, why = retrain_tuning(intent_set.embedder)
+        tune = resolve_tune(by_file, cfg.tune_encoder, tune_budget)
+        if cfg.tune_encoder is not None:
+            why = _TUNE_SOURCES[cfg.sources.get("tune_encoder", "flag")][cfg.tune_encoder]
+        options = replace(options, tune=tune, tune_why=why)
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = site.open_log(progress=options.progress)
     site.apply_retention(store, progress=options.progress)
@@ -155,6 +159,13 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     served_default = existing_model_dir(cfg) if registry.current()[0] is None else None
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options,
                    served_default=served_default)
+
+
+# why the retrain tunes or not when a setting says (classifier.config: flag > env > file)
+_TUNE_SOURCES = {
+    "flag": {True: "on: --tune-encoder", False: "off: --no-tune-encoder"},
+    "env": {True: "on: FLYWHEEL_TUNE_ENCODER", False: "off: FLYWHEEL_TUNE_ENCODER"},
+    "file": {True: "on: tune_encoder in the config file", False: "off: tune_encoder in the config file"}}
 
 
 def _champion_intents(registry: Registry) -> IntentSet | None:
@@ -180,6 +191,10 @@ def _readable(result: RetrainResult) -> list[str]:
         gate = m.get("gate_set") or "eval"
         out.append(f"  {who:<10} {m['version']}: {figures_line(m.get(gate) or {}, gate, m)}")
     out += side_by_side
+    t = result.report.get("encoder_tuning")
+    if t:
+        out.append(f"  encoder tuning: {t['why']}" + (f"; {t['fallback']}: the head-only challenger alone"
+                                                      if t.get("fallback") else ""))
     d = result.report.get("dataset", {})
     if d:
         tr = d["train"]["by_source"]

@@ -254,6 +254,9 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
     budget = tuner_budget(tune.budget_s, forecast + export + (time.perf_counter() - t0))
     report.update(reencode_forecast_seconds=round(forecast, 2), export_forecast_seconds=round(export, 2),
                   tuner_budget_s=round(budget, 2))
+    no_time = _budget_spent(tune.budget_s, forecast, export)
+    if no_time is not None:
+        return _no_tuning(report, no_time, t0, say, notes)
     say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
         f"{budget:.0f} s to tune, {export:.0f} s set aside for the ONNX export and {forecast:.0f} s to "
         f"re-encode about {n_reencode:,} rows) ...")
@@ -268,11 +271,10 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
         sample = (traffic_sample(store, embedder.id, tuned_ts, encoder=out.embedder)
                   if opts.llm_budget is not None else None)
     except (TrainingError, EmbedderError) as exc:
-        report["error"] = str(exc)
-        report.setdefault("step_seconds", round(time.perf_counter() - t0, 3))
-        notes.append(f"encoder tuning failed ({exc}); only the head-only challenger was fitted")
-        say(notes[-1])
-        return None, report
+        return _no_tuning(report, f"encoder tuning failed ({exc})", t0, say, notes)
+    except ImportError as exc:   # an install without torch or transformers: the head-only challenger serves
+        return _no_tuning(report, f"encoder tuning needs {exc.name or 'torch'}, which is not installed "
+                                  f"({exc})", t0, say, notes)
     report["reencode_seconds"] = round(time.perf_counter() - t1, 3)
     report["reencoded_rows"] = len(tuned_ts) + len(tuned_ts.eval) + len(tuned_ts.recent)
     spent = time.perf_counter() - t0
@@ -285,6 +287,27 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
         f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
     return TunedStep(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
                      views=out.views), report
+
+
+def _budget_spent(budget_s: float, reencode_s: float, export_s: float) -> str | None:
+    """Why tuning is not started, or ``None``: the forecasts of the re-encoding and the
+    export alone fill ``budget_s`` (a tuned encoder would arrive after the budget)."""
+    if reencode_s + export_s < budget_s:
+        return None
+    return (f"encoder tuning skipped: re-encoding ({reencode_s:.0f} s) and the ONNX export ({export_s:.0f} s) "
+            f"alone are forecast to take the whole {budget_s:g} s budget (raise --tune-budget or "
+            f"embedder.tune.budget_s)")
+
+
+def _no_tuning(report: dict[str, Any], why: str, t0: float, say: Callable[[str], None],
+               notes: list[str]) -> tuple[None, dict[str, Any]]:
+    """The step's answer when there is no tuned encoder: the report says why (``error``),
+    and a note says the head-only challenger alone goes to the gate."""
+    report["error"] = why
+    report.setdefault("step_seconds", round(time.perf_counter() - t0, 3))
+    notes.append(f"{why}; only the head-only challenger was fitted")
+    say(notes[-1])
+    return None, report
 
 
 def export_seconds(registry: Registry, champion: IntentModel | None, settings: EmbedderSettings,

@@ -113,6 +113,24 @@ def test_a_better_tuned_challenger_is_put_forward_and_promoted_with_its_encoder(
 
 
 @pytest.mark.slow
+def test_retrain_with_no_flags_tunes_a_tunable_encoder_and_says_so(world, tmp_path, monkeypatch):
+    """Issue 34 item 3: `flywheel retrain` with no tuning flag on a MiniLM intent set tunes
+    (the tiny BERT stands in for MiniLM's weights) and the report says why."""
+    monkeypatch.delenv("FLYWHEEL_TUNE_ENCODER")   # tests/conftest.py turns the default off
+    monkeypatch.setattr(cli_retrain, "make_embedder", lambda settings, cache_root=None: HashEmbedder())
+    world.seed_traffic(n_teacher=200, n_human=10)
+    intents_file = tmp_path / "intents.yaml"
+    intents_file.write_text(yaml.safe_dump({**INTENT_DOC, "embedder": {"backend": "minilm", "num_threads": 1}}))
+    r = CliRunner().invoke(build_app(), ["retrain", "--home", str(tmp_path / "home"), "--log-db",
+                                         world.store.path, "--quiet", "--json", "--intents", str(intents_file)])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["encoder_tuning"]["result"] == "tuned" and obj["encoder_tuning"]["why"].startswith("on by default")
+    assert obj["tuning"]["settings"] == dataclasses.asdict(TuneSettings()) and obj["tuning"]["tuner"]["steps"] > 0
+    assert obj["challengers"]["tuned"] is not None
+
+
+@pytest.mark.slow
 def test_crossfit_calibration_in_the_retrain_calibrates_the_tuned_head_on_both_halves(world, frozen):
     # embedder.tune.calibration: crossfit; the tuned challenger's head is calibrated on every
     # re-encodable row, each by the half encoder that never saw it, within the one budget
@@ -341,7 +359,8 @@ def test_tuning_options_are_checked():
 
 
 @pytest.mark.parametrize("tune_doc, flags, expected", [
-    (None, [], None),
+    (None, [], TuneSettings()),                                          # on by default for minilm (issue 34)
+    (False, [], None),                                                   # embedder.tune: off
     (None, ["--tune-encoder"], TuneSettings()),
     (None, ["--tune-encoder", "--tune-budget", "45"], TuneSettings(budget_s=45.0)),
     ({"budget_s": 120, "epochs": 2}, [], TuneSettings(budget_s=120.0, epochs=2)),
@@ -350,9 +369,11 @@ def test_tuning_options_are_checked():
     (True, ["--no-tune-encoder", "--tune-encoder"], TuneSettings()),     # the last flag wins
     (None, ["--tune-budget", "0"], 2),
     (None, ["--no-tune-encoder", "--tune-budget", "10"], 2),
-    (None, ["--tune-budget", "10"], 2),                                  # a budget for tuning that is off
+    (None, ["--tune-budget", "10"], TuneSettings(budget_s=10.0)),       # the default's budget
+    (False, ["--tune-budget", "10"], 2),                                 # a budget for tuning that is off
 ])
 def test_cli_tuning_flags_win_over_the_intent_file(world, tmp_path, monkeypatch, tune_doc, flags, expected):
+    monkeypatch.delenv("FLYWHEEL_TUNE_ENCODER")   # tests/conftest.py turns the retrain's default off
     seen = []
 
     def fake_retrain(*, options, **kw):
