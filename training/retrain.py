@@ -57,6 +57,7 @@ import numpy as np
 from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError
 from flywheel.classifier.head import CrossFitView, IntentHead
 from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.language import UNKNOWN, LanguageDetector
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
@@ -443,7 +444,7 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
     t_sets = _sets(tuned.ts.eval, tuned.ts.recent, gate, change)
     t_metrics = model_metrics(tuned.model, t_sets, gate)
     choice = pick_challenger(trial.head_only.model, tuned.model, head, t_metrics, sets[gate], t_sets[gate],
-                             job.opts.tolerance, job.intents.languages, _gate_languages(job.store, sets[gate]))
+                             job.opts.tolerance, job.intents.languages, _gate_languages(job, sets[gate]))
     if trial.pick is None:
         trial.pick = choice["put_forward"]
         job.say(f"put forward: the {_CHALLENGER[trial.pick]} challenger ({choice['reason']})")
@@ -459,12 +460,25 @@ def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:
 _CHALLENGER = {"head_only": "head-only", "tuned": "tuned"}
 
 
-def _gate_languages(store: TrafficLog, rows: LabelledSet) -> list[str | None] | None:
-    """Each gate row's logged language (``None`` for a row without one: an intent-file
-    example, a decision logged before the column); ``None`` when no row has one."""
+def _gate_languages(job: Job, rows: LabelledSet) -> list[str | None] | None:
+    """Each gate row's language: the logged one; for a row without one (a held-out intent
+    example, a decision logged before the column) of a set declaring two or more
+    languages, the one classify's detector gives its text (:mod:`classifier.language`), so
+    English-heavy traffic cannot hide what a challenger costs the held-out Spanish examples.
+    ``None`` for a row with neither; ``None`` when no row has one."""
     ids = [d for d in rows.decision_ids if d]
-    got = store.decision_languages(ids) if ids else {}
-    return [got.get(d) if d else None for d in rows.decision_ids] if got else None
+    got = job.store.decision_languages(ids) if ids else {}
+    langs: list[str | None] = [got.get(d) if d else None for d in rows.decision_ids]
+    if len(job.intents.languages) > 1 and not all(langs):
+        detector = LanguageDetector(job.intents.languages)
+        langs = [lang or _detected(detector, text) for lang, text in zip(langs, rows.texts)]
+    return langs if any(langs) else None
+
+
+def _detected(detector: LanguageDetector, text: str) -> str | None:
+    """The text's language, ``None`` for an erased text or one the detector cannot tell."""
+    lang = detector.detect(text) if text else UNKNOWN
+    return None if lang == UNKNOWN else lang
 
 
 def _sets(ev: LabelledSet, recent: LabelledSet, gate: str, change: Change | None = None) -> dict[str, LabelledSet]:
@@ -514,7 +528,7 @@ def _decide(job: Job, challenger: IntentModel, champion: IntentModel | None,
     rows = ev.sets[ev.gate] if ev.champion else None
     return decide(challenger, champion, ev.challenger, ev.champion, rows, ev.gate, job.opts.tolerance, job.notes,
                   champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None,
-                  langs=_gate_languages(job.store, rows) if rows is not None and len(rows) else None,
+                  langs=_gate_languages(job, rows) if rows is not None and len(rows) else None,
                   declared=job.intents.languages)
 
 

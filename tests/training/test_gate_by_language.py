@@ -4,6 +4,7 @@ language; a language with fewer rows is listed, not gated; one language behaves 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from flywheel.training.gate import MIN_GATE_ROWS, decide
@@ -85,3 +86,36 @@ def test_one_language_only_gates_as_before(pair):
     for langs in (["es"] * len(data), ["es"] * 200 + [None] * 30):
         assert gate(pair, data, langs) == before             # same outcome, reason, checks and notes
     assert before[0] == "promoted" and not gate_by_language(before[2])
+
+
+class _Log:
+    """The one TrafficLog method the gate's languages read: decision id -> logged language."""
+
+    def __init__(self, logged: dict[str, str]) -> None:
+        self.logged = logged
+
+    def decision_languages(self, ids):
+        return {d: self.logged[d] for d in ids if d in self.logged}
+
+
+@pytest.mark.parametrize("declared, expected", [
+    (("en", "es"), ["es", "en", "fr-logged", None, None]),
+    (("en",), [None, None, "fr-logged", None, None]),
+])
+def test_gate_rows_without_a_logged_language_get_the_detected_one(declared, expected):
+    """Held-out intent examples carry no logged language: in a set declaring two languages
+    the gate detects theirs, so an English-heavy log cannot hide what a challenger costs the
+    Spanish examples (issue 34 item 5). A logged language always wins; an erased text or a
+    one-language set gets none."""
+    from types import SimpleNamespace
+
+    from flywheel.classifier.intents import parse_intents
+    from flywheel.training.retrain import _gate_languages
+    from tests.support.worlds import INTENT_DOC
+
+    texts = ["¿Cómo puedo crear una función nueva en AVAP?", "How do I reset the password of my account?",
+             "logged row", "", "123"]
+    rows = LabelledSet(texts, ["A"] * 5, np.zeros((5, 2)), ["intent_example"] * 5, [None, None, "d1", None, None])
+    job = SimpleNamespace(store=_Log({"d1": "fr-logged"}),
+                          intents=parse_intents({**INTENT_DOC, "languages": list(declared)}))
+    assert _gate_languages(job, rows) == expected
