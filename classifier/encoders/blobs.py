@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
 __all__ = ["BLOBS_DIR", "BLOB_GRACE_S", "SPLIT_MIN_BYTES", "BlobRef", "blob_refs", "check_blobs", "collect_garbage",
@@ -193,7 +194,7 @@ def store_blob(src: Path, store: Path, sha256: str) -> int:
     there (then only its time is refreshed); the bytes written (0: it was there).
     ValueError when ``src`` does not hash to ``sha256``."""
     dst = store / sha256
-    if dst.is_file() and _file_sha256(dst) == sha256:
+    if dst.is_file() and file_sha256(dst) == sha256:
         os.utime(dst)
         return 0
     data = np.fromfile(src, dtype=np.uint8)
@@ -201,14 +202,6 @@ def store_blob(src: Path, store: Path, sha256: str) -> int:
         raise ValueError(f"{src} does not hash to {sha256}")
     _write_new(dst, data)
     return int(data.nbytes)
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def version_blobs(version_dir: Path) -> list[BlobRef]:
