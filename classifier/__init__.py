@@ -17,6 +17,7 @@ Modules, by layer:
 - :mod:`~classifier.scoring`: layer 2's scoring in numpy alone, what serving runs
 - :mod:`~classifier.calibration`: softmax, temperature scaling, expected calibration error
 - :mod:`~classifier.tiers`: layer-2 scores to confident / ambiguous / weak / no_match
+- :mod:`~classifier.operating_point`: the trade curves as one cutoff moves, and the cutoff a target picks
 - :mod:`~classifier.negatives`: synthetic nonsense that trains the out-of-scope class
 - :mod:`~classifier.teachers`: layer 3: the shared base and circuit breaker, Ollama, an
   OpenAI-compatible server, the call budget (a minute, a UTC day) and the factory

@@ -8,6 +8,7 @@ with a trailing underscore.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple, Sequence, overload
 
 import numpy as np
@@ -104,6 +105,11 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         out-of-fold probabilities of the true intent).
     random_state : int
     max_iter : int
+    operating_point : dict or None
+        An intent file's ``thresholds.target`` (:mod:`classifier.operating_point`):
+        ``{"oos_recall": R}`` sets the ``oos`` cutoff, ``{"llm_share": S}`` the ``confident``
+        and ``defer`` cutoffs, at the point the out-of-fold rows give (``metrics_`` has it
+        under ``operating_point``); ``precision`` is ``target_precision``.
 
     Attributes
     ----------
@@ -141,7 +147,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
     def __init__(self, C: float = 20.0, cv: int | str = "auto", target_precision: float = 0.95,
                  max_ref_per_class: int = 200, novelty_quantile: float = 0.01,
                  cv_max_samples: int | None = 20000, coverage: float = 0.95, random_state: int = 0,
-                 max_iter: int = 2000) -> None:
+                 max_iter: int = 2000, operating_point: dict[str, float] | None = None) -> None:
         self.C = C
         self.cv = cv
         self.target_precision = target_precision
@@ -151,6 +157,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         self.coverage = coverage
         self.random_state = random_state
         self.max_iter = max_iter
+        self.operating_point = operating_point
 
     # ---------------------------------------------------------------- fitting
     def _lr(self) -> LogisticRegression:
@@ -198,12 +205,16 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         # the rule classifier.tiers.assign_tiers builds on
         oof = HeadScores(probs=probs[:, :n_in], oos_class=probs[:, n_in] if self.has_oos_ else np.zeros(len(probs)),
                          p_oos=p_oos, similarity=sim)
-        self.thresholds_ = self._learn_thresholds(oof, cv.yi, is_oos)
+        chosen = self._at_target(oof, cv.yi, is_oos, "oos_recall")   # the oos cutoff the rest is learned at
+        self.thresholds_ = self._learn_thresholds(oof, cv.yi, is_oos, chosen["value"] if chosen else None)
         outcome = _Outcome.of(oof, cv, self.thresholds_["oos"])
         self.risk_ = fit_risk(oof.probs, p_oos, outcome.wrong)
         self.thresholds_.update(conformal_cutoff(oof.probs[cv.in_scope], cv.yi[cv.in_scope], self.coverage),
                                 defer=float(1.0 - self.target_precision))
+        chosen = chosen or self._at_target(oof, cv.yi, is_oos, "llm_share")
         self.metrics_: dict[str, Any] = self._oof_metrics(oof, outcome, cv, logits, k, fit_only_rows=int(fo.sum()))
+        if chosen:
+            self.metrics_["operating_point"] = chosen
         # the model that serves, on every row
         self.lr_ = self._lr().fit(rows.X, rows.yi, sample_weight=rows.w)
         self.ref_, self.ref_labels_ = self._references(rows.X[rows.in_scope], rows.yi[rows.in_scope])
@@ -320,6 +331,34 @@ class IntentHead(ClassifierMixin, BaseEstimator):
                 logits[va], sim[va] = self._score_fold(part, part.take(np.zeros(m, bool)), tr, va)
         return rows.take(predicted), logits[predicted], sim[predicted], ~predicted
 
+    def _at_target(self, oof: HeadScores, yi: np.ndarray, is_oos: np.ndarray, kind: str) -> dict[str, Any] | None:
+        """The ``operating_point`` of this ``kind`` on the out-of-fold rows: the cutoff it picks
+        and what those rows give there (``None`` for another kind or none). ``oos_recall``:
+        the ``oos`` cutoff (``fit`` learns the others at it); ``llm_share``: the ``confident``
+        cutoff and the risk rule's ``defer``, set in ``thresholds_`` (either rule serves at it)."""
+        from flywheel.classifier.operating_point import choose_cutoff, target_kind
+        from flywheel.classifier.tiers import Thresholds
+
+        if target_kind(self.operating_point) != kind:
+            return None
+        assert self.operating_point is not None, "a target kind comes from a target"
+        if kind == "oos_recall" and self.gate_ is None:
+            raise ValueError("thresholds.target.oos_recall needs out-of-scope examples to learn the oos cutoff on")
+        n_in = len(self.classes_)
+        truth = [None if o else str(self.classes_[i]) for i, o in zip(np.minimum(yi, n_in - 1), is_oos)]
+        t: dict[str, float] = self.thresholds_ if kind == "llm_share" else {   # oos_recall: only oos matters
+            "confident": 1.0, "ambiguous_ratio": 0.5, "oos": OOS_CUTOFF, "oos_confident": 1.1}
+        th = Thresholds(t["confident"], t["ambiguous_ratio"], t["oos"], t["oos_confident"], set_cutoff=t.get("set"))
+        classes = [str(c) for c in self.classes_]
+        chosen = choose_cutoff(self.operating_point, oof, classes, truth, th, "out-of-fold training rows")
+        if kind == "llm_share":
+            risky = HeadScores(oof.probs, oof.oos_class, oof.p_oos, oof.similarity, self.risk_(oof.probs, oof.p_oos))
+            by_risk = choose_cutoff(self.operating_point, risky, classes, truth, replace(th, defer=t["defer"]),
+                                    chosen["on"])
+            t.update(confident=chosen["value"], defer=by_risk["value"])
+            chosen["defer"] = {k: by_risk[k] for k in ("value", "reached", "llm_share")}
+        return chosen
+
     def _fit_gate(self, probs: np.ndarray, sim: np.ndarray, is_oos: np.ndarray) -> np.ndarray:
         """Set the out-of-scope gate (``gate_``: a class-balanced logistic regression on
         :func:`~classifier.scoring.gate_features`, or, without out-of-scope rows, ``None`` and
@@ -382,7 +421,8 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         sel = np.sort(np.concatenate(keep))
         return X[sel].astype(np.float16), yi[sel].astype(np.int32)
 
-    def _learn_thresholds(self, oof: HeadScores, yi: np.ndarray, is_oos: np.ndarray) -> dict[str, float]:
+    def _learn_thresholds(self, oof: HeadScores, yi: np.ndarray, is_oos: np.ndarray,
+                          oos_cutoff: float | None = None) -> dict[str, float]:
         pin = oof.probs
         top, conf = pin.argmax(axis=1), pin.max(axis=1)
         in_mask = ~is_oos
@@ -395,6 +435,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             oos_t = OOS_CUTOFF
         else:
             oos_t = 1.0 - self.novelty_quantile
+        oos_t = oos_t if oos_cutoff is None else oos_cutoff     # an operating point's
         rejected = oof.rejected(oos_t)
         # a rejection is sure when its served confidence reaches the cutoff; never sure
         # without out-of-scope training data

@@ -18,6 +18,7 @@ import yaml
 
 from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.label_names import OUT_OF_SCOPE_NAMES, suggest_label
+from flywheel.classifier.operating_point import threshold_target
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "e5-multilingual", "sentence-transformers", "bge-m3")
@@ -60,7 +61,7 @@ _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
 log = logging.getLogger("flywheel.intents")
 
 _THRESHOLD_KEYS = {"confident", "ambiguous_ratio", "ambiguous_margin", "oos", "target_precision", "per_intent",
-                   "coverage", "deferral"}
+                   "coverage", "deferral", "target"}
 DEFERRAL_RULES = ("tiers", "risk")
 _OLD_RATIO_KEY = "ambiguous_margin"   # the old name of ambiguous_ratio, still read (with a warning)
 _PER_INTENT_KEYS = {"confident"}
@@ -213,6 +214,8 @@ class ThresholdSettings:
     # when layer 2 asks the teacher: "tiers" (the confident / ambiguous_ratio / oos_confident
     # cutoffs) or "risk" (its calibrated probability of being wrong above a cutoff)
     deferral: str = "tiers"
+    # the operating point: one of oos_recall, llm_share, precision (classifier.operating_point)
+    target: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -531,12 +534,17 @@ def _thresholds(c: _Checker, value: Any, intents: tuple[Intent, ...], source: st
     for i in intents:
         if i.confident is not None:
             per_intent.setdefault(i.name, i.confident)
+    try:
+        target = threshold_target(th)
+    except ValueError as exc:
+        raise c.fail(f"thresholds.target: {exc}") from None
     return ThresholdSettings(
         confident=c.optional_number(th.get("confident"), "thresholds.confident", 0.0, 1.0),
         ambiguous_ratio=_ambiguous_ratio(c, th, source),
         oos=c.optional_number(th.get("oos"), "thresholds.oos", 0.0, 1.0),
-        target_precision=c.number(th.get("target_precision", ThresholdSettings.target_precision),
-                                  "thresholds.target_precision", 0.0, 1.0),
+        target_precision=c.number((target or {}).get("precision", th.get(
+            "target_precision", ThresholdSettings.target_precision)), "thresholds.target_precision", 0.0, 1.0),
+        target=target,
         per_intent=per_intent,
         coverage=c.number(th.get("coverage", ThresholdSettings.coverage), "thresholds.coverage", 0.5, 0.999),
         deferral=_choice(c, th.get("deferral", ThresholdSettings.deferral), "thresholds.deferral", DEFERRAL_RULES),

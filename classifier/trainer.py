@@ -99,7 +99,8 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         Passed to :meth:`IntentHead.fit` (``cv_views``: cross-fitted calibration by a
         tuned encoder's two halves, over the first rows of ``X``).
     head : IntentHead, optional
-        An unfitted head (default: ``IntentHead(target_precision=...)`` of ``intents``).
+        An unfitted head (default: ``IntentHead(target_precision=..., operating_point=...)``
+        of ``intents``: its ``thresholds.target`` cuts it at that point).
     embed_seconds : float
         Time spent embedding ``X``, recorded in the manifest's metrics.
     negatives : ndarray of shape (m, dim), optional
@@ -120,7 +121,7 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
                          np.ones(n_neg, bool)]
     if head is None:
         th = intents.thresholds
-        head = IntentHead(target_precision=th.target_precision, coverage=th.coverage)
+        head = IntentHead(target_precision=th.target_precision, coverage=th.coverage, operating_point=th.target)
     t0 = time.perf_counter()
     try:
         head.fit(X, labels, sample_weight=sample_weight, fit_only=fit_only, cv_views=cv_views)

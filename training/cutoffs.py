@@ -29,6 +29,10 @@ model's manifest are never changed. :func:`with_thresholds` makes the new model 
 serves them (its manifest's thresholds are what :meth:`Thresholds.for_model` serves).
 The steps: the precision cutoff on ``recent`` (:func:`_precision_cutoff`), then, with
 an LLM budget, the budget cutoff and any relaxed escalations (:func:`_budget_cutoff`).
+With an intent file's ``thresholds.target`` (:mod:`classifier.operating_point`), an
+``llm_share`` keeps the cutoffs the head chose for it out of fold (unless an LLM budget is
+given), an ``oos_recall`` keeps its ``oos`` cutoff, and :func:`at_target` cuts a champion
+fitted without the target at it on held-out rows, so the gate compares both at one point.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 
 from flywheel.classifier.head import precision_cutoff
 from flywheel.classifier.model import IntentModel
+from flywheel.classifier.operating_point import choose_cutoff, target_kind
 from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet, TrainingSet
@@ -49,7 +54,7 @@ if TYPE_CHECKING:
     from flywheel.training.protocols import TrafficLog
 
 __all__ = ["MIN_TUNE_ROWS", "TRAFFIC_SAMPLE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
-           "with_thresholds", "layer2_state", "risk_ece"]
+           "with_thresholds", "layer2_state", "risk_ece", "at_target"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
 MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
@@ -279,6 +284,9 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
         info["note"] = ("the intent file fixes thresholds.confident; the tuned value is recorded "
                         "but serving uses the fixed one")
     th = Thresholds.for_model(model)
+    if target_kind(model.intents.thresholds.target) == "llm_share" and llm_budget is None:
+        info["method"] = "target llm_share (out of fold, as fitted)"   # its cutoffs are the target's
+        return info, learned
     if th.defer is not None and (len(recent) >= MIN_TUNE_ROWS or traffic is not None):  # the risk rule
         classes = np.array([str(c) for c in model.manifest.labels], dtype=object)
         state = layer2_state(model, th, classes, recent.vectors) if len(recent) else None
@@ -382,7 +390,8 @@ def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, rece
     user = model.intents.thresholds
     allow, kinds = _relax_allowed(recent, s, conf, second, rejected,
                                   s.oos_confidence >= th.oos_confident, close, top,
-                                  th.ambiguous_ratio, {"oos": user.oos is not None,
+                                  th.ambiguous_ratio, {"oos": user.oos is not None or  # a recall target's
+                                                       target_kind(user.target) == "oos_recall",
                                                        "ambiguous_ratio": user.ambiguous_ratio is not None})
     if traffic is not None and len(traffic) >= MIN_TUNE_ROWS:
         s, conf, second, rejected, close, top = layer2_state(model, th, classes, traffic.vectors)
@@ -420,3 +429,25 @@ def _budget_cutoff(model: IntentModel, th: Thresholds, classes: np.ndarray, rece
         info["budget_reachable"] = True
     info["budget_cutoff"] = t_budget
     return t_budget, relaxed
+
+
+def at_target(model: IntentModel, target: dict[str, float] | None,
+              rows: LabelledSet) -> tuple[IntentModel, dict | None]:
+    """``model`` (a champion) cut at the run's ``target`` (``oos_recall`` or ``llm_share``),
+    and how: unchanged when it was fitted at that target (its out-of-fold cut), else its
+    cutoff chosen on ``rows`` (held-out labelled rows with its vectors), or unchanged with
+    the reason when they are too few. ``(model, None)`` for no target or ``precision``."""
+    kind = target_kind(target)
+    if target is None or kind not in ("oos_recall", "llm_share"):
+        return model, None
+    if model.intents.thresholds.target == target:
+        return model, {"how": "fitted at it", **(model.manifest.metrics.get("operating_point") or {})}
+    n_oos = sum(1 for y in rows.labels if y is None)
+    if len(rows) < MIN_TUNE_ROWS or (kind == "oos_recall" and n_oos < MIN_KIND_ROWS):
+        return model, {"how": f"not cut: {len(rows)} held-out rows ({n_oos} out of scope) are too few to choose on"}
+    th = Thresholds.for_model(model)
+    classes = [str(c) for c in model.manifest.labels]
+    chosen = choose_cutoff(target, model.head.scores(rows.vectors), classes, list(rows.labels), th,
+                           "recent held-out rows")
+    cut = with_thresholds(model, {**learned_thresholds(model), chosen["cutoff"]: chosen["value"]})
+    return cut, {"how": "cut on held-out rows", **chosen}

@@ -24,6 +24,9 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
   that makes layer 2 sure of it and the precision of its sure answers on these queries
   (``sure_precision`` over all of them; ``deferral`` names the rule);
 - ``risk_ece``: calibration of the deferral model's P(wrong) against layer 2's answers;
+- ``tradeoff``: layer 2's trade curves on these queries as one cutoff sweeps, and
+  ``operating_point`` (with a ``thresholds.target``): the cutoff it chose and the target's
+  figure here with its n (:mod:`classifier.operating_point`);
 - ``by_language`` (only when some queries carry a language): ``n``, ``n_in_scope``,
   ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
   ``oos_precision`` and ``macro_f1`` per language, queries without one under
@@ -50,6 +53,7 @@ from flywheel.classifier.decision import Decision, Layer, Tier
 from flywheel.classifier.encoders.cache import uncached
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.operating_point import concat_scores, operating_report, trade_curves
 from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
 from flywheel.classifier.text import clean_text
 from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
@@ -240,10 +244,14 @@ class _CutoffTally:
         self.sure: dict[str | None, list[bool]] = {}
         self.risk: list[float] = []
         self.right: list[bool] = []
+        self.parts: list[Any] = []          # every chunk's scores and truth, for the trade curves
+        self.truth: list[str | None] = []
 
     def add(self, scores: Any, truth: list[str | None]) -> None:
         t = assign_tiers(scores, self.classes, self.th)
         answers = t.labels(self.classes)
+        self.parts.append(scores)
+        self.truth.extend(truth)
         for j, (y, a) in enumerate(zip(truth, answers)):
             if t.sure[j]:
                 self.sure.setdefault(a, []).append(a == y)
@@ -272,7 +280,15 @@ class _CutoffTally:
         }
         if self.risk:
             out["risk_ece"] = expected_calibration_error(1.0 - np.array(self.risk), np.array(self.right, bool))
+        if self.parts:
+            out["tradeoff"] = trade_curves(concat_scores(self.parts), self.classes, self.truth, th)
         return out
+
+    def operating_point(self, model: IntentModel) -> dict[str, Any] | None:
+        """The model's target, the cutoff it set and what these queries give there."""
+        target = model.intents.thresholds.target
+        return operating_report(target, model.manifest.metrics, concat_scores(self.parts), self.classes, self.truth,
+                                self.th) if target and self.parts else None
 
 
 class _Layer2Tally:
@@ -366,7 +382,10 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
     classes = [str(c) for c in model.head.classes_]
     scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress)
     latency = _latency(twin, texts, latency_sample, seed)
-    return _report(model.version, emb.id, classes, truth, langs, scored, latency)
+    report = _report(model.version, emb.id, classes, truth, langs, scored, latency)
+    if (op := scored.cuts.operating_point(model)) is not None:
+        report["operating_point"] = op
+    return report
 
 
 def _check_inputs(texts: Sequence[str], labels: Sequence[str | None], langs: Sequence[str | None] | None,

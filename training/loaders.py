@@ -353,7 +353,7 @@ def intent_set_from_data(data: LabelledData, *, name: str, base: IntentSet | Non
     intents = tuple(replace(i, confident=base_conf[i.name]) if i.name in base_conf else i for i in intents)
     th = base.thresholds
     thresholds = ThresholdSettings(confident=th.confident, ambiguous_ratio=th.ambiguous_ratio, oos=th.oos,
-                                   target_precision=th.target_precision,
+                                   target_precision=th.target_precision, target=th.target,
                                    per_intent={k: v for k, v in th.per_intent.items() if k in known})
     rules = tuple(r for r in base.rules if r.intent in known)
     return IntentSet(name=name, intents=intents, rules=rules, oos_examples=tuple(oos), embedder=base.embedder,

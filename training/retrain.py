@@ -62,7 +62,7 @@ from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_n
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.registry import PromotionConflict
 from flywheel.classifier.tiers import fmt_probs
-from flywheel.training.cutoffs import learned_thresholds, retune, traffic_sample, with_thresholds
+from flywheel.training.cutoffs import at_target, learned_thresholds, retune, traffic_sample, with_thresholds
 from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
 from flywheel.training.protocols import TrafficLog
@@ -365,7 +365,8 @@ def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
                                  version=new_version_name(),
                                  parent=champion.version if champion else None,
                                  head=IntentHead(target_precision=job.target_precision,
-                                                 coverage=job.intents.thresholds.coverage),
+                                                 coverage=job.intents.thresholds.coverage,
+                                                 operating_point=job.intents.thresholds.target),
                                  negatives=ts.negatives, cv_views=views)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
@@ -400,6 +401,7 @@ def _retune_cutoffs(job: Job, model: IntentModel, ts: TrainingSet,
 def _gate(job: Job, trial: Trial, champion: Champion) -> tuple[RetrainResult, IntentModel]:
     """Steps 7 and 8 against ``champion``: the result (with its report) and the challenger
     put forward as saved (its metrics do not depend on the champion)."""
+    champion, cut = _at_target(job, trial, champion)
     ev, t_eval = _timed(_evaluate, job, trial, champion)
     chosen = trial.tuned if trial.tuned is not None and ev.choice.get("put_forward") == "tuned" else trial.head_only
     outcome, reason, checks = _decide(job, chosen.model, champion.model, ev)
@@ -410,8 +412,25 @@ def _gate(job: Job, trial: Trial, champion: Champion) -> tuple[RetrainResult, In
     report = run_report(job, model.version, trial.run_at, outcome, reason, checks, champion.model, ev, trial.ts,
                         timing, {"cross_validation": learned_thresholds(chosen.fitted),
                                  "tuning": chosen.cutoffs,
-                                 "saved": dict(model.manifest.thresholds)}, trial)
+                                 "saved": dict(model.manifest.thresholds),
+                                 **({"target": {"target": job.intents.thresholds.target, "champion": cut,
+                                                "challenger": chosen.fitted.manifest.metrics.get("operating_point")}}
+                                    if job.intents.thresholds.target else {})}, trial)
     return _result(job, report), model
+
+
+def _at_target(job: Job, trial: Trial, champion: Champion) -> tuple[Champion, dict | None]:
+    """The champion cut at the intent set's ``thresholds.target``, as the challengers are
+    (:func:`training.cutoffs.at_target`, on its held-out ``recent`` rows), and how; a note says so."""
+    target = job.intents.thresholds.target
+    if champion.model is None or not target:
+        return champion, None
+    model, cut = at_target(champion.model, target, _champion_sets(job, champion, trial.ts)["recent"])
+    if cut is not None:
+        (kind, want), = target.items()
+        job.notes.append(f"gated at the target {kind} {want:g}: the challenger cut out of fold, the champion "
+                         f"{cut['how']}" + (f" ({cut['cutoff']} {cut['value']:.3f})" if "value" in cut else ""))
+    return replace(champion, model=model), cut
 
 
 def _evaluate(job: Job, trial: Trial, champion: Champion) -> Evaluation:

@@ -1,6 +1,7 @@
 """Synthetic worlds the tests build on.
 
-- :func:`blobs`: labelled Gaussian blobs of vectors (plus out-of-scope noise), for the head.
+- :func:`blobs`: labelled Gaussian blobs of vectors (plus out-of-scope noise), for the head;
+  :func:`blob_split` the same as texts a :class:`VectorTextEmbedder` reads (train and held out).
 - The synthetic traffic world of the retrain tests: :data:`INTENT_DOC` (RETRIEVAL and
   PLATFORM questions built from templates, out-of-scope ones too), :data:`QUERIES` (every
   templated query that is not an example, with its true label) and :func:`sample` of them;
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import time
@@ -42,6 +44,45 @@ def blobs(n_per=40, k=4, dim=32, noise=0.35, seed=0, with_oos=True):
         X = np.vstack([X, oos])
         y += [None] * n_per
     return X, y, centres
+
+
+def blob_split(n_train=100, n_test=300, k=5, dim=16, noise=0.9, seed=1):
+    """:func:`blobs` as texts (:func:`blob_text`), split into ``(train_texts, train_labels,
+    test_texts, test_labels)``: the first ``n_train`` of each intent and of the out-of-scope
+    points to train, the next ``n_test`` held out (the same centres)."""
+    X, y, _ = blobs(n_per=n_train + n_test, k=k, dim=dim, noise=noise, seed=seed)
+    n = n_train + n_test
+    train = [i for g in range(k + 1) for i in range(g * n, g * n + n_train)]
+    test = [i for g in range(k + 1) for i in range(g * n + n_train, (g + 1) * n)]
+    return ([blob_text(X[i]) for i in train], [y[i] for i in train],
+            [blob_text(X[i]) for i in test], [y[i] for i in test])
+
+
+def blob_text(vector) -> str:
+    """A vector spelt as a text that :class:`VectorTextEmbedder` reads back: ``"v 0.1234 -1.5 ..."``."""
+    return "v " + " ".join(f"{x:.5f}" for x in vector)
+
+
+class VectorTextEmbedder:
+    """The blob world as an encoder: a :func:`blob_text` text's vector, normalised (no model);
+    any other text (a synthetic negative) a random one its hash seeds, noise like out of scope."""
+
+    def __init__(self, dim: int = 16) -> None:
+        self._dim = dim
+
+    @property
+    def id(self) -> str:
+        return f"fake:vector-text-{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def encode(self, texts, *, batch_size=None, progress=False) -> np.ndarray:
+        out = np.array([[float(x) for x in t.split()[1:]] if t.startswith("v ") else np.random.default_rng(
+            int(hashlib.md5(t.encode()).hexdigest()[:8], 16)).standard_normal(self._dim) for t in texts],
+            dtype=np.float32).reshape(-1, self._dim)
+        return out / np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
 
 
 # ----------------------------------------------------------------- the synthetic traffic world

@@ -6,6 +6,7 @@ prints the result.
 - :mod:`~training.cli.models`: ``models`` (list, promote, shadow, push, rollback, prune)
 - :mod:`~training.cli.retrain`: ``retrain``
 - :mod:`~training.cli.review`: ``review`` (the terminal walk, Label Studio files) and ``ui``
+- :mod:`~training.cli.tradeoff`: ``eval``'s trade tables, target line and trade plots
 
 Nothing is imported here, so the command line's root loads each module, and no model library.
 """

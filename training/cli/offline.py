@@ -187,7 +187,11 @@ def eval_command(
                                   help="Label name meaning out of scope (besides OUT_OF_SCOPE, OOS, NONE; any case)."),
     lang_column: str = typer.Option("lang", "--lang-column", help="Optional per-row language (per-language slices)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability and confusion PNGs here."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability, confusion and trade-curve PNGs "
+                                                               "here."),
+    target_oos_recall: Optional[float] = typer.Option(
+        None, "--target-oos-recall", help="Cut the fitted model at this out-of-scope recall (learned on its "
+                                          "out-of-fold training rows, as thresholds.target: {oos_recall: R})."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
     calibration: Optional[Path] = typer.Option(
         None, "--calibration", help="Held-out labelled data that calibrates the prediction sets (split-conformal; "
@@ -233,6 +237,9 @@ def eval_command(
         if model is not None:
             if tune_encoder:
                 raise typer.BadParameter("--tune-encoder tunes on --train or --intents, not on a saved --model")
+            if target_oos_recall is not None:
+                raise InvalidInputError("--target-oos-recall cuts a model as it is fitted (--train or --intents); "
+                                        "a saved --model keeps the cutoffs it was trained with")
             m = IntentModel.load(model)
         else:
             base = load_intents(intents) if intents else None
@@ -243,6 +250,8 @@ def eval_command(
                 intent_set = base
             else:
                 raise typer.BadParameter("give --train, --intents or --model")
+            if target_oos_recall is not None:
+                intent_set = _with_target(intent_set, {"oos_recall": target_oos_recall}, "--target-oos-recall")
             if tune_encoder:
                 from flywheel.classifier.encoders import open_version_encoder
                 from flywheel.training.options import resolve_tune
@@ -288,17 +297,36 @@ def eval_command(
         if tuning is not None:
             report["tuning"] = tuning
         if plots is not None:
-            report["plots"] = [str(p) for p in write_plots(report, plots)]
+            from flywheel.training.cli.tradeoff import write_tradeoff_plots
+
+            report["plots"] = [str(p) for p in [*write_plots(report, plots), *write_tradeoff_plots(report, plots)]]
         if as_json:
             echo_json(report)
         else:
-            typer.echo(format_report(report))
+            from flywheel.training.cli.tradeoff import format_tradeoff
+
+            typer.echo("\n".join([format_report(report), *format_tradeoff(report)]))
             if tuning is not None:
                 t = tuning
                 stopped = " (stopped by its budget)" if t["stopped_early"] else ""
                 typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
                            f"epoch(s) in {t['seconds']:.0f} s{stopped}, loss {t['loss_first']} -> {t['loss_last']}; "
                            f"served as {t['encoder_id']}" + (" (int8)" if t["quantized"] else " (fp32)"))
+
+
+def _with_target(intent_set: IntentSet, target: dict[str, float], flag: str) -> IntentSet:
+    """``intent_set`` cut at ``target`` instead of its own ``thresholds.target``, checked as
+    the intent file's is (a bad value: one line, exit 2)."""
+    from dataclasses import replace
+
+    from flywheel.classifier.operating_point import threshold_target
+
+    th = intent_set.thresholds
+    try:
+        checked = threshold_target({"target": target, "oos": th.oos, "confident": th.confident})
+    except ValueError as exc:
+        raise InvalidInputError(f"{flag}: {exc}") from None
+    return replace(intent_set, thresholds=replace(th, target=checked))
 
 
 def feedback_command(

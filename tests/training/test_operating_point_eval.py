@@ -1,0 +1,97 @@
+"""``flywheel eval``'s trade curves and ``--target-oos-recall``, and the retrain's gate at
+the intent set's ``thresholds.target`` (issue 35 item 2), with encoders that load no model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.model import IntentModel
+from tests.support.worlds import INTENT_DOC, VectorTextEmbedder, World, blob_split
+
+
+@pytest.fixture()
+def blob_files(tmp_path, monkeypatch):
+    """Blob train and test files as JSON Lines, and every encoder the CLI makes the vector-text one."""
+    import flywheel.classifier.encoders
+    import flywheel.classifier.trainer
+
+    emb = VectorTextEmbedder(16)
+    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: emb)
+    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: emb)
+    tr, ytr, te, yte = blob_split(n_train=200, n_test=300, seed=2)
+    for name, texts, labels in (("train", tr, ytr), ("test", te, yte)):
+        rows = [{"text": t, "label": "oos" if y is None else y} for t, y in zip(texts, labels)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return ["eval", "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "test.jsonl"), "--quiet",
+            "--latency-sample", "0"]
+
+
+def test_eval_reports_both_trades_and_cuts_at_target_oos_recall(blob_files, tmp_path, capsys):
+    from flywheel.cli import main
+
+    assert main([*blob_files, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    trade = plain["tradeoff"]
+    assert {"cutoff", "in_scope_accuracy", "oos_recall"} <= set(trade["oos"][0])
+    assert {"cutoff", "answered_share", "answered_accuracy", "llm_share"} <= set(trade["answered"][0])
+    assert "operating_point" not in plain
+
+    rc = main([*blob_files, "--json", "--target-oos-recall", "0.9", "--save", str(tmp_path / "v-cut")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    op = json.loads(out)["operating_point"]
+    assert op["target"] == {"oos_recall": 0.9} and op["cutoff"] == "oos"
+    assert op["chosen"]["on"] == "out-of-fold training rows" and op["chosen"]["oos_recall"] >= 0.9
+    assert op["test"]["n"] == 300 and op["value"] != 0.5
+    saved = IntentModel.load(tmp_path / "v-cut")       # the target travels with the version
+    assert saved.intents.thresholds.target == {"oos_recall": 0.9} and saved.manifest.thresholds["oos"] == op["value"]
+
+    plots = tmp_path / "plots"
+    assert main([*blob_files, "--target-oos-recall", "0.9", "--plots", str(plots)]) == 0
+    text = capsys.readouterr().out
+    assert "Out-of-scope trade" in text and "Teacher trade" in text and "<- served" in text
+    assert f"Target oos_recall 90.0%: oos cutoff {op['value']:.3f}" in text and "of 300" in text
+    assert (plots / "tradeoff_oos.png").read_bytes()[:4] == b"\x89PNG"
+    assert (plots / "tradeoff_teacher.png").exists()
+
+
+@pytest.mark.parametrize("value, words", [("1.5", "oos_recall must be a number in (0, 1], got 1.5"),
+                                          ("0", "oos_recall must be a number in (0, 1], got 0.0")])
+def test_eval_refuses_a_bad_target_in_one_line(blob_files, capsys, value, words):
+    from flywheel.cli import main
+
+    assert main([*blob_files, "--target-oos-recall", value]) == 2
+    err = capsys.readouterr().err
+    assert f"flywheel: error: --target-oos-recall: {words}" in err and err.count("\n") == 1
+
+
+def test_cli_refuses_a_bad_intent_file_target_with_exit_2(tmp_path, capsys):
+    from flywheel.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**INTENT_DOC, "thresholds": {"target": {"oos_recall": 0.8, "llm_share": 0.1}}}))
+    assert main(["train", "--intents", str(bad), "--out", str(tmp_path / "v1")]) == 2
+    err = capsys.readouterr().err
+    assert "thresholds.target: give exactly one of" in err and err.count("\n") == 1
+
+
+def test_the_retrain_gates_champion_and_challenger_at_the_same_target(tmp_path):
+    w = World(tmp_path)
+    w.seed_traffic(n_teacher=600, n_human=40)
+    first = w.run(min_new_labels=1)
+    assert first.outcome == "promoted" and "target" not in first.report["thresholds"]
+    w.intents = parse_intents({**INTENT_DOC, "thresholds": {"target": {"oos_recall": 0.9}}}, source="t.yaml")
+    w.seed_traffic(n_teacher=200, n_human=0, seed=1)
+    second = w.run(min_new_labels=1, dry_run=True)
+    section = second.report["thresholds"]["target"]
+    assert section["target"] == {"oos_recall": 0.9}
+    ch, cp = section["challenger"], section["champion"]
+    assert ch["cutoff"] == "oos" and ch["on"] == "out-of-fold training rows" and ch["oos_recall"] >= 0.9
+    assert second.report["thresholds"]["saved"]["oos"] == ch["value"]
+    # the champion was fitted without the target: cut at it on held-out rows it never saw
+    assert cp["how"] == "cut on held-out rows" and cp["cutoff"] == "oos" and cp["oos_recall"] >= 0.9
+    assert any(n.startswith("gated at the target oos_recall 0.9: the challenger cut out of fold, the champion "
+                            "cut on held-out rows (oos ") for n in second.report["notes"])
