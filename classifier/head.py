@@ -336,7 +336,8 @@ class IntentHead(ClassifierMixin, BaseEstimator):
         and what those rows give there (``None`` for another kind or none). ``oos_recall``:
         the ``oos`` cutoff (``fit`` learns the others at it); ``llm_share``: the ``confident``
         cutoff and the risk rule's ``defer``, set in ``thresholds_`` (either rule serves at it)."""
-        from flywheel.classifier.operating_point import choose_cutoff, target_kind
+        from flywheel.classifier.operating_point import choose_cutoff
+        from flywheel.classifier.targets import target_kind
         from flywheel.classifier.tiers import Thresholds
 
         if target_kind(self.operating_point) != kind:

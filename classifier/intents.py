@@ -18,7 +18,7 @@ import yaml
 
 from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.label_names import OUT_OF_SCOPE_NAMES, suggest_label
-from flywheel.classifier.operating_point import threshold_target
+from flywheel.classifier.targets import threshold_target
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
 EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "e5-multilingual", "sentence-transformers", "bge-m3")

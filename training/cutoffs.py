@@ -44,7 +44,8 @@ import numpy as np
 
 from flywheel.classifier.head import precision_cutoff
 from flywheel.classifier.model import IntentModel
-from flywheel.classifier.operating_point import choose_cutoff, target_kind
+from flywheel.classifier.operating_point import choose_cutoff
+from flywheel.classifier.targets import target_kind
 from flywheel.classifier.text import normalise_key
 from flywheel.classifier.tiers import Thresholds, assign_tiers
 from flywheel.training.rows import LabelledSet, TrainingSet

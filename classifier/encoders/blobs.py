@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
 __all__ = ["BLOBS_DIR", "BLOB_GRACE_S", "SPLIT_MIN_BYTES", "BlobRef", "blob_refs", "check_blobs", "collect_garbage",
@@ -194,7 +193,7 @@ def store_blob(src: Path, store: Path, sha256: str) -> int:
     there (then only its time is refreshed); the bytes written (0: it was there).
     ValueError when ``src`` does not hash to ``sha256``."""
     dst = store / sha256
-    if dst.is_file() and file_sha256(dst) == sha256:
+    if dst.is_file() and _file_sha256(dst) == sha256:
         os.utime(dst)
         return 0
     data = np.fromfile(src, dtype=np.uint8)
@@ -202,6 +201,11 @@ def store_blob(src: Path, store: Path, sha256: str) -> int:
         raise ValueError(f"{src} does not hash to {sha256}")
     _write_new(dst, data)
     return int(data.nbytes)
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:      # version_format.file_sha256 imports this module (no cycle)
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def version_blobs(version_dir: Path) -> list[BlobRef]:

@@ -10,8 +10,9 @@ import pytest
 
 from flywheel.classifier.errors import IntentFileError
 from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings, parse_intents
-from flywheel.classifier.operating_point import check_target, trade_curves
+from flywheel.classifier.operating_point import trade_curves
 from flywheel.classifier.pipeline import Classifier
+from flywheel.classifier.targets import check_target
 from flywheel.classifier.tiers import Thresholds
 from flywheel.classifier.trainer import fit_model
 from flywheel.training.evaluate import evaluate

@@ -319,7 +319,7 @@ def _with_target(intent_set: IntentSet, target: dict[str, float], flag: str) -> 
     the intent file's is (a bad value: one line, exit 2)."""
     from dataclasses import replace
 
-    from flywheel.classifier.operating_point import threshold_target
+    from flywheel.classifier.targets import threshold_target
 
     th = intent_set.thresholds
     try:
