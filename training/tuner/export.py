@@ -263,6 +263,9 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                  f"budget {budget:.0f} s ...")
     tuner = tuner_for(budget)
     tuner.fit([texts[i] for i in keep], [labels[i] for i in keep], sample_weight=weights)
+    if not tuner.report_["steps"]:   # the base encoder again: not worth an export, nor a challenger
+        raise TuningError(f"the budget ran out before the first tuning step ({tuner.report_['seconds']} s of "
+                          f"{budget:.0f} s spent loading the encoder and its starting point): nothing to export")
     hf = Path(tempfile.mkdtemp(prefix="hf-", dir=work))
     try:
         tuner.save(hf)

@@ -217,6 +217,19 @@ def test_a_tuning_that_fails_leaves_the_head_only_challenger(world, monkeypatch)
     assert not (world.registry.home / res.version / "encoder").exists()
 
 
+def test_a_budget_spent_before_the_first_step_exports_nothing(world, tmp_path):
+    """A busy machine spent e5's whole budget loading the encoder (0 steps) and the retrain
+    still exported the untouched base encoder and gated it as a tuned challenger: now that
+    is a failed tuning, so the head-only challenger alone is fitted (issue 34 item 3)."""
+    from flywheel.training.tuner.export import tune_and_export
+
+    texts, labels = world.intents.training_pairs()
+    with pytest.raises(TuningError, match="the budget ran out before the first tuning step"):
+        tune_and_export(list(texts), list(labels), world.intents.embedder,
+                        dataclasses.replace(FAST, budget_s=1e-3), str(tmp_path / "work"))
+    assert not list((tmp_path / "work").rglob("*.onnx"))
+
+
 def test_objective_adapter_gates_an_adapted_challenger_and_a_promoted_one_carries_it(world, monkeypatch):
     import flywheel.classifier.encoders as encoders
     import flywheel.classifier.encoders.factory as factory
