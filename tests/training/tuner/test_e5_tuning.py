@@ -41,10 +41,19 @@ TEXTS = ["where's my parcel right now", "¿me pueden reembolsar la compra?"]
 
 
 def _word_embeddings(onnx_path):
+    """The served graph's word-embedding table: from its shared blob (classifier.encoders.blobs),
+    else from the graph itself."""
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(onnx_path))
+    from flywheel.classifier.encoders.blobs import blob_refs, load_blobs
+
+    manifest = json.loads((onnx_path.parent / "manifest.json").read_text())
+    shared = load_blobs(onnx_path.parent, blob_refs(manifest))
+    table = next((a for name, a in shared.items() if name.endswith("word_embeddings.weight")), None)
+    if table is not None:
+        return table
+    model = onnx.load(str(onnx_path), load_external_data=False)
     return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith("word_embeddings.weight"))
 
 
