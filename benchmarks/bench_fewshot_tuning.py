@@ -7,6 +7,7 @@ runs the two commands a user would run and reads their JSON::
 
     flywheel eval --train T --test S --json --latency-sample 0
     flywheel eval --train T --test S --json --latency-sample 0 --tune-encoder
+    flywheel eval ... --tune-encoder --unlabelled POOL --tune-unlabelled SHARE   # --unlabelled-shares SHARE
 
 ``--backend use-multilingual --objective adapter`` measures the adapter on the numpy USE
 default instead (issue 22 item 5): eval gets ``--intents`` with that encoder and
@@ -46,7 +47,9 @@ def banking77_doc(directory: Path) -> dict:
     return {"train": rows("train.csv"), "test": rows("test.csv"), "oos_train": [], "oos_test": []}
 
 
-def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Path, Path]:
+def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Path, Path, Path]:
+    """The k-shot training file, the test file, and the unlabelled pool (issue 35): the rest
+    of the train split (in scope and out of scope), one text a line, labels dropped."""
     rng = random.Random(seed)
     by: dict[str, list] = collections.defaultdict(list)
     for text, label in doc["train"]:
@@ -54,20 +57,26 @@ def write_split(doc: dict, k: int, n_oos: int, seed: int, out: Path) -> tuple[Pa
     train = [row for label in sorted(by) for row in rng.sample(by[label], k)]
     oos = rng.sample(doc["oos_train"], n_oos)
     out.mkdir(parents=True, exist_ok=True)
-    tr, te = out / f"train-{k}-{seed}.json", out / "test.json"
+    tr, te, pool = out / f"train-{k}-{seed}.json", out / "test.json", out / f"unlabelled-{k}-{seed}.txt"
     tr.write_text(json.dumps({"train": train, "oos_train": oos}))
     te.write_text(json.dumps({"test": doc["test"], "oos_test": doc["oos_test"]}))
-    return tr, te
+    chosen = {t for t, _ in train} | {t for t, _ in oos}
+    rest = [t for t, _ in doc["train"] + doc["oos_train"] if t not in chosen and "\n" not in t]
+    pool.write_text("\n".join(rest) + "\n", encoding="utf-8")
+    return tr, te, pool
 
 
 def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | None = None, *,
-             intents: Path | None = None, objective: str | None = None, calibration: str | None = None) -> dict:
+             intents: Path | None = None, objective: str | None = None, calibration: str | None = None,
+             unlabelled: Path | None = None, share: float | None = None, budget: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
            "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else []) \
         + (["--tune-holdout", str(holdout)] if tune and holdout is not None else []) \
         + (["--intents", str(intents)] if intents is not None else []) \
         + (["--tune-objective", objective] if tune and objective else []) \
-        + (["--tune-calibration", calibration] if tune and calibration else [])
+        + (["--tune-calibration", calibration] if tune and calibration else []) \
+        + (["--unlabelled", str(unlabelled), "--tune-unlabelled", str(share)] if tune and share else []) \
+        + (["--tune-budget", str(budget)] if tune and budget else [])
     env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
@@ -96,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrations", nargs="+", default=[None],
                     help="--tune-calibration values to run tuned, each with every --holdouts value "
                          "(default: the command's own default)")
+    ap.add_argument("--unlabelled-shares", type=float, nargs="+", default=[],
+                    help="also run tuned with the unlabelled stage at each of these budget shares, the rest of "
+                         "the train split as its pool (issue 35)")
+    ap.add_argument("--tune-budget", type=float, default=None, help="--tune-budget of every tuned run")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     doc = banking77_doc(Path(args.banking77)) if args.banking77 else json.loads(Path(args.data).read_text())
@@ -103,20 +116,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fewshot-") as tmp:
         for k in args.shots:
             for seed in args.seeds:
-                train, test = write_split(doc, k, args.oos, seed, Path(tmp))
+                train, test, pool = write_split(doc, k, args.oos, seed, Path(tmp))
                 intents = None
                 if args.backend:   # --intents gives eval the encoder settings; the intents come from --train
                     intents = Path(tmp) / "encoder.yaml"
                     intents.write_text(json.dumps({"version": 1, "name": "encoder", "embedder": {
                         "backend": args.backend}, "intents": [{"name": n, "description": n, "examples": [n, n + "?"]}
                                                               for n in ("a", "b")]}))
-                arms = ([] if args.no_frozen else [(False, None, None)]) + [
-                    (True, h, c) for c in args.calibrations for h in args.holdouts]
-                for tune, holdout, calibration in arms:
+                arms = ([] if args.no_frozen else [(False, None, None, None)]) + [
+                    (True, h, c, None) for c in args.calibrations for h in args.holdouts] + [
+                    (True, None, None, share) for share in args.unlabelled_shares]
+                for tune, holdout, calibration, share in arms:
                     rep = run_eval(train, test, Path(tmp) / "home", tune, holdout, intents=intents,
-                                   objective=args.objective, calibration=calibration)
+                                   objective=args.objective, calibration=calibration, unlabelled=pool, share=share,
+                                   budget=args.tune_budget)
                     t = rep.get("tuning", {})
+                    stage = t.get("unlabelled_stage") or {}
                     row = {"shots": k, "seed": seed, "tuned": tune, "objective": t.get("objective"),
+                           "unlabelled_share": share, "stage_rows": stage.get("rows"),
+                           "stage_steps": stage.get("steps"), "stage_seconds": stage.get("seconds"),
                            "holdout": t.get("holdout"), "calibration": t.get("calibration"),
                            "held_out_rows": t.get("held_out_rows"), "accuracy": rep["accuracy"],
                            "in_scope_accuracy": rep["in_scope_accuracy"], "oos_recall": rep["oos_recall"],
@@ -133,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         tuned = (f"yes ({r['calibration']}" + (f" {r['holdout']:g})" if r["calibration"] != "crossfit" else ")")
                  if r["tuned"] else "no")
+        if r["unlabelled_share"]:
+            tuned += f" + unlabelled {r['unlabelled_share']:g} ({r['stage_steps']} steps, {r['stage_seconds']} s)"
         print(f"| {r['shots']} | {r['seed']} | {tuned} | {100 * r['accuracy']:.2f} | "
               f"{100 * r['in_scope_accuracy']:.2f} | "
               f"{'' if r['oos_recall'] is None else format(100 * r['oos_recall'], '.1f')} | "

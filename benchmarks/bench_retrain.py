@@ -67,6 +67,9 @@ def main() -> int:
     ap.add_argument("--tune-budget", type=float, default=None,
                     help="also tune the encoder (issue 22) within this many seconds: the cost of tuning, "
                          "re-encoding and the second challenger at this volume")
+    ap.add_argument("--tune-unlabelled", type=float, default=None,
+                    help="with --tune-budget: this share of it for the unlabelled stage on the logged queries "
+                         "(issue 35)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     nrng = np.random.default_rng(args.seed)
@@ -118,7 +121,8 @@ def main() -> int:
     counting = CountingEmbedder(embedder)
     registry = ModelRegistry(work / "models")
     t0 = time.perf_counter()
-    tune = None if args.tune_budget is None else TuneSettings(budget_s=args.tune_budget)
+    tune = None if args.tune_budget is None else TuneSettings(budget_s=args.tune_budget,
+                                                              unlabelled=args.tune_unlabelled or 0.0)
     result = retrain(store=store, registry=registry, intents=intents, embedder=counting,
                      options=RetrainOptions(progress=True, tune=tune))
     t_retrain = time.perf_counter() - t0
@@ -132,8 +136,15 @@ def main() -> int:
         # the whole process's peak resident memory (the log build included), in MiB
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "tuning": {k: tuning.get(k) for k in ("rows", "rows_without_text", "step_seconds", "reencode_seconds",
-                                               "reencoded_rows", "stopped_by_budget", "encoder_id")} | {
-            "steps": (tuning.get("tuner") or {}).get("steps")} if tuning else None,
+                                               "reencoded_rows", "stopped_by_budget", "encoder_id",
+                                               "tuner_budget_s", "reencode_forecast_seconds",
+                                               "export_forecast_seconds", "budget_overrun_seconds",
+                                               "unlabelled_pool")} | {
+            "steps": (tuning.get("tuner") or {}).get("steps"),
+            "steps_planned": (tuning.get("tuner") or {}).get("steps_planned"),
+            "tune_seconds": (tuning.get("tuner") or {}).get("seconds"),
+            "export_seconds": (tuning.get("tuner") or {}).get("export_seconds"),
+            "unlabelled_stage": (tuning.get("tuner") or {}).get("unlabelled_stage")} if tuning else None,
         "challengers": report.get("challengers"),
     }
     print(json.dumps(out, indent=2, default=str))

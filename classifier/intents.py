@@ -46,7 +46,7 @@ _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
                   "num_threads", "layers", "runtime", "tune"}
 _TUNE_KEYS = {"objective", "budget_s", "epochs", "batch_size", "learning_rate", "max_length", "seed", "holdout",
-              "calibration"}
+              "calibration", "unlabelled", "unlabelled_rows"}
 #: what ``embedder.tune.objective`` may be (training.tuner.finetune.EncoderTuner)
 TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
 # how the head of a tuned encoder learns its calibration and cutoffs (TuneSettings.calibration)
@@ -114,6 +114,11 @@ class TuneSettings:
     # "auto": crossfit up to training.tuner.export.CROSSFIT_MAX_ROWS rows, where a holdout
     # costs the most, holdout above (BENCHMARKS.md §14.12)
     calibration: str = "auto"
+    # share of budget_s for the self-supervised stage on unlabelled texts before the tuning
+    # (training.tuner.unlabelled: the logged queries in a retrain, --unlabelled FILE in eval);
+    # 0: no stage. At most unlabelled_rows distinct texts, a seeded draw (issue 35)
+    unlabelled: float = 0.0
+    unlabelled_rows: int = 20000
 
     def __post_init__(self) -> None:
         """The one check of these settings, wherever they come from (the intent file,
@@ -134,7 +139,8 @@ class TuneSettings:
 # TuneSettings' bounds, stated once, in field order: (name, lowest, highest; None: an integer)
 _TUNE_BOUNDS: tuple[tuple[str, Any, float | None], ...] = (
     ("budget_s", 0.0, 7 * 86400.0), ("epochs", 1, None), ("batch_size", 2, None), ("learning_rate", 1e-8, 1.0),
-    ("max_length", 8, None), ("seed", 0, None), ("holdout", 0.0, 0.5))
+    ("max_length", 8, None), ("seed", 0, None), ("holdout", 0.0, 0.5), ("unlabelled", 0.0, 0.5),
+    ("unlabelled_rows", 1, None))
 
 
 def _tune_number(name: str, value: Any, lo: float, hi: float) -> float:

@@ -604,6 +604,17 @@ class LogStore:
             [_to_utc(since if since is not None else 0.0)]).fetchall())
         return [tuple(r[0]) for r in rows]
 
+    def query_texts(self, limit: int, seed: int = 0) -> list[str]:
+        """Up to ``limit`` distinct logged query texts, a draw fixed by ``seed`` (the same log
+        and seed give the same texts), for the unlabelled stage of encoder tuning (issue 35).
+        Texts retention erased (``''``, :meth:`forget_text`) are never returned."""
+        if int(limit) < 1:
+            raise ValueError(f"limit must be at least 1, got {limit!r}")
+        rows = self._run(lambda con: con.execute(
+            "SELECT text FROM (SELECT DISTINCT text FROM decisions WHERE text IS NOT NULL AND trim(text) <> '') "
+            "ORDER BY hash(text, ?::BIGINT), text LIMIT ?", [int(seed), int(limit)]).fetchall())
+        return [r[0] for r in rows]
+
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions logged with ``encoder_id``
         (layer 2 ran on them), newest first."""

@@ -41,7 +41,7 @@ from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings
 from flywheel.classifier.label_names import parse_label
 
 __all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
-           "drop_unknown_labels", "intent_set_from_data"]
+           "load_unlabelled", "drop_unknown_labels", "intent_set_from_data"]
 
 FORMATS = ("clinc150", "csv", "jsonl")
 # split name -> the CLINC150 lists it reads (in-scope first, then out of scope)
@@ -178,6 +178,49 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
 
 
 # --------------------------------------------------------------------------- readers
+def load_unlabelled(path: str | Path, *, text_column: str = "text") -> list[str]:
+    """The texts of an unlabelled file (``flywheel eval --unlabelled``): ``.txt`` one text a
+    line (blank lines skipped), ``.jsonl`` one JSON string or object with ``text_column``
+    a line, ``.json`` a list of strings. Labels, if any, are ignored.
+
+    Raises
+    ------
+    DatasetError
+        A missing or unreadable file, another extension, a line or item that is not a text,
+        or no text at all.
+    """
+    p = Path(path)
+    raw = _read_text(p)
+    ext = p.suffix.lower()
+    out: list[str] = []
+    if ext == ".txt":
+        out = [line.strip() for line in raw.splitlines() if line.strip()]
+    elif ext in (".jsonl", ".ndjson"):
+        for n, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(p, f"not valid JSON ({exc.msg})", f"line {n}") from None
+            text = item.get(text_column) if isinstance(item, dict) else item
+            out.append(_check_text(p, f"line {n}", text))
+    elif ext == ".json":
+        try:
+            items = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(p, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(items, list):
+            raise DatasetError(p, f"an unlabelled .json file is a list of strings, got {_describe(items)}")
+        out = [_check_text(p, f"item {n}", t) for n, t in enumerate(items, start=1)]
+    else:
+        raise DatasetError(p, f"unlabelled texts are read from .txt (one a line), .jsonl or .json (a list of "
+                              f"strings), not {ext or 'a file without an extension'!r}")
+    if not out:
+        raise DatasetError(p, "no texts in the file")
+    return out
+
+
 def _read_text(p: Path) -> str:
     try:
         return p.read_text(encoding="utf-8-sig")

@@ -12,7 +12,8 @@ from flywheel.classifier.errors import FlywheelError, TuneSettingsError
 from flywheel.classifier.intents import TuneSettings
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
-__all__ = ["RetrainError", "RetrainOptionError", "RetrainOptions", "resolve_tune"]
+__all__ = ["DEFAULT_UNLABELLED_SHARE", "RetrainError", "RetrainOptionError", "RetrainOptions", "TUNE_FLAGS",
+           "resolve_tune"]
 
 
 class RetrainError(FlywheelError):
@@ -127,8 +128,11 @@ class RetrainOptions:
 
 
 # the --tune-* flag that sets each TuneSettings field, for the one-line error
+#: the unlabelled stage's share of the tuning budget when texts are given and no share is
+#: (``flywheel eval --unlabelled FILE``; ``embedder.tune.unlabelled`` sets it in a file)
+DEFAULT_UNLABELLED_SHARE = 0.3
 TUNE_FLAGS = {"budget_s": "--tune-budget", "objective": "--tune-objective", "epochs": "--tune-epochs",
-              "holdout": "--tune-holdout", "calibration": "--tune-calibration"}
+              "holdout": "--tune-holdout", "calibration": "--tune-calibration", "unlabelled": "--tune-unlabelled"}
 
 
 def resolve_tune(from_intents: TuneSettings | None, tune_encoder: bool | None = None,

@@ -58,6 +58,10 @@ class TrafficLog(Protocol):
         """The newest confident in-scope layer-2 decisions with their vectors."""
         ...
 
+    def query_texts(self, limit: int, seed: int = 0) -> list[str]:
+        """Up to ``limit`` distinct logged query texts (a seeded draw), retention-erased ones never."""
+        ...
+
     def latest_decisions(self, encoder_id: str, n: int) -> list[tuple[str, str]]:
         """``(decision_id, text)`` of the newest ``n`` decisions layer 2 ran on."""
         ...

@@ -116,7 +116,7 @@ def _tune_settings(intent_set: IntentSet, flag: Optional[bool], budget: Optional
 
 
 def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, version: Optional[str],
-               quiet: bool) -> IntentModel:
+                 quiet: bool, unlabelled: Optional[list[str]] = None) -> IntentModel:
     """Tune the encoder on the intent examples, export it, fit the head on its vectors; the
     model carries the export (``encoder_dir``)."""
     from dataclasses import replace
@@ -129,7 +129,7 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
             typer.echo(f"flywheel train: {line}", err=True)
 
     texts, labels = intent_pairs(intent_set)
-    tuned = tune_and_export(texts, labels, intent_set.embedder, tune, work, progress=say)
+    tuned = tune_and_export(texts, labels, intent_set.embedder, tune, work, progress=say, unlabelled=unlabelled)
     r = tuned.report
     say(f"encoder tuned ({r['objective']}, {r['device']}) in {r['seconds']:.0f} s"
         + (" (stopped by its budget)" if r["stopped_early"] else "")
@@ -219,6 +219,12 @@ def eval_command(
         help="auto | holdout | crossfit: how the tuned head learns its cutoffs (default: "
              "embedder.tune.calibration, else auto: crossfit up to 5,000 rows, holdout above; crossfit "
              "tunes two more encoders on the halves of the rows, about twice the time)."),
+    unlabelled: Optional[Path] = typer.Option(
+        None, "--unlabelled", help="With --tune-encoder: unlabelled texts (.txt one a line, .jsonl, or .json a "
+                                   "list) for a self-supervised stage (SimCSE) before the tuning."),
+    tune_unlabelled: Optional[float] = typer.Option(
+        None, "--tune-unlabelled", help="Share of the tuning budget the --unlabelled stage may take (default: "
+                                        "embedder.tune.unlabelled when above 0, else 0.3; at most 0.5)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
@@ -252,16 +258,29 @@ def eval_command(
                 raise typer.BadParameter("give --train, --intents or --model")
             if target_oos_recall is not None:
                 intent_set = _with_target(intent_set, {"oos_recall": target_oos_recall}, "--target-oos-recall")
+            if (unlabelled is not None or tune_unlabelled is not None) and not tune_encoder:
+                raise typer.BadParameter("--unlabelled and --tune-unlabelled feed the encoder tuning: add "
+                                         "--tune-encoder")
             if tune_encoder:
                 from flywheel.classifier.encoders import open_version_encoder
-                from flywheel.training.options import resolve_tune
+                from flywheel.training.loaders import load_unlabelled
+                from flywheel.training.options import DEFAULT_UNLABELLED_SHARE, resolve_tune
 
+                pool = load_unlabelled(unlabelled) if unlabelled is not None else None
+                share = tune_unlabelled
+                if share is None and pool is not None and not (intent_set.embedder.tune and
+                                                               intent_set.embedder.tune.unlabelled > 0):
+                    share = DEFAULT_UNLABELLED_SHARE
                 tune = resolve_tune(intent_set.embedder.tune, True, tune_budget, objective=tune_objective,
-                                    epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration)
+                                    epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration,
+                                    unlabelled=share)
                 assert tune is not None, "--tune-encoder turns tuning on"
+                if pool is None and tune.unlabelled > 0:
+                    raise typer.BadParameter("--tune-unlabelled (or embedder.tune.unlabelled) needs texts: give "
+                                             "them with --unlabelled FILE")
                 work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
                 stack.callback(shutil.rmtree, work, ignore_errors=True)
-                m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet)
+                m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet, unlabelled=pool)
                 assert m.encoder_dir is not None, "a tuned version carries its encoder"
                 tuning = m.manifest.metrics["encoder_tuning"]
                 # scored as a version serves it: the exported (int8 where it holds) encoder
@@ -312,6 +331,10 @@ def eval_command(
                 typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
                            f"epoch(s) in {t['seconds']:.0f} s{stopped}, loss {t['loss_first']} -> {t['loss_last']}; "
                            f"served as {t['encoder_id']}" + (" (int8)" if t["quantized"] else " (fp32)"))
+                stage = t.get("unlabelled_stage")
+                if stage is not None:
+                    typer.echo(f"unlabelled stage first (SimCSE): {stage['steps']} steps on {stage['rows']:,} "
+                               f"texts in {stage['seconds']:.0f} s, loss {stage['loss_first']} -> {stage['loss_last']}")
 
 
 def _with_target(intent_set: IntentSet, target: dict[str, float], flag: str) -> IntentSet:

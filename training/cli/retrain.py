@@ -67,6 +67,10 @@ def retrain_command(
              "(default: the intent file's embedder.tune; left out, on for minilm and e5-multilingual)."),
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s, 900)."),
+    tune_unlabelled: Optional[float] = typer.Option(
+        None, "--tune-unlabelled",
+        help="Share of the tuning budget (at most 0.5) for a self-supervised stage on the logged queries before "
+             "the tuning; its challenger must still win the gate (default: embedder.tune.unlabelled, 0: none)."),
     teacher_filter: bool = typer.Option(
         _DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter",
         help="Drop teacher labels the evidence contradicts before training (out of scope deep inside an "
@@ -82,10 +86,10 @@ def retrain_command(
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
                                  shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs)
-        if tune_budget is not None:   # a bad budget, or one with --no-tune-encoder: exit 2 before any work
-            resolve_tune(None, tune_encoder is not False, tune_budget)
+        if tune_budget is not None or tune_unlabelled is not None:   # bad, or with --no-tune-encoder: exit 2 now
+            resolve_tune(None, tune_encoder is not False, tune_budget, unlabelled=tune_unlabelled)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,
-                                 tune_encoder=tune_encoder, tune_budget=tune_budget)
+                                 tune_encoder=tune_encoder, tune_budget=tune_budget, tune_unlabelled=tune_unlabelled)
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -117,7 +121,7 @@ def make_embedder(settings: EmbedderSettings, cache_root: Path | None = None) ->
 
 def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_db: str | None = None,
                     intents: Path | None = None, home: Path | None = None, tune_encoder: bool | None = None,
-                    tune_budget: float | None = None) -> RetrainResult:
+                    tune_budget: float | None = None, tune_unlabelled: float | None = None) -> RetrainResult:
     """Run :func:`training.retrain.retrain` with ``options`` on the configured models home
     and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
     intent set is ``intents``, else the champion's bundled one, else the configured file
@@ -129,6 +133,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     ``--no-tune-encoder`` False) wins over the intent set's ``embedder.tune``, which applies
     when it is ``None``: left out, tuning is on for an encoder that can be tuned
     (:func:`classifier.intents.retrain_tuning`); ``tune_budget`` (``--tune-budget``) overrides the budget
+    and ``tune_unlabelled`` (``--tune-unlabelled``) the unlabelled stage's share
     (:func:`training.options.resolve_tune`). ``options.tune`` is used as it is when set."""
     from flywheel.classifier.config import load_config, starter_intents_path
     from flywheel.classifier.default import existing_model_dir
@@ -147,7 +152,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
             Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
     if options.tune is None:
         by_file, why = retrain_tuning(intent_set.embedder)
-        tune = resolve_tune(by_file, cfg.tune_encoder, tune_budget)
+        tune = resolve_tune(by_file, cfg.tune_encoder, tune_budget, unlabelled=tune_unlabelled)
         if cfg.tune_encoder is not None:
             why = _TUNE_SOURCES[cfg.sources.get("tune_encoder", "flag")][cfg.tune_encoder]
         options = replace(options, tune=tune, tune_why=why)

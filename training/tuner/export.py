@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from flywheel.classifier.protocols import Embedder
 
 __all__ = ["ADAPTER", "CROSSFIT", "CROSSFIT_MAX_ROWS", "HOLDOUT", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export",
            "calibration_holdout", "crossfit_folds", "intent_pairs", "resolve_calibration", "settings_with",
-           "tune_and_export"]
+           "tune_and_export", "unlabelled_stage"]
 
 MIN_HELD_OUT = 2    # rows an intent must keep out of the tuning for them to be cross-validated
 ADAPTER = "adapter"  # the objective that trains an adapter on the frozen encoder instead
@@ -122,8 +122,6 @@ def intent_pairs(intents: IntentSet) -> tuple[list[str], list[str | None]]:
 
 def settings_with(tune: TuneSettings | None, **changes: Any) -> TuneSettings:
     """``tune`` (default :class:`TuneSettings`) with ``changes`` (``None`` values ignored)."""
-    from dataclasses import replace
-
     base = tune if tune is not None else TuneSettings()
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
@@ -186,7 +184,8 @@ def adapt_and_export(texts: Sequence[str], labels: Sequence[str | None], setting
 def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings: EmbedderSettings,
                     tune: TuneSettings, workdir: str | Path, *, sample_weight: Sequence[float] | None = None,
                     hard_pairs: Sequence[tuple[str | None, str | None]] | None = None,
-                    progress: Callable[[str], None] | None = None, tune_on_oos: bool = False) -> TunedEncoder:
+                    progress: Callable[[str], None] | None = None, tune_on_oos: bool = False,
+                    unlabelled: Sequence[str] | None = None) -> TunedEncoder:
     """Fine-tune ``settings``' base encoder on ``(texts, labels)`` and export it into
     ``workdir/encoder``.
 
@@ -208,6 +207,10 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         (``encoder/``) are written; the caller owns it.
     sample_weight, hard_pairs, progress
         Passed to :class:`training.tuner.finetune.EncoderTuner`.
+    unlabelled : sequence of str, optional
+        Texts for the self-supervised stage (:func:`unlabelled_stage`), run first when
+        ``tune.unlabelled`` is above 0: the supervised tuning (both cross-fitting halves
+        too) then starts from the stage's encoder, with what the stage left of the budget.
 
     The tuner trains on every in-scope row except a calibration holdout
     (:func:`calibration_holdout`, ``tune.holdout`` of each intent's rows): the head fitted
@@ -241,6 +244,15 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                             freeze_word_embeddings=recipe["freeze_word_embeddings"])
 
     t_start = time.perf_counter()
+    stage = unlabelled_stage(unlabelled, base, recipe, settings, tune, work, progress=progress)
+    if stage is not None:
+        start_dir, stage_report = stage
+        licence_dir = base
+        base = start_dir
+        tune = replace(tune, budget_s=max(1e-3, tune.budget_s - (time.perf_counter() - t_start)))
+        t_start = time.perf_counter()
+    else:
+        licence_dir, stage_report = base, None
     calibration = resolve_calibration(tune.calibration, sum(1 for y in labels if tune_on_oos or y is not None))
     crossfit = calibration == CROSSFIT
     views: tuple[CrossFitView, ...] = ()
@@ -263,6 +275,8 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
                  f"budget {budget:.0f} s ...")
     tuner = tuner_for(budget)
     tuner.fit([texts[i] for i in keep], [labels[i] for i in keep], sample_weight=weights)
+    if stage is not None:   # every tuner has loaded it: the stage's weights are not needed any more
+        shutil.rmtree(base, ignore_errors=True)
     if not tuner.report_["steps"]:   # the base encoder again: not worth an export, nor a challenger
         raise TuningError(f"the budget ran out before the first tuning step ({tuner.report_['seconds']} s of "
                           f"{budget:.0f} s spent loading the encoder and its starting point): nothing to export")
@@ -276,10 +290,11 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         if progress is not None:
             progress("exporting the tuned encoder to ONNX (checked against torch) ...")
         # served with the base encoder's token limit (tuning truncates at tune.max_length for speed)
-        export = export_encoder(hf, work / "encoder", quantize=bool(quantize), max_length=base_max_length(base),
+        export = export_encoder(hf, work / "encoder", quantize=bool(quantize),
+                                max_length=base_max_length(licence_dir),
                                 num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
                                 int8_keep_fp32=_int8_keep_fp32(settings),
-                                extra_files=[base / recipe["licence"]] if recipe["licence"] else ())
+                                extra_files=[licence_dir / recipe["licence"]] if recipe["licence"] else ())
     finally:
         shutil.rmtree(hf, ignore_errors=True)
     embedder = VersionEncoderEmbedder(export.path, batch_size=settings.batch_size, max_chars=settings.max_chars,
@@ -290,11 +305,46 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
               "cosine_to_torch": export.cosine, "int8_cosine_to_fp32": export.int8_cosine,
               "holdout": 0.0 if crossfit else tune.holdout, "held_out_rows": int(held.sum()),
               "held_out_intents": len(calibrated), "calibration": calibration}
+    if stage_report is not None:
+        report["unlabelled_stage"] = stage_report
     if crossfit:
         report["crossfit_halves"] = half_reports
         report["seconds"] = round(time.perf_counter() - t_start - export.seconds, 2)
         report["stopped_early"] = bool(report["stopped_early"] or any(h["stopped_early"] for h in half_reports))
     return TunedEncoder(embedder, export, report, fit_only, views)
+
+
+def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: dict[str, Any], settings: EmbedderSettings,
+                     tune: TuneSettings, work: Path, *, progress: Callable[[str], None] | None = None
+                     ) -> tuple[Path, dict[str, Any]] | None:
+    """The self-supervised stage (:class:`training.tuner.unlabelled.ContrastivePretrainer`)
+    on at most ``tune.unlabelled_rows`` of ``texts`` (:func:`~training.tuner.unlabelled.stage_pool`),
+    within ``tune.unlabelled`` of ``tune.budget_s``: ``(directory of the encoder after it,
+    its report)``, or ``None`` when there is no stage (share 0, no texts given). Fewer
+    texts than the stage needs, or a budget that ends before its first step, also give
+    ``None`` and a progress line saying so: the tuning then starts from ``base`` as without
+    the stage."""
+    from flywheel.training.tuner.unlabelled import MIN_STAGE_ROWS, ContrastivePretrainer, stage_pool
+
+    if texts is None or tune.unlabelled <= 0.0:
+        return None
+    pool = stage_pool(texts, tune.unlabelled_rows, tune.seed)
+    if len(pool) < MIN_STAGE_ROWS:
+        if progress is not None:
+            progress(f"no unlabelled stage: {len(pool)} distinct unlabelled texts, it needs {MIN_STAGE_ROWS}")
+        return None
+    budget = tune.unlabelled * tune.budget_s
+    if progress is not None:
+        progress(f"unlabelled stage (SimCSE) on {len(pool):,} texts, budget {budget:.0f} s ...")
+    stage = ContrastivePretrainer(base, batch_size=max(2, 2 * tune.batch_size), max_length=tune.max_length,
+                                  budget_s=budget, seed=tune.seed, device=settings.device, progress=progress,
+                                  num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
+                                  freeze_word_embeddings=recipe["freeze_word_embeddings"]).fit(pool)
+    if not stage.report_["steps"]:
+        if progress is not None:
+            progress(f"no unlabelled stage: its budget ({budget:.0f} s) ran out before the first step")
+        return None
+    return stage.save(Path(tempfile.mkdtemp(prefix="stage-", dir=work))), stage.report_
 
 
 def _int8_keep_fp32(settings: EmbedderSettings) -> Callable[[Path], list[str]] | None:

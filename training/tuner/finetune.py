@@ -66,7 +66,7 @@ from flywheel.classifier.errors import TrainingError
 if TYPE_CHECKING:
     from flywheel.classifier.intents import EmbedderSettings
 
-__all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows",
+__all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows", "mean_pool",
            "plan_batches", "tunable_base", "tuning_recipe"]
 
 OBJECTIVES = ("cross_entropy", "contrastive")
@@ -128,7 +128,7 @@ def plan_batches(y: np.ndarray, oos_index: int | None, batch_size: int, objectiv
     return batches
 
 
-def _mean_pool(hidden: Any, mask: Any) -> Any:
+def mean_pool(hidden: Any, mask: Any) -> Any:
     """Masked mean of ``hidden`` (batch, tokens, dim) over tokens, L2-normalised: the
     pooling of :class:`~classifier.encoders.torch_runner.MeanPoolRunner`."""
     import torch
@@ -152,7 +152,7 @@ def _encode(model: Any, tokenizer: Any, texts: list[str], max_length: int, devic
             batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
                               return_tensors="pt").to(device)
             hidden = model(**batch).last_hidden_state
-            out[idx] = _mean_pool(hidden, batch["attention_mask"]).cpu().numpy()
+            out[idx] = mean_pool(hidden, batch["attention_mask"]).cpu().numpy()
     return out
 
 
@@ -526,7 +526,7 @@ class EncoderTuner:
                 ts = time.perf_counter()
                 batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                   max_length=int(self.max_length), return_tensors="pt").to(device)
-                v = _mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
+                v = mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
                 it = torch.as_tensor(idx, device=device)
                 if weights is not None:
                     logits = float(self.scale) * (v @ F.normalize(weights, dim=-1).T)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:   # the head (scikit-learn) and the intent model load with the
 
 __all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "TunedStep", "candidate_pairs", "confusion_pairs",
            "encode_texts", "export_forecast", "export_seconds", "hard_pairs_of", "reencode", "reencode_forecast",
-           "reencode_rows", "reencode_training_set", "tune_encoder", "tuner_budget", "tuning_rows"]
+           "reencode_rows", "reencode_training_set", "tune_encoder", "tuner_budget", "tuning_rows", "unlabelled_pool"]
 
 HARD_PAIRS = 5      # the champion's most confused intent pairs handed to the tuner
 REENCODE_PROBE = 256     # texts encoded (and timed) to forecast the re-encoding
@@ -260,9 +260,10 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
     say(f"tuning the encoder on {len(texts):,} rows with {len(hard)} hard pairs (budget {tune.budget_s:g} s: "
         f"{budget:.0f} s to tune, {export:.0f} s set aside for the ONNX export and {forecast:.0f} s to "
         f"re-encode about {n_reencode:,} rows) ...")
+    pool = unlabelled_pool(store, tune, report, say)
     try:
         out = tune_and_export(texts, labels, intents.embedder, replace(tune, budget_s=budget), workdir,
-                              sample_weight=weights, hard_pairs=hard,
+                              sample_weight=weights, hard_pairs=hard, unlabelled=pool,
                               progress=lambda line: say(f"tuning: {line}"))
         report.update(step_seconds=round(time.perf_counter() - t0, 3), encoder_id=out.embedder.id,
                       stopped_by_budget=bool(out.report.get("stopped_early")), tuner=out.report)
@@ -282,11 +283,29 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
     if report["budget_overrun_seconds"] > 0:
         say(f"the tuning step took {spent:.0f} s, {report['budget_overrun_seconds']:.0f} s over its "
             f"{tune.budget_s:g} s budget (an export or re-encoding slower than forecast)")
+    stage = out.report.get("unlabelled_stage")
+    if stage is not None:
+        say(f"unlabelled stage: {stage['steps']} SimCSE steps on {stage['rows']:,} logged queries in "
+            f"{stage['seconds']:.0f} s" + (" (stopped by its budget)" if stage["stopped_early"] else ""))
     say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
         + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
         f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
     return TunedStep(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
                      views=out.views), report
+
+
+def unlabelled_pool(store: TrafficLog, tune: TuneSettings, report: dict[str, Any],
+                    say: Callable[[str], None]) -> list[str] | None:
+    """The logged queries for the unlabelled stage when ``tune.unlabelled`` asks for one: up
+    to ``tune.unlabelled_rows`` distinct texts (a draw seeded by ``tune.seed``; retention-erased
+    texts never), counted in ``report["unlabelled_pool"]``; ``None`` without a stage."""
+    if tune.unlabelled <= 0.0:
+        return None
+    pool = store.query_texts(int(tune.unlabelled_rows), int(tune.seed))
+    report["unlabelled_pool"] = len(pool)
+    say(f"unlabelled stage: {len(pool):,} distinct logged queries (at most {tune.unlabelled_rows:,}), "
+        f"{tune.unlabelled:.0%} of the tuner's budget")
+    return pool
 
 
 def _budget_spent(budget_s: float, reencode_s: float, export_s: float) -> str | None:

@@ -531,3 +531,43 @@ def test_a_tuned_challenger_that_ties_the_head_only_one_is_not_put_forward(world
     assert choice["reason"].startswith("a tie (0 worse, 0 better of 60 gate queries") and "smaller" in choice["reason"]
     # a lower LLM share is a gain: the tuned one goes forward
     assert pick_challenger(model, tuned, m, {"llm_share": 0.05}, data, data, 0.01)["put_forward"] == "tuned"
+
+
+@pytest.mark.slow
+def test_an_unlabelled_stage_on_the_logged_queries_must_still_win_the_gate(world, monkeypatch):
+    """Issue 35 item 1: ``embedder.tune.unlabelled`` runs SimCSE on the log's distinct query
+    texts (retention-erased ones never) before the tuning; the challenger it leads to goes
+    to the gate like any other, so a stage that wrecks the encoder is not promoted."""
+    from functools import partial
+
+    from flywheel.training.tuner import unlabelled
+
+    seen: list[list[str]] = []
+
+    class Watched(unlabelled.ContrastivePretrainer):
+        def fit(self, texts):
+            texts = list(texts)
+            seen.append(texts)
+            return super().fit(texts)
+
+    # a learning rate that scrambles the tiny encoder: the stage can only lose
+    monkeypatch.setattr(unlabelled, "ContrastivePretrainer", partial(Watched, learning_rate=0.5))
+    _, items = world.seed_traffic(n_teacher=300, n_human=20)
+    old = sample(40, seed=3, exclude={t for t, _ in items})
+    write(world.store, [record(t, true=y, embed=True, created_at=time.time() - 86_400 + i)
+                        for i, (t, y) in enumerate(old)])
+    assert world.store.forget_text(time.time() - 7_200) == 40
+    first = world.run()                                      # the champion: head-only, no tuning
+    assert first.outcome == "promoted", first.reason
+    world.seed_traffic(n_teacher=100, n_human=10, seed=1)
+    res = world.run(tune=dataclasses.replace(FAST, unlabelled=0.3, unlabelled_rows=200))
+    t = res.report["tuning"]
+    stage = t["tuner"]["unlabelled_stage"]
+    assert len(seen) == 1 and t["unlabelled_pool"] == 200 and stage["rows"] == 200 and stage["steps"] > 0
+    assert not set(seen[0]) & {text for text, _ in old}      # erased texts never reach the stage
+    assert set(seen[0]) <= set(world.store.query_texts(10_000))
+    c = res.report["challengers"]
+    assert c["tuned"] is not None and c["put_forward"] == "head_only", c["reason"]
+    assert c["tuned"]["accuracy"] < c["head_only"]["accuracy"]
+    served = world.registry.load_current()
+    assert served.encoder_dir is None and "[tuned encoder]" not in res.summary_line()
