@@ -49,13 +49,14 @@ torch and transformers are imported inside the functions that need them
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from flywheel.classifier.intents import EmbedderSettings
 
 __all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows", "mean_pool",
-           "plan_batches", "tunable_base", "tuning_recipe"]
+           "load_trainable", "plan_batches", "torch_session", "tunable_base", "tuning_recipe", "warmup_linear"]
 
 OBJECTIVES = ("cross_entropy", "contrastive")
 CHUNK = 4           # rows of one intent kept together in a batch (contrastive, hard pairs)
@@ -126,6 +127,46 @@ def plan_batches(y: np.ndarray, oos_index: int | None, batch_size: int, objectiv
     if current:
         batches.append(np.concatenate(current))
     return batches
+
+
+@contextlib.contextmanager
+def torch_session(device: str, seed: int, num_threads: int | None) -> Iterator[None]:
+    """One fit's torch state: ``num_threads`` intra-op threads (``None``: as they are),
+    restored afterwards (torch's setting is process-wide), and the RNG forked and seeded
+    with ``seed``, so the caller's global torch RNG is untouched."""
+    import torch
+
+    fork_devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
+    threads = torch.get_num_threads()
+    try:
+        if num_threads is not None:
+            torch.set_num_threads(int(num_threads))
+        with torch.random.fork_rng(devices=fork_devices):
+            torch.manual_seed(int(seed))
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def load_trainable(base: Path, device: str, freeze_word_embeddings: bool) -> tuple[Any, Any]:
+    """``(tokenizer, model)`` of the Hugging Face directory ``base``, in fp32 on ``device``;
+    with ``freeze_word_embeddings`` the token-embedding matrix gets no gradient."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    model = AutoModel.from_pretrained(str(base), local_files_only=True).float().to(device)
+    if freeze_word_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
+    return tokenizer, model
+
+
+def warmup_linear(opt: Any, total: int) -> Any:
+    """A ``LambdaLR`` over ``total`` steps: linear warm-up over the first 10%, then linear decay to 0."""
+    import torch
+
+    warm = max(1, int(0.1 * total))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
 
 
 def mean_pool(hidden: Any, mask: Any) -> Any:
@@ -406,7 +447,6 @@ class EncoderTuner:
         texts = [self.query_prefix + t for t in texts] if self.query_prefix else texts
         hub_offline()
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
         base = Path(self.base_model) if self.base_model is not None else minilm_model_dir()
         if not (base / "config.json").is_file():
@@ -432,21 +472,10 @@ class EncoderTuner:
             plan = [[b for b in epoch if len(b) > 1] for epoch in plan]
         total = sum(len(epoch) for epoch in plan)
 
-        fork_devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
-        threads = torch.get_num_threads()
-        try:
-            if self.num_threads is not None:
-                torch.set_num_threads(int(self.num_threads))
-            with torch.random.fork_rng(devices=fork_devices):
-                torch.manual_seed(int(self.seed))
-                tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
-                model = AutoModel.from_pretrained(str(base), local_files_only=True).float().to(device)
-                if self.freeze_word_embeddings:
-                    model.get_input_embeddings().weight.requires_grad_(False)
-                losses, stopped, epochs_done = self._train(model, tokenizer, texts, y, w, classes, oos_index,
-                                                           plan, total, device, t0)
-        finally:
-            torch.set_num_threads(threads)
+        with torch_session(device, int(self.seed), self.num_threads):
+            tokenizer, model = load_trainable(base, device, self.freeze_word_embeddings)
+            losses, stopped, epochs_done = self._train(model, tokenizer, texts, y, w, classes, oos_index,
+                                                       plan, total, device, t0)
         model.eval().to("cpu")
         self.model_ = model
         self.tokenizer_ = tokenizer
@@ -507,9 +536,7 @@ class EncoderTuner:
             weights = torch.nn.Parameter(F.normalize(cent - cent.mean(dim=0, keepdim=True), dim=-1))
             groups.append({"params": [weights], "weight_decay": 0.0, "lr": float(self.head_learning_rate)})
         opt = torch.optim.AdamW(groups)
-        warm = max(1, int(0.1 * total))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+        sched = warmup_linear(opt, total)
         anchor_all = torch.as_tensor(y != (-1 if oos_index is None else oos_index), device=device)
 
         losses: list[float] = []

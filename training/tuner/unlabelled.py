@@ -29,7 +29,15 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_dir
-from flywheel.training.tuner.finetune import LOSS_WINDOW, PROGRESS_LINES, TuningError, mean_pool
+from flywheel.training.tuner.finetune import (
+    LOSS_WINDOW,
+    PROGRESS_LINES,
+    TuningError,
+    load_trainable,
+    mean_pool,
+    torch_session,
+    warmup_linear,
+)
 
 __all__ = ["MIN_STAGE_ROWS", "ContrastivePretrainer", "stage_pool"]
 
@@ -142,7 +150,6 @@ class ContrastivePretrainer:
             items = [self.query_prefix + t for t in items]
         hub_offline()
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
         base = Path(self.base_model) if self.base_model is not None else minilm_model_dir()
         if not (base / "config.json").is_file():
@@ -153,20 +160,9 @@ class ContrastivePretrainer:
         plan = [[order[k:k + size] for k in range(0, len(order), size) if len(order[k:k + size]) > 1]
                 for order in (rng.permutation(len(items)) for _ in range(int(self.epochs)))]
         total = sum(len(epoch) for epoch in plan)
-        fork_devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
-        threads = torch.get_num_threads()
-        try:
-            if self.num_threads is not None:
-                torch.set_num_threads(int(self.num_threads))
-            with torch.random.fork_rng(devices=fork_devices):
-                torch.manual_seed(int(self.seed))
-                tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
-                model = AutoModel.from_pretrained(str(base), local_files_only=True).float().to(device)
-                if self.freeze_word_embeddings:
-                    model.get_input_embeddings().weight.requires_grad_(False)
-                losses, stopped = self._train(model, tokenizer, items, plan, total, device, t0)
-        finally:
-            torch.set_num_threads(threads)
+        with torch_session(device, int(self.seed), self.num_threads):
+            tokenizer, model = load_trainable(base, device, self.freeze_word_embeddings)
+            losses, stopped = self._train(model, tokenizer, items, plan, total, device, t0)
         self.model_ = model.eval().to("cpu")
         self.tokenizer_ = tokenizer
         window = min(LOSS_WINDOW, len(losses))
@@ -191,9 +187,7 @@ class ContrastivePretrainer:
         F = torch.nn.functional
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=float(self.learning_rate), weight_decay=0.0)
-        warm = max(1, int(0.1 * total))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+        sched = warmup_linear(opt, total)
         losses: list[float] = []
         step_s: list[float] = []
         model.train()   # dropout on: it makes the two views
