@@ -324,7 +324,12 @@ def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: dict[str, 
     texts than the stage needs, or a budget that ends before its first step, also give
     ``None`` and a progress line saying so: the tuning then starts from ``base`` as without
     the stage."""
-    from flywheel.training.tuner.unlabelled import MIN_STAGE_ROWS, ContrastivePretrainer, stage_pool
+    from flywheel.training.tuner.unlabelled import (
+        MIN_STAGE_ROWS,
+        STAGE_WORD_DELETION,
+        ContrastivePretrainer,
+        stage_pool,
+    )
 
     if texts is None or tune.unlabelled <= 0.0:
         return None
@@ -335,8 +340,10 @@ def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: dict[str, 
         return None
     budget = tune.unlabelled * tune.budget_s
     if progress is not None:
-        progress(f"unlabelled stage (SimCSE) on {len(pool):,} texts, budget {budget:.0f} s ...")
+        progress(f"unlabelled stage (SimCSE, {STAGE_WORD_DELETION:.0%} of the second view's words deleted) on "
+                 f"{len(pool):,} texts, budget {budget:.0f} s ...")
     stage = ContrastivePretrainer(base, batch_size=max(2, 2 * tune.batch_size), max_length=tune.max_length,
+                                  word_deletion=STAGE_WORD_DELETION,
                                   budget_s=budget, seed=tune.seed, device=settings.device, progress=progress,
                                   num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
                                   freeze_word_embeddings=recipe["freeze_word_embeddings"]).fit(pool)

@@ -5,9 +5,12 @@ can learn from queries nobody labelled: the logged traffic in a retrain, a file 
 in ``flywheel eval --unlabelled FILE``. The objective is unsupervised SimCSE (Gao et al.
 2021): each text is encoded twice with dropout on, and the two views of a text must be
 each other's nearest neighbour among the batch's texts (an in-batch InfoNCE loss at
-``temperature``). CPFT (Zhang et al. 2021) adds a masked-language objective to the same
-contrastive pre-training; that needs a language-model head MiniLM's and e5's sentence
-checkpoints do not ship, so it is not offered here.
+``temperature``). With ``word_deletion`` (the retrain's and eval's stage:
+:data:`STAGE_WORD_DELETION`) the second view also loses some of its words, since a
+sentence encoder already matches two dropout views of a text almost perfectly.
+CPFT (Zhang et al. 2021) adds a masked-language objective to the same contrastive
+pre-training; that needs a language-model head MiniLM's and e5's sentence checkpoints do
+not ship, so it is not offered here.
 
 - **Bounded**: at most ``max_rows`` texts (:func:`stage_pool`: distinct, non-empty, a seeded
   draw) and ``budget_s`` seconds, checked before each step as the tuner checks its own.
@@ -39,9 +42,11 @@ from flywheel.training.tuner.finetune import (
     warmup_linear,
 )
 
-__all__ = ["MIN_STAGE_ROWS", "ContrastivePretrainer", "stage_pool"]
+__all__ = ["MIN_STAGE_ROWS", "STAGE_WORD_DELETION", "ContrastivePretrainer", "delete_words", "stage_pool"]
 
 MIN_STAGE_ROWS = 16   # fewer distinct texts than this teach the stage nothing: it is skipped
+#: the retrain's and eval's stage: the second view loses this share of its words (BENCHMARKS.md §20)
+STAGE_WORD_DELETION = 0.15
 
 
 def stage_pool(texts: Iterable[str | None], max_rows: int, seed: int = 0) -> list[str]:
@@ -54,6 +59,18 @@ def stage_pool(texts: Iterable[str | None], max_rows: int, seed: int = 0) -> lis
         return distinct
     keep = np.sort(np.random.default_rng(seed).choice(len(distinct), size=int(max_rows), replace=False))
     return [distinct[i] for i in keep]
+
+
+def delete_words(text: str, p: float, rng: np.random.Generator, keep: str = "") -> str:
+    """``text`` with each word dropped with probability ``p`` (at least one word kept), the
+    prefix ``keep`` (e5's ``query: ``) untouched: the second view of the stage with
+    ``word_deletion``, harder to match than dropout noise alone."""
+    body = text[len(keep):] if keep and text.startswith(keep) else text
+    words = body.split()
+    if len(words) < 2:
+        return text
+    kept = [w for w in words if rng.random() >= p] or [words[int(rng.integers(len(words)))]]
+    return (keep if keep and text.startswith(keep) else "") + " ".join(kept)
 
 
 class ContrastivePretrainer:
@@ -73,6 +90,11 @@ class ContrastivePretrainer:
         AdamW learning rate (linear warm-up over 10% of the steps, then linear decay).
     temperature : float
         InfoNCE temperature (SimCSE's 0.05).
+    word_deletion : float
+        Probability of dropping each word from the second view (:func:`delete_words`); 0:
+        both views differ by dropout only (plain SimCSE). A sentence encoder such as MiniLM
+        already matches two dropout views almost perfectly (loss near 0 from the first
+        step: BENCHMARKS.md §20), so plain SimCSE gives it little to learn.
     max_length : int
     budget_s : float or None
         Wall-clock seconds for :meth:`fit`, loading included; checked before each step.
@@ -96,7 +118,8 @@ class ContrastivePretrainer:
     """
 
     def __init__(self, base_model: str | Path | None = None, *, epochs: int = 1, batch_size: int = 64,
-                 learning_rate: float = 3e-5, temperature: float = 0.05, max_length: int = 64,
+                 learning_rate: float = 3e-5, temperature: float = 0.05, word_deletion: float = 0.0,
+                 max_length: int = 64,
                  budget_s: float | None = 300.0, seed: int = 0, device: str | None = None,
                  progress: Callable[[str], None] | None = None, num_threads: int | None = None,
                  query_prefix: str = "", freeze_word_embeddings: bool = False) -> None:
@@ -105,6 +128,7 @@ class ContrastivePretrainer:
         self.batch_size = batch_size
         self.learning_rate = learning_rate
         self.temperature = temperature
+        self.word_deletion = word_deletion
         self.max_length = max_length
         self.budget_s = budget_s
         self.seed = seed
@@ -120,6 +144,8 @@ class ContrastivePretrainer:
         if int(self.batch_size) < 2:
             raise TuningError(f"batch_size must be at least 2 (a text's negatives are the batch's others), "
                               f"got {self.batch_size}")
+        if not (isinstance(self.word_deletion, (int, float)) and 0.0 <= self.word_deletion < 1.0):
+            raise TuningError(f"word_deletion must be in [0, 1), got {self.word_deletion!r}")
         for name in ("learning_rate", "temperature"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -172,6 +198,7 @@ class ContrastivePretrainer:
             "loss_first": round(float(np.mean(losses[:window])), 4) if losses else None,
             "loss_last": round(float(np.mean(losses[-window:])), 4) if losses else None,
             "base_model": str(base), "temperature": float(self.temperature),
+            "word_deletion": float(self.word_deletion),
             "learning_rate": float(self.learning_rate)}
         if stopped:
             self._say(f"unlabelled stage stopped by its budget ({self.budget_s:g} s) after {len(losses)} of "
@@ -185,6 +212,7 @@ class ContrastivePretrainer:
         import torch
 
         F = torch.nn.functional
+        rng = np.random.default_rng(int(self.seed) + 1)   # the deleted words' draw
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=float(self.learning_rate), weight_decay=0.0)
         sched = warmup_linear(opt, total)
@@ -201,6 +229,10 @@ class ContrastivePretrainer:
                 batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                   max_length=int(self.max_length), return_tensors="pt").to(device)
                 a = mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
+                if self.word_deletion > 0:   # a harder second view: some of its words gone
+                    batch = tokenizer([delete_words(texts[i], float(self.word_deletion), rng, keep=self.query_prefix)
+                                       for i in idx], padding=True, truncation=True,
+                                      max_length=int(self.max_length), return_tensors="pt").to(device)
                 b = mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
                 logits = (a @ b.T) / float(self.temperature)
                 target = torch.arange(len(idx), device=device)

@@ -18,7 +18,13 @@ from flywheel.training.loaders import DatasetError, load_unlabelled
 from flywheel.training.options import resolve_tune
 from flywheel.training.tuner import finetune
 from flywheel.training.tuner.finetune import EncoderTuner, TuningError
-from flywheel.training.tuner.unlabelled import MIN_STAGE_ROWS, ContrastivePretrainer, stage_pool
+from flywheel.training.tuner.unlabelled import (
+    MIN_STAGE_ROWS,
+    STAGE_WORD_DELETION,
+    ContrastivePretrainer,
+    delete_words,
+    stage_pool,
+)
 from tests.support.tiny_encoder import build_tiny_bert
 from tests.support.worlds import INTENT_DOC, record, write
 
@@ -90,6 +96,25 @@ def test_the_budget_stops_the_stage_between_steps(tiny):
     assert r["stopped_early"] is True and r["steps"] < r["steps_planned"]
 
 
+def test_word_deletion_makes_a_harder_second_view():
+    rng = np.random.default_rng(0)
+    text = "query: please cancel my last order today"
+    views = [delete_words(text, 0.5, rng, keep="query: ") for _ in range(50)]
+    assert all(v.startswith("query: ") and len(v) > len("query: ") for v in views)   # the prefix stays, a word too
+    assert any(len(v.split()) < len(text.split()) for v in views)
+    assert all(set(v.split()) <= set(text.split()) for v in views)
+    assert delete_words(text, 0.0, rng) == text and delete_words("hello", 0.9, rng) == "hello"
+    assert delete_words("a b c d", 0.99, np.random.default_rng(1)) in {"a", "b", "c", "d"}
+
+
+def test_the_stage_with_word_deletion_learns_and_reports_it(tiny):
+    staged = ContrastivePretrainer(tiny, epochs=4, budget_s=120, word_deletion=0.3, **FAST).fit(POOL)
+    r = staged.report_
+    assert r["word_deletion"] == 0.3 and r["steps"] == r["steps_planned"] and r["loss_last"] < r["loss_first"]
+    with pytest.raises(TuningError, match="word_deletion must be in"):
+        ContrastivePretrainer(tiny, word_deletion=1.0).fit(POOL)
+
+
 def test_frozen_word_embeddings_stay_as_loaded(tiny):
     staged = ContrastivePretrainer(tiny, epochs=1, budget_s=60, freeze_word_embeddings=True, **FAST).fit(POOL)
     from transformers import AutoModel
@@ -132,7 +157,9 @@ def test_tune_and_export_runs_the_stage_first_within_the_budget(tiny, tmp_path, 
     assert stage["rows"] == 20 and stage["steps"] > 0 and stage["budget_s"] == pytest.approx(15.0)
     # the supervised tuning started from the stage's encoder, with what the stage left of the budget
     assert out.report["base_model"] != str(tiny) and out.report["budget_s"] <= 60.0 - stage["seconds"] + 0.5
-    assert any(line.startswith("unlabelled stage (SimCSE) on 20 texts") for line in lines)
+    assert any(line.startswith("unlabelled stage (SimCSE, 15% of the second view's words deleted) on 20 texts")
+               for line in lines)
+    assert stage["word_deletion"] == STAGE_WORD_DELETION
     assert not [p for p in (tmp_path / "work").iterdir() if p.name.startswith("stage-")]   # removed once loaded
 
 
