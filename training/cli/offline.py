@@ -268,8 +268,8 @@ def eval_command(
 
                 pool = load_unlabelled(unlabelled) if unlabelled is not None else None
                 share = tune_unlabelled
-                if share is None and pool is not None and not (intent_set.embedder.tune and
-                                                               intent_set.embedder.tune.unlabelled > 0):
+                file_tune = intent_set.embedder.tune
+                if share is None and pool is not None and (file_tune is None or file_tune.unlabelled <= 0):
                     share = DEFAULT_UNLABELLED_SHARE
                 tune = resolve_tune(intent_set.embedder.tune, True, tune_budget, objective=tune_objective,
                                     epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration,

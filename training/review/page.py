@@ -173,8 +173,9 @@ def _row(i: int, item: dict[str, Any]) -> str:
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
     lang = f" \u00b7 {item['language']}" if item.get("language") else ""
     # layer 2's own answer where it differs from the served one: what teacher_vs_l2 compares
-    l2 = item.get("l2_label") if item.get("l2_answered") else None
-    l2 = f'<br><span class="why" style="white-space:nowrap">layer 2: {e(l2)}</span>' if l2 is not None and l2 != str(item["label"]) else ""
+    said = item.get("l2_label") if item.get("l2_answered") else None
+    l2 = "" if said is None or said == str(item["label"]) else \
+        f'<br><span class="why" style="white-space:nowrap">layer 2: {e(said)}</span>'
     return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
             f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"] + lang)}</span>{l2}</td>'
             f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'

@@ -42,11 +42,17 @@ from flywheel.training.tuner.finetune import (
     warmup_linear,
 )
 
-__all__ = ["MIN_STAGE_ROWS", "STAGE_WORD_DELETION", "ContrastivePretrainer", "delete_words", "stage_pool"]
+__all__ = ["MIN_STAGE_ROWS", "STAGE_WORD_DELETION", "ContrastivePretrainer", "delete_words", "distinct_texts",
+           "stage_pool"]
 
 MIN_STAGE_ROWS = 16   # fewer distinct texts than this teach the stage nothing: it is skipped
 #: the retrain's and eval's stage: the second view loses this share of its words (BENCHMARKS.md §20)
 STAGE_WORD_DELETION = 0.15
+
+
+def distinct_texts(texts: Iterable[str | None]) -> list[str]:
+    """The distinct non-blank ``texts`` in their first order (retention-erased rows are ``''``)."""
+    return list(dict.fromkeys(t for t in texts if isinstance(t, str) and t.strip()))
 
 
 def stage_pool(texts: Iterable[str | None], max_rows: int, seed: int = 0) -> list[str]:
@@ -54,7 +60,7 @@ def stage_pool(texts: Iterable[str | None], max_rows: int, seed: int = 0) -> lis
     and never used), at most ``max_rows`` of them drawn with ``seed``, in their first order."""
     if int(max_rows) < 1:
         raise TuningError(f"the unlabelled stage's row limit must be at least 1, got {max_rows!r}")
-    distinct = [t for t in dict.fromkeys(t for t in texts if isinstance(t, str) and t.strip())]
+    distinct = distinct_texts(texts)
     if len(distinct) <= max_rows:
         return distinct
     keep = np.sort(np.random.default_rng(seed).choice(len(distinct), size=int(max_rows), replace=False))
@@ -170,7 +176,7 @@ class ContrastivePretrainer:
             Hugging Face model directory.
         """
         t0 = time.perf_counter()
-        items = stage_pool(texts, max_rows=10**9, seed=int(self.seed))
+        items = distinct_texts(texts)
         self._check(items)
         if self.query_prefix:
             items = [self.query_prefix + t for t in items]
