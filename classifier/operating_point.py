@@ -14,6 +14,11 @@ the ``confident`` (or ``defer``) cutoff, and ``precision`` is ``thresholds.targe
 by another name (the precision of confident answers, learned as before).
 :func:`choose_cutoff` finds the point on labelled rows the model was not fitted on (the
 head's out-of-fold rows, or held-out calibration rows), never on the test set.
+
+Every figure a target is chosen or checked on carries its 95% Wilson interval
+(:func:`figure_interval`) and the ``tolerance`` it gives (the larger distance from the
+figure to an end): a cutoff chosen on 100 out-of-scope rows promises its recall only to
+about ±7 points, and :func:`few_rows` says when that is wider than :data:`FEW_ROWS_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -28,9 +33,43 @@ from flywheel.classifier.targets import target_kind
 from flywheel.classifier.tiers import Thresholds, TierBatch, assign_tiers
 
 __all__ = ["sure_knob", "trade_curves", "choose_cutoff", "oos_cutoff_for_recall", "target_figure", "concat_scores",
-           "operating_report"]
+           "operating_report", "figure_interval", "few_rows", "FEW_ROWS_TOLERANCE", "INTERVAL_LEVEL"]
 
 GRID = 51          # cutoffs each trade curve is measured at (0, 0.02, ..., 1), plus the served one
+INTERVAL_LEVEL = 0.95       # the confidence level of a target figure's interval
+FEW_ROWS_TOLERANCE = 0.05   # a chosen figure less sure than ±5 points rests on too few rows to promise its target
+
+
+def figure_interval(k: int, n: int) -> tuple[float, float]:
+    """The :data:`INTERVAL_LEVEL` Wilson score interval of ``k`` successes in ``n`` rows
+    (``n`` > 0; scipy's :meth:`~scipy.stats.binomtest` computes it).
+
+    >>> [round(x, 3) for x in figure_interval(85, 100)]
+    [0.767, 0.907]
+    """
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=INTERVAL_LEVEL, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def _with_interval(name: str, mask: np.ndarray) -> dict[str, Any]:
+    """``{name: the share of true in mask, "n", "interval", "tolerance"}`` (the last two
+    only with rows)."""
+    n = int(mask.size)
+    out: dict[str, Any] = {name: _rate(mask), "n": n}
+    if n:
+        lo, hi = figure_interval(int(mask.sum()), n)
+        value = float(mask.mean())
+        out.update(interval=[round(lo, 6), round(hi, 6)], tolerance=round(max(value - lo, hi - value), 6))
+    return out
+
+
+def few_rows(figure: dict[str, Any]) -> bool:
+    """Whether a target's ``figure`` (from :func:`target_figure`) is less sure than
+    ±:data:`FEW_ROWS_TOLERANCE`: too few rows to promise the target on other rows."""
+    tol = figure.get("tolerance")
+    return tol is None or float(tol) > FEW_ROWS_TOLERANCE
 
 
 def sure_knob(th: Thresholds) -> str:
@@ -144,17 +183,16 @@ def _sure_cutoff_for_share(scores: HeadScores, classes: Sequence[str], th: Thres
 
 def target_figure(target: dict[str, float], scores: HeadScores, classes: Sequence[str],
                   truth: Sequence[str | None], th: Thresholds) -> dict[str, Any]:
-    """What these rows give at ``th`` for the target's own figure: ``value`` and the ``n`` it
+    """What these rows give at ``th`` for the target's own figure: its value, the ``n`` it
     is measured on (out-of-scope rows for a recall, all rows for a share, sure answers for a
-    precision)."""
+    precision), its ``interval`` and ``tolerance`` (:func:`figure_interval`)."""
     kind = target_kind(target)
     t = assign_tiers(scores, classes, th)
     if kind == "oos_recall":
-        mask = np.array([y is None for y in truth], dtype=bool)
-        return {"oos_recall": _rate(t.rejected[mask]), "n": int(mask.sum())}
+        return _with_interval(kind, t.rejected[np.array([y is None for y in truth], dtype=bool)])
     if kind == "llm_share":
-        return {"llm_share": _rate(~t.sure), "n": len(t)}
-    return {"precision": _rate(_right(t, classes, truth)[t.sure]), "n": int(t.sure.sum())}
+        return _with_interval(kind, ~t.sure)
+    return _with_interval("precision", _right(t, classes, truth)[t.sure])
 
 
 def choose_cutoff(target: dict[str, float], scores: HeadScores, classes: Sequence[str],
@@ -181,7 +219,8 @@ def operating_report(target: dict[str, float], metrics: dict[str, Any], scores: 
                      truth: Sequence[str | None], th: Thresholds) -> dict[str, Any]:
     """A model's target on evaluated rows: the target, the cutoff it set (its name and the
     served value), where it was chosen and what those rows gave (``chosen``, from the
-    manifest's ``metrics``), and the target's figure on these rows with its n (``test``)."""
+    manifest's ``metrics``), the target's figure on these rows with its n (``test``), each
+    with its interval, and whether the two intervals overlap (``consistent``)."""
     kind = target_kind(target)
     info = metrics.get("operating_point") or {}
     if kind == "precision":     # target_precision: the confident cutoff's out-of-fold precision
@@ -191,6 +230,16 @@ def operating_report(target: dict[str, float], metrics: dict[str, Any], scores: 
     if kind == "llm_share" and sure_knob(th) == "defer":     # the risk rule serves: its own cutoff
         info = {**info, **(info.get("defer") or {}), "cutoff": "defer"}
     field = str(info.get("cutoff") or ("oos" if kind == "oos_recall" else sure_knob(th)))
-    chosen = {k: info[k] for k in ("on", kind or "", "n", "reached") if k in info}
+    chosen = {k: info[k] for k in ("on", kind or "", "n", "reached", "interval", "tolerance") if k in info}
+    test = target_figure(target, scores, classes, truth, th)
     return {"target": dict(target), "cutoff": field, "value": getattr(th, field, None), "chosen": chosen,
-            "test": target_figure(target, scores, classes, truth, th)}
+            "test": test, "consistent": _overlap(chosen.get("interval"), test.get("interval"))}
+
+
+def _overlap(a: Sequence[float] | None, b: Sequence[float] | None) -> bool | None:
+    """Whether two intervals overlap: the rows a target was chosen on and the rows it is
+    checked on plausibly give the same figure (``False``: they differ, e.g. a shift in what
+    out-of-scope queries look like); ``None`` without both."""
+    if not a or not b:
+        return None
+    return bool(a[0] <= b[1] and b[0] <= a[1])

@@ -52,10 +52,11 @@ from flywheel.training.rows import LabelledSet, TrainingSet
 
 if TYPE_CHECKING:
     from flywheel.classifier.protocols import Embedder
+    from flywheel.classifier.scoring import HeadScores
     from flywheel.training.protocols import TrafficLog
 
 __all__ = ["MIN_TUNE_ROWS", "TRAFFIC_SAMPLE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
-           "with_thresholds", "layer2_state", "risk_ece", "at_target"]
+           "with_thresholds", "layer2_state", "risk_ece", "at_target", "cut_at"]
 
 MIN_TUNE_ROWS = 50          # rows needed to re-tune the confident cutoff
 MIN_KIND_ROWS = 10          # held-out rows of a kind of escalation needed to judge it
@@ -446,9 +447,19 @@ def at_target(model: IntentModel, target: dict[str, float] | None,
     n_oos = sum(1 for y in rows.labels if y is None)
     if len(rows) < MIN_TUNE_ROWS or (kind == "oos_recall" and n_oos < MIN_KIND_ROWS):
         return model, {"how": f"not cut: {len(rows)} held-out rows ({n_oos} out of scope) are too few to choose on"}
+    cut, chosen = cut_at(model, target, model.head.scores(rows.vectors), list(rows.labels), "recent held-out rows")
+    return cut, {"how": "cut on held-out rows", **chosen}
+
+
+def cut_at(model: IntentModel, target: dict[str, float], scores: HeadScores, truth: list[str | None],
+           on: str) -> tuple[IntentModel, dict[str, Any]]:
+    """``model`` served at the cutoff ``target`` (``oos_recall`` or ``llm_share``) picks on
+    these labelled rows' ``scores`` (:func:`classifier.operating_point.choose_cutoff`; ``on``
+    names them), its manifest's ``operating_point`` saying so; and that choice. The fitted
+    head is shared and never changed."""
     th = Thresholds.for_model(model)
     classes = [str(c) for c in model.manifest.labels]
-    chosen = choose_cutoff(target, model.head.scores(rows.vectors), classes, list(rows.labels), th,
-                           "recent held-out rows")
+    chosen = choose_cutoff(target, scores, classes, truth, th, on)
     cut = with_thresholds(model, {**learned_thresholds(model), chosen["cutoff"]: chosen["value"]})
-    return cut, {"how": "cut on held-out rows", **chosen}
+    metrics = {**cut.manifest.metrics, "operating_point": chosen}
+    return replace(cut, manifest=replace(cut.manifest, metrics=metrics)), chosen

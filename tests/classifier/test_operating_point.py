@@ -96,6 +96,42 @@ def test_a_target_oos_recall_holds_on_held_out_rows(world, emb, recall):
     assert got["test"]["n"] == truth.count(None) == 1000
     assert abs(got["test"]["oos_recall"] - recall) <= RECALL_TOLERANCE
     assert report["oos_recall"] == got["test"]["oos_recall"]     # no teacher: layer 2's answers are served
+    # the tolerance the model states for its choice holds on the held-out rows
+    lo, hi = op["interval"]
+    assert lo < op["oos_recall"] < hi
+    assert op["tolerance"] == pytest.approx(max(op["oos_recall"] - lo, hi - op["oos_recall"]))
+    assert got["chosen"]["interval"] == op["interval"] and got["chosen"]["n"] == train_labels.count(None) == 200
+    assert abs(got["test"]["oos_recall"] - recall) <= op["tolerance"] + got["test"]["tolerance"]
+    assert got["consistent"] is True
+
+
+def test_a_figure_s_interval_is_wilson_s_and_few_rows_say_so():
+    from flywheel.classifier.operating_point import few_rows, figure_interval
+
+    lo, hi = figure_interval(85, 100)                    # Wilson: p ± z·sqrt(p(1-p)/n + z²/4n²), recentred
+    z, p, n = 1.959964, 0.85, 100
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (lo, hi) == pytest.approx((centre - half, centre + half), abs=1e-6)
+    assert figure_interval(0, 10)[0] == 0.0 and figure_interval(10, 10)[1] == pytest.approx(1.0)
+    assert few_rows({"oos_recall": 0.85, "tolerance": hi - 0.85}) is True          # ±6.2 points on 100 rows
+    assert few_rows({"oos_recall": 0.85, "tolerance": 0.022}) is False            # ~1,000 rows
+    assert few_rows({"oos_recall": None, "n": 0}) is True
+
+
+def test_a_test_set_that_differs_from_the_rows_the_target_was_chosen_on_is_flagged(world, emb):
+    from flywheel.training.cli.tradeoff import target_line
+
+    train_texts, train_labels, texts, truth = world
+    m = fit_model(blob_intents(train_texts, train_labels, {"oos_recall": 0.9}), embedder=emb)
+    # out-of-scope queries that look like an intent's: the cut made on the training split's kind misses them
+    shifted = [None if i % 2 == 0 and y == "L0" else y for i, y in enumerate(truth)]
+    report = evaluate(Classifier(m, embedder=emb, teacher=None), texts, shifted, progress=False, latency_sample=0)
+    got = report["operating_point"]
+    assert got["consistent"] is False and got["test"]["oos_recall"] < got["chosen"]["interval"][0]
+    line = target_line(got)
+    assert "outside what the chosen rows allow" in line and line.startswith("Target oos_recall 90.0%")
+    assert f"of {shifted.count(None):,} ±" in line
 
 
 def test_a_target_llm_share_sets_the_share_out_of_fold(world, emb):

@@ -58,6 +58,65 @@ def test_eval_reports_both_trades_and_cuts_at_target_oos_recall(blob_files, tmp_
     assert (plots / "tradeoff_teacher.png").exists()
 
 
+def test_eval_calibration_rows_place_the_target_and_say_how_sure(blob_files, tmp_path, capsys):
+    from flywheel.classifier.operating_point import oos_cutoff_for_recall
+    from flywheel.classifier.tiers import Thresholds
+
+    _, _, cal_texts, cal_labels = blob_split(n_train=200, n_test=400, seed=2)     # the same intents, other draws
+    cal = tmp_path / "cal.jsonl"
+    cal.write_text("".join(json.dumps({"text": t, "label": "oos" if y is None else y}) + "\n"
+                           for t, y in zip(cal_texts, cal_labels)), encoding="utf-8")
+    saved = tmp_path / "v-oof"
+    assert main_json(capsys, [*blob_files, "--target-oos-recall", "0.9", "--save", str(saved)])
+    rc_out = main_json(capsys, [*blob_files, "--target-oos-recall", "0.9", "--calibration", str(cal)])
+    op = rc_out["operating_point"]
+    assert op["chosen"]["on"] == "held-out calibration rows" and op["chosen"]["n"] == cal_labels.count(None) == 400
+    assert op["chosen"]["oos_recall"] >= 0.9 and op["chosen"]["tolerance"] < 0.05
+    # the cut is the one the calibration rows give for 90% (the fitted model's scores, recomputed here)
+    import flywheel.classifier.encoders
+
+    m = IntentModel.load(saved)
+    scores = m.head.scores(flywheel.classifier.encoders.make_embedder(m.intents.embedder).encode(cal_texts))
+    want = oos_cutoff_for_recall(scores, [y is None for y in cal_labels], 0.9)
+    assert op["value"] == pytest.approx(want) and Thresholds.for_model(m).oos != pytest.approx(want)
+
+    # calibration rows without out of scope: the out-of-fold cut stays, and a warning says why
+    inscope = tmp_path / "cal-in.jsonl"
+    inscope.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(cal_texts, cal_labels)
+                               if y is not None), encoding="utf-8")
+    from flywheel.cli import main
+
+    assert main([*blob_files, "--json", "--target-oos-recall", "0.9", "--calibration", str(inscope)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["operating_point"]["chosen"]["on"] == "out-of-fold training rows"
+    assert "cal-in.jsonl: no out-of-scope rows, so the oos_recall target keeps the cutoff chosen on the " \
+           "out-of-fold training rows" in err
+
+
+def test_eval_says_when_few_rows_place_the_target(blob_files, tmp_path, capsys):
+    from flywheel.cli import main
+
+    train = blob_files[blob_files.index("--train") + 1]
+    rows = [json.loads(line) for line in open(train, encoding="utf-8")]
+    few = [r for r in rows if r["label"] != "oos"] + [r for r in rows if r["label"] == "oos"][:30]
+    small = tmp_path / "few-oos.jsonl"
+    small.write_text("".join(json.dumps(r) + "\n" for r in few), encoding="utf-8")
+    args = [*blob_files, "--target-oos-recall", "0.85"]
+    args[args.index(train)] = str(small)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "note: 30 rows place this cutoff only to ±" in text and "(--calibration)" in text
+
+
+def main_json(capsys, args):
+    from flywheel.cli import main
+
+    rc = main([*args, "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out)
+
+
 @pytest.mark.parametrize("value, words", [("1.5", "oos_recall must be a number in (0, 1], got 1.5"),
                                           ("0", "oos_recall must be a number in (0, 1], got 0.0")])
 def test_eval_refuses_a_bad_target_in_one_line(blob_files, capsys, value, words):

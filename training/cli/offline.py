@@ -191,11 +191,13 @@ def eval_command(
                                                                "here."),
     target_oos_recall: Optional[float] = typer.Option(
         None, "--target-oos-recall", help="Cut the fitted model at this out-of-scope recall (learned on its "
-                                          "out-of-fold training rows, as thresholds.target: {oos_recall: R})."),
+                                          "out-of-fold training rows, or on the --calibration rows when given, as "
+                                          "thresholds.target: {oos_recall: R})."),
     save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
     calibration: Optional[Path] = typer.Option(
         None, "--calibration", help="Held-out labelled data that calibrates the prediction sets (split-conformal; "
-                                    "CLINC150: its val split) instead of the out-of-fold training rows."),
+                                    "CLINC150: its val split) and places a target's cutoff, instead of the "
+                                    "out-of-fold training rows."),
     latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
     strict: bool = typer.Option(False, "--strict", help="Refuse test rows whose label the model does not know "
                                                         "(default: score without them, with a warning)."),
@@ -290,9 +292,11 @@ def eval_command(
             if save is not None:
                 m.save(save)
         if calibration is not None:
-            from flywheel.training.evaluate import calibrate_sets
+            from flywheel.training.evaluate import calibrate
 
-            m = calibrate_sets(m, load(calibration, split="val"), embedder=embedder)
+            m, note = calibrate(m, load(calibration, split="val"), embedder=embedder)
+            if note:
+                typer.echo(f"flywheel: warning: {note}", err=True)
         # a label the model cannot answer would count as an error: score without those rows, or refuse
         test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
         if skipped:

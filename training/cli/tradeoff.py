@@ -53,14 +53,33 @@ def format_tradeoff(report: dict[str, Any], rows: int = TABLE_ROWS) -> list[str]
 
 
 def target_line(op: dict[str, Any]) -> str:
-    """``Target oos_recall 85.0%: oos cutoff 0.676 (...); this test set: 83.3% of 300``."""
+    """``Target oos_recall 85.0%: oos cutoff 0.676 (chosen on 300 ...: 85.3% ±4.0); on this
+    test set 83.3% of 300 (±4.2)``, and a second line when the choice rests on few rows or
+    the test set disagrees with it."""
+    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
+
     (kind, want), = op["target"].items()
     chosen, test = op.get("chosen") or {}, op.get("test") or {}
-    where = (f" (chosen on {chosen['n']:,} {chosen.get('on', 'rows')}: {_pct(chosen.get(kind))}"
+    where = (f" (chosen on {chosen['n']:,} {chosen.get('on', 'rows')}: {_pct(chosen.get(kind))}{_pm(chosen)}"
              + ("" if chosen.get("reached", True) else ", not reachable there") + ")") if chosen.get("n") else ""
     value = "n/a" if op.get("value") is None else f"{op['value']:.3f}"
-    return (f"Target {kind} {_pct(want)}: {op['cutoff']} cutoff {value}{where}; on this test set "
-            f"{_pct(test.get(kind))} of {test.get('n', 0):,}")
+    line = (f"Target {kind} {_pct(want)}: {op['cutoff']} cutoff {value}{where}; on this test set "
+            f"{_pct(test.get(kind))} of {test.get('n', 0):,}{_pm(test)}")
+    notes = []
+    if chosen.get("n") and chosen.get("tolerance") is not None and few_rows(chosen):
+        notes.append(f"{chosen['n']:,} rows place this cutoff only to ±{100 * chosen['tolerance']:.1f} points "
+                     f"(95%), wider than ±{100 * FEW_ROWS_TOLERANCE:.0f}: give more labelled rows of that kind "
+                     "(--calibration)")
+    if op.get("consistent") is False:
+        notes.append("the test set's figure lies outside what the chosen rows allow: its queries differ from "
+                     "those the cutoff was chosen on")
+    return line + "".join(f"\n  note: {n}" for n in notes)
+
+
+def _pm(figure: dict[str, Any]) -> str:
+    """`` (±4.2)``: the figure's 95% tolerance in points, or nothing."""
+    tol = figure.get("tolerance")
+    return "" if tol is None else f" ±{100 * float(tol):.1f}"
 
 
 def write_tradeoff_plots(report: dict[str, Any], directory: str | Path) -> list[Path]:
