@@ -377,7 +377,7 @@ def test_intent_set_from_data_with_base():
 
 def test_prediction_sets_calibrated_on_held_out_data(model, fake):
     from flywheel.classifier.tiers import Thresholds
-    from flywheel.training.evaluate import calibrate_sets
+    from flywheel.training.calibration import calibrate_sets
     from flywheel.training.loaders import DatasetError, LabelledData
 
     texts, labels = _test_queries()

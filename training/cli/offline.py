@@ -292,7 +292,7 @@ def eval_command(
             if save is not None:
                 m.save(save)
         if calibration is not None:
-            from flywheel.training.evaluate import calibrate
+            from flywheel.training.calibration import calibrate
 
             m, note = calibrate(m, load(calibration, split="val"), embedder=embedder)
             if note:

@@ -1,0 +1,65 @@
+"""Held-out calibration for ``flywheel eval --calibration FILE``: the prediction sets
+(split-conformal) and a ``thresholds.target``'s cutoff learned on labelled rows the model
+was not fitted on, instead of its out-of-fold training rows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.protocols import Embedder
+    from flywheel.training.loaders import LabelledData
+
+__all__ = ["calibrate", "calibrate_sets"]
+
+
+def calibrate(model: IntentModel, data: LabelledData,
+              embedder: Embedder | None = None) -> tuple[IntentModel, str | None]:
+    """``model`` calibrated on held-out ``data`` (``flywheel eval --calibration``): its
+    prediction sets (:func:`calibrate_sets`) and, with a ``thresholds.target`` of
+    ``oos_recall`` or ``llm_share``, the cutoff the target picks on these rows instead of
+    the out-of-fold training rows (:func:`training.cutoffs.cut_at`); and a note when the
+    target stays out of fold (an ``oos_recall`` with no out-of-scope rows here)."""
+    from flywheel.classifier.encoders import make_embedder
+    from flywheel.classifier.targets import target_kind
+    from flywheel.training.cutoffs import cut_at
+
+    emb = embedder if embedder is not None else make_embedder(model.intents.embedder)
+    model = calibrate_sets(model, data, embedder=emb)
+    target = model.intents.thresholds.target
+    kind = target_kind(target)
+    if target is None or kind not in ("oos_recall", "llm_share"):
+        return model, None
+    known = set(model.manifest.labels)
+    rows = [(t, y) for t, y in zip(data.texts, data.labels) if y is None or y in known]
+    if kind == "oos_recall" and not any(y is None for _, y in rows):
+        return model, (f"{data.source}: no out-of-scope rows, so the oos_recall target keeps the cutoff chosen on "
+                       "the out-of-fold training rows")
+    scores = model.head.scores(emb.encode([t for t, _ in rows]))
+    cut, _ = cut_at(model, target, scores, [y for _, y in rows], "held-out calibration rows")
+    return cut, None
+
+
+def calibrate_sets(model: IntentModel, data: LabelledData, embedder: Embedder | None = None) -> IntentModel:
+    """``model`` with its prediction sets calibrated on held-out ``data`` (a
+    :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
+    textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
+    Rows whose intent the model does not know are left out; a new model is returned."""
+    from flywheel.classifier.encoders import make_embedder
+    from flywheel.classifier.head import conformal_cutoff
+    from flywheel.training.cutoffs import learned_thresholds, with_thresholds
+    from flywheel.training.loaders import DatasetError
+
+    index = {str(c): i for i, c in enumerate(model.manifest.labels)}
+    rows = [(t, index[y]) for t, y in zip(data.texts, data.labels) if y is not None and y in index]
+    if not rows:
+        raise DatasetError(data.source, "no in-scope rows with an intent the model knows to calibrate the "
+                                        "prediction sets on")
+    emb = embedder if embedder is not None else make_embedder(model.intents.embedder)
+    probs = model.head.scores(emb.encode([t for t, _ in rows])).probs
+    coverage = float(model.head.thresholds_.get("coverage", model.intents.thresholds.coverage))
+    cut = conformal_cutoff(probs, np.array([i for _, i in rows]), coverage)
+    return with_thresholds(model, {**learned_thresholds(model), **cut})
