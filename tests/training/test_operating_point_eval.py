@@ -108,6 +108,26 @@ def test_eval_says_when_few_rows_place_the_target(blob_files, tmp_path, capsys):
     assert "note: 30 rows place this cutoff only to ±" in text and "(--calibration)" in text
 
 
+def test_train_prints_the_target_it_was_cut_at(blob_files, tmp_path, capsys):
+    from flywheel.cli import main
+
+    tr, ytr, _, _ = blob_split(n_train=200, n_test=0, seed=2)
+    by: dict[str, list[str]] = {}
+    for t, y in zip(tr, ytr):
+        by.setdefault(y or "", []).append(t)
+    doc = {"name": "blobs", "intents": [{"name": k, "description": k, "examples": v} for k, v in by.items() if k],
+           "out_of_scope": {"examples": by[""][:40], "synthetic": 0},
+           "thresholds": {"target": {"oos_recall": 0.85}}}
+    intents = tmp_path / "blobs.json"
+    intents.write_text(json.dumps(doc), encoding="utf-8")
+    assert main(["train", "--intents", str(intents), "--out", str(tmp_path / "v-blobs"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    op = IntentModel.load(tmp_path / "v-blobs").manifest.metrics["operating_point"]
+    assert (f"target oos_recall 85.0%: oos cutoff {op['value']:.3f}, chosen on 40 out-of-fold training rows: "
+            f"{100 * op['oos_recall']:.1f}% ±{100 * op['tolerance']:.1f}") in out
+    assert "note: too few rows to promise the target within ±5 points" in out     # 40 rows: about ±11
+
+
 def main_json(capsys, args):
     from flywheel.cli import main
 

@@ -103,6 +103,10 @@ def train_command(
                f"{met['oof_in_scope_accuracy']:.3f}, ECE {met['oof_ece_raw']:.3f} -> {met['oof_ece']:.3f} "
                f"after temperature {met['temperature']:.2f}"
                + (f", out-of-scope recall {met['oof_oos_recall']:.3f}" if "oof_oos_recall" in met else ""))
+    if (op := met.get("operating_point")) and model.intents.thresholds.target:
+        from flywheel.training.cli.tradeoff import chosen_line
+
+        typer.echo("  " + chosen_line(model.intents.thresholds.target, op, m.thresholds.get(op.get("cutoff", ""))))
     _explain_cutoffs(m.thresholds, met)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLE_ROWS", "format_tradeoff", "write_tradeoff_plots"]
+__all__ = ["TABLE_ROWS", "format_tradeoff", "write_tradeoff_plots", "target_line", "chosen_line"]
 
 TABLE_ROWS = 11    # points each table shows (the served one always among them)
 
@@ -74,6 +74,23 @@ def target_line(op: dict[str, Any]) -> str:
         notes.append("the test set's figure lies outside what the chosen rows allow: its queries differ from "
                      "those the cutoff was chosen on")
     return line + "".join(f"\n  note: {n}" for n in notes)
+
+
+def chosen_line(target: dict[str, float], op: dict[str, Any], value: float | None) -> str:
+    """``flywheel train``'s line for a fitted target (the manifest's ``operating_point``):
+    ``target oos_recall 85.0%: oos cutoff 0.835, chosen on 100 out-of-fold training rows:
+    85.0% ±8.3``, and a note when that rests on too few rows."""
+    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
+
+    (kind, want), = target.items()
+    shown = "n/a" if value is None else f"{value:.3f}"
+    line = (f"target {kind} {_pct(want)}: {op.get('cutoff', '?')} cutoff {shown}, chosen on {op.get('n', 0):,} "
+            f"{op.get('on', 'rows')}: {_pct(op.get(kind))}{_pm(op)}"
+            + ("" if op.get("reached", True) else " (not reachable there)"))
+    if op.get("tolerance") is not None and few_rows(op):
+        line += (f"\n  note: too few rows to promise the target within ±{100 * FEW_ROWS_TOLERANCE:.0f} points; "
+                 "add labelled examples of that kind")
+    return line
 
 
 def _pm(figure: dict[str, Any]) -> str:
