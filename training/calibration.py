@@ -11,6 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from flywheel.classifier.model import IntentModel
     from flywheel.classifier.protocols import Embedder
+    from flywheel.classifier.scoring import HeadScores
     from flywheel.training.loaders import LabelledData
 
 __all__ = ["calibrate", "calibrate_sets"]
@@ -19,27 +20,28 @@ __all__ = ["calibrate", "calibrate_sets"]
 def calibrate(model: IntentModel, data: LabelledData,
               embedder: Embedder | None = None) -> tuple[IntentModel, str | None]:
     """``model`` calibrated on held-out ``data`` (``flywheel eval --calibration``): its
-    prediction sets (:func:`calibrate_sets`) and, with a ``thresholds.target`` of
+    prediction sets (as :func:`calibrate_sets`) and, with a ``thresholds.target`` of
     ``oos_recall`` or ``llm_share``, the cutoff the target picks on these rows instead of
     the out-of-fold training rows (:func:`training.cutoffs.cut_at`); and a note when the
-    target stays out of fold (an ``oos_recall`` with no out-of-scope rows here)."""
-    from flywheel.classifier.encoders import make_embedder
+    target stays out of fold (an ``oos_recall`` with no out-of-scope rows here). The rows
+    are encoded once for both."""
     from flywheel.classifier.targets import target_kind
     from flywheel.training.cutoffs import cut_at
 
-    emb = embedder if embedder is not None else make_embedder(model.intents.embedder)
-    model = calibrate_sets(model, data, embedder=emb)
+    known = set(model.manifest.labels)
+    rows = [(t, y) for t, y in zip(data.texts, data.labels) if y is None or y in known]
+    scores = model.head.scores(_encoder(model, embedder).encode([t for t, _ in rows])) if rows else None
+    truth = [y for _, y in rows]
+    model = _with_sets(model, data, scores, truth)
     target = model.intents.thresholds.target
     kind = target_kind(target)
     if target is None or kind not in ("oos_recall", "llm_share"):
         return model, None
-    known = set(model.manifest.labels)
-    rows = [(t, y) for t, y in zip(data.texts, data.labels) if y is None or y in known]
-    if kind == "oos_recall" and not any(y is None for _, y in rows):
+    if kind == "oos_recall" and None not in truth:
         return model, (f"{data.source}: no out-of-scope rows, so the oos_recall target keeps the cutoff chosen on "
                        "the out-of-fold training rows")
-    scores = model.head.scores(emb.encode([t for t, _ in rows]))
-    cut, _ = cut_at(model, target, scores, [y for _, y in rows], "held-out calibration rows")
+    assert scores is not None, "out-of-scope rows were found above"
+    cut, _ = cut_at(model, target, scores, truth, "held-out calibration rows")
     return cut, None
 
 
@@ -48,18 +50,31 @@ def calibrate_sets(model: IntentModel, data: LabelledData, embedder: Embedder | 
     :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
     textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
     Rows whose intent the model does not know are left out; a new model is returned."""
+    known = set(model.manifest.labels)
+    rows = [(t, y) for t, y in zip(data.texts, data.labels) if y is not None and y in known]
+    scores = model.head.scores(_encoder(model, embedder).encode([t for t, _ in rows])) if rows else None
+    return _with_sets(model, data, scores, [y for _, y in rows])
+
+
+def _encoder(model: IntentModel, embedder: Embedder | None) -> Embedder:
     from flywheel.classifier.encoders import make_embedder
+
+    return embedder if embedder is not None else make_embedder(model.intents.embedder)
+
+
+def _with_sets(model: IntentModel, data: LabelledData, scores: HeadScores | None,
+               truth: list[str | None]) -> IntentModel:
+    """``model`` with the prediction sets' cutoff split-conformal on the in-scope rows among
+    these scored ones; :class:`DatasetError` without any."""
     from flywheel.classifier.head import conformal_cutoff
     from flywheel.training.cutoffs import learned_thresholds, with_thresholds
     from flywheel.training.loaders import DatasetError
 
     index = {str(c): i for i, c in enumerate(model.manifest.labels)}
-    rows = [(t, index[y]) for t, y in zip(data.texts, data.labels) if y is not None and y in index]
-    if not rows:
+    inside = [i for i, y in enumerate(truth) if y is not None]
+    if scores is None or not inside:
         raise DatasetError(data.source, "no in-scope rows with an intent the model knows to calibrate the "
                                         "prediction sets on")
-    emb = embedder if embedder is not None else make_embedder(model.intents.embedder)
-    probs = model.head.scores(emb.encode([t for t, _ in rows])).probs
     coverage = float(model.head.thresholds_.get("coverage", model.intents.thresholds.coverage))
-    cut = conformal_cutoff(probs, np.array([i for _, i in rows]), coverage)
+    cut = conformal_cutoff(scores.probs[inside], np.array([index[str(truth[i])] for i in inside]), coverage)
     return with_thresholds(model, {**learned_thresholds(model), **cut})

@@ -56,8 +56,6 @@ def target_line(op: dict[str, Any]) -> str:
     """``Target oos_recall 85.0%: oos cutoff 0.676 (chosen on 300 ...: 85.3% ±4.0); on this
     test set 83.3% of 300 (±4.2)``, and a second line when the choice rests on few rows or
     the test set disagrees with it."""
-    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
-
     (kind, want), = op["target"].items()
     chosen, test = op.get("chosen") or {}, op.get("test") or {}
     where = (f" (chosen on {chosen['n']:,} {chosen.get('on', 'rows')}: {_pct(chosen.get(kind))}{_pm(chosen)}"
@@ -65,11 +63,7 @@ def target_line(op: dict[str, Any]) -> str:
     value = "n/a" if op.get("value") is None else f"{op['value']:.3f}"
     line = (f"Target {kind} {_pct(want)}: {op['cutoff']} cutoff {value}{where}; on this test set "
             f"{_pct(test.get(kind))} of {test.get('n', 0):,}{_pm(test)}")
-    notes = []
-    if chosen.get("n") and chosen.get("tolerance") is not None and few_rows(chosen):
-        notes.append(f"{chosen['n']:,} rows place this cutoff only to ±{100 * chosen['tolerance']:.1f} points "
-                     f"(95%), wider than ±{100 * FEW_ROWS_TOLERANCE:.0f}: give more labelled rows of that kind "
-                     "(--calibration)")
+    notes = [n for n in [_few_rows_note(chosen, "(--calibration)")] if n]
     if op.get("consistent") is False:
         notes.append("the test set's figure lies outside what the chosen rows allow: its queries differ from "
                      "those the cutoff was chosen on")
@@ -80,17 +74,23 @@ def chosen_line(target: dict[str, float], op: dict[str, Any], value: float | Non
     """``flywheel train``'s line for a fitted target (the manifest's ``operating_point``):
     ``target oos_recall 85.0%: oos cutoff 0.835, chosen on 100 out-of-fold training rows:
     85.0% ±8.3``, and a note when that rests on too few rows."""
-    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
-
     (kind, want), = target.items()
     shown = "n/a" if value is None else f"{value:.3f}"
     line = (f"target {kind} {_pct(want)}: {op.get('cutoff', '?')} cutoff {shown}, chosen on {op.get('n', 0):,} "
             f"{op.get('on', 'rows')}: {_pct(op.get(kind))}{_pm(op)}"
             + ("" if op.get("reached", True) else " (not reachable there)"))
-    if op.get("tolerance") is not None and few_rows(op):
-        line += (f"\n  note: too few rows to promise the target within ±{100 * FEW_ROWS_TOLERANCE:.0f} points; "
-                 "add labelled examples of that kind")
-    return line
+    note = _few_rows_note(op, "(more examples of that kind)")
+    return line + (f"\n  note: {note}" if note else "")
+
+
+def _few_rows_note(figure: dict[str, Any], remedy: str) -> str | None:
+    """The note for a target chosen on rows too few to promise it (:func:`few_rows`), or ``None``."""
+    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
+
+    if not figure.get("n") or figure.get("tolerance") is None or not few_rows(figure):
+        return None
+    return (f"{figure['n']:,} rows place this cutoff only to ±{100 * figure['tolerance']:.1f} points (95%), wider "
+            f"than ±{100 * FEW_ROWS_TOLERANCE:.0f}: give more labelled rows of that kind {remedy}")
 
 
 def _pm(figure: dict[str, Any]) -> str:

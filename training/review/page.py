@@ -33,9 +33,9 @@ CLIP_LINES = 3
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em} table{border-collapse:collapse;width:100%;table-layout:fixed}
+h1{font-size:1.3em} table{border-collapse:collapse;width:100%;min-width:90em;table-layout:fixed}
 td,th{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
-th.n{width:2.5em} th.served{width:11em} th.teacher{width:11em} th.reason{width:9em} th.label{width:24em}
+th.n{width:2.5em} th.served{width:13em} th.teacher{width:11em} th.reason{width:9em} th.label{width:24em}
 th.done{width:8em}
 tr.current{background:#fff5cc} tr.done{opacity:.45}
 .text{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere}
@@ -45,7 +45,7 @@ tr.current{background:#fff5cc} tr.done{opacity:.45}
 .count{display:inline-block;background:#e4ecf7;border-radius:.6em;padding:0 .45em;margin-left:.3em;
        font-size:.85em;font-family:system-ui,sans-serif}
 .choice{margin:0 .3em .3em 0;padding:.1em .45em} .choice kbd{color:#666;margin-right:.25em}
-.other input{width:13em} .why{color:#666} #status{margin:.5em 0;min-height:1.2em}
+.other input{width:13em} .why{color:#666} td{overflow-wrap:anywhere} #status{margin:.5em 0;min-height:1.2em}
 """.replace("@LINES", str(CLIP_LINES)).replace("@HEIGHT", f"{CLIP_LINES * 1.4:.1f}")
 
 _SCRIPT = """
@@ -172,10 +172,11 @@ def _row(i: int, item: dict[str, Any]) -> str:
              ' autocomplete="off"> <button type="submit">label</button></form>')
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
     lang = f" \u00b7 {item['language']}" if item.get("language") else ""
-    # layer 2's own answer where it differs from the served one: what teacher_vs_l2 compares
+    # layer 2's own answer where it differs from the served one: what teacher_vs_l2 compares (a
+    # name too long for the column wraps after "layer 2:", one wider still inside, as any cell may)
     said = item.get("l2_label") if item.get("l2_answered") else None
     l2 = "" if said is None or said == str(item["label"]) else \
-        f'<br><span class="why" style="white-space:nowrap">layer 2: {e(said)}</span>'
+        f'<br><span class="why">layer 2: {e(said)}</span>'
     return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
             f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"] + lang)}</span>{l2}</td>'
             f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
