@@ -35,10 +35,11 @@ ENV = {
     "mask_pii": "FLYWHEEL_MASK_PII",
     "shadow_fraction": "FLYWHEEL_SHADOW_FRACTION",
     "tune_encoder": "FLYWHEEL_TUNE_ENCODER",
+    "serve_last_good": "FLYWHEEL_SERVE_LAST_GOOD",
 }
 _FLOATS = {"teacher_timeout_s", "audit_rate", "store_poll_s", "ship_interval_s", "spool_max_mb",
            "log_retention_days", "shadow_fraction"}
-_BOOLS = {"mask_pii", "tune_encoder"}
+_BOOLS = {"mask_pii", "tune_encoder", "serve_last_good"}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 #: What the ``teacher`` setting may be: ``on`` (the intent file's ``teacher.backend``),
 #: ``ollama`` or ``openai`` (that backend, whatever the intent file says), ``off`` (no layer 3).
@@ -99,6 +100,9 @@ class Config:
     # the retrain's encoder tuning (--tune-encoder/--no-tune-encoder); None: the intent file's
     # embedder.tune, which left out is on where the encoder can be tuned (intents.retrain_tuning)
     tune_encoder: bool | None = None
+    # start serving the models home's CURRENT even when neither it nor any stored version was
+    # trained on the configured intents file (loud log line, metric); off: such a start exits 2
+    serve_last_good: bool = False
     sources: dict[str, str] = field(default_factory=dict)  # key -> flag|env|file|default
 
     @property

@@ -5,8 +5,10 @@ with a ``CURRENT`` pointer), else the models home once a version was promoted th
 else the configured ``intents`` file, else the starter intents that ship as package data
 (``classifier/data/starter_intents.yaml``), trained on first use and cached under
 ``<home>/cache/``. A configured ``intents`` file is always read and validated; when a
-model or promoted version wins, it must bundle that same intent set, else a
-:class:`~classifier.errors.ConfigError` names the file and the version served instead.
+model or promoted version wins, it must bundle that same intent set
+(:class:`~classifier.served.IntentContract`): else the newest stored version that does is
+served, else an :class:`~classifier.errors.IntentSetMismatch` names the file, the version
+served instead and the command that fixes it (``serve_last_good`` serves it anyway).
 The encoders keep their own caches (ONNX exports, the USE tokenizer) under the same
 resolved home (:attr:`Config.cache_root`).
 
@@ -24,11 +26,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flywheel.classifier.config import Config, load_config, starter_intents_path
-from flywheel.classifier.errors import ConfigError, IntentFileError
+from flywheel.classifier.errors import IntentFileError, IntentSetMismatch
 from flywheel.classifier.intents import IntentSet, load_intents
 from flywheel.classifier.model import DISTRIBUTION, MANIFEST, IntentModel
 from flywheel.classifier.protocols import ManagedTeacher
 from flywheel.classifier.registry import CURRENT, ModelRegistry
+from flywheel.classifier.served import IntentContract, ServedHome, ServedVersion, home_choice, set_difference
 
 log = logging.getLogger("flywheel.default")
 _lock = threading.Lock()
@@ -91,100 +94,99 @@ def existing_model_dir(cfg: Config) -> Path | None:
     return cached if cached is not None and (cached / MANIFEST).is_file() else None
 
 
-def default_model_dir(cfg: Config, *, progress: bool = True) -> Path:
-    """The configured model, else the models home once a version was promoted there,
-    else the intent set (configured or starter) trained into the cache.
-
-    A configured ``intents`` file is read and validated first (a missing or invalid one
-    raises :class:`~classifier.errors.IntentFileError`); when the model or the models home
-    wins, its served version must bundle that intent set (:func:`check_served_intents`)."""
-    explicit = load_intents(Path(cfg.intents).expanduser()) if cfg.intents else None
-    served = Path(cfg.model).expanduser() if cfg.model else None
-    if served is None and (cfg.models_dir / CURRENT).is_file():
-        served = cfg.models_dir
-    if served is not None:
-        if explicit is not None:
-            check_served_intents(explicit, served, "the model setting" if cfg.model else "the models home")
-        return served
-    intents_path = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
-    return ensure_trained(intents_path, cached_model_dir(cfg, intents_path), progress=progress,
-                          cache_root=cfg.cache_root)
+def _served_home(cfg: Config) -> tuple[Path | None, str]:
+    """The configured ``model`` (a version directory or a models home), else the models home
+    once a version was promoted there; ``(None, "")`` before that. With what it is, in words."""
+    if cfg.model:
+        return Path(cfg.model).expanduser(), "the model setting"
+    if (cfg.models_dir / CURRENT).is_file():
+        return cfg.models_dir, "the models home"
+    return None, ""
 
 
-def check_served_intents(intents: IntentSet, served: Path, what: str) -> None:
-    """Raise :class:`~classifier.errors.ConfigError` when the version ``served`` (a version
-    directory, or a models home's ``CURRENT``) bundles another intent set than ``intents``,
-    the configured ``intents`` file: examples, rules and settings included, as the retrain
-    compares them. A directory without a bundled intent set is left for loading to reject.
-    When ``served`` is a models home that stores a version of exactly ``intents`` (after
-    ``flywheel models rollback``, say), the error names ``flywheel models promote`` for it."""
-    from flywheel.classifier.model import INTENTS_FILE, intents_to_doc
-    from flywheel.classifier.registry import ModelRegistry
+def check_served_intents(intents: IntentSet, served: Path, what: str, *, last_good: bool = False) -> None:
+    """Raise :class:`~classifier.errors.IntentSetMismatch` (a configuration error, exit 2)
+    when the version ``served`` (a version directory, or a models home's ``CURRENT``)
+    bundles another intent set than ``intents``, the configured ``intents`` file: examples,
+    rules and settings included, as the retrain compares them. A directory without a
+    bundled intent set is left for loading to reject. ``last_good``: the message names
+    ``--serve-last-good`` as a way to start anyway."""
+    from flywheel.classifier.model import INTENTS_FILE
 
     version_dir = ModelRegistry(served).current_path() if (served / CURRENT).is_file() else served
     if not (version_dir / INTENTS_FILE).is_file():
         return
-    bundled = load_intents(version_dir / INTENTS_FILE)
-    if intents_to_doc(bundled) == intents_to_doc(intents):
+    diff = set_difference(intents, load_intents(version_dir / INTENTS_FILE), version_dir.name)
+    if diff is None:
         return
-    only_file = sorted(set(intents.labels) - set(bundled.labels))
-    only_model = sorted(set(bundled.labels) - set(intents.labels))
-    if only_file or only_model:
-        diff = (f"intents only in the file: {', '.join(only_file) or 'none'}; "
-                f"only in {version_dir.name}: {', '.join(only_model) or 'none'}")
-    else:
-        diff = "same intents, other examples, rules or settings"
-    stored = _stored_version_of(intents, served) if (served / CURRENT).is_file() else None
-    promote = (f"flywheel models promote {stored} to serve {stored}, already trained on this intent set, or "
-               if stored else "")
-    raise ConfigError(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
-                      f"trained on another intent set ({diff}); run {promote}flywheel retrain --intents "
-                      f"{intents.source} to train it on the labels already logged and promote it (labels of removed "
-                      f"intents are dropped), or drop the intents setting to serve {version_dir.name}")
-
-
-def _stored_version_of(intents: IntentSet, home: Path) -> str | None:
-    """The newest valid version in the models home ``home`` that bundles exactly ``intents``
-    (compared as :func:`check_served_intents` compares them), or ``None``."""
-    from flywheel.classifier.model import INTENTS_FILE, intents_to_doc
-
-    want = intents_to_doc(intents)
-    for v in sorted(ModelRegistry(home).versions(), key=lambda v: (v.created_at, v.name), reverse=True):
-        if not v.valid or v.current or not (v.path / INTENTS_FILE).is_file():
-            continue
-        try:
-            if intents_to_doc(load_intents(v.path / INTENTS_FILE)) == want:
-                return v.name
-        except IntentFileError:   # a damaged copy: not one to advise
-            continue
-    return None
+    anyway = (f", or start with --serve-last-good to keep serving {version_dir.name} until then"
+              if last_good else "")
+    raise IntentSetMismatch(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
+                            f"trained on another intent set ({diff}), and no stored version was trained on this "
+                            f"file; run flywheel retrain --intents {intents.source} to train it on the labels "
+                            f"already logged and promote it (labels of removed intents are dropped){anyway}, or "
+                            f"drop the intents setting to serve {version_dir.name}")
 
 
 class ServedModel(NamedTuple):
-    """The version to serve, and the models home it was promoted in (``None``: a version
-    directory, nothing to follow)."""
+    """The version to serve, the models home it was promoted in (``None``: a version
+    directory, nothing to follow), and what it is (:class:`~classifier.served.ServedVersion`,
+    with ``note``: why it is not the home's ``CURRENT``, or serves another set on request)."""
 
     model: IntentModel
     home: ModelRegistry | None
+    served: ServedVersion | None = None
+    note: str = ""
 
 
 def served_model(cfg: Config, *, progress: bool = True, into_home: bool = False) -> ServedModel:
-    """The model ``cfg`` serves (:func:`default_model_dir`), loaded, with the models home
-    to follow. ``into_home`` (a fleet replica whose home the fleet's sync fills): when no
-    ``model`` is configured and the models home has no version yet, the default model is
-    published and promoted there once, so that the home's watcher follows the fleet's
-    first promotion."""
-    path = default_model_dir(cfg, progress=progress)
-    if into_home and cfg.model is None and not (path / CURRENT).is_file():
-        home = ModelRegistry(cfg.models_dir)
-        home.promote(home.publish(path))
-        log.info("replica: the fleet has promoted no model yet; serving %s locally until it does",
-                 home.current_name())
-        path = home.home
-    if (path / CURRENT).is_file():   # a models home: serve CURRENT and follow promotions
-        registry = ModelRegistry(path)
-        return ServedModel(registry.load_current(), registry)
-    return ServedModel(IntentModel.load(path), None)
+    """The model ``cfg`` serves, loaded, with the models home to follow: the configured
+    ``model``, else the models home's ``CURRENT``, else the default model (the intent set
+    trained into the cache). ``into_home`` (a fleet replica whose home the fleet's sync
+    fills): when no ``model`` is configured and the models home has no version yet, the
+    default model is published and promoted there once, so that the home's watcher follows
+    the fleet's first promotion.
+
+    Under a configured ``intents`` file (:class:`~classifier.served.IntentContract`) a
+    version of another set is never served: the home's ``CURRENT`` when it fits, else the
+    newest stored version that does (a warning says which, and how to promote it), else,
+    with ``cfg.serve_last_good``, ``CURRENT`` all the same (an error line says so), else
+    :class:`~classifier.errors.IntentSetMismatch`. The home followed is a
+    :class:`~classifier.served.ServedHome`, which refuses a promotion of another set."""
+    contract = IntentContract.from_file(cfg.intents)
+    path, what = _served_home(cfg)
+    if path is None:
+        source = Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
+        path = ensure_trained(source, cached_model_dir(cfg, source), progress=progress, cache_root=cfg.cache_root)
+        if into_home:
+            home = ModelRegistry(cfg.models_dir)
+            home.promote(home.publish(path))
+            log.info("replica: the fleet has promoted no model yet; serving %s locally until it does",
+                     home.current_name())
+            path, what = home.home, "the models home"
+        else:
+            model = IntentModel.load(path)
+            return ServedModel(model, None, ServedVersion.of_model(model, "default model"))
+    if not (path / CURRENT).is_file():   # a version directory: nothing to follow
+        model = IntentModel.load(path)
+        if contract.intents is not None:
+            check_served_intents(contract.intents, path, what)
+        return ServedModel(model, None, ServedVersion.of_model(model, "model setting"))
+    return _from_home(cfg, contract, ServedHome(path, contract), what)
+
+
+def _from_home(cfg: Config, contract: IntentContract, home: ServedHome, what: str) -> ServedModel:
+    """The version of the models ``home`` to serve under ``contract`` (see :func:`served_model`)."""
+    choice = home_choice(home, contract, last_good=cfg.serve_last_good)
+    if choice is None:
+        assert contract.intents is not None, "any set fits without an intents setting"
+        check_served_intents(contract.intents, home.home, what, last_good=True)
+        raise AssertionError("check_served_intents raises for a version of another set")
+    version, note = choice
+    if note:
+        (log.error if version.source.startswith("last good") else log.warning)("%s", note)
+    model = ModelRegistry(home.home).load(version.version)   # checked above (or served anyway: last good)
+    return ServedModel(model, home, version, note)
 
 
 def build_classifier(cfg: Config | None = None, *, progress: bool = True,

@@ -69,6 +69,14 @@ class ModelError(FlywheelError):
     exit_code = 3
 
 
+class IntentSetMismatch(ConfigError, ModelError):
+    """A model version was trained on another intent set than the one the deployment is
+    configured for (the ``intents`` setting): refused before it is served or pointed at.
+    A configuration error (exit 2) and a model error (a watcher refuses the version)."""
+
+    exit_code = 2
+
+
 class NotFittedError(ModelError):
     """A head or model was used before it was fitted."""
 

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.classifier.encoders.blobs import BLOB_GRACE_S, BLOBS_DIR, version_blobs
-from flywheel.classifier.errors import FlywheelError, ModelError
+from flywheel.classifier.errors import FlywheelError, IntentFileError, ModelError
+from flywheel.classifier.intents import IntentSet, parse_intents
 from flywheel.classifier.model import (
     ENCODER_DIR,
     HEAD_FILE,
@@ -263,6 +264,22 @@ class BucketRegistry:
             return Manifest.from_dict(json.loads(data.decode("utf-8"))), data
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise ModelError(f"{self.objects.cfg.location(key)}: corrupt manifest: {exc}") from None
+
+    def bundled_intents(self, name: str) -> IntentSet:
+        """The intent set version ``name`` bundles, read from the bucket (its manifest and
+        its ``intents.yaml``, checked against the manifest; nothing else is downloaded)."""
+        import yaml
+
+        manifest, _ = self.manifest(name)
+        if not manifest.intents_sha256:
+            return self.load(name).intents   # an early version records no checksum: verify it whole
+        data = self._get_file(name, INTENTS_FILE, manifest.intents_sha256)
+        try:
+            return parse_intents(yaml.safe_load(data.decode("utf-8")),
+                                 source=self.objects.cfg.location(self._key(name, INTENTS_FILE)))
+        except (ValueError, yaml.YAMLError, IntentFileError) as exc:
+            raise ModelError(f"{self.objects.cfg.location(self._key(name))}: bundled intents are invalid: {exc}") \
+                from None
 
     def _files_by_version(self) -> dict[str, dict[str, int]]:
         """Every version folder in the bucket (complete or not): its files and their sizes."""

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Protocol
 
 from flywheel.classifier.config import Config
-from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.errors import FlywheelError, IntentSetMismatch
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import Registry
-from flywheel.classifier.registry import ModelRegistry, VersionInfo
+from flywheel.classifier.registry import CURRENT, ModelRegistry, VersionInfo
+from flywheel.classifier.served import IntentContract, ServedVersion, home_choice, intent_digest
 from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.config import StoreConfig
 from flywheel.fleet.human_labels import HumanLabels
@@ -87,12 +88,31 @@ class Site(Protocol):
         """Where an offline command's labels of ``store``'s decisions go."""
         ...
 
+    def contract(self) -> IntentContract:
+        """The intent set this deployment is configured for (the ``intents`` setting, read
+        now; without one, any set fits); :class:`~classifier.errors.IntentFileError` when
+        the file cannot be read."""
+        ...
+
+    def served(self) -> ServedVersion:
+        """What this deployment serves now, the one answer every command asks for (read from
+        manifests and bundled intent files; no head is loaded or downloaded): on a fleet the
+        bucket's ``models/CURRENT`` (so a host that has not synced sees the fleet's version);
+        else the configured ``model``, or the models home's ``CURRENT`` under the configured
+        intent set as a serving process picks it (:func:`~classifier.served.home_choice`);
+        else the default model (trained or not yet). Raises
+        :class:`~classifier.errors.IntentSetMismatch` when nothing may be served."""
+        ...
+
     def served_labels(self) -> tuple[str, ...] | None:
-        """The labels of the model served now, read once per call from its manifest (no
-        model is loaded or downloaded): the configured ``model``, else the registry's
-        current version (on a fleet the bucket's ``models/CURRENT``, so a host that has not
-        synced sees the fleet's intents), else the intent set the default model is trained
-        from. ``None`` when none can be read."""
+        """The labels of :meth:`served`, read once per call; ``None`` when none can be read."""
+        ...
+
+    def check_move(self, reg: Registry, name: str, *, doing: str, fix: str = "") -> None:
+        """Raise :class:`~classifier.errors.IntentSetMismatch` (exit 2) unless version ``name``
+        of ``reg`` was trained on the configured intent set (:meth:`contract`): the check
+        every move of the served pointer passes first (``doing`` names the move in the
+        error, ``fix`` what to do instead). Without an ``intents`` setting, any version fits."""
         ...
 
     def served_model(self, *, progress: bool = True) -> IntentModel:
@@ -205,22 +225,50 @@ class _SiteBase:
     def labels(self, store: LogStore) -> LabelSink:
         return store
 
-    def served_labels(self) -> tuple[str, ...] | None:
-        from flywheel.classifier.config import starter_intents_path
-        from flywheel.classifier.default import existing_model_dir
-        from flywheel.classifier.intents import load_intents
-        from flywheel.classifier.model import Manifest
+    def contract(self) -> IntentContract:
+        return IntentContract.from_file(self.cfg.intents)
 
+    def served(self) -> ServedVersion:
+        from flywheel.classifier.config import starter_intents_path
+        from flywheel.classifier.default import cached_model_dir
+        from flywheel.classifier.intents import load_intents
+        from flywheel.classifier.model import MANIFEST
+
+        name = None if self.cfg.model else self._promoted()
+        if name is not None:   # the fleet's CURRENT: its manifest and intent file, nothing downloaded
+            bucket = self._bucket()
+            intents = bucket.bundled_intents(name)
+            manifest, _ = bucket.manifest(name)
+            return ServedVersion(name, intent_digest(intents), tuple(intents.labels),
+                                 str(manifest.encoder.get("id", "")), "fleet", None, intents)
+        path = Path(self.cfg.model).expanduser() if self.cfg.model else self.cfg.models_dir
+        if (path / CURRENT).is_file():
+            choice = home_choice(ModelRegistry(path), self.contract(), last_good=self.cfg.serve_last_good)
+            if choice is None:
+                raise IntentSetMismatch(f"{self.cfg.intents}: no version of {path} was trained on it; "
+                                        f"run flywheel retrain")
+            return choice[0]
+        if self.cfg.model:
+            return ServedVersion.read(path, "model setting")
+        source = Path(self.cfg.intents).expanduser() if self.cfg.intents else starter_intents_path()
+        cached = cached_model_dir(self.cfg, source)
+        if (cached / MANIFEST).is_file():
+            return ServedVersion.read(cached, "default model")
+        intents = load_intents(source)   # not trained yet: the set it will be trained from
+        return ServedVersion(f"{cached.name} (not trained yet)", intent_digest(intents), tuple(intents.labels),
+                             intents.embedder.backend, "default model", None, intents)
+
+    def served_labels(self) -> tuple[str, ...] | None:
         try:
-            name = None if self.cfg.model else self._promoted()
-            if name is not None:
-                return tuple(self._bucket().manifest(name)[0].labels)
-            path = existing_model_dir(self.cfg)
-            if path is not None:   # the manifest only: loading the version would read the head
-                return tuple(Manifest.read(path).labels)
-            return load_intents(self.cfg.intents or starter_intents_path()).labels
+            return self.served().labels
         except (FlywheelError, OSError, ValueError, KeyError):
             return None
+
+    def check_move(self, reg: Registry, name: str, *, doing: str, fix: str = "") -> None:
+        contract = self.contract()
+        if contract.intents is None:
+            return
+        contract.check(name, reg.load(name).intents, doing=doing, fix=fix)
 
     def served_model(self, *, progress: bool = True) -> IntentModel:
         from flywheel.classifier.default import served_model

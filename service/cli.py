@@ -92,6 +92,11 @@ def serve_command(
                                   help="Queries waiting for the encoder; beyond: RESOURCE_EXHAUSTED."),
     teacher_workers: int = typer.Option(BatchOptions.teacher_workers, "--teacher-workers", min=1,
                                         help="Concurrent LLM calls."),
+    serve_last_good: Optional[bool] = typer.Option(
+        None, "--serve-last-good/--no-serve-last-good",
+        help="When no stored version was trained on the configured intents file, serve the home's current "
+             "version anyway (logged loudly, flywheel_serving_other_intent_set 1) instead of exiting 2 "
+             "(default: the serve_last_good setting, off)."),
     model: Optional[str] = MODEL_OPTION,
     intents: Optional[str] = INTENTS_OPTION,
     teacher: Optional[str] = TEACHER_OPTION,
@@ -105,7 +110,7 @@ def serve_command(
 
     configure_logging()
     cfg = load_config(home=home, model=model, intents=intents, teacher=teacher, teacher_host=teacher_host,
-                      log_db=log_db)
+                      log_db=log_db, serve_last_good=serve_last_good)
     options = ServerOptions(address=address, uds=uds, grace_s=grace, max_message_bytes=max_message_bytes,
                             admin_token=admin_token or None, tls_cert=tls_cert, tls_key=tls_key,
                             metrics_port=metrics_port, metrics_address=metrics_address,

@@ -142,6 +142,9 @@ class ServerMetrics:
             ["version", "encoder"], registry=r)
         self.model_reloads = Counter(
             "flywheel_model_reloads_total", "Model reloads by outcome (ok, refused).", ["outcome"], registry=r)
+        self.other_intent_set = Gauge(
+            "flywheel_serving_other_intent_set", "1 while the served version was trained on another intent set "
+            "than the configured file (started with --serve-last-good); 0 otherwise.", registry=r)
         self.log_buffered_rows = Gauge(
             "flywheel_log_buffered_rows", "Traffic-log rows buffered, not yet flushed.", registry=r)
         # what a deployment that never retrained is judged by (flywheel_last_retrain_timestamp_seconds

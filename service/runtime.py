@@ -42,6 +42,7 @@ from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teacher
 from flywheel.classifier.registry import SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
+from flywheel.classifier.served import ServedVersion
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers import build_teacher
 from flywheel.fleet.human_labels import HumanLabels
@@ -65,7 +66,8 @@ class Runtime:
     the log sink this runtime opened (``None`` when the caller brought one); ``sync`` follows
     the fleet's model (fleet mode only); ``teacher`` is closed when this runtime built it;
     ``shadow`` scores the models home's shadow version and ``shadow_watcher`` follows its
-    ``SHADOW`` pointer (serving from a models home, with a log)."""
+    ``SHADOW`` pointer (serving from a models home, with a log); ``served`` is the version it
+    started on and ``serving_note`` why that is not the home's ``CURRENT`` ('' when it is)."""
 
     classifier: Classifier
     labels: LabelSink | None = None
@@ -76,6 +78,14 @@ class Runtime:
     shadow: ShadowScorer | None = None
     shadow_watcher: ModelWatcher | None = None
     human_labels: HumanLabels | None = None
+    served: ServedVersion | None = None
+    serving_note: str = ""
+
+    @property
+    def other_intent_set(self) -> bool:
+        """Whether it started on a version of another intent set than the configured file
+        (``serve_last_good``); a later reload serves only versions of the file."""
+        return self.served is not None and self.served.source.startswith("last good")
 
     @property
     def fleet(self) -> bool:
@@ -165,7 +175,8 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
         sync = site.follow(slot.reload_now)
         if sync is not None and cfg.model is None:   # a fresh replica starts on the fleet's version
             sync.sync_once(FIRST_SYNC_TIMEOUT_S)
-        model, home = served_model(cfg, progress=progress, into_home=sync is not None)
+        chosen = served_model(cfg, progress=progress, into_home=sync is not None)
+        model, home = chosen.model, chosen.home
         own_teacher = "teacher" not in kwargs
         teacher: Teacher | None = build_teacher(cfg, model.intents) if own_teacher else kwargs.pop("teacher")
         shadow_sink = served.sink if served.sink is not None else kwargs.get("log_sink")
@@ -181,7 +192,7 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
         served.labels, lambda: classifier.model.manifest.labels, fleet=site.fleet, live=True)
     return Runtime(classifier, labels=served.labels, store=served.store, sink=served.sink, sync=sync,
                    teacher=teacher if own_teacher else None, shadow=shadow, shadow_watcher=shadow_watcher,
-                   human_labels=writer)
+                   human_labels=writer, served=chosen.served, serving_note=chosen.note)
 
 
 def _shadow_parts(cfg: Config, home: ModelRegistry | None, sink: object,

@@ -180,6 +180,7 @@ class SidecarServer:
     def _wire_metrics(self) -> None:
         m, clf = self.metrics, self.runtime.classifier
         m.set_model(clf.model_version, clf.embedder.id)
+        m.other_intent_set.set(1 if self.runtime.other_intent_set else 0)
         m.bind_queue_depth(lambda: self.core.batcher.depth)
         sink = self.runtime.sink
         if sink is not None:  # the traffic log's sink reports its buffer, spool and shipping
@@ -250,6 +251,7 @@ class SidecarServer:
         if error is None:
             clf = self.runtime.classifier
             self.metrics.set_model(version, clf.embedder.id)
+            self.metrics.other_intent_set.set(0)   # the home's check let it in: the configured set's
             self.metrics.set_labels(clf.model.manifest.labels)  # a promotion may add or drop intents
             self.metrics.set_languages(clf.intents.languages)
 

@@ -43,6 +43,13 @@ serving thresholds, so the comparison is paired. With ``tolerance`` (``--toleran
    says so). Rows without a language (intent-file examples, decisions logged before the
    language column) count only overall; with one language or none the gate is as above.
 
+7. **cannot tell**: with fewer than :data:`MIN_GATE_ROWS` gate rows (a small deployment's
+   first weeks), a challenger that passed 1-6 is kept unless its accuracy gain is
+   significant (:func:`significant_gain`): the gate cannot tell a tie from a loss on so few
+   rows, and four promotions on ties once took a shop's layer 2 from 1.000 to 0.762
+   (issue 41). ``promote_untested`` (``retrain --promote-untested``) promotes it all the
+   same, with a note. A changed intent set keeps its own rule, below.
+
 A **changed intent set** (:func:`decide_changed`) is gated the other way round, on the rows
 of the intents both sets share: the champion cannot serve the new intent file, so the
 challenger is kept out only when it is *measurably* worse there: when, for accuracy (for
@@ -218,7 +225,8 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
            data: LabelledSet | None, gate_name: str, tolerance: float,
            notes: list[str], champion_data: LabelledSet | None = None,
            langs: list[str | None] | None = None,
-           declared: tuple[str, ...] | list[str] = ()) -> tuple[str, str, list[dict[str, Any]]]:
+           declared: tuple[str, ...] | list[str] = (),
+           promote_untested: bool = False) -> tuple[str, str, list[dict[str, Any]]]:
     """``(outcome, reason, checks)`` for the challenger's and champion's metrics ``ch`` and
     ``cp`` (per set, from :func:`evaluate_layer2`, with ``llm_share`` and ``llm_share_on``)
     on the gate set ``data`` named ``gate_name`` (the rule: see the module docs). Appends
@@ -226,7 +234,8 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     rows with the champion's vectors when its encoder is not the challenger's (default
     ``data``). ``langs``: one logged language per gate row (``None`` where a row has none,
     or as a whole) for rule 6, in the order of ``declared`` (the intent set's languages);
-    its checks come last in ``checks``, each with ``language``."""
+    its checks come last in ``checks``, each with ``language``. ``promote_untested``: rule 7
+    promotes what it cannot measure, with a note."""
     checks: list[dict[str, Any]] = []
     if cp is None or champion is None or data is None:
         return "promoted", "no usable champion: first model", checks
@@ -275,6 +284,11 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
     tie = _tie_to_the_smaller(challenger, champion, checks, tolerance)
     if tie is not None:
         return "kept", tie, checks
+    untested = _cannot_tell(ch["n"], gate_name, checks)
+    if untested is not None:
+        if not promote_untested:
+            return "kept", untested + "; keeping the champion (retrain --promote-untested promotes it anyway)", checks
+        notes.append(untested + "; promoted because of --promote-untested")
     parts = [f"{c['metric']} {_f(c['challenger'])} vs {_f(c['champion'])} ({c['worse']} worse, {c['better']} "
              f"better of {c['n']:,})" for c in checks if "worse" in c and "language" not in c]
     parts += [f"LLM share {_pct(c['challenger'])} vs {_pct(c['champion'])} (n={c['n']:,} {c['set']} queries"
@@ -282,6 +296,18 @@ def decide(challenger: IntentModel, champion: IntentModel | None, ch: dict[str, 
               for c in checks if c["metric"] == "llm_share"]
     return "promoted", (f"not worse than the champion beyond tolerance {tolerance:g} on {ch['n']:,} {gate_name} "
                         f"queries: " + "; ".join(parts)), checks
+
+
+def _cannot_tell(n: int, gate_name: str, checks: list[dict[str, Any]]) -> str | None:
+    """Rule 7: why the gate cannot tell, or ``None``: fewer than :data:`MIN_GATE_ROWS` gate
+    rows and no significant accuracy gain on them."""
+    if n >= MIN_GATE_ROWS:
+        return None
+    acc = next(c for c in checks if c["metric"] == "accuracy")
+    if significant_gain(acc):
+        return None
+    return (f"cannot tell: only {n:,} held-out {gate_name} queries (the gate needs {MIN_GATE_ROWS}) and the "
+            f"challenger is not measurably better on them ({acc['better']} better, {acc['worse']} worse)")
 
 
 def drop_lower(pair: dict[str, Any], confidence: float = CONFIDENCE) -> float:

@@ -81,6 +81,10 @@ class RetrainOptions:
         With ``tune``: the intent pairs the teacher's candidate sets name most are hard
         negatives for the tuner, after the champion's confusions (on by default; a candidate
         set is never a training label either way).
+    promote_untested : bool
+        Promote a challenger the gate cannot measure (fewer than ``MIN_GATE_ROWS`` gate rows
+        and no significant gain: :func:`training.gate.decide`) all the same; off, such a
+        challenger is kept out ("cannot tell").
     """
 
     min_new_labels: int = 0
@@ -97,6 +101,7 @@ class RetrainOptions:
     tune_why: str = ""
     teacher_filter: bool = False
     candidate_pairs: bool = True
+    promote_untested: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,7 +122,7 @@ class RetrainOptions:
             raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
         if self.tune is not None and not isinstance(self.tune, TuneSettings):   # which checks itself
             raise RetrainOptionError(f"tune must be TuneSettings or None, got {type(self.tune).__name__}")
-        for name in ("teacher_filter", "candidate_pairs"):
+        for name in ("teacher_filter", "candidate_pairs", "promote_untested"):
             if not isinstance(getattr(self, name), bool):
                 raise RetrainOptionError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

@@ -56,7 +56,7 @@ import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError
 from flywheel.classifier.head import CrossFitView, IntentHead
-from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.intents import EmbedderSettings, IntentSet
 from flywheel.classifier.language import UNKNOWN, LanguageDetector
 from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
 from flywheel.classifier.protocols import Embedder, Registry
@@ -111,7 +111,8 @@ def _trained_until(model: IntentModel) -> float | None:
 
 # ------------------------------------------------------------------ the job
 def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedder: Embedder,
-            options: RetrainOptions | None = None, served_default: Path | None = None) -> RetrainResult:
+            options: RetrainOptions | None = None, served_default: Path | None = None,
+            embedder_for: Callable[[EmbedderSettings], Embedder] | None = None) -> RetrainResult:
     """Run the retrain job once; see the module docs.
 
     Parameters
@@ -132,12 +133,17 @@ def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedd
         The version directory the default classifier serves while the registry has no
         promoted version (:func:`classifier.default.existing_model_dir`: the starter or
         intent-file model trained into the home's cache). It is then the champion.
+    embedder_for : callable, optional
+        Builds the encoder an intent set's ``embedder`` settings name: a champion trained with
+        another encoder than ``embedder`` (an encoder switch) scores the gate rows encoded by
+        its own, so the gate stays paired. Without it such a champion cannot be evaluated
+        and the challenger is gated as a first model.
     """
     opts = options if options is not None else RetrainOptions()
     with registry.lock(create=not opts.dry_run) as taken:   # a dry run creates no models home
         if not taken:
             return _skip("another retrain is running", opts.dry_run)
-        job = Job(store, registry, intents, embedder, opts, served_default=served_default)
+        job = Job(store, registry, intents, embedder, opts, served_default=served_default, embedder_for=embedder_for)
         result = _run(job)
         if not opts.dry_run:
             _record(job, result)
@@ -221,12 +227,33 @@ def _load_champion(job: Job) -> Champion:
         return _with_own_encoder(job, name, token, champ)
     emb = job.embedder
     if not champ.encoder_matches(emb.id, emb.dim):
-        enc = champ.manifest.encoder
-        job.notes.append(f"champion {name or champ.version} was trained with encoder {enc.get('id')!r} "
-                         f"({enc.get('dim')}-d), not {emb.id!r}; it cannot be evaluated on these embeddings, "
+        return _with_other_encoder(job, name, token, champ)
+    return Champion(name, token, champ)
+
+
+def _with_other_encoder(job: Job, name: str | None, token: str | None, champ: IntentModel) -> Champion:
+    """A champion trained with another encoder than the challengers' (an encoder switch in
+    the intent file): it scores the same gate rows encoded by the encoder its own settings
+    build (``job.embedder_for``), so the gate stays paired; when that encoder cannot be
+    built here, no champion (a note says why)."""
+    enc, emb = champ.manifest.encoder, job.embedder
+    who = name or champ.version
+    try:
+        if job.embedder_for is None:
+            raise EmbedderError("no encoder factory was given to the retrain")
+        own = job.embedder_for(champ.intents.embedder)
+        if (own.id, own.dim) != (enc.get("id"), enc.get("dim")):
+            raise EmbedderError(f"its bundled settings build {own.id!r} ({own.dim}-d)")
+        own.encode(["warm-up"])   # loads and checks it
+    except EmbedderError as exc:
+        job.notes.append(f"champion {who} was trained with encoder {enc.get('id')!r} ({enc.get('dim')}-d), not "
+                         f"{emb.id!r}, and that encoder cannot be loaded here ({exc}); it cannot be evaluated, "
                          f"so it is treated as no champion")
         return Champion(name, token, None)
-    return Champion(name, token, champ)
+    job.notes.append(f"encoder switch: champion {who} uses {own.id} ({own.dim}-d), the challenger {emb.id} "
+                     f"({emb.dim}-d); the champion scores the same gate rows encoded by its own encoder (paired)")
+    job.say(job.notes[-1])
+    return Champion(name, token, champ, own)
 
 
 def _with_own_encoder(job: Job, name: str | None, token: str | None, champ: IntentModel) -> Champion:
@@ -548,7 +575,7 @@ def _decide(job: Job, challenger: IntentModel, champion: IntentModel | None,
     return decide(challenger, champion, ev.challenger, ev.champion, rows, ev.gate, job.opts.tolerance, job.notes,
                   champion_data=ev.champion_sets[ev.gate] if ev.champion and ev.champion_sets else None,
                   langs=_gate_languages(job, rows) if rows is not None and len(rows) else None,
-                  declared=job.intents.languages)
+                  declared=job.intents.languages, promote_untested=job.opts.promote_untested)
 
 
 def _result(job: Job, report: dict[str, Any]) -> RetrainResult:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.intents import EmbedderSettings, IntentSet
 from flywheel.classifier.model import IntentModel, intents_to_doc
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.text import normalise_key
@@ -37,6 +37,7 @@ class Job:
     opts: RetrainOptions
     notes: list[str] = field(default_factory=list)
     served_default: Path | None = None
+    embedder_for: Callable[[EmbedderSettings], Embedder] | None = None   # a champion's own encoder (a switch)
     teacher: dict[str, Any] = field(default_factory=dict)   # steps 2b and 4a: noise estimate, filter report
 
     @property

@@ -82,7 +82,7 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
     served model and for the default model trained on first use; ONNX exports go to one
     cache for every home (the user cache dir, or FLYWHEEL_ONNX_CACHE). Nothing is loaded."""
     import flywheel.classifier.trainer
-    from flywheel.classifier.default import build_classifier, default_model_dir
+    from flywheel.classifier.default import build_classifier, served_model
     from flywheel.classifier.trainer import fit_model
     from tests.support.docs import DOC
     from tests.support.fakes import HashEmbedder
@@ -113,7 +113,7 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
 
     monkeypatch.setattr(flywheel.classifier.trainer, "fit_model", stop)
     with pytest.raises(RuntimeError, match="stop before training"):
-        default_model_dir(cfg, progress=False)
+        served_model(cfg, progress=False)
     assert seen["embedder"].inner.cache_dir == flag_home / "cache" / "use"
     assert not env_home.exists()
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from flywheel.classifier.config import load_config
-from flywheel.classifier.default import default_model_dir
-from flywheel.classifier.errors import ConfigError, IntentFileError
+from flywheel.classifier.default import served_model
+from flywheel.classifier.errors import ConfigError, IntentFileError, IntentSetMismatch
 from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.registry import ModelRegistry
 from flywheel.classifier.trainer import fit_model
@@ -44,7 +44,9 @@ def test_the_api_raises_the_named_error_for_a_missing_intents_file(monkeypatch, 
 def test_the_promoted_home_serves_an_intents_setting_it_was_trained_on(tmp_path, _isolated_home):
     reg = _promote(_isolated_home)
     same = _write(tmp_path / "same.yaml", DOC)             # another file, the same intent set
-    assert default_model_dir(load_config(intents=str(same)), progress=False) == reg.home
+    served = served_model(load_config(intents=str(same)), progress=False)
+    assert served.home.home == reg.home and served.model.version == "v1" and not served.note
+    assert served.served.version == "v1" and served.served.source == "models home"
     assert not (_isolated_home / "cache").exists()           # nothing trained
 
 
@@ -53,39 +55,56 @@ def test_a_version_of_another_intent_set_refuses_the_setting(tmp_path, _isolated
     edited = copy.deepcopy(DOC)
     edited["intents"][0]["examples"].append("where is the api reference")
     path = _write(tmp_path / "edited.yaml", edited)
-    with pytest.raises(ConfigError, match=r"edited.yaml: not served: the models home .* serves v1, trained on "
-                                          r"another intent set \(same intents, other examples, rules or settings\)"):
-        default_model_dir(load_config(intents=str(path)), progress=False)
+    with pytest.raises(IntentSetMismatch, match=r"edited.yaml: not served: the models home .* serves v1, trained "
+                                                r"on another intent set \(same intents, other examples, rules or "
+                                                r"settings\), and no stored version was trained on this file"):
+        served_model(load_config(intents=str(path)), progress=False)
     # an explicit model setting that wins is held to the same rule
     with pytest.raises(ConfigError, match=r"edited.yaml: not served: the model setting .* serves v1"):
-        default_model_dir(load_config(intents=str(path), model=str(reg.version_dir("v1"))), progress=False)
+        served_model(load_config(intents=str(path), model=str(reg.version_dir("v1"))), progress=False)
     assert not (_isolated_home / "cache").exists()
 
 
-def test_after_a_rollback_the_refusal_names_the_stored_version_of_the_file(tmp_path, _isolated_home):
-    """Issue 32 walkthrough: a version trained on exactly the file is in the models home, so
-    promoting it serves the file again without training; the refusal names it, on one line."""
+def test_a_start_serves_the_stored_version_of_the_file_when_current_is_another_set(tmp_path, _isolated_home):
+    """Issue 41: no start exits non-zero while a stored version matches the file: after a
+    rollback to another set's version, a start serves the newest stored version of the file
+    (not CURRENT), says so, and its watcher refuses CURRENT as long as it is another set."""
     edited = copy.deepcopy(DOC)
     edited["intents"][0]["examples"].append("where is the api reference")
     path = _write(tmp_path / "edited.yaml", edited)
     cfg = load_config(intents=str(path))
     reg = _promote(_isolated_home)
     with pytest.raises(ConfigError) as before:        # no stored version of the file yet: retrain it
-        default_model_dir(cfg, progress=False)
-    assert "models promote" not in str(before.value)
+        served_model(cfg, progress=False)
+    assert "flywheel retrain --intents" in str(before.value) and "--serve-last-good" in str(before.value)
+    assert "\n" not in str(before.value)
     fit_model(parse_intents(edited), embedder=HashEmbedder(), version="v2").save(reg.version_dir("v2"))
     reg.promote("v2")
-    assert default_model_dir(cfg, progress=False) == reg.home      # served: the file's own version
-    assert reg.rollback() == "v1"
-    with pytest.raises(ConfigError) as after:
-        default_model_dir(cfg, progress=False)
-    msg = str(after.value)
-    assert "\n" not in msg and "serves v1, trained on another intent set" in msg
-    assert "run flywheel models promote v2 to serve v2, already trained on this intent set, or " \
-           f"flywheel retrain --intents {path}" in msg, msg
-    reg.promote("v2")                                               # as advised: served again, nothing trained
-    assert default_model_dir(cfg, progress=False) == reg.home and reg.current_name() == "v2"
+    assert served_model(cfg, progress=False).model.version == "v2"      # served: the file's own version
+    assert reg.rollback() == "v1"                                      # a move nobody checked
+    served = served_model(cfg, progress=False)
+    assert served.model.version == "v2" and reg.current_name() == "v1"
+    assert "flywheel models promote v2" in served.note and "serves v1" in served.note
+    assert served.served.source == "stored version fitting the intents file"
+    from flywheel.classifier.registry import ModelWatcher
+    swapped: list = []
+    watcher = ModelWatcher(served.home, swapped.append, current="v2")
+    assert not watcher.poll(force=True) and not swapped                # CURRENT (v1) refused
+    assert "another intent set" in watcher.refused["v1"]
+    reg.promote("v2")
+    assert served_model(cfg, progress=False).note == ""
     assert not (_isolated_home / "cache").exists()
+
+
+def test_serve_last_good_serves_current_of_another_set_and_says_so(tmp_path, _isolated_home, caplog):
+    _promote(_isolated_home)
+    edited = copy.deepcopy(DOC)
+    edited["intents"].append({"name": "OPENING_HOURS", "description": "when the shop is open",
+                              "examples": ["when do you open", "opening hours on sunday", "are you open now"]})
+    path = _write(tmp_path / "edited.yaml", edited)
+    served = served_model(load_config(intents=str(path), serve_last_good=True), progress=False)
+    assert served.model.version == "v1" and "SERVING ANOTHER INTENT SET" in served.note
+    assert "SERVING ANOTHER INTENT SET" in caplog.text
 
 
 def test_the_cached_default_model_is_keyed_by_this_distributions_version(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flywheel.classifier.config import load_config, starter_intents_path
-from flywheel.classifier.default import cached_model_dir, default_model_dir
+from flywheel.classifier.default import cached_model_dir, served_model
 from flywheel.classifier.intents import load_intents, parse_intents
 from flywheel.classifier.registry import ModelRegistry, ModelWatcher
 from flywheel.classifier.trainer import fit_model
@@ -46,7 +46,7 @@ def test_rollback_to_default_after_the_first_promotion(served_default, capsys):
     home = ModelRegistry(cfg.models_dir)
     fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="v1").save(home.version_dir("v1"))
     home.promote("v1")
-    assert default_model_dir(cfg) == cfg.models_dir                       # the promoted version wins now
+    assert served_model(cfg).home.home == cfg.models_dir                       # the promoted version wins now
     rc, out, err = run(capsys, "models", "rollback")
     assert rc == 3 and "nothing to roll back to" in err and "rollback --to-default" in err, err
 
@@ -64,7 +64,7 @@ def test_rollback_to_default_after_the_first_promotion(served_default, capsys):
 
     # a restart serves it: the models home, whose CURRENT names the default
     restarted = load_config()
-    assert default_model_dir(restarted) == cfg.models_dir
+    assert served_model(restarted).home.home == cfg.models_dir
     assert ModelRegistry(restarted.models_dir).load_current().version == name
 
     rc, out, err = run(capsys, "models", "list")
@@ -93,7 +93,8 @@ def test_rollback_to_default_refuses_a_corrupt_cached_default(served_default, ca
 def test_rollback_to_default_takes_the_intent_file_given_on_the_command_line(tmp_path, monkeypatch, capsys):
     """A user who passes ``--intents FILE`` to every command (no intents setting) gets their
     own file's default model back with ``rollback --to-default --intents FILE``; without it
-    the starter set is served, and a note says the replaced version served another set."""
+    the switch to the starter set is refused before anything changes (issue 41, item 2), and
+    ``--force`` makes it."""
     monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)
     intents = tmp_path / "home intents.yaml"
     intents.write_text(yaml.safe_dump(DOC))
@@ -120,7 +121,11 @@ def test_rollback_to_default_takes_the_intent_file_given_on_the_command_line(tmp
     assert run(capsys, "models", "rollback")[0] == 0 and home.current_name() == "v1"
 
     rc, out, err = run(capsys, "models", "rollback", "--to-default")   # no intents setting: the starter set
+    assert rc == 2 and home.current_name() == "v1", (out, err)          # refused before the switch
+    assert err.startswith("flywheel: error: refusing to switch to the starter set: with no intents setting"), err
+    assert "v1 serves another intent set" in err and "--to-default --intents FILE" in err, err
+    assert "--force" in err and len(err.strip().splitlines()) == 1, err
     starter = default_version_name(cfg)
+    assert not (home.home / starter).exists()                            # nothing published either
+    rc, out, err = run(capsys, "models", "rollback", "--to-default", "--force")
     assert rc == 0 and starter.startswith("default-starter_intents-") and home.current_name() == starter, err
-    assert err.startswith("flywheel: note: with no intents setting the default model is the starter set's"), err
-    assert "v1 served another intent set" in err and "--to-default --intents FILE" in err, err

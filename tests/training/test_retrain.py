@@ -98,7 +98,7 @@ def test_shadow_run_publishes_the_winner_as_the_shadow_and_records_every_run(wor
     first = world.run()
     assert first.outcome == "promoted" and world.registry.last_retrain()["outcome"] == "promoted"
     world.seed_traffic(n_teacher=200, n_human=10, seed=1)
-    res = world.run(shadow=True)
+    res = world.run(shadow=True, promote_untested=True)   # a small world: fewer than 20 gate rows
     assert res.outcome == "shadowed", res.reason
     assert world.registry.current_name() == first.version           # still serving the champion
     assert world.registry.shadow() == res.version != first.version
@@ -861,7 +861,7 @@ def test_a_champion_promoted_meanwhile_is_gated_against_then_replaced_by_compare
     first = world.run()
     _by_hand(world, "v-by-hand")
     world.registry = MovedDuringTheRun(world.registry.home, ["v-by-hand"])
-    res = world.run(tolerance=1.0)
+    res = world.run(tolerance=1.0, promote_untested=True)
     assert res.outcome == "promoted", res.reason
     # the first promotion was refused (the pointer moved), the second compared against the new champion
     assert world.registry.calls == [(res.version, first.version), (res.version, "v-by-hand")]
@@ -879,7 +879,7 @@ def test_a_champion_that_keeps_moving_is_never_overwritten(world):
     first = world.run()
     _by_hand(world, "v-a", "v-b", "v-c")
     world.registry = MovedDuringTheRun(world.registry.home, ["v-a", "v-b", "v-c"])
-    res = world.run(tolerance=1.0)
+    res = world.run(tolerance=1.0, promote_untested=True)
     assert res.outcome == "kept"
     assert res.reason == "champion moved during the run (expected v-b, found v-c); not overwritten"
     assert [e for _, e in world.registry.calls] == [first.version, "v-a", "v-b"]   # PROMOTE_TRIES tries
@@ -901,11 +901,11 @@ def test_a_champion_moved_to_another_retrain_of_it_is_kept(world, tmp_path):
     other.publish(world.registry.version_dir(first.version))
     other.promote(first.version)
     sibling = retrain(store=world.store, registry=other, intents=world.intents, embedder=HashEmbedder(),
-                      options=RetrainOptions(tolerance=1.0))
+                      options=RetrainOptions(tolerance=1.0, promote_untested=True))
     assert sibling.outcome == "promoted"
     world.registry.publish(other.version_dir(sibling.version))
     world.registry = MovedDuringTheRun(world.registry.home, [sibling.version])
-    res = world.run(tolerance=1.0)
+    res = world.run(tolerance=1.0, promote_untested=True)
     assert res.outcome == "kept"
     assert res.reason == (f"champion moved during the run (expected {first.version}, found {sibling.version}), "
                           f"to another retrain of {first.version}; not overwritten")
@@ -933,7 +933,7 @@ def test_a_champion_moved_before_saving_is_gated_against_before_publishing(world
 
     monkeypatch.setattr(retrain_mod, "_gate", gate)
     world.registry = Recording(world.registry.home)
-    res = world.run(tolerance=1.0)
+    res = world.run(tolerance=1.0, promote_untested=True)
     assert res.outcome == "promoted" and published == ["v-by-hand"]
     assert world.registry.history() == [first.version, "v-by-hand", res.version]
 
@@ -991,7 +991,7 @@ def test_two_retrains_racing_without_a_shared_lock_one_promotes_the_other_says_s
 
     def run():
         results.append(retrain(store=world.store, registry=Host(world.registry.home), intents=world.intents,
-                               embedder=HashEmbedder(), options=RetrainOptions(tolerance=1.0)))
+                               embedder=HashEmbedder(), options=RetrainOptions(tolerance=1.0, promote_untested=True)))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:
@@ -1043,10 +1043,10 @@ def test_cli_summary_gives_every_figure_its_n_and_a_dry_run_prints_where_the_rep
     app = build_app()
     assert CliRunner().invoke(app, common).exit_code == 0
     world.seed_traffic(n_teacher=20, n_human=4, seed=3)
-    r = CliRunner().invoke(app, [*common, "--dry-run"])
+    r = CliRunner().invoke(app, [*common, "--dry-run", "--promote-untested"])   # a tie on few rows: promoted
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    res = json.loads(CliRunner().invoke(app, [*common, "--dry-run", "--json"]).stdout)
+    res = json.loads(CliRunner().invoke(app, [*common, "--dry-run", "--json", "--promote-untested"]).stdout)
     n_eval, n_recent = res["challenger"]["n"], res["challenger"]["llm_share_n"]
     assert 0 < n_eval < 20 and 0 < n_recent < 20
     below = "below the gate's minimum of 20"

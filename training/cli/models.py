@@ -149,7 +149,8 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
                                                     help="Promote the current shadow version (then clear it)."),
                    min_shadow: int = typer.Option(DEFAULT_MIN_SHADOW, "--min-shadow", min=0,
                                                   help="With --from-shadow: logged shadow answers it needs."),
-                   force: bool = typer.Option(False, "--force", help="With --from-shadow: skip --min-shadow."),
+                   force: bool = typer.Option(False, "--force", help="Skip the checks: --min-shadow (with "
+                                                                     "--from-shadow) and the configured intent set."),
                    models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Serve VERSION, or the shadow version with --from-shadow (checked before the switch;
@@ -162,6 +163,9 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
         version = _ready_shadow(site, reg, min_shadow, force)
     assert version is not None, "a VERSION or --from-shadow, checked above"
     _, token = reg.current()
+    if not force:
+        site.check_move(reg, version, doing=f"promote {version}", fix=f"flywheel retrain trains the file; "
+                        f"--force promotes {version} anyway (processes configured with the file refuse it)")
     reg.promote(version, expected=token)   # refused if another promotion lands meanwhile
     typer.echo(f"promoted {version} in {_where(reg)}")
     if from_shadow:
@@ -264,19 +268,27 @@ def models_rollback(to_default: bool = typer.Option(
                                                            help="With --to-default: the intent file whose default "
                                                                 "model to serve (default: the intents setting, "
                                                                 "else the starter set)."),
+                    force: bool = typer.Option(False, "--force",
+                                               help="Switch to a version of another intent set than the "
+                                                    "configured one (or, with --to-default and no intents "
+                                                    "setting, to the starter set)."),
                     models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
-    """Serve the previously promoted version again, checked as promote checks it
-    (fleet-wide with a store); --to-default serves the default model again."""
+    """Serve the previously promoted version again, checked as promote checks it, and
+    refused when it was trained on another intent set than the configured one (fleet-wide
+    with a store); --to-default serves the default model again."""
     if intents is not None and not to_default:
         raise InvalidInputError("--intents goes with --to-default (a plain rollback serves the version "
-                                "promoted before, whatever its intent set)")
+                                "promoted before; --force when that was trained on another intent set)")
     cfg = load_config(home=home, intents=str(intents) if intents is not None else None)
-    reg = _site_of(cfg).registry(models)
+    site = _site_of(cfg)
+    reg = site.registry(models)
     current, token = reg.current()
     if to_default:
-        _rollback_to_default(cfg, reg, current, token)
+        _rollback_to_default(cfg, reg, current, token, force)
         return
+    if not force:
+        _check_rollback(site, reg, current)
     new_token = reg.rollback(expected=token)   # the token is opaque (an etag in fleet mode): print the name
     name, now = reg.current()
     if now == new_token:
@@ -286,32 +298,74 @@ def models_rollback(to_default: bool = typer.Option(
                    f"{name or 'nothing'}")
 
 
-def _rollback_to_default(cfg: Config, reg: ListedRegistry, current: Optional[str], token: Optional[str]) -> None:
+def _check_rollback(site: Site, reg: Registry, current: Optional[str]) -> None:
+    """Refuse a rollback to a version of another intent set than the configured one, naming
+    the nearest earlier promoted version that fits (:meth:`Site.check_move`)."""
+    from flywheel.classifier.errors import IntentSetMismatch
+    from flywheel.classifier.registry_policy import rollback_target
+
+    target = rollback_target(reg.history(), current)
+    if target is None:
+        return   # the registry's rollback says there is nothing to roll back to
+    prev, history = target
+    try:
+        site.check_move(reg, prev, doing=f"roll back to {prev}")
+    except IntentSetMismatch as exc:
+        nearest = _nearest_fit(site, reg, history[:-1])
+        way = (f"the nearest earlier version trained on it is {nearest}: flywheel models promote {nearest}"
+               if nearest else "no earlier promoted version was trained on it: flywheel retrain trains it")
+        raise IntentSetMismatch(f"{exc}; {way}, or flywheel models rollback --force rolls back to {prev} "
+                                f"anyway") from None
+
+
+def _nearest_fit(site: Site, reg: Registry, history: list[str]) -> Optional[str]:
+    """The latest of the promoted ``history`` (oldest first) that fits the configured set."""
+    from flywheel.classifier.errors import IntentSetMismatch
+
+    for name in reversed(history):
+        try:
+            site.check_move(reg, name, doing=f"roll back to {name}")
+        except (IntentSetMismatch, ModelError):
+            continue
+        return name
+    return None
+
+
+def _rollback_to_default(cfg: Config, reg: ListedRegistry, current: Optional[str], token: Optional[str],
+                         force: bool) -> None:
     name = default_version_name(cfg)
     if current == name:
         typer.echo(f"already serving the default model {name} in {_where(reg)}")
         return
+    if current and not cfg.intents and not force:
+        _check_starter_set(reg, current)
     default_version(cfg, reg)
     reg.promote(name, expected=token)   # checked as any promotion; refused if another one lands meanwhile
     typer.echo(f"rolled back to the default model {name} in {_where(reg)}"
                + (f" (was {current}; flywheel models rollback goes back to it)" if current else ""))
-    if current and not cfg.intents:
-        _note_starter_set(reg, current, name)
 
 
-def _note_starter_set(reg: ListedRegistry, replaced: str, name: str) -> None:
-    """Say so when the default just served is the starter set (no intents setting) and the
-    version it replaced served another intent set: that user's own default needs --intents."""
+def _check_starter_set(reg: ListedRegistry, current: str) -> None:
+    """With no intents setting the default model is the starter set's: refuse, before any
+    switch, when the version served now was trained on another intent set."""
+    from flywheel.classifier.config import starter_intents_path
+    from flywheel.classifier.errors import IntentSetMismatch
+    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.served import set_difference
+
     try:
-        theirs = reg.load(replaced).intents.labels
-        starter = reg.load(name).intents.labels
-    except FlywheelError:
+        theirs = reg.load(current).intents
+    except ModelError:
+        return   # unloadable: the starter set is the way back
+    starter = load_intents(starter_intents_path())
+    if set_difference(starter, theirs, current) is None:
         return
-    if set(theirs) != set(starter):
-        typer.echo(f"flywheel: note: with no intents setting the default model is the starter set's "
-                   f"({', '.join(starter)}), and {replaced} served another intent set ({', '.join(theirs)}); "
-                   f"flywheel models rollback goes back to it, and flywheel models rollback --to-default "
-                   f"--intents FILE serves your intent file's default model", err=True)
+    raise IntentSetMismatch(
+        f"refusing to switch to the starter set: with no intents setting the default model is the starter "
+        f"set's ({', '.join(starter.labels)}), and {current} serves another intent set "
+        f"({', '.join(theirs.labels)}); flywheel models rollback --to-default --intents FILE serves your intent "
+        f"file's default model (set intents in the config so every command uses it), --force switches to the "
+        f"starter set anyway")
 
 
 def _default_source(cfg: Config) -> Path:

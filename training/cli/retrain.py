@@ -55,7 +55,8 @@ def retrain_command(
     models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
     log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
     intents: Optional[Path] = typer.Option(None, "--intents",
-                                           help="Intent file (default: the champion's bundled intent set)."),
+                                           help="Intent file (default: the intents setting, else the champion's "
+                                                "bundled intent set)."),
     home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
     shadow: bool = typer.Option(False, "--shadow", help="Publish a winning challenger as the shadow version "
@@ -75,6 +76,10 @@ def retrain_command(
         _DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter",
         help="Drop teacher labels the evidence contradicts before training (out of scope deep inside an "
              "intent, labels humans keep correcting); off, the report says what it would drop."),
+    promote_untested: bool = typer.Option(
+        _DEFAULTS.promote_untested, "--promote-untested",
+        help="Promote a challenger the gate cannot measure (fewer than 20 held-out queries and no significant "
+             "gain) all the same; by default it is kept out."),
     candidate_pairs: bool = typer.Option(
         _DEFAULTS.candidate_pairs, "--candidate-pairs/--no-candidate-pairs",
         help="With --tune-encoder: the intent pairs the teacher's candidate sets name are hard negatives "
@@ -85,7 +90,8 @@ def retrain_command(
         options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
-                                 shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs)
+                                 shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs,
+                                 promote_untested=promote_untested)
         if tune_budget is not None or tune_unlabelled is not None:   # bad, or with --no-tune-encoder: exit 2 now
             resolve_tune(None, tune_encoder is not False, tune_budget, unlabelled=tune_unlabelled)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,
@@ -124,9 +130,10 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
                     tune_budget: float | None = None, tune_unlabelled: float | None = None) -> RetrainResult:
     """Run :func:`training.retrain.retrain` with ``options`` on the configured models home
     and traffic log (``models``, ``log_db`` and ``home`` override the configuration). The
-    intent set is ``intents``, else the champion's bundled one, else the configured file
-    (or the starter set). While the registry has no promoted version, the model the
-    default classifier serves (:func:`classifier.default.existing_model_dir`: e.g. the
+    intent set is the configured one as every command reads it (``intents``, else
+    ``FLYWHEEL_INTENTS``, else the config file's ``intents``), else the champion's bundled
+    one, else the starter set. A dry run applies no log retention. While the registry has no
+    promoted version, the model the default classifier serves (:func:`classifier.default.existing_model_dir`: e.g. the
     starter model trained into the home's cache) is the champion.
 
     Encoder tuning (``options.tune``): ``tune_encoder`` (``--tune-encoder`` True,
@@ -144,12 +151,11 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
                       tune_encoder=tune_encoder)
     site = open_site(cfg)
     registry = site.registry(models)
-    if intents is not None:
-        intent_set = load_intents(intents)
+    if cfg.intents:   # --intents, else FLYWHEEL_INTENTS, else the config file: as every command reads it
+        intent_set = load_intents(Path(cfg.intents).expanduser())
     else:
         bundled = _champion_intents(registry)
-        intent_set = bundled if bundled is not None else load_intents(
-            Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path())
+        intent_set = bundled if bundled is not None else load_intents(starter_intents_path())
     if options.tune is None:
         by_file, why = retrain_tuning(intent_set.embedder)
         tune = resolve_tune(by_file, cfg.tune_encoder, tune_budget, unlabelled=tune_unlabelled)
@@ -158,12 +164,14 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         options = replace(options, tune=tune, tune_why=why)
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = site.open_log(progress=options.progress)
-    site.apply_retention(store, progress=options.progress)
+    if not options.dry_run:   # a dry run changes nothing, the log included
+        site.apply_retention(store, progress=options.progress)
     from flywheel.training.retrain import retrain  # scikit-learn: imported when the command runs, not with the CLI
 
     served_default = existing_model_dir(cfg) if registry.current()[0] is None else None
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options,
-                   served_default=served_default)
+                   served_default=served_default,
+                   embedder_for=lambda settings: make_embedder(settings, cfg.cache_root))
 
 
 # why the retrain tunes or not when a setting says (classifier.config: flag > env > file)

@@ -1,0 +1,86 @@
+"""Issue 41, items 1 and 2: every move of the served pointer is checked against the
+configured intent set, in a local models home (the fleet's: tests/fleet/test_cli_fleet.py).
+
+A shop removed OPENING_HOURS from its intent file; a plain ``rollback`` used to go to a
+version of the old set (exit 0) that the running sidecar hot-reloaded and a restart then
+refused. Now the move is refused first, on one line that names the nearest version that
+fits and ``--force``."""
+
+from __future__ import annotations
+
+from flywheel.classifier.config import load_config
+from flywheel.classifier.registry import ModelRegistry, ModelWatcher
+from flywheel.cli import main
+from tests.support.intent_sets import NEW_DOC, OLD_DOC, save_fitted, write_doc
+
+
+def run(capsys, *args):
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _shop(tmp_path, monkeypatch, history):
+    """A home whose promotions were ``history`` ((name, doc) pairs, in order), with the
+    intents setting naming the edited file (NEW_DOC)."""
+    monkeypatch.setenv("FLYWHEEL_INTENTS", str(write_doc(tmp_path / "shop.yaml", NEW_DOC)))
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    reg = ModelRegistry(load_config().models_dir)
+    for name, doc in history:
+        save_fitted(reg, doc, name)
+        reg.promote(name)
+    return reg
+
+
+def test_a_rollback_to_another_sets_version_is_refused_naming_the_nearest_fit(tmp_path, monkeypatch, capsys):
+    reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC), ("v2", OLD_DOC), ("v3", NEW_DOC)])
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 2 and reg.current_name() == "v3", (out, err)
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line, err
+    assert line.startswith("flywheel: error: refusing to roll back to v2: v2 was trained on another intent set "
+                           "than "), line
+    assert "only in v2: OPENING_HOURS" in line, line
+    assert "the nearest earlier version trained on it is v1: flywheel models promote v1" in line, line
+    assert "flywheel models rollback --force" in line, line
+    assert reg.history() == ["v1", "v2", "v3"]                      # nothing moved
+    rc, out, err = run(capsys, "models", "promote", "v1")           # as advised
+    assert rc == 0 and reg.current_name() == "v1", err
+    rc, out, err = run(capsys, "models", "promote", "v2")           # promote is checked as well
+    assert rc == 2 and "refusing to promote v2" in err and "--force" in err and reg.current_name() == "v1", err
+    rc, out, err = run(capsys, "models", "promote", "v2", "--force")
+    assert rc == 0 and reg.current_name() == "v2", err
+
+
+def test_no_fitting_version_behind_says_so_and_force_rolls_back(tmp_path, monkeypatch, capsys):
+    reg = _shop(tmp_path, monkeypatch, [("v1", OLD_DOC), ("v2", NEW_DOC)])
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 2 and "no earlier promoted version was trained on it: flywheel retrain trains it" in err, err
+    assert reg.current_name() == "v2"
+    rc, out, err = run(capsys, "models", "rollback", "--force")
+    assert rc == 0 and reg.current_name() == "v1" and out.startswith("rolled back to v1 "), err
+
+
+def test_a_rollback_within_the_set_is_not_held_up(tmp_path, monkeypatch, capsys):
+    reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC), ("v2", NEW_DOC)])
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 0 and reg.current_name() == "v1", err
+
+
+def test_a_version_of_another_set_promoted_behind_the_commands_back_is_refused_by_the_hot_reload(
+        tmp_path, monkeypatch):
+    """The serving side holds to the same contract: another host (or an old flywheel)
+    moves CURRENT to a version of the old set; the process keeps serving its version."""
+    from flywheel.classifier.default import served_model
+
+    reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC)])
+    served = served_model(load_config(), progress=False)
+    swapped: list = []
+    watcher = ModelWatcher(served.home, swapped.append, current="v1")
+    save_fitted(reg, OLD_DOC, "v2")
+    reg.promote("v2")
+    assert not watcher.poll(force=True) and swapped == []
+    assert "another intent set" in watcher.refused["v2"] and "OPENING_HOURS" in watcher.refused["v2"]
+    save_fitted(reg, NEW_DOC, "v3")
+    reg.promote("v3")
+    assert watcher.poll(force=True) and [m.version for m in swapped] == ["v3"]
