@@ -6,8 +6,8 @@ else the configured ``intents`` file, else the starter intents that ship as pack
 (``classifier/data/starter_intents.yaml``), trained on first use and cached under
 ``<home>/cache/``. A configured ``intents`` file is always read and validated; when a
 model or promoted version wins, it must bundle that same intent set
-(:class:`~classifier.served.IntentContract`): else the newest stored version that does is
-served, else an :class:`~classifier.errors.IntentSetMismatch` names the file, the version
+(:class:`~classifier.served.IntentContract`): else the latest promoted (else newest
+stored) version that does is served, else an :class:`~classifier.errors.IntentSetMismatch` names the file, the version
 served instead and the command that fixes it (``serve_last_good`` serves it anyway).
 The encoders keep their own caches (ONNX exports, the USE tokenizer) under the same
 resolved home (:attr:`Config.cache_root`).
@@ -149,8 +149,8 @@ def served_model(cfg: Config, *, progress: bool = True, into_home: bool = False)
 
     Under a configured ``intents`` file (:class:`~classifier.served.IntentContract`) a
     version of another set is never served: the home's ``CURRENT`` when it fits, else the
-    newest stored version that does (a warning says which, and how to promote it), else,
-    with ``cfg.serve_last_good``, ``CURRENT`` all the same (an error line says so), else
+    latest promoted (else newest stored) version that does (a warning says which, and how to
+    promote it), else, with ``cfg.serve_last_good``, ``CURRENT`` all the same (an error line says so), else
     :class:`~classifier.errors.IntentSetMismatch`. The home followed is a
     :class:`~classifier.served.ServedHome`, which refuses a promotion of another set."""
     contract = IntentContract.from_file(cfg.intents)

@@ -148,17 +148,20 @@ def home_choice(home: ModelRegistry, contract: IntentContract, *,
                 last_good: bool = False) -> tuple[ServedVersion, str] | None:
     """Which version of the models ``home`` (one with ``CURRENT``) a process serves under
     ``contract``, read from manifests (no head is loaded): ``CURRENT`` when it fits; else the
-    newest stored version that fits, with a note that says so; else, with ``last_good``,
-    ``CURRENT`` all the same, with a loud note; else ``None`` (nothing may be served)."""
+    latest promoted (else newest stored) version that fits, with a note that says so; else,
+    with ``last_good``, ``CURRENT`` all the same, with a loud note; else ``None`` (nothing
+    may be served)."""
     current = ServedVersion.read(home.current_path(), "models home")
     assert current.intents is not None, "read from its bundled intent file"
     if contract.fits(current.intents):
         return current, ""
-    fit = contract.newest_fit(home)
+    promoted = contract.newest_fit(home, among=home.history())
+    fit = promoted if promoted is not None else contract.newest_fit(home)
     if fit is not None:
+        which = "the latest promoted version" if promoted is not None else "the newest stored version"
         note = (f"the models home ({home.home}) serves {current.version}, trained on another intent set than "
-                f"{contract.source}; serving {fit}, the newest stored version trained on it (flywheel models "
-                f"promote {fit} makes it the served version)")
+                f"{contract.source}; serving {fit}, {which} trained on it (flywheel models promote {fit} makes "
+                f"it the served version)")
         return ServedVersion.read(home.version_dir(fit), "stored version fitting the intents file"), note
     if not last_good:
         return None

@@ -71,6 +71,8 @@ class ServingLog:
 class Site(Protocol):
     """Where the log and the registry live (see the module docs)."""
 
+    cfg: Config
+
     @property
     def fleet(self) -> bool:
         """Whether the log and the registry are the fleet's, in an object store."""

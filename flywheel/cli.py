@@ -24,6 +24,7 @@ from typer.core import TyperArgument, TyperGroup
 
 from flywheel.classifier.errors import FlywheelError
 from flywheel.service.cli import classify_command, serve_command
+from flywheel.training.cli.check import check_command
 from flywheel.training.cli.models import models_app
 from flywheel.training.cli.offline import (
     eval_command,
@@ -149,6 +150,7 @@ def build_app() -> typer.Typer:
     app.command("retrain")(retrain_command)
     app.command("stats")(stats_command)
     app.command("prune-log")(prune_log_command)
+    app.command("check")(check_command)
     app.add_typer(models_app, name="models")
     return app
 

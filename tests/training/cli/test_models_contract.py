@@ -84,3 +84,33 @@ def test_a_version_of_another_set_promoted_behind_the_commands_back_is_refused_b
     save_fitted(reg, NEW_DOC, "v3")
     reg.promote("v3")
     assert watcher.poll(force=True) and [m.version for m in swapped] == ["v3"]
+
+
+def test_check_says_what_is_served_and_configured_and_whether_they_agree(tmp_path, monkeypatch, capsys):
+    import json
+
+    import yaml
+
+    reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC)])
+    rc, out, err = run(capsys, "check")
+    assert rc == 0 and out.startswith("served:     v1 (models home; intents RETRIEVAL, PLATFORM;"), (out, err)
+    assert "agree:      yes" in out and "shop.yaml (set " in out
+    save_fitted(reg, OLD_DOC, "v2")
+    reg.promote("v2")                                    # behind the commands' back (another host, an old tool)
+    rc, out, err = run(capsys, "check")
+    assert rc == 1 and "agree:      NO" in out and "pointer:    CURRENT names v2" in out, out
+    assert "fix:        flywheel models promote v1" in out, out
+    rc, out, err = run(capsys, "check", "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["agree"] is False and doc["served"]["version"] == "v1" and doc["pointer"] == "v2"
+    edited = {**NEW_DOC, "intents": [*NEW_DOC["intents"], {"name": "RETURNS", "examples": [
+        "send it back", "return my order", "refund a parcel"]}]}
+    (tmp_path / "shop.yaml").write_text(yaml.safe_dump(edited))   # an edit no version was trained on yet
+    rc, out, err = run(capsys, "check")
+    assert rc == 1 and "served:     nothing can be served" in out and "flywheel retrain --intents" in out, out
+    rc, out, err = run(capsys, "classify", "show my invoices")  # a start refuses it, on one line, exit 2
+    assert rc == 2 and "\n" not in err.strip() and "flywheel retrain --intents" in err, err
+    assert "--serve-last-good" in err and "Traceback" not in err, err
+    monkeypatch.delenv("FLYWHEEL_INTENTS")
+    rc, out, err = run(capsys, "check")                  # no intents setting: the served version is the set
+    assert rc == 0 and "configured: no intents setting" in out and "served:     v2" in out, out
