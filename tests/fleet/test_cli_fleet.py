@@ -277,3 +277,44 @@ def test_a_host_that_has_not_synced_labels_with_the_fleets_intents(objects, stor
     mirror(objects, fresh)
     rows = {r.decision_id: r for r in fresh.labelled_rows()}
     assert rows[served.id].human_label == "BILLING" and rows[pending.id].teacher_label == "REFUND"
+
+
+def test_fleet_moves_are_checked_against_the_configured_intent_set(objects, store_env, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Issue 41, items 1 and 2 against the bucket: a rollback to a version of the old set is
+    refused naming the nearest fit, promote is checked, and a replica configured with the
+    file refuses another set's version that reaches the fleet's CURRENT anyway."""
+    from flywheel.classifier.config import load_config
+    from flywheel.service.runtime import open_runtime
+    from tests.support.intent_sets import NEW_DOC, OLD_DOC, fitted, write_doc
+
+    monkeypatch.setenv("FLYWHEEL_INTENTS", str(write_doc(tmp_path / "shop.yaml", NEW_DOC)))
+    monkeypatch.setenv("FLYWHEEL_TEACHER", "off")
+    trainer = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))   # another host published them
+    publish(trainer, fitted(NEW_DOC, "new"), "v1", "v3")
+    publish(trainer, fitted(OLD_DOC, "old"), "v2")
+    token = None
+    for name in ("v1", "v2", "v3"):
+        token = trainer.promote(name, expected=token)
+    rc, out, err = run(capsys, "models", "rollback")
+    assert rc == 2 and trainer.current()[0] == "v3", (out, err)
+    assert "refusing to roll back to v2" in err and "only in v2: OPENING_HOURS" in err, err
+    assert "the nearest earlier version trained on it is v1: flywheel models promote v1" in err, err
+    rc, out, err = run(capsys, "models", "promote", "v2")
+    assert rc == 2 and "refusing to promote v2" in err and trainer.current()[0] == "v3", err
+    rc, out, err = run(capsys, "check")
+    assert rc == 0 and out.startswith("served:     v3 (fleet;"), out
+
+    rt = open_runtime(load_config(home=tmp_path / "replica"), progress=False, embedder=HashEmbedder())
+    try:
+        assert rt.classifier.model_version == "v3"
+        trainer.promote("v2", expected=trainer.current()[1])      # a forced move, or an old tool
+        assert rt.sync is not None and rt.sync.poll() == "new"    # installed in the replica's home ...
+        assert rt.classifier.model_version == "v3"                # ... and refused: still serving v3
+        assert "another intent set" in rt.classifier.watcher.refused["v2"]
+        rc, out, err = run(capsys, "check")
+        assert rc == 1 and "agree:      NO" in out and "flywheel retrain" in out, out
+    finally:
+        rt.close()
+    rc, out, err = run(capsys, "models", "rollback")               # back to v3, of the file: allowed
+    assert rc == 0 and trainer.current()[0] == "v3", err
