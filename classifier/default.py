@@ -152,7 +152,9 @@ def served_model(cfg: Config, *, progress: bool = True, into_home: bool = False)
     latest promoted (else newest stored) version that does (a warning says which, and how to
     promote it), else, with ``cfg.serve_last_good``, ``CURRENT`` all the same (an error line says so), else
     :class:`~classifier.errors.IntentSetMismatch`. The home followed is a
-    :class:`~classifier.served.ServedHome`, which refuses a promotion of another set."""
+    :class:`~classifier.served.ServedHome`, which refuses a promotion of another set than the
+    configured file as it reads then; the default model follows the models home too, so the
+    first promotion is swapped in without a restart."""
     contract = IntentContract.from_file(cfg.intents)
     path, what = _served_home(cfg)
     if path is None:
@@ -164,15 +166,16 @@ def served_model(cfg: Config, *, progress: bool = True, into_home: bool = False)
             log.info("replica: the fleet has promoted no model yet; serving %s locally until it does",
                      home.current_name())
             path, what = home.home, "the models home"
-        else:
+        else:   # follow the models home: the first promotion is swapped in without a restart
             model = IntentModel.load(path)
-            return ServedModel(model, None, ServedVersion.of_model(model, "default model"))
+            return ServedModel(model, ServedHome(cfg.models_dir, cfg.intents),
+                               ServedVersion.of_model(model, "default model"))
     if not (path / CURRENT).is_file():   # a version directory: nothing to follow
         model = IntentModel.load(path)
         if contract.intents is not None:
             check_served_intents(contract.intents, path, what)
         return ServedModel(model, None, ServedVersion.of_model(model, "model setting"))
-    return _from_home(cfg, contract, ServedHome(path, contract), what)
+    return _from_home(cfg, contract, ServedHome(path, cfg.intents), what)
 
 
 def _from_home(cfg: Config, contract: IntentContract, home: ServedHome, what: str) -> ServedModel:

@@ -172,18 +172,28 @@ def home_choice(home: ModelRegistry, contract: IntentContract, *,
 
 
 class ServedHome(ModelRegistry):
-    """The models home a serving process follows under the deployment's ``contract``:
+    """The models home a serving process follows under the deployment's contract:
     :meth:`load` refuses a version of another intent set with
     :class:`~classifier.errors.IntentSetMismatch` (a :class:`~classifier.errors.ModelError`),
     so the :class:`~classifier.registry.ModelWatcher` logs and counts the refusal and the
-    old version keeps serving."""
+    old version keeps serving. ``contract`` is read again at every load (``intents``: the
+    configured file's path, ``None``: any set fits), so a file edited while the process
+    runs is the one a promotion must fit; a file that cannot be read refuses the load."""
 
-    def __init__(self, home: str | os.PathLike[str], contract: IntentContract) -> None:
+    def __init__(self, home: str | os.PathLike[str], intents: str | os.PathLike[str] | None) -> None:
         super().__init__(home)
-        self.contract = contract
+        self.intents = intents
+
+    def contract(self) -> IntentContract:
+        try:
+            return IntentContract.from_file(self.intents)
+        except IntentFileError as exc:
+            raise IntentSetMismatch(f"the configured intents file cannot be read ({exc}); nothing new is "
+                                    f"served until it can") from None
 
     def load(self, name: str) -> IntentModel:
+        contract = self.contract()
         model = super().load(name)
-        self.contract.check(name, model.intents, doing=f"serve {name}",
-                            fix=f"run flywheel retrain to train {self.contract.source} and promote it")
+        contract.check(name, model.intents, doing=f"serve {name}",
+                       fix=f"run flywheel retrain to train {contract.source} and promote it")
         return model

@@ -71,7 +71,8 @@ def test_build_classifier_follows_the_models_home_on_its_own_thread(tmp_path):
 def test_served_model_installs_the_default_into_the_home_only_when_asked(tmp_path, monkeypatch):
     """A fleet replica whose fleet promoted nothing yet serves the default model from its
     models home (published and promoted there once), so its watcher follows the fleet's
-    first promotion; a single machine serves the cached default as it is."""
+    first promotion; a single machine serves the cached default as it is, following the
+    models home for its first promotion (issue 41)."""
     intents = tmp_path / "intents.yaml"
     intents.write_text(yaml.safe_dump(DOC))
     monkeypatch.setenv("FLYWHEEL_INTENTS", str(intents))
@@ -79,15 +80,16 @@ def test_served_model_installs_the_default_into_the_home_only_when_asked(tmp_pat
     cached = cached_model_dir(cfg, intents)
     fit_model(parse_intents(DOC), embedder=HashEmbedder(), version=cached.name).save(cached)
 
-    model, home = served_model(cfg, progress=False)
-    assert home is None and model.version == cached.name and not (cfg.models_dir / CURRENT).exists()
-    model, home = served_model(cfg, progress=False, into_home=True)
+    model, home = served_model(cfg, progress=False)[:2]   # followed, so the first promotion is swapped in
+    assert home is not None and home.home == cfg.models_dir and home.current_name() is None
+    assert model.version == cached.name and not (cfg.models_dir / CURRENT).exists()
+    model, home = served_model(cfg, progress=False, into_home=True)[:2]
     assert home is not None and home.home == cfg.models_dir and home.current_name() == model.version
     assert home.history() == [model.version]
-    again, home = served_model(cfg, progress=False, into_home=True)   # installed once
+    again, home = served_model(cfg, progress=False, into_home=True)[:2]   # installed once
     assert home is not None and again.version == model.version and home.history() == [model.version]
     other = fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="given")
     other.save(tmp_path / "given")
     given = load_config(home=tmp_path / "other-home", model=str(tmp_path / "given"))
-    model, home = served_model(given, progress=False, into_home=True)    # a configured model: as it is
+    model, home = served_model(given, progress=False, into_home=True)[:2]    # a configured model: as it is
     assert home is None and model.version == "given" and not (given.models_dir / CURRENT).exists()

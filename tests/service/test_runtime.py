@@ -130,7 +130,7 @@ def test_a_replica_of_a_fleet_that_promoted_nothing_serves_the_default_and_follo
         assert rt.classifier.model_version == cached.name
         assert ModelRegistry(cfg.models_dir).current_name() == cached.name     # served from the home
         fleet = BucketRegistry(objects, ModelRegistry(tmp_path / "trainer"))
-        publish(fleet, _fitted("base", ALWAYS_SURE), "v1")
+        publish(fleet, fit_model(parse_intents(DOC), embedder=HashEmbedder(), version="base"), "v1")   # of the file
         fleet.promote("v1", expected=None)
         assert rt.sync is not None and rt.sync.poll() == "new"
         assert rt.classifier.model_version == "v1"                    # the fleet's first promotion
