@@ -247,8 +247,9 @@ class _SiteBase:
         if (path / CURRENT).is_file():
             choice = home_choice(ModelRegistry(path), self.contract(), last_good=self.cfg.serve_last_good)
             if choice is None:
-                raise IntentSetMismatch(f"{self.cfg.intents}: no version of {path} was trained on it; "
-                                        f"run flywheel retrain")
+                raise IntentSetMismatch(f"{path} serves {ModelRegistry(path).current_name()}, trained on another "
+                                        f"intent set than {self.cfg.intents}, and no stored version was trained on "
+                                        f"it")
             return choice[0]
         if self.cfg.model:
             return ServedVersion.read(path, "model setting")
