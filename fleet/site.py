@@ -56,6 +56,10 @@ class ListedRegistry(Registry, Protocol):
 
     def versions(self) -> Sequence[VersionInfo | BucketVersion]: ...
 
+    def history(self) -> list[str]:
+        """The promoted versions, oldest first (what a rollback walks back through)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ServingLog:

@@ -298,7 +298,7 @@ def models_rollback(to_default: bool = typer.Option(
                    f"{name or 'nothing'}")
 
 
-def _check_rollback(site: Site, reg: Registry, current: Optional[str]) -> None:
+def _check_rollback(site: Site, reg: ListedRegistry, current: Optional[str]) -> None:
     """Refuse a rollback to a version of another intent set than the configured one, naming
     the nearest earlier promoted version that fits (:meth:`Site.check_move`)."""
     from flywheel.classifier.errors import IntentSetMismatch
