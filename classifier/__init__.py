@@ -28,6 +28,7 @@ Modules, by layer:
 - :mod:`~classifier.model`: a model version on disk, checked whole on load
 - :mod:`~classifier.trainer`: fit layer 2 from an intent set into a model version
 - :mod:`~classifier.registry`: model versions, ``CURRENT``, hot reload
+- :mod:`~classifier.served`: what a deployment serves, and whether a version fits its intent set
 - :mod:`~classifier.shadow`: a shadow version scored beside the champion
 - :mod:`~classifier.default`: the default classifier behind :func:`classify`
 - :mod:`~classifier.config`: settings, flag > environment > config file > default

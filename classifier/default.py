@@ -119,7 +119,7 @@ def check_served_intents(intents: IntentSet, served: Path, what: str, *, last_go
     diff = set_difference(intents, load_intents(version_dir / INTENTS_FILE), version_dir.name)
     if diff is None:
         return
-    anyway = (f", or start with --serve-last-good to keep serving {version_dir.name} until then"
+    anyway = (f", or flywheel serve --serve-last-good keeps serving {version_dir.name} until then"
               if last_good else "")
     raise IntentSetMismatch(f"{intents.source}: not served: {what} ({served}) serves {version_dir.name}, "
                             f"trained on another intent set ({diff}), and no stored version was trained on this "

@@ -19,6 +19,11 @@ re-exported here, where its name would hide the module),
 :mod:`~fleet.bucket_labels` (:class:`~fleet.bucket_labels.BucketLabels`: labels from the command line)
 and :mod:`~fleet.retention` (:func:`~fleet.retention.prune_log`: raw text past N days
 removed from the bucket and the local file).
+
+Where it all lives, and what is served: :mod:`~fleet.site` (:func:`~fleet.site.open_site`,
+local or fleet, decided once; :meth:`~fleet.site.Site.served` and
+:meth:`~fleet.site.Site.contract`, the one answer to "what is served, what should be") and
+:mod:`~fleet.deployment` (``flywheel check``: whether the two agree).
 """
 
 from __future__ import annotations

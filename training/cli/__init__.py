@@ -7,6 +7,7 @@ prints the result.
 - :mod:`~training.cli.retrain`: ``retrain``
 - :mod:`~training.cli.review`: ``review`` (the terminal walk, Label Studio files) and ``ui``
 - :mod:`~training.cli.tradeoff`: ``eval``'s trade tables, target line and trade plots
+- :mod:`~training.cli.check`: ``check`` (what is served, what is configured, whether they agree)
 
 Nothing is imported here, so the command line's root loads each module, and no model library.
 """
