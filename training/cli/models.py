@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -35,8 +36,6 @@ from flywheel.classifier.output import counted, echo_json
 from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
-    from collections.abc import Callable
-
     from flywheel.classifier.protocols import Registry
     from flywheel.fleet.site import ListedRegistry, Site
 
@@ -239,19 +238,26 @@ def models_push(directory: Path = typer.Argument(..., help="A saved version dire
                 models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
     """Publish a locally trained version to the registry (create-only, manifest last)."""
-    reg = _site(home).registry(models)
+    site = _site(home)
+    reg = site.registry(models)
     if not Path(directory).is_dir():
         raise InvalidInputError(f"{directory}: not a directory")
-    push_version(reg, Path(directory), promote=promote)
+    push_version(reg, Path(directory), promote=promote, check=lambda name: site.check_move(
+        reg, name, doing=f"promote {name}", fix=f"it is pushed, not served; flywheel models promote {name} "
+                                                 f"--force serves it anyway"))
 
 
-def push_version(reg: Registry, directory: Path, *, promote: bool, say: bool = True) -> str:
+def push_version(reg: Registry, directory: Path, *, promote: bool, say: bool = True,
+                 check: Callable[[str], None] | None = None) -> str:
     """Publish the saved version ``directory`` to ``reg`` (create-only) and, with ``promote``,
     serve it through ``reg.promote`` (verified, compare-and-swap against the pointer as read
-    after publishing); returns its name. ``models push`` and ``train --promote`` share it."""
+    after publishing), once ``check`` (the deployment's, :meth:`~fleet.site.Site.check_move`)
+    let it; returns its name. ``models push`` and ``train --promote`` share it."""
     name = reg.publish(directory)
     if say:
         typer.echo(f"pushed {name} to {_where(reg)}")
+    if promote and check is not None:
+        check(name)
     if promote:
         _, token = reg.current()
         reg.promote(name, expected=token)

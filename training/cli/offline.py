@@ -64,10 +64,15 @@ def train_command(
     if promote:
         from flywheel.fleet.site import open_site
 
-        registry = open_site(cfg).registry(models)   # the bucket's registry in fleet mode
+        site = open_site(cfg)
+        registry = site.registry(models)   # the bucket's registry in fleet mode
         if out is not None:
             registry.staging_dir(out.name)      # a valid version name, before training
     intent_set = load_intents(intents)
+    if promote:   # a move of the served pointer: checked against the configured set before training
+        site.contract().check(intents.name, intent_set, doing=f"promote a version of {intents}", fix=(
+            "the intents setting names the set this deployment serves: train that file, or point the setting "
+            f"at {intents}; flywheel train --out DIR trains it without serving it"))
     tune = _tune_settings(intent_set, tune_encoder, tune_budget)
     version = out.name if out is not None else None
     with tempfile.TemporaryDirectory(prefix="flywheel-tune-") as work:

@@ -114,3 +114,16 @@ def test_check_says_what_is_served_and_configured_and_whether_they_agree(tmp_pat
     monkeypatch.delenv("FLYWHEEL_INTENTS")
     rc, out, err = run(capsys, "check")                  # no intents setting: the served version is the set
     assert rc == 0 and "configured: no intents setting" in out and "served:     v2" in out, out
+
+
+def test_push_and_train_promote_are_moves_checked_like_promote(tmp_path, monkeypatch, capsys):
+    from tests.support.intent_sets import fitted
+
+    reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC)])
+    old = fitted(OLD_DOC, "v-old").save(tmp_path / "v-old")
+    rc, out, err = run(capsys, "models", "push", str(old), "--promote")
+    assert rc == 2 and "refusing to promote v-old" in err and reg.current_name() == "v1", err
+    assert "v-old" in {v.name for v in reg.versions()}              # pushed, not served
+    old_file = write_doc(tmp_path / "old.yaml", OLD_DOC)
+    rc, out, err = run(capsys, "train", "--intents", str(old_file), "--promote")
+    assert rc == 2 and f"refusing to promote a version of {old_file}" in err and reg.current_name() == "v1", err
