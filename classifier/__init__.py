@@ -32,6 +32,7 @@ Modules, by layer:
 - :mod:`~classifier.shadow`: a shadow version scored beside the champion
 - :mod:`~classifier.default`: the default classifier behind :func:`classify`
 - :mod:`~classifier.config`: settings, flag > environment > config file > default
+- :mod:`~classifier.listen`: the addresses a server listens on, checked before it tries
 - :mod:`~classifier.masking`: masking of personal data before logging
 - :mod:`~classifier.label_names`: a label as a string, one meaning for "out of scope"
 - :mod:`~classifier.errors`: the named exceptions

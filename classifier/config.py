@@ -186,7 +186,23 @@ def load_config(**flags: Any) -> Config:
         raise ConfigError(f"log_retention_days must be >= 0, got {cfg.log_retention_days}")
     if cfg.store is not None and not str(cfg.store).startswith("s3://"):
         raise ConfigError(f"store must be an s3://BUCKET/PREFIX URL, got {cfg.store!r}")
+    for name in ("teacher_host", "ollama_host"):   # the teacher's address: its port in range, when it has one
+        _check_host_port(name, getattr(cfg, name), sources.get(name, "default"))
     return cfg
+
+
+def _check_host_port(name: str, value: Any, src: str) -> None:
+    """Refuse a host (``http://HOST:PORT/...``, or ``HOST:PORT`` as ``OLLAMA_HOST`` may be)
+    whose port is not a whole number from 0 to :data:`MAX_PORT`."""
+    from urllib.parse import urlsplit
+
+    text = str(value or "").strip()
+    if not text:
+        return
+    try:
+        urlsplit(text if "://" in text else f"http://{text}").port
+    except ValueError as exc:   # urllib's reason: "Port out of range 0-65535", "Port could not be cast..."
+        raise ConfigError(f"{name} {text!r} (from {src}) is not a usable address: {exc}") from None
 
 
 def _boolean(name: str, v: Any, src: str) -> bool:
@@ -196,3 +212,5 @@ def _boolean(name: str, v: Any, src: str) -> bool:
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
     raise ConfigError(f"{name} must be true or false, got {v!r} (from {src})")
+
+

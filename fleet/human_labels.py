@@ -7,7 +7,10 @@ here, so the rules are written once:
 - the label is parsed once (:func:`~classifier.label_names.parse_label`) against the
   labels of the model served now: an offline command asks the site once per command
   (:meth:`fleet.site.Site.served_labels`, the fleet's ``models/CURRENT`` on a fleet host
-  even before it synced), a server asks its live model on each label (it hot-swaps);
+  even before it synced), a server asks its live model on each label (it hot-swaps), and
+  ``flywheel ui`` asks the site again when its answer is older than a second or two
+  (:meth:`HumanLabels.following`: a promotion with another intent set shows without a
+  restart), each label checked against them again when it is written;
 - the decision id is checked once: never blank; on a fleet, where the decision may be on
   another replica's spool still, only what can be ruled out here is refused (an id that
   is not a decision id, one that carries this process's tag but was not made here) and
@@ -20,6 +23,7 @@ here, so the rules are written once:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from flywheel.classifier.decision import carries_this_process_tag, looks_like_decision_id, made_by_this_process
@@ -38,29 +42,43 @@ class HumanLabels:
 
     ``served()`` gives the served model's labels (``None``: unknown, any label is taken).
     It is called once, on first use, unless ``live`` (a server whose model hot-swaps: once
-    per label). ``fleet``: the decision may not be in this host's log (the fleet's id rules
-    apply instead of the log's)."""
+    per label) or ``max_age_s`` (again when its answer is older than that by ``clock``:
+    a long-running process that reads them from the site, :meth:`following`). ``fleet``:
+    the decision may not be in this host's log (the fleet's id rules apply instead of the
+    log's)."""
 
     def __init__(self, sink: LabelSink, served: Callable[[], Sequence[str] | None], *, fleet: bool = False,
-                 live: bool = False) -> None:
+                 live: bool = False, max_age_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.sink = sink
         self.fleet = fleet
         self._served = served
         self._live = live
+        self._max_age_s = max_age_s
+        self._clock = clock
         self._labels: object = _UNREAD
+        self._read_at = 0.0
 
     def __repr__(self) -> str:
         return f"HumanLabels({self.sink!r}, fleet={self.fleet})"
 
+    def following(self, max_age_s: float, *, clock: Callable[[], float] | None = None) -> "HumanLabels":
+        """This writer (the same sink, source of labels and id rules) for a long-running
+        process that follows what is served: the labels are asked for again when the last
+        answer is older than ``max_age_s`` (0: on every use)."""
+        return HumanLabels(self.sink, self._served, fleet=self.fleet, max_age_s=max_age_s,
+                           clock=clock or self._clock)
+
     @property
     def labels(self) -> tuple[str, ...] | None:
         """The labels a human label must be one of (or out of scope); ``None``: any."""
-        if self._live or self._labels is _UNREAD:
+        if self._live or self._labels is _UNREAD or (
+                self._max_age_s is not None and self._clock() - self._read_at >= self._max_age_s):
             got = self._served()
             labels = None if got is None else tuple(got)
             if self._live:
                 return labels
-            self._labels = labels
+            self._labels, self._read_at = labels, self._clock()
         return self._labels  # type: ignore[return-value]
 
     def parse(self, text: object, *, what: str = "label") -> str | None:

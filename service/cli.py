@@ -81,7 +81,7 @@ def serve_command(
                                               help="Feedback then needs 'authorization: Bearer <token>'."),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate (with --tls-key)."),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key (with --tls-cert)."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0,
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
                                                help="Serve Prometheus /metrics on this port (off by default)."),
     metrics_address: str = typer.Option(ServerOptions.metrics_address, "--metrics-address",
                                         help="Address of /metrics."),

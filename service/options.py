@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flywheel.classifier.listen import check_port, split_address
+
 __all__ = ["DEFAULT_ADDRESS", "BatchOptions", "ServerOptions"]
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -43,3 +45,11 @@ class ServerOptions:
     max_workers: int = 128                 # gRPC handler threads (requests waiting on a batch hold one)
     teacher_check_s: float = 10.0          # the teacher's readiness is checked again this often
     batch: BatchOptions = field(default_factory=BatchOptions)
+
+    def __post_init__(self) -> None:
+        # a port outside 0-65535 is refused here, whoever built the options (a socket would
+        # take it modulo 65536); whether the address can be listened on is the server's check
+        if not self.uds:
+            split_address(self.address, "--address")
+        if self.metrics_port is not None:
+            check_port(self.metrics_port, "--metrics-port")

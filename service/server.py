@@ -24,10 +24,8 @@ Lifecycle:
 
 from __future__ import annotations
 
-import errno
 import logging
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +39,7 @@ from grpc_reflection.v1alpha import reflection
 
 from flywheel.classifier.config import Config
 from flywheel.classifier.errors import ConfigError
+from flywheel.classifier.listen import check_listen, split_address
 from flywheel.classifier.protocols import ManagedTeacher
 from flywheel.service.auth import AdminTokenInterceptor
 from flywheel.service.core import SidecarCore
@@ -52,7 +51,8 @@ from flywheel.service.servicer import SERVICE_NAME, IntentClassifierServicer
 
 log = logging.getLogger("flywheel.sidecar")
 
-__all__ = ["ServerOptions", "SidecarServer", "check_address", "create_server", "serve", "DEFAULT_ADDRESS"]
+__all__ = ["ServerOptions", "SidecarServer", "check_address", "check_metrics_address", "create_server", "serve",
+           "DEFAULT_ADDRESS"]
 
 FEEDBACK_METHOD = f"/{SERVICE_NAME}/Feedback"
 TEACHER_HEALTH = "flywheel.teacher"   # the health service's entry for the teacher's readiness
@@ -256,42 +256,19 @@ class SidecarServer:
             self.metrics.set_languages(clf.intents.languages)
 
 
-def check_address(address: str) -> None:
+def check_address(address: str, what: str = "--address") -> None:
     """Raise a one-line :class:`ConfigError` when ``host:port`` cannot be listened on here
-    (``address already in use (port N)``, or the system's reason), before grpc tries: grpc's
-    core logs the reason on a line of its own and raises without it. Like grpc, one
-    address of the host that binds is enough; port 0 (any free port) is not checked."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ConfigError(f"cannot listen on {address!r}: expected host:port")
-    port = int(port_text)
-    if port == 0:
-        return
-    try:
-        found = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {address}: unknown host ({exc.strerror})") from None
-    errors = [e for e in (_try_bind(family, addr) for family, _, _, _, addr in found) if e is not None]
-    if len(errors) < len(found):
-        return
-    if any(e.errno == errno.EADDRINUSE for e in errors):
-        raise ConfigError(f"cannot listen on {address}: address already in use (port {port}: another "
-                          "process listens there)")
-    raise ConfigError(f"cannot listen on {address}: {errors[0].strerror or errors[0]}")
+    (a port outside 0-65535, ``address already in use (port N)``, or the system's reason),
+    before grpc tries: grpc's core logs the reason on a line of its own and raises without
+    it, and takes a port over 65535 modulo 65536. See :func:`classifier.listen.check_listen`."""
+    host, port = split_address(address, what)
+    check_listen(host, port, shown=address)
 
 
-def _try_bind(family: int, addr: Any) -> OSError | None:
-    """Bind (and release) a socket as grpc would (address reuse on, IPv6 dual-stack)."""
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(addr)
-    except OSError as exc:
-        return exc
-    return None
+def check_metrics_address(options: ServerOptions) -> None:
+    """:func:`check_address` for ``/metrics`` (``--metrics-address``, ``--metrics-port``), when on."""
+    if options.metrics_port is not None:
+        check_listen(options.metrics_address, options.metrics_port, "--metrics-address/--metrics-port")
 
 
 def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredentials | None:
@@ -309,10 +286,12 @@ def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredential
 def create_server(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decisions: bool = True,
                   **classifier_kwargs: Any) -> SidecarServer:
     """Open what ``flywheel classify`` would serve (same config, registry, log and teacher)
-    and bind the sidecar; call :meth:`SidecarServer.start` to serve. A TCP address that is
-    taken is refused before anything is opened."""
+    and bind the sidecar; call :meth:`SidecarServer.start` to serve. A TCP address (the
+    sidecar's or ``/metrics``') that is taken, or a port out of range, is refused before
+    anything is opened."""
     if not options.uds:
         check_address(options.address)
+    check_metrics_address(options)
     runtime = open_runtime(cfg, log_decisions=log_decisions, progress=False, background_reload=True,
                            **classifier_kwargs)
     try:

@@ -12,8 +12,12 @@ from flywheel.classifier.errors import FlywheelError, TuneSettingsError
 from flywheel.classifier.intents import TuneSettings
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
-__all__ = ["DEFAULT_UNLABELLED_SHARE", "RetrainError", "RetrainOptionError", "RetrainOptions", "TUNE_FLAGS",
-           "resolve_tune"]
+__all__ = ["DEFAULT_MAX_TEACHER_NOISE", "DEFAULT_UNLABELLED_SHARE", "RetrainError", "RetrainOptionError",
+           "RetrainOptions", "TUNE_FLAGS", "resolve_tune"]
+
+#: ``RetrainOptions.max_teacher_noise``'s default: above the ~10% the flywheel benchmark's simulated
+#: teacher makes (BENCHMARKS.md §15: estimates 8.4-12.5%, 95% upper bounds at most 17.1%)
+DEFAULT_MAX_TEACHER_NOISE = 0.30
 
 
 class RetrainError(FlywheelError):
@@ -85,6 +89,16 @@ class RetrainOptions:
         Promote a challenger the gate cannot measure (fewer than ``MIN_GATE_ROWS`` gate rows
         and no significant gain: :func:`training.gate.decide`) all the same; off, such a
         challenger is kept out ("cannot tell").
+    max_teacher_noise : float
+        The noise level (0 to 1) above which the teacher's labels are not distilled as they
+        are: when the lower bound of the 95% interval of the teacher-noise estimate
+        (``teacher_noise["low"]``, from decisions with a teacher and a human label) is above
+        it, the teacher rows of every label whose own noise (``teacher_noise_by_intent``,
+        else the overall estimate) is above it are dropped before fitting
+        (:func:`training.teacher_noise.guard_teacher_rows`; intent examples, human labels and
+        self-training rows are never touched). Too few human labels for the interval to
+        exceed it: nothing is dropped and a note says so. 1 turns it off. Default
+        :data:`DEFAULT_MAX_TEACHER_NOISE`.
     """
 
     min_new_labels: int = 0
@@ -102,6 +116,7 @@ class RetrainOptions:
     teacher_filter: bool = False
     candidate_pairs: bool = True
     promote_untested: bool = False
+    max_teacher_noise: float = DEFAULT_MAX_TEACHER_NOISE
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,6 +135,10 @@ class RetrainOptions:
             raise RetrainOptionError(f"target_precision must be in (0, 1], got {self.target_precision}")
         if self.min_new_labels < 0:
             raise RetrainOptionError(f"min_new_labels must be >= 0, got {self.min_new_labels}")
+        if isinstance(self.max_teacher_noise, bool) or not isinstance(self.max_teacher_noise, (int, float)) \
+                or not 0.0 <= self.max_teacher_noise <= 1.0:
+            raise RetrainOptionError(f"max_teacher_noise (--max-teacher-noise) must be a share between 0 and 1 "
+                                     f"(1 turns the teacher-noise guard off), got {self.max_teacher_noise!r}")
         if self.tune is not None and not isinstance(self.tune, TuneSettings):   # which checks itself
             raise RetrainOptionError(f"tune must be TuneSettings or None, got {type(self.tune).__name__}")
         for name in ("teacher_filter", "candidate_pairs", "promote_untested"):

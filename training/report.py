@@ -55,7 +55,8 @@ class RetrainResult:
                "report_path": str(self.report_path) if self.report_path else None,
                "challenger": self.challenger, "champion": self.champion}
         for k in ("gate", "dataset", "thresholds", "timing", "notes", "challengers", "tuning", "encoder_tuning",
-                  "teacher_noise", "teacher_noise_by_intent", "teacher_filtered", "teacher_filter", "teacher_unsure"):
+                  "teacher_noise", "teacher_noise_by_intent", "teacher_filtered", "teacher_filter", "teacher_guard",
+                  "teacher_unsure"):
             if k in self.report:
                 out[k] = self.report[k]
         return jsonable(out)
@@ -243,7 +244,8 @@ def _challenger_markdown(r: dict[str, Any]) -> list[str]:
 
 def teacher_markdown(r: dict[str, Any]) -> list[str]:
     """The report's "Teacher labels" section: the noise estimate (overall and per teacher
-    label) and what the teacher filter dropped, or would drop when it is off."""
+    label), what the teacher filter dropped, or would drop when it is off, and what the
+    noise guard did (``--max-teacher-noise``)."""
     from flywheel.training.teacher_noise import GUARD_REASON, format_noise
 
     if "teacher_noise" not in r:
@@ -273,6 +275,9 @@ def teacher_markdown(r: dict[str, Any]) -> list[str]:
         for p in f.get("pairs") or []:
             lines.append(f"- humans corrected the teacher's {p['teacher']} to {p['human']} on {p['n']:,} of "
                          f"{counted(p['of'], 'checked decision')}")
+    g = r.get("teacher_guard")
+    if g and g.get("line"):
+        lines.append(f"- {g['line']}")
     return lines
 
 
@@ -532,7 +537,8 @@ def gate_by_language(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def teacher_fields(job: Job) -> dict[str, Any]:
-    """The report's ``teacher_noise``, ``teacher_noise_by_intent``, ``teacher_filtered``
-    and ``teacher_filter`` (the last two only once step 4a ran)."""
+    """The report's ``teacher_noise``, ``teacher_noise_by_intent``, ``teacher_filtered``,
+    ``teacher_filter`` and ``teacher_guard`` (the last three only once step 4a ran; the
+    guard's: :func:`training.teacher_noise.guard_teacher_rows`)."""
     return {k: job.teacher[k] for k in ("teacher_noise", "teacher_noise_by_intent", "teacher_filtered",
-                                        "teacher_filter") if k in job.teacher}
+                                        "teacher_filter", "teacher_guard") if k in job.teacher}

@@ -324,7 +324,8 @@ def _estimate_teacher_noise(job: Job) -> None:
 
 def _filter_teacher(job: Job, ts: TrainingSet, champion: IntentModel | None) -> TrainingSet:
     """Step 4a: the training set without the teacher rows the evidence contradicts (with
-    ``teacher_filter`` on; off, the report says what it would drop)."""
+    ``teacher_filter`` on; off, the report says what it would drop), then the noise guard's."""
+    from flywheel.training.teacher_noise import guard_teacher_rows  # the module's import line is full
     est = job.teacher.get("estimate") or NoiseEstimate()
     ts, info = check_training_set(ts, est, champion=champion, encoder_id=job.embedder.id,
                                   enabled=job.opts.teacher_filter)
@@ -336,6 +337,9 @@ def _filter_teacher(job: Job, ts: TrainingSet, champion: IntentModel | None) -> 
             f"teacher filter {'on' if info['enabled'] else 'off'}: {sum(counts.values()):,} of "
             f"{info['checked']:,} teacher rows {'dropped' if info['enabled'] else 'would be dropped'} ({what}; "
             f"{info['held_back']['oos_cap']:,} out-of-scope drops held back for the gate)")
+    ts, job.teacher["teacher_guard"] = guard_teacher_rows(ts, est, job.opts.max_teacher_noise)
+    job.notes.extend(job.teacher["teacher_guard"]["notes"])
+    job.say(job.teacher["teacher_guard"]["line"])
     return ts
 
 

@@ -55,6 +55,24 @@ never below ``oos_floor`` out-of-scope rows left for the gate; the strongest evi
 goes first and the rest is counted as ``held_back``. Whether the filter helps is measured
 on layer-2 accuracy (``benchmarks/bench_flywheel.py --teacher-errors close``, filter on
 against ``--no-teacher-filter``), not on how many of its drops were wrong labels.
+
+The noise guard
+---------------
+A teacher measured as mostly wrong is not distilled silently (issue 41). Above a level
+(``flywheel retrain --max-teacher-noise``, :data:`training.options.DEFAULT_MAX_TEACHER_NOISE`),
+decided on the estimate's 95% *lower* bound so a few unlucky rows do not trigger it,
+:func:`guard_teacher_rows` drops the teacher rows of every label whose own noise is above
+the level: its figure in ``teacher_noise_by_intent`` where it has one (at least
+:data:`MIN_INTENT_ROWS` human-checked decisions), else the overall estimate. A label whose
+own record is within the level keeps its rows; intent examples, human labels (which
+already win where a decision has both) and self-training rows are never touched, and no
+label is left with fewer than 2 rows (the head needs 2). Dropping rather than weighting:
+the head's sample weights reach its logistic regression only, while its temperature, gate
+and cutoffs are fitted out of fold, unweighted, on the same rows (and the encoder tuner
+trains on them too), so a mostly wrong label weighted down would still calibrate layer 2.
+With too few human labels for the interval to exceed the level at all
+(:func:`min_labels_for`: 4 at 0.30) it does nothing and says so. :func:`noise_guard` is
+the same decision from the figures alone, for ``flywheel stats`` and the dashboard.
 """
 
 from __future__ import annotations
@@ -71,6 +89,7 @@ from flywheel.classifier.output import counted
 from flywheel.classifier.scoring import normalise_rows
 from flywheel.classifier.text import normalise_key
 from flywheel.training.layer2 import noisy_teacher_guard
+from flywheel.training.options import DEFAULT_MAX_TEACHER_NOISE
 
 if TYPE_CHECKING:
     from flywheel.classifier.model import IntentModel
@@ -79,7 +98,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CONFIDENCE", "GUARD_REASON", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
            "NoiseEstimate", "Ranker", "champion_ranker", "check_training_set", "clopper_pearson", "estimate_from_log",
-           "filter_teacher_rows", "format_noise", "noise_interval", "noise_section", "profile_ranker"]
+           "filter_teacher_rows", "format_noise", "guard_teacher_rows", "min_labels_for", "noise_guard",
+           "noise_interval", "noise_section", "profile_ranker"]
 
 CONFIDENCE = 0.95           # of every interval here
 MIN_INTENT_ROWS = 10        # per-label estimates only with at least this many decisions
@@ -467,3 +487,122 @@ def _check_evidence(ts: TrainingSet, estimate: NoiseEstimate, *, champion: Inten
         info["would_drop"], info["dropped"] = info["dropped"], {r: 0 for r in REASONS}
         return ts, info
     return (_without(ts, set(drop)) if drop else ts), info
+
+
+# ------------------------------------------------------------------ the noise guard
+def min_labels_for(level: float, confidence: float = CONFIDENCE) -> int | None:
+    """The fewest decisions with both labels whose ``confidence`` interval can lie above
+    ``level`` at all (every one of them wrong: the lower bound is then
+    ``((1 - confidence) / 2) ** (1 / n)``); ``None`` for a level of 1 or more.
+
+    >>> min_labels_for(0.30), min_labels_for(0.5), min_labels_for(0.0), min_labels_for(1.0)
+    (4, 6, 1, None)
+    """
+    if level >= 1.0:
+        return None
+    if level <= 0.0:
+        return 1
+    a = (1.0 - confidence) / 2.0
+    n = max(1, math.floor(math.log(a) / math.log(level)))
+    while a ** (1.0 / n) <= level:
+        n += 1
+    return n
+
+
+def _level_words(level: float) -> str:
+    return f"--max-teacher-noise {level:g}" + (" (the default)" if level == DEFAULT_MAX_TEACHER_NOISE else "")
+
+
+def _unknown_line(n: int, need: int, level: float, what: str) -> str:
+    return (f"teacher noise unknown: {counted(n, 'human label')} on decisions the teacher labelled; at least "
+            f"{need:,} are needed before the 95% interval can show the teacher above {_level_words(level)}, so "
+            f"{what} distilled unchecked (flywheel feedback adds human labels)")
+
+
+def noise_guard(noise: dict[str, Any] | None, by_intent: dict[str, Any] | None,
+                level: float = DEFAULT_MAX_TEACHER_NOISE) -> dict[str, Any]:
+    """Whether the teacher is above the noise ``level`` and which labels that costs, from
+    the figures alone (``teacher_noise`` and ``teacher_noise_by_intent``; the module docs):
+    ``{"level", "status", "n", "min_n", "estimate", "low", "labels", "kept_labels", "line"}``.
+    ``status``: ``off`` (a level of 1 or more), ``unknown`` (fewer than ``min_n`` decisions
+    with both labels: :func:`min_labels_for`), ``above`` (the 95% lower bound is above the
+    level) or ``within``. With ``above``, ``labels`` are the teacher labels whose own
+    figure is above the level and ``kept_labels`` those whose own figure is not (each with
+    its estimate); every other teacher label goes by the overall estimate, so is dropped
+    too. ``line`` says it in one sentence."""
+    noise = noise or {}
+    n, low, est = int(noise.get("n") or 0), noise.get("low"), noise.get("estimate")
+    need = min_labels_for(level)
+    out: dict[str, Any] = {"level": float(level), "status": "within", "n": n, "min_n": need, "estimate": est,
+                           "low": low, "labels": {}, "kept_labels": {}}
+    if need is None:
+        out["status"] = "off"
+        out["line"] = "teacher-noise guard off (--max-teacher-noise 1): the teacher's labels are distilled whatever " \
+                      "its noise"
+    elif n < need or low is None:
+        out["status"] = "unknown"
+        out["line"] = _unknown_line(n, need, level, "its labels are")
+    elif low > level:
+        out["status"] = "above"
+        for k, v in (by_intent or {}).items():
+            (out["labels"] if (v.get("estimate") or 0.0) > level else out["kept_labels"])[k] = v.get("estimate")
+        kept = ", ".join(f"{k} {_pct(v)}" for k, v in out["kept_labels"].items())
+        out["line"] = (f"teacher above {_level_words(level)}: {_pct(est)} wrong, 95% lower bound {_pct(low)}, on "
+                       f"{counted(n, 'decision')} with a human label: the next retrain drops its labels from the "
+                       f"training rows"
+                       + (f" except those of the labels with their own record within the level ({kept})"
+                          if kept else ""))
+    else:
+        out["line"] = (f"teacher noise within {_level_words(level)}: 95% lower bound {_pct(low)} (estimate "
+                       f"{_pct(est)}, n={n:,}); its labels are distilled")
+    return out
+
+
+def guard_teacher_rows(ts: TrainingSet, estimate: NoiseEstimate, level: float = DEFAULT_MAX_TEACHER_NOISE,
+                       min_rows: int = MIN_INTENT_ROWS) -> tuple[TrainingSet, dict[str, Any]]:
+    """The retrain's noise guard (the module docs; step 4a's last part): the training set
+    without the teacher rows of the labels above the noise ``level`` when the teacher is
+    (:func:`noise_guard` on ``estimate``), and ``teacher_guard``, the step's report section:
+    :func:`noise_guard`'s fields plus ``checked`` (teacher rows), ``dropped``,
+    ``dropped_by_label``, ``held_back`` (rows kept as the last 2 of a label) and ``notes``
+    (what the run's summary says: the rows dropped, or that the noise is unknown while
+    there are teacher rows; nothing when the teacher is within the level or the guard is
+    off)."""
+    info = noise_guard(estimate.overall(), estimate.by_intent(min_rows), level)
+    teacher = [i for i, s in enumerate(ts.sources) if s == "teacher"]
+    info.update(checked=len(teacher), dropped=0, dropped_by_label={}, held_back=0, notes=[])
+    if not teacher or info["status"] not in ("above", "unknown"):
+        return ts, info
+    if info["status"] == "unknown":
+        info["line"] = _unknown_line(info["n"], info["min_n"], level,
+                                     f"the teacher's {counted(len(teacher), 'training row')} are")
+        info["notes"] = [info["line"]]
+        return ts, info
+    left: Counter = Counter(ts.labels)
+    by: Counter = Counter()
+    gone: set[int] = set()
+    for i in teacher:
+        lab = ts.labels[i]
+        if label_name(lab) in info["kept_labels"]:
+            continue
+        if left[lab] <= 2:
+            info["held_back"] += 1
+            continue
+        left[lab] -= 1
+        by[label_name(lab)] += 1
+        gone.add(i)
+    info.update(dropped=len(gone), dropped_by_label=dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))))
+    own = ", ".join(f"{k} {_pct(v)}" for k, v in info["labels"].items())
+    kept = ", ".join(f"{k} {_pct(v)}" for k, v in info["kept_labels"].items())
+    info["line"] = (f"teacher above {_level_words(level)}: {_pct(info['estimate'])} wrong (95% CI "
+                    f"{_pct(info['low'])}-{_pct(estimate.overall()['high'])}) on {counted(info['n'], 'decision')} "
+                    f"with a teacher and a human label, so its labels were not distilled: {len(gone):,} of "
+                    f"{counted(len(teacher), 'teacher row')} dropped before training ("
+                    + (f"by their own record: {own}; " if own else "")
+                    + f"{'the other labels' if own or kept else 'every label'} at the overall "
+                      f"{_pct(info['estimate'])})"
+                    + (f"; kept, their own record within the level: {kept}" if kept else "")
+                    + (f"; {info['held_back']:,} held back as the last 2 rows of a label" if info["held_back"] else "")
+                    + "; --max-teacher-noise 1 distils them anyway")
+    info["notes"] = [info["line"]]
+    return (_without(ts, gone) if gone else ts), info

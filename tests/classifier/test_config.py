@@ -140,3 +140,40 @@ def test_reset_default_closes_the_default_classifier_and_its_teacher(monkeypatch
     assert closed == ["classifier", "teacher"]       # whoever opened it closes it, in order
     default.reset_default()                            # nothing left to close
     assert closed == ["classifier", "teacher"]
+
+
+@pytest.mark.parametrize("var, value, words", [
+    ("FLYWHEEL_TEACHER_HOST", "http://127.0.0.1:99999/v1",
+     "teacher_host 'http://127.0.0.1:99999/v1' (from env) is not a usable address: Port out of range"),
+    ("OLLAMA_HOST", "127.0.0.1:70000", "ollama_host '127.0.0.1:70000' (from env) is not a usable address"),
+    ("OLLAMA_HOST", "http://localhost:port", "ollama_host 'http://localhost:port' (from env)"),
+])
+def test_a_teacher_host_with_a_port_out_of_range_is_refused(monkeypatch, tmp_path, var, value, words):
+    """Issue 41, item 7: a port outside 0-65535 is refused wherever one is read, here the
+    teacher's address (flag, variable or config file), not taken modulo 65536 by a client."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert words in str(info.value)
+    monkeypatch.delenv(var)
+    (tmp_path / "config.toml").write_text('teacher_host = "http://10.0.0.2:65536"\n')
+    with pytest.raises(ConfigError, match=r"teacher_host 'http://10.0.0.2:65536' \(from file\)"):
+        load_config(home=tmp_path)
+    assert load_config(teacher_host="http://10.0.0.2:65535/v1").teacher_host == "http://10.0.0.2:65535/v1"
+    assert load_config(ollama_host="localhost").ollama_host == "localhost"        # no port: the default one
+
+
+def test_check_port_and_split_address_refuse_what_a_socket_would_wrap():
+    from flywheel.classifier.listen import check_port, split_address
+
+    assert check_port("0", "--port") == 0 and check_port(65535, "--port") == 65535
+    for bad, words in [(65536, "port 65536 is out of range"), (-1, "port -1 is out of range"),
+                       ("8o80", "port '8o80' is not a whole number"), (True, "is not a whole number"),
+                       ("\u0661\u0662", "is not a whole number")]:
+        with pytest.raises(ConfigError, match=words):
+            check_port(bad, "--port")
+    assert split_address("[::1]:50051", "--address") == ("[::1]", 50051)
+    with pytest.raises(ConfigError, match=r"--address 127.0.0.1:99999: port 99999 is out of range \(0 to 65535\)"):
+        split_address("127.0.0.1:99999", "--address")
+    with pytest.raises(ConfigError, match="expected host:port"):
+        split_address("localhost", "--address")

@@ -58,3 +58,66 @@ def test_a_free_port_any_port_and_a_foreign_address():
         check_address(f"192.0.2.1:{port}")
     with pytest.raises(ConfigError, match="expected host:port"):
         check_address("127.0.0.1")
+
+
+# -- issue 41, item 7: /metrics' port, and a port out of range, the same one line
+
+
+def _serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(flywheel_cmd("serve", "--teacher", "off", *args), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flywheel: error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_serve_with_its_metrics_port_in_use_says_so_in_one_line_and_exits_2(tmp_path):
+    with listening() as port:
+        proc = _serve(tmp_path, "--address", "127.0.0.1:0", "--metrics-port", str(port))
+    assert _one_line(proc) == (
+        f"flywheel: error: cannot listen on 127.0.0.1:{port} (--metrics-address/--metrics-port): address already "
+        f"in use (port {port}: another process listens there)")
+    assert not (tmp_path / "home" / "cache").exists()   # refused before any model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [
+    (["--metrics-port", "99999"], "Invalid value for '--metrics-port'"),
+    (["--address", "127.0.0.1:99999"], "--address 127.0.0.1:99999: port 99999 is out of range (0 to 65535)"),
+    (["--address", "127.0.0.1:0", "--metrics-port", "0", "--metrics-address", "192.0.2.1"],
+     "cannot listen on 192.0.2.1:0 (--metrics-address/--metrics-port): 192.0.2.1 is not an address of this machine"),
+])
+def test_serve_refuses_a_port_out_of_range_or_a_foreign_metrics_address(tmp_path, args, words):
+    """``:99999`` listened on port 34463 (99999 modulo 65536) without a word; now refused."""
+    line = _one_line(_serve(tmp_path, *args))
+    assert words in line, line
+    assert not (tmp_path / "home" / "cache").exists()
+
+
+def test_a_port_out_of_range_is_refused_wherever_the_sidecar_reads_one():
+    from flywheel.service.metrics import ServerMetrics, start_metrics_http
+    from flywheel.service.options import ServerOptions
+    from flywheel.service.server import check_address, check_metrics_address
+
+    with pytest.raises(ConfigError, match=r"port 99999 is out of range \(0 to 65535\)"):
+        check_address("127.0.0.1:99999")
+    with pytest.raises(ConfigError, match=r"--address \[::1\]:70000: port 70000 is out of range"):
+        ServerOptions(address="[::1]:70000")
+    with pytest.raises(ConfigError, match="--metrics-port: port 65536 is out of range"):
+        ServerOptions(metrics_port=65536)
+    with pytest.raises(ConfigError, match="--metrics-port: port -1 is out of range"):
+        start_metrics_http(ServerMetrics(), -1)
+    assert ServerOptions(uds="/tmp/flywheel.sock", address="ignored").uds   # a socket file: no port read
+    with listening() as port:
+        options = ServerOptions(metrics_port=port)
+        with pytest.raises(ConfigError, match=rf"address already in use \(port {port}"):
+            check_metrics_address(options)
+        with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} .*address already in use"):
+            start_metrics_http(ServerMetrics(), port)     # taken after the early check: the same line

@@ -92,13 +92,13 @@ def test_the_review_walk_records_through_the_writer(home):
 
 
 def test_a_post_of_1000_labels_reads_the_manifest_once(home):
-    from flywheel.training.cli.review import _open_review
-    from flywheel.training.review.app import ReviewApp
+    from flywheel.training.cli.review import ui_app
+    from flywheel.training.review.app import LABELS_MAX_AGE_S
 
     cfg, _, seen = home
-    _, store, writer = _open_review(None, None)      # as flywheel ui opens it
-    app = ReviewApp(store, writer, admin_token=TOKEN)
-    assert seen["manifest_reads"] == 1                 # the page's choices: the served labels, read once
+    now = [100.0]
+    app = ui_app(None, None, TOKEN, clock=lambda: now[0])     # as flywheel ui opens it; the clock stands still
+    assert seen["manifest_reads"] == 0                 # asked for when a request needs them
     batch = [{"decision_id": IDS[i % 3], "label": ("BILLING", "PLATFORM")[i % 2], "author": f"p{i}"}
              for i in range(1000)]
     auth = {"authorization": f"Bearer {TOKEN}"}
@@ -109,6 +109,8 @@ def test_a_post_of_1000_labels_reads_the_manifest_once(home):
     bad = app.handle("POST", "/api/labels", auth, json.dumps(starter_only).encode())
     assert bad.status == 400 and "unknown label 'CODE_GENERATION'" in json.loads(bad.body)["error"]
     assert len(seen["records"]) == 1000 and seen["manifest_reads"] == 1
+    now[0] += LABELS_MAX_AGE_S                         # old enough: the next request asks the site again
+    assert app.handle("GET", "/api/queue", {}).status == 200 and seen["manifest_reads"] == 2
 
 
 def test_a_label_studio_import_records_through_the_writer(home, tmp_path, capsys):
@@ -191,3 +193,31 @@ def test_the_writer_reads_the_served_labels_once_unless_live_and_applies_the_fle
     assert fleet.record_text(new_decision_id(), " B ")[0] == "B"
     with pytest.raises(Exception, match="decision_id must be a non-empty string"):
         offline.record_text("  ", "A")
+
+
+def test_a_following_writer_asks_for_the_served_labels_again_once_they_are_old():
+    """Issue 41, item 5: ``flywheel ui``'s writer (:meth:`HumanLabels.following`) keeps the
+    served labels at most ``max_age_s``; the same sink, id rules and source of labels."""
+    served, now = [("A",)], [0.0]
+    calls = []
+
+    def labels():
+        calls.append(1)
+        return served[0]
+
+    class Sink:
+        def add_human_label(self, did, label, *, author=None, label_uid=None):
+            return True
+
+    offline = HumanLabels(Sink(), labels, fleet=True)
+    writer = offline.following(2.0, clock=lambda: now[0])
+    assert writer.sink is offline.sink and writer.fleet and writer.labels == ("A",) and len(calls) == 1
+    served[0] = ("A", "B")                       # promoted
+    now[0] = 1.9
+    assert writer.labels == ("A",) and len(calls) == 1
+    now[0] = 2.0
+    assert writer.labels == ("A", "B") and len(calls) == 2
+    served[0] = ("B",)
+    now[0] = 4.0
+    with pytest.raises(UnknownLabelError, match="unknown label 'A'"):
+        writer.record("f" * 32, "A")             # checked against the served labels when it is written

@@ -84,6 +84,11 @@ def retrain_command(
         _DEFAULTS.candidate_pairs, "--candidate-pairs/--no-candidate-pairs",
         help="With --tune-encoder: the intent pairs the teacher's candidate sets name are hard negatives "
              "for the tuner."),
+    max_teacher_noise: float = typer.Option(
+        _DEFAULTS.max_teacher_noise, "--max-teacher-noise",
+        help="When the teacher-noise estimate's 95% lower bound is above this share (0 to 1), the teacher rows of "
+             "the labels above it are dropped before training (1 = off; too few human labels: nothing dropped, "
+             "a note says so)."),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
     try:
@@ -91,7 +96,7 @@ def retrain_command(
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
                                  shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs,
-                                 promote_untested=promote_untested)
+                                 promote_untested=promote_untested, max_teacher_noise=max_teacher_noise)
         if tune_budget is not None or tune_unlabelled is not None:   # bad, or with --no-tune-encoder: exit 2 now
             resolve_tune(None, tune_encoder is not False, tune_budget, unlabelled=tune_unlabelled)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,

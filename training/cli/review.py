@@ -29,6 +29,7 @@ import typer
 from flywheel.classifier.config import HOME_HELP, load_config
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.listen import check_listen
 from flywheel.classifier.output import echo_json
 from flywheel.training.review.queue import REASONS, ReviewFilters, ReviewItem, all_choices
 
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
     from flywheel.fleet.site import Site
     from flywheel.logstore import LogStore
+    from flywheel.training.review.app import ReviewApp
 
-__all__ = ["NoTerminalError", "Reviewer", "review_command", "ui_command"]
+__all__ = ["NoTerminalError", "Reviewer", "review_command", "ui_app", "ui_command"]
 
 KEYS_HELP = "1-9 pick, / find any intent, o out of scope, s skip, u undo, f full text, q quit"
 CLIP = 300          # characters of a text shown before ``f``
@@ -389,12 +391,10 @@ def ui_command(
     home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
 ) -> None:
     """Serve the review queue as a page and a JSON API until interrupted."""
-    from flywheel.training.review.app import ReviewApp, make_server
-    from flywheel.training.review.dashboard import retrain_history
+    from flywheel.training.review.app import make_server
 
-    site, store, writer = _open_review(home, log_db)   # the retrain history: the site's registry's versions
-    app = ReviewApp(store, writer, admin_token=admin_token, history=lambda: retrain_history(site.version_reports()))
-    server = make_server(app, host, port)
+    check_listen(host, port, "--host/--port")   # a taken port or a foreign host: one line, before the log opens
+    server = make_server(ui_app(home, log_db, admin_token), host, port)
     where = f"http://{host}:{server.server_address[1]}/"
     typer.echo(f"flywheel ui: serving the review queue at {where}"
                + ("" if admin_token else " (read-only: no --admin-token)"), err=True)
@@ -404,3 +404,18 @@ def ui_command(
         pass
     finally:
         server.server_close()
+
+
+def ui_app(home: Optional[Path], log_db: Optional[str], admin_token: Optional[str], *,
+           clock: Callable[[], float] | None = None) -> ReviewApp:
+    """The app ``flywheel ui`` serves: the review over the site's log and its one writer of
+    human labels, following the served version (its labels asked of the site again once
+    they are :data:`~training.review.app.LABELS_MAX_AGE_S` old by ``clock``, so a promotion
+    with another intent set shows without a restart), with the retrain history of the site's
+    registry's versions."""
+    from flywheel.training.review.app import LABELS_MAX_AGE_S, ReviewApp
+    from flywheel.training.review.dashboard import retrain_history
+
+    site, store, writer = _open_review(home, log_db)
+    return ReviewApp(store, writer.following(LABELS_MAX_AGE_S, clock=clock), admin_token=admin_token,
+                     history=lambda: retrain_history(site.version_reports()))

@@ -12,7 +12,8 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 ``GET /api/queue``      the queue as JSON: ``limit``, ``intent``, ``tier``, ``layer``,
                         ``reason`` (repeatable), ``min_confidence``, ``max_confidence``, ``days``,
                         ``language`` (``en``, ``es``, ``unknown``: the logged language; the page
-                        takes the same parameters and offers the logged languages in a select)
+                        takes the same parameters and offers the logged languages in a select),
+                        and ``labels``: the intents a label may be (the served version's; ``null``: any)
 ``POST /api/labels``    ``{"decision_id", "label", "author"?}`` or ``{"labels": [...]}``: human
                         labels (they win at the next retrain); needs
                         ``Authorization: Bearer <admin token>``
@@ -20,6 +21,13 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
 ``GET /api/dashboard``  what it shows, as JSON (``window``: decisions per window, default 1000)
 ``GET /api/health``     ``{"ok": true, "writable": bool}``
 ======================  =====================================================================
+
+The labels the page offers and the API takes are those of the version served now, as the
+sidecar's are: read through the site (:meth:`fleet.site.Site.served_labels`) by the writer
+and read again once they are :data:`LABELS_MAX_AGE_S` old (``flywheel ui``'s writer:
+:meth:`fleet.human_labels.HumanLabels.following`), so after a promotion with another intent
+set the page offers the new intents and a label of a removed one is refused, without a
+restart; a label is checked against them again when it is written.
 
 Bad input is a 4xx with ``{"error": "..."}`` naming what was wrong: 400 (bad JSON, a bad
 filter, an unknown label, a content-length that is not a whole number of bytes), 401 (no or
@@ -42,7 +50,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from flywheel.classifier.errors import FlywheelError
+from flywheel.classifier.errors import ConfigError, FlywheelError, UnknownLabelError
+from flywheel.classifier.listen import check_listen, check_port
 from flywheel.logstore.errors import UnknownDecisionError
 from flywheel.training.review.page import render_page
 from flywheel.training.review.queue import ReviewError, ReviewFilters, review_queue
@@ -51,13 +60,15 @@ if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
     from flywheel.logstore import LogStore
 
-__all__ = ["MAX_BODY", "ReviewApp", "Response", "make_server"]
+__all__ = ["LABELS_MAX_AGE_S", "MAX_BODY", "ReviewApp", "Response", "make_server"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20       # bytes a POST may carry
 MAX_LABELS = 1000        # labels one POST may carry
 MAX_DRAIN = 8 << 20      # an oversize body up to this is read and dropped before the 413
+#: seconds ``flywheel ui`` keeps the served labels before it asks the site again (a promotion shows within it)
+LABELS_MAX_AGE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,9 +101,11 @@ class ReviewApp:
         The log the queue is read from (its read-only ``query``).
     writer : fleet.human_labels.HumanLabels
         The site's one writer of human labels (:meth:`fleet.site.Site.human_labels`): its
-        ``labels`` (the served model's, read once) are the ones a label must be one of and
-        the page offers; a POSTed label is parsed and its decision id checked by it, and
-        recorded through it (locally an id not in the log is a 404).
+        ``labels`` (the served model's; ``flywheel ui`` gives one that follows the served
+        version, :meth:`~fleet.human_labels.HumanLabels.following`) are the ones a label
+        must be one of and the page offers, asked for on each request; a POSTed label is
+        parsed and its decision id checked by it, and recorded through it, which checks the
+        label again (locally an id not in the log is a 404).
     admin_token : str, optional
         The token writes need; ``None``: read-only.
     history : callable, optional
@@ -104,9 +117,13 @@ class ReviewApp:
                  history: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.store = store
         self.writer = writer
-        self.labels: Sequence[str] | None = writer.labels
         self.admin_token = admin_token or None
         self.history = history or list
+
+    @property
+    def labels(self) -> Sequence[str] | None:
+        """The labels of the version served now (the writer's: ``None``, any)."""
+        return self.writer.labels
 
     def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes = b"") -> Response:
         """Answer one request; never raises for bad input."""
@@ -168,16 +185,19 @@ class ReviewApp:
                           language=one("language") or None)
         return f, int(limit or 50)
 
-    def _queue_doc(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
+    def _queue_doc(self, query: Mapping[str, list[str]], labels: Sequence[str] | None = None) -> dict[str, Any]:
         f, limit = self._filters(query)
-        items = review_queue(self.store, f, limit=limit, labels=self.labels)
-        return {"items": [it.to_dict() for it in items], "n": len(items)}
+        labels = self.labels if labels is None else labels
+        items = review_queue(self.store, f, limit=limit, labels=labels)
+        return {"items": [it.to_dict() for it in items], "n": len(items),
+                "labels": None if labels is None else list(labels)}
 
     def _page(self, query: Mapping[str, list[str]]) -> Response:
-        doc = self._queue_doc(query)
+        labels = self.labels       # one answer for the whole page
+        doc = self._queue_doc(query, labels)
         logged = [str(r[0]) for r in self.store.query(
             "SELECT DISTINCT language FROM decisions WHERE language IS NOT NULL ORDER BY 1")]
-        html = render_page(doc["items"], writable=bool(self.admin_token), labels=self.labels,
+        html = render_page(doc["items"], writable=bool(self.admin_token), labels=labels,
                            languages=logged, language=(query.get("language") or [""])[-1] or None)
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))
 
@@ -224,6 +244,9 @@ class ReviewApp:
             except UnknownDecisionError:
                 raise _BadRequest(404, f"item {len(done)}: no decision {did!r} in the log; "
                                        f"{len(done)} label(s) before it were recorded") from None
+            except UnknownLabelError as exc:   # another version was promoted since the check
+                raise _BadRequest(400, f"item {len(done)}: {exc}; {len(done)} label(s) before it "
+                                       f"were recorded") from None
             done.append({"decision_id": did, "label": label})
         return Response.json(200, {"recorded": done, "n": len(done)})
 
@@ -258,7 +281,9 @@ def _content_length(raw: str | None) -> int | None:
 
 
 def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """An HTTP server for ``app`` on ``host:port`` (``0``: a free port); not started."""
+    """An HTTP server for ``app`` on ``host:port`` (``0``: a free port); not started. An
+    address it cannot listen on (the port taken or out of range, the host not this
+    machine's) is a one-line :class:`~classifier.errors.ConfigError` naming it and why."""
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "flywheel-ui"
@@ -311,4 +336,9 @@ def make_server(app: ReviewApp, host: str = "127.0.0.1", port: int = 0) -> Threa
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
             log.info("review server: " + format, *args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    check_port(port, "--port")
+    try:
+        return ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        check_listen(host, port, "--host/--port")      # the reason in words, when it still fails
+        raise ConfigError(f"cannot listen on {host}:{port} (--host/--port): {exc.strerror or exc}") from None

@@ -16,7 +16,8 @@ axis, and a sentence instead of a chart with nothing to draw yet):
 :func:`render_dashboard` lays them out as one HTML page with the tables beside them: the
 most confused intent pairs (layer 2 against the teacher, served against humans), the
 shadow version's answers by direction (permissive, abstaining, flips), the teacher-noise
-estimate, and errors by direction (confident answers people corrected; teacher calls
+estimate (and, when the teacher is above the retrain's default ``--max-teacher-noise``, that
+the next retrain drops its labels), and errors by direction (confident answers people corrected; teacher calls
 whose answer layer 2 already had). The log records no language per decision, so there
 are no per-language slices yet; the page says so.
 """
@@ -191,6 +192,8 @@ def render_dashboard(data: dict[str, Any]) -> str:
     noise_line = ("no decision has both a teacher and a human label yet" if est is None else
                   f"{100 * est:.1f}% (95% interval {100 * noise['low']:.1f}-{100 * noise['high']:.1f}%, "
                   f"n = {noise['n']})")
+    guard = s.get("teacher_guard") or {}
+    guard_line = f"<p><strong>{e(guard['line'])}</strong></p>" if guard.get("status") == "above" else ""
     shadow_line = "no shadow version" if not shadow else e(json.dumps(
         {k: shadow.get(k) for k in ("version", "n", "agreement", "permissive", "abstaining", "flips")}))
     calls, had = err["teacher_calls"], err["teacher_calls_layer2_had"]
@@ -218,7 +221,7 @@ LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall</p>
 <tr><td>confident layer-2 answers people corrected</td><td>{wrong:,} of {conf:,}</td></tr>
 <tr><td>teacher calls whose answer layer 2 already had</td><td>{had:,} of {calls:,}</td></tr>
 </table>
-<h2>Teacher noise</h2><p>{e(noise_line)}</p>
+<h2>Teacher noise</h2><p>{e(noise_line)}</p>{guard_line}
 <h2>Shadow version</h2><p>{shadow_line}</p>
 <h2>Languages</h2><p>The log records no language per decision yet, so there are no per-language slices.</p>
 </section></div>

@@ -41,6 +41,11 @@ Definitions (every count is over the ``decisions`` table, windows included):
   decision, over the whole log, with an exact 95% interval and ``by_intent`` (per teacher
   label with at least 10 such decisions), by :mod:`training.teacher_noise` (its own
   statement; the same figures the retrain reports and exports as ``flywheel_teacher_noise_ratio``).
+- ``teacher_guard``: what the retrain's noise guard makes of those figures at the default
+  level (``flywheel retrain --max-teacher-noise``; :func:`training.teacher_noise.noise_guard`):
+  ``status`` ``above`` (the estimate's 95% lower bound is above the level: the next retrain
+  drops the teacher's rows of the labels above it), ``within``, ``unknown`` (too few human
+  labels) or ``off``, with its ``line``.
 - ``anchoring``: the teacher's history anchoring (ADR RC-03) over the whole log, by
   :mod:`training.stats.anchoring` (its own statement; definition in :mod:`classifier.anchoring`).
 - ``by_language``: per logged language (``decisions.language``; ``none`` for rows logged
@@ -87,7 +92,7 @@ from flywheel.classifier.output import counted
 from flywheel.training.stats.anchoring import anchoring_section, empty_anchoring, format_anchoring
 from flywheel.training.stats.language import format_languages, language_section
 from flywheel.training.stats.shadow import empty_shadow, format_shadow, shadow_section
-from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_section
+from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_guard, noise_section
 
 if TYPE_CHECKING:  # pragma: no cover
     from flywheel.logstore import LogStore
@@ -276,7 +281,7 @@ def empty_stats(window: str | int = "day", shadow_version: str | None = None) ->
     out = _summary(0, {}, {}, {k: 0 for k in _COUNTS}, {}, {}, 0)
     out.pop("n")
     return {"total": 0, "window": window, **out, "first": None, "last": None, "n_windows": 0,
-            "by_language": {},
+            "by_language": {}, "teacher_guard": noise_guard(NoiseEstimate().overall(), {}),
             "teacher_noise": {**NoiseEstimate().overall(), "by_intent": {}}, "anchoring": empty_anchoring(),
             "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
@@ -360,10 +365,12 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     t = total_slot
     summary = _summary(t["n"], t["layers"], t["tiers"], t["counts"], t["l2t"], t["hs"], top, t["degraded"])
     summary.pop("n")
+    noise = noise_section(store)
     return {"total": t["n"], "window": window, **summary,
             "first": _iso(t["first"]), "last": _iso(t["last"]),
             "n_windows": n_windows, "by_language": language_section(store),
-            "teacher_noise": noise_section(store), "anchoring": anchoring_section(store),
+            "teacher_guard": noise_guard(noise, noise["by_intent"]),
+            "teacher_noise": noise, "anchoring": anchoring_section(store),
             "shadow": shadow_section(store, shadow_version), "windows": windows}
 
 
@@ -436,6 +443,8 @@ def format_table(stats: dict[str, Any]) -> str:
                  + (f" ({reasons})" if reasons else ""))
     if stats.get("teacher_noise"):
         lines.append("  " + format_noise(stats["teacher_noise"], stats["teacher_noise"].get("by_intent")))
+    if (stats.get("teacher_guard") or {}).get("status") == "above":
+        lines.append("  " + stats["teacher_guard"]["line"])
     if stats.get("anchoring"):
         lines.append("  " + format_anchoring(stats["anchoring"]))
     if stats.get("shadow"):
