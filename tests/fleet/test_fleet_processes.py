@@ -350,7 +350,7 @@ def test_two_replicas_one_log_and_a_retrain_promotion_reaches_every_replica(flee
 
     # a retrain process (same store, same CLI home) trains and promotes fleet-wide;
     # --tolerance 1: this test is about the promotion's path, not the gate
-    proc = fleet.run("retrain", "--json", "--tolerance", "1", home=cli)
+    proc = fleet.run("retrain", "--json", "--tolerance", "1", "--promote-untested", home=cli)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["outcome"] == "promoted", report.get("reason")
     new = report["version"]
