@@ -28,6 +28,7 @@ from typing import Protocol
 
 from flywheel.classifier.config import Config
 from flywheel.classifier.errors import FlywheelError, IntentSetMismatch
+from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import Registry
 from flywheel.classifier.registry import CURRENT, ModelRegistry, VersionInfo
@@ -212,6 +213,18 @@ def mirror_progress(every_s: float = 5.0) -> Callable[[int, int, int], None]:
     return report
 
 
+def _bundled_intents(reg: Registry, name: str) -> IntentSet:
+    """The intent set version ``name`` of ``reg`` bundles, read without loading its head: a
+    local home's bundled file, the bucket's (one GET each for the manifest and the file)."""
+    if isinstance(reg, BucketRegistry):
+        return reg.bundled_intents(name)
+    if isinstance(reg, ModelRegistry):
+        served = ServedVersion.read(reg.version_dir(name), "models home")
+        if served.intents is not None:
+            return served.intents
+    return reg.load(name).intents
+
+
 class _SiteBase:
     """What both sites share: the local home and log, and retention."""
 
@@ -275,7 +288,7 @@ class _SiteBase:
         contract = self.contract()
         if contract.intents is None:
             return
-        contract.check(name, reg.load(name).intents, doing=doing, fix=fix)
+        contract.check(name, _bundled_intents(reg, name), doing=doing, fix=fix)
 
     def served_model(self, *, progress: bool = True) -> IntentModel:
         from flywheel.classifier.default import served_model

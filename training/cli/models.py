@@ -82,16 +82,20 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
                                                        help="The intent file whose default model to mark "
                                                             "(default: the intents setting, else the starter set).")
                 ) -> None:
-    """List versions (the served one marked with *, the default model named)."""
+    """List versions (the served one marked with *, the default model named, and with an
+    intents setting, the versions trained on another intent set marked)."""
     cfg = load_config(home=home, intents=str(intents) if intents is not None else None)
-    reg = _site_of(cfg).registry(models)
+    site = _site_of(cfg)
+    reg = site.registry(models)
     vs = reg.versions()
     default = _default_name_or_none(cfg)
     sizes = {v.name: _bytes(v) for v in vs}
+    fits = _fitting(site, reg, [v.name for v in vs if v.valid])
     if as_json:
         echo_json([{"version": v.name, "current": v.current, "default": v.name == default,
                     "created_at": v.created_at, "training_size": v.training_size, "valid": v.valid,
-                    "metrics": v.metrics, "bytes": sizes[v.name][0], "blob_bytes": sizes[v.name][1]} for v in vs])
+                    "metrics": v.metrics, "bytes": sizes[v.name][0], "blob_bytes": sizes[v.name][1],
+                    "fits_intents": fits.get(v.name)} for v in vs])
         return
     if not vs:
         typer.echo(f"no model versions in {_where(reg)}")
@@ -103,13 +107,38 @@ def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MO
                    + (f" cv-top1={acc:.3f}" if isinstance(acc, (int, float)) else "")
                    + f" {_mb(sizes[v.name][0])}" + (f" + {_mb(sizes[v.name][1])} shared" if sizes[v.name][1] else "")
                    + ("  (the default model)" if v.name == default else "")
+                   + ("  (another intent set)" if fits.get(v.name) is False else "")
                    + ("" if v.valid else f"  INVALID: {v.problem}"))
     if default is not None and default not in {v.name for v in vs}:
-        typer.echo("  (the default model: flywheel models rollback --to-default serves it again)")
+        typer.echo("  (the default model: flywheel models rollback --to-default serves it again)" if cfg.intents
+                   else "  (the default model is the starter set's: flywheel models rollback --to-default "
+                        "--intents FILE serves your intent file's)")
     count, total = _blob_store(reg)
     if count:
         typer.echo(f"  shared encoder blobs: {count}, {_mb(total)}, stored once (each version: its own files "
                    f"+ the shared blobs it names; a replica downloads only the blobs it lacks)")
+
+
+def _fitting(site: Site, reg: ListedRegistry, names: list[str]) -> dict[str, bool]:
+    """Whether each version of ``names`` was trained on the configured intent set (empty
+    without an ``intents`` setting, or when it cannot be read: nothing to mark)."""
+    from flywheel.classifier.errors import IntentSetMismatch
+
+    try:
+        if site.contract().intents is None:
+            return {}
+    except FlywheelError:
+        return {}
+    out: dict[str, bool] = {}
+    for name in names:
+        try:
+            site.check_move(reg, name, doing=f"list {name}")
+            out[name] = True
+        except IntentSetMismatch:
+            out[name] = False
+        except FlywheelError:   # unreadable: its INVALID mark says so
+            continue
+    return out
 
 
 def _mb(n: int) -> str:

@@ -127,3 +127,19 @@ def test_push_and_train_promote_are_moves_checked_like_promote(tmp_path, monkeyp
     old_file = write_doc(tmp_path / "old.yaml", OLD_DOC)
     rc, out, err = run(capsys, "train", "--intents", str(old_file), "--promote")
     assert rc == 2 and f"refusing to promote a version of {old_file}" in err and reg.current_name() == "v1", err
+
+
+def test_list_marks_the_versions_of_another_intent_set(tmp_path, monkeypatch, capsys):
+    import json
+
+    _shop(tmp_path, monkeypatch, [("v1", NEW_DOC), ("v2", OLD_DOC), ("v3", NEW_DOC)])
+    rc, out, err = run(capsys, "models", "list")
+    lines = {ln.split()[1] if ln.startswith("*") else ln.split()[0]: ln for ln in out.splitlines() if " n=" in ln}
+    assert rc == 0 and "(another intent set)" in lines["v2"], out
+    assert "(another intent set)" not in lines["v1"] + lines["v3"], out
+    rc, out, err = run(capsys, "models", "list", "--json")
+    assert {v["version"]: v["fits_intents"] for v in json.loads(out)} == {"v1": True, "v2": False, "v3": True}
+    monkeypatch.delenv("FLYWHEEL_INTENTS")                  # no setting: nothing to mark
+    rc, out, err = run(capsys, "models", "list")
+    assert rc == 0 and "(another intent set)" not in out, out
+    assert "(the default model is the starter set's: flywheel models rollback --to-default --intents FILE" in out
