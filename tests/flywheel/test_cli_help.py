@@ -70,7 +70,10 @@ def test_help_reads_whole_at_80_columns(path, capsys, monkeypatch):
 @pytest.mark.parametrize("path", [p for p, _ in PATHS], ids=lambda p: " ".join(p) or "flywheel")
 def test_descriptions_are_wrapped_at_the_width_not_where_the_docstring_broke(path, capsys, monkeypatch):
     out = render(capsys, monkeypatch, *path)
-    for para in paragraphs(out):
+    paras = paragraphs(out)
+    assert paras, out                                  # every command has a description
+    for para in paras:
+        assert all(len(line) <= TEXT_WIDTH + 2 for line in para), para   # within the width (2-column margin)
         for line, nxt in zip(para, para[1:]):
             # greedy wrapping: the next line's first word would not have fitted on this one
             assert len(line) + 1 + len(nxt.split()[0]) > TEXT_WIDTH, (line, nxt)

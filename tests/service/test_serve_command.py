@@ -26,6 +26,7 @@ def listening(host: str = "127.0.0.1", family: int = socket.AF_INET) -> Iterator
         yield held.getsockname()[1]
 
 
+@pytest.mark.slow   # starts flywheel as a process
 def test_serve_on_a_port_in_use_says_so_in_one_line_and_exits_2(tmp_path):
     env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     with listening() as port:

@@ -259,6 +259,7 @@ def test_the_teachers_out_of_scope_answer_shows_as_such(repeated, tmp_path, caps
     assert _labels_of(repeated) == [(did, "CONVERSATIONAL") for did in IDS]
 
 
+@pytest.mark.slow   # starts flywheel as a process
 def test_without_a_terminal_review_says_so_in_one_line(logged, tmp_path):
     import os
     import subprocess

@@ -166,6 +166,7 @@ def test_over_http_on_loopback(store):
         thread.join(timeout=5)
 
 
+@pytest.mark.slow   # starts flywheel as a process
 def test_flywheel_ui_serves_the_page_until_stopped(store, tmp_path):
     """The command itself, as a process: it says where it listens (a free port on loopback)."""
     import os
