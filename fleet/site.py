@@ -112,7 +112,8 @@ class Site(Protocol):
         ...
 
     def served_labels(self) -> tuple[str, ...] | None:
-        """The labels of :meth:`served`, read once per call; ``None`` when none can be read."""
+        """The labels of :meth:`served`, read once per call; while no version of the configured
+        file is stored, the file's (what the next retrain trains); ``None`` when none can be read."""
         ...
 
     def check_move(self, reg: Registry, name: str, *, doing: str, fix: str = "") -> None:
@@ -281,6 +282,9 @@ class _SiteBase:
     def served_labels(self) -> tuple[str, ...] | None:
         try:
             return self.served().labels
+        except IntentSetMismatch:   # no version of the file yet: its labels are what the next one learns
+            intents = self.contract().intents
+            return None if intents is None else tuple(intents.labels)
         except (FlywheelError, OSError, ValueError, KeyError):
             return None
 

@@ -143,3 +143,11 @@ def test_list_marks_the_versions_of_another_intent_set(tmp_path, monkeypatch, ca
     rc, out, err = run(capsys, "models", "list")
     assert rc == 0 and "(another intent set)" not in out, out
     assert "(the default model is the starter set's: flywheel models rollback --to-default --intents FILE" in out
+
+
+def test_with_no_version_of_the_file_labels_are_checked_against_the_file(tmp_path, monkeypatch):
+    """The label writer never falls back to "any label" because nothing fits the file."""
+    from flywheel.fleet.site import open_site
+
+    _shop(tmp_path, monkeypatch, [("v1", OLD_DOC)])             # only the old set is stored
+    assert open_site(load_config()).served_labels() == ("RETRIEVAL", "PLATFORM")
