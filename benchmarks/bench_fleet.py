@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_sidecar import Server, load, queries, write_json  # noqa: E402
 
-from flywheel.classifier.config import load_config, starter_intents_path  # noqa: E402
 from flywheel.classifier.decision import Decision, Layer, Tier  # noqa: E402
-from flywheel.classifier.default import cached_model_dir  # noqa: E402
 from flywheel.classifier.protocols import DecisionRecord  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.settings.config import load_config, starter_intents_path  # noqa: E402
+from flywheel.classifier.versions.default import cached_model_dir  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.fleet.config import StoreConfig  # noqa: E402
 from flywheel.fleet.mirror import mirror  # noqa: E402
 from flywheel.fleet.objects import ObjectStore  # noqa: E402

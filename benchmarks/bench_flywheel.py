@@ -62,12 +62,12 @@ sys.path.insert(0, str(ROOT))
 
 from flywheel.classifier.decision import Layer  # noqa: E402
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.intents import load_intents  # noqa: E402
+from flywheel.classifier.layer2.fitter import fit_model  # noqa: E402
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers  # noqa: E402
 from flywheel.classifier.pipeline import Classifier  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.settings.intents import load_intents  # noqa: E402
 from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher  # noqa: E402
-from flywheel.classifier.tiers import Thresholds, assign_tiers  # noqa: E402
-from flywheel.classifier.trainer import fit_model  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.logstore import LabelRecord, LogStore, label_records_to_table  # noqa: E402
 from tests.support.simulated_ollama import OUT_OF_SCOPE, SimulatedOllama  # noqa: E402
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_flywheel import add_arguments, layer2_accuracy, report, setup  # noqa: E402
 
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
-from flywheel.classifier.trainer import fit_model  # noqa: E402
+from flywheel.classifier.layer2.fitter import fit_model  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.fleet.config import StoreConfig  # noqa: E402
 from flywheel.fleet.objects import ObjectStore  # noqa: E402
 from flywheel.fleet.registry import BucketRegistry  # noqa: E402

@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_flywheel import layer2_accuracy  # noqa: E402
 
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.head import IntentHead  # noqa: E402
-from flywheel.classifier.intents import load_intents  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
-from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
+from flywheel.classifier.layer2.fitter import fit_from_vectors  # noqa: E402
+from flywheel.classifier.layer2.head import IntentHead  # noqa: E402
+from flywheel.classifier.settings.intents import load_intents  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
 from flywheel.training.cutoffs import retune, traffic_sample, with_thresholds  # noqa: E402
 from flywheel.training.teacher_noise import check_training_set, estimate_from_log  # noqa: E402

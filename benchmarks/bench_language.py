@@ -29,10 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flywheel.classifier.config import starter_intents_path  # noqa: E402
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.intents import load_intents  # noqa: E402
 from flywheel.classifier.language import LanguageDetector  # noqa: E402
+from flywheel.classifier.settings.config import starter_intents_path  # noqa: E402
+from flywheel.classifier.settings.intents import load_intents  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 

@@ -80,9 +80,9 @@ class ViaClassify:
     """``Classifier.classify`` of a model trained on an intent file (teacher off, no log)."""
 
     def __init__(self, intents: Path) -> None:
-        from flywheel.classifier.intents import load_intents
+        from flywheel.classifier.layer2.fitter import fit_model
         from flywheel.classifier.pipeline import Classifier
-        from flywheel.classifier.trainer import fit_model
+        from flywheel.classifier.settings.intents import load_intents
 
         self.clf = Classifier(fit_model(load_intents(intents)), teacher=None)
         self.encoder_id = self.clf.model.manifest.encoder["id"]

@@ -55,11 +55,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flywheel.classifier.config import starter_intents_path  # noqa: E402
 from flywheel.classifier.errors import TeacherError  # noqa: E402
-from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
-from flywheel.classifier.label_names import label_name  # noqa: E402
 from flywheel.classifier.protocols import HistoryEntry, LabelOption, TeacherRequest  # noqa: E402
+from flywheel.classifier.settings.config import starter_intents_path  # noqa: E402
+from flywheel.classifier.settings.intents import TEACHER_RESPONSE_FORMATS, IntentSet, load_intents  # noqa: E402
+from flywheel.classifier.settings.label_names import label_name  # noqa: E402
 from flywheel.classifier.teachers import CircuitBreaker, OpenAITeacher  # noqa: E402
 
 DATASETS = (ROOT / "tests" / "data" / "heldout_queries.jsonl", ROOT / "tests" / "data" / "heldout_queries_es.jsonl")

@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from flywheel.classifier.decision import Decision, Layer, TeacherCall, Tier  # noqa: E402
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.intents import TuneSettings, load_intents  # noqa: E402
 from flywheel.classifier.protocols import DecisionRecord, DelegatingEmbedder  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.settings.intents import TuneSettings, load_intents  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
 from flywheel.training.retrain import RetrainOptions, retrain  # noqa: E402
 

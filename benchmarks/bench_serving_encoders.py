@@ -79,7 +79,7 @@ from benchmarks.bench_embedders import wait_quiet as wait_idle_cpus  # noqa: E40
 from benchmarks.bench_language import heldout  # noqa: E402
 from benchmarks.bench_onnx import STARTER, ViaClassify, _english_only, interleaved, queries  # noqa: E402
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.intents import EmbedderSettings, load_intents  # noqa: E402
+from flywheel.classifier.settings.intents import EmbedderSettings, load_intents  # noqa: E402
 
 PARTS = ("latency", "cli", "firstuse")
 BACKENDS = ("minilm", "e5-multilingual", "use-multilingual")
@@ -91,7 +91,7 @@ import json, time
 t0 = time.perf_counter()
 from flywheel.classifier.encoders import make_embedder
 from flywheel.classifier.encoders.e5_convert import ensure_e5_model
-from flywheel.classifier.intents import EmbedderSettings
+from flywheel.classifier.settings.intents import EmbedderSettings
 out = {"import_s": time.perf_counter() - t0}
 t0 = time.perf_counter()
 path = ensure_e5_model()

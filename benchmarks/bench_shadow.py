@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_sidecar import Server, load, queries, write_json  # noqa: E402
 
-from flywheel.classifier.config import load_config, starter_intents_path  # noqa: E402
-from flywheel.classifier.default import cached_model_dir  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
+from flywheel.classifier.settings.config import load_config, starter_intents_path  # noqa: E402
+from flywheel.classifier.versions.default import cached_model_dir  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.logstore import LogStore  # noqa: E402
 
 MODES = ("off", "on")

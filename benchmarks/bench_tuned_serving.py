@@ -41,7 +41,7 @@ from bench_onnx import batch_qps, interleaved, queries  # noqa: E402
 from bench_sidecar import write_json  # noqa: E402
 
 from flywheel.classifier.encoders import MiniLMEmbedder, VersionEncoderEmbedder  # noqa: E402
-from flywheel.classifier.intents import EmbedderSettings, TuneSettings  # noqa: E402
+from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings  # noqa: E402
 from flywheel.training.tuner.export import tune_and_export  # noqa: E402
 
 

@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from flywheel.classifier.config import starter_intents_path
 from flywheel.classifier.encoders.blobs import BLOBS_DIR, version_storage
-from flywheel.classifier.intents import TuneSettings, load_intents
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.config import starter_intents_path
+from flywheel.classifier.settings.intents import TuneSettings, load_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
 

@@ -3,7 +3,7 @@
 Issue 16 measured the concatenation with plain logistic regression on CLINC150 (95.96%
 top-1 against 95.49% for MiniLM int8). This script measures it the way flywheel would
 serve it: each encoder's vectors L2-normalised, concatenated (so each counts equally),
-then :class:`~classifier.head.IntentHead` (temperature, out-of-scope gate, cutoffs) fitted
+then :class:`~classifier.layer2.head.IntentHead` (temperature, out-of-scope gate, cutoffs) fitted
 on CLINC150 train + oos_train and scored on test + oos_test with the served tier rule.
 Then the starter intents (English and Spanish examples) on both held-out sets, and the
 encoding time per query of each encoder on the same texts.
@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.head import IntentHead, set_coverage  # noqa: E402
-from flywheel.classifier.intents import EmbedderSettings, load_intents  # noqa: E402
-from flywheel.classifier.scoring import normalise_rows  # noqa: E402
-from flywheel.classifier.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.layer2.head import IntentHead, set_coverage  # noqa: E402
+from flywheel.classifier.layer2.scoring import normalise_rows  # noqa: E402
+from flywheel.classifier.layer2.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.settings.intents import EmbedderSettings, load_intents  # noqa: E402
 
 ENCODERS = {"minilm-int8": EmbedderSettings(backend="minilm"),
             "use-multilingual": EmbedderSettings(backend="use-multilingual")}

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flywheel.classifier.config import load_config  # noqa: E402
+from flywheel.classifier.settings.config import load_config  # noqa: E402
 from flywheel.service.runtime import open_runtime  # noqa: E402
 
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.registry import ModelRegistry  # noqa: E402
-from flywheel.classifier.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.layer2.tiers import Thresholds  # noqa: E402
+from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 
 
 def sweep(model, X: np.ndarray, truth: np.ndarray, cutoffs) -> dict:

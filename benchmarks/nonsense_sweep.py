@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
-from flywheel.classifier.intents import load_intents  # noqa: E402
-from flywheel.classifier.negatives import synthetic_negatives  # noqa: E402
-from flywheel.classifier.trainer import fit_from_vectors  # noqa: E402
+from flywheel.classifier.layer2.fitter import fit_from_vectors  # noqa: E402
+from flywheel.classifier.layer2.negatives import synthetic_negatives  # noqa: E402
+from flywheel.classifier.settings.intents import load_intents  # noqa: E402
 from flywheel.training.layer2 import layer2_predict  # noqa: E402
 from tests.support.docs import nonsense  # noqa: E402
 

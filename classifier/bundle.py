@@ -15,11 +15,11 @@ from pathlib import Path
 
 from flywheel.classifier.errors import ModelError
 from flywheel.classifier.language import LanguageDetector
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.tiers import Thresholds
 from flywheel.classifier.protocols import Embedder, LabelOption
 from flywheel.classifier.rules import RuleEngine
 from flywheel.classifier.teachers.cache import intent_set_revision
-from flywheel.classifier.tiers import Thresholds
+from flywheel.classifier.versions.model import IntentModel
 
 __all__ = ["ModelBundle", "new_embedder", "warmed_bundle"]
 

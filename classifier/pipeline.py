@@ -35,9 +35,7 @@ from flywheel.classifier.bundle import ModelBundle, new_embedder, warmed_bundle
 from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
 from flywheel.classifier.history import SessionHistory, coerce_history
-from flywheel.classifier.intents import IntentSet
-from flywheel.classifier.label_names import label_name, parse_label
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.tiers import Layer2Result, tier_rows
 from flywheel.classifier.protocols import (
     DecisionRecord,
     Embedder,
@@ -47,12 +45,14 @@ from flywheel.classifier.protocols import (
     TeacherAnswer,
     TeacherRequest,
 )
-from flywheel.classifier.registry import WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
+from flywheel.classifier.settings.intents import IntentSet
+from flywheel.classifier.settings.label_names import label_name, parse_label
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers.base import offered_options
 from flywheel.classifier.teachers.cache import TeacherCache
 from flywheel.classifier.text import CleanText, clean_text
-from flywheel.classifier.tiers import Layer2Result, tier_rows
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
 
 log = logging.getLogger("flywheel.classifier")
 
@@ -131,11 +131,11 @@ class Classifier:
         counted in :attr:`audits_dropped` (the decision is logged as not audited).
     cache_root : path, optional
         Where the encoder built from the model's settings keeps what it builds once (a
-        resolved home's ``cache``: :attr:`classifier.config.Config.cache_root`); default
+        resolved home's ``cache``: :attr:`classifier.settings.config.Config.cache_root`); default
         the environment's home. Unused with ``embedder``.
     follow : ModelRegistry, optional
         The models home ``model`` was promoted in: :attr:`watcher` (a
-        :class:`~classifier.registry.ModelWatcher` built here) follows its ``CURRENT``
+        :class:`~classifier.versions.registry.ModelWatcher` built here) follows its ``CURRENT``
         and hands each newly promoted version to :meth:`swap_model` (one that fails to load
         is refused and the old one keeps serving). It checks at most every
         ``follow_interval_s`` seconds before a request, until ``watcher.start()`` runs it

@@ -6,7 +6,7 @@
   and closes (the backends in :mod:`classifier.teachers`).
 - :class:`LogSink`: where every decision goes (the DuckDB traffic log in ``logstore``).
 - :class:`Registry`: the model versions and which one is served (a local models home,
-  :class:`classifier.registry.ModelRegistry`, or a shared one).
+  :class:`classifier.versions.registry.ModelRegistry`, or a shared one).
 
 ``classifier`` only defines these; it never imports duckdb, grpc or a storage client.
 """
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol, Sequence, runti
 import numpy as np
 
 from flywheel.classifier.decision import Decision, Layer2Answer
-from flywheel.classifier.label_names import label_name
+from flywheel.classifier.settings.label_names import label_name
 
 if TYPE_CHECKING:
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.versions.model import IntentModel
 
 
 @runtime_checkable
@@ -260,7 +260,7 @@ class Registry(Protocol):
       the version's name and serves nothing.
     - ``promote(name, expected=token)`` serves ``name`` if the pointer still holds
       ``expected`` (``None``: nothing is promoted yet): compare-and-swap. When it moved,
-      it raises :class:`classifier.registry.PromotionConflict` (naming the expected and
+      it raises :class:`classifier.versions.registry.PromotionConflict` (naming the expected and
       the found version) and changes nothing; ``ModelError`` when ``name`` is missing or
       does not verify. Returns the new token.
     - ``rollback(expected=token)`` serves the previously promoted version again, with the
@@ -269,7 +269,7 @@ class Registry(Protocol):
       served one and enforce nothing. ``set_shadow(name, expected=...)`` sets it (``name``
       must be servable, else ``ModelError``) or clears it (``None``); with ``expected`` (a
       version name, ``None`` = no shadow) only if it still is that, else
-      :class:`~classifier.registry.PromotionConflict`.
+      :class:`~classifier.versions.registry.PromotionConflict`.
     - ``record_retrain(status)`` records a finished retrain run (a JSON-ready dict with
       ``finished_at`` in unix seconds); ``last_retrain()`` reads it back (``None``: never).
     - ``lock()`` is the retrain lock, taken without waiting: a context manager yielding

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from flywheel.classifier.intents import Rule
+from flywheel.classifier.settings.intents import Rule
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -27,7 +27,7 @@ class RuleEngine:
 
     Examples
     --------
-    >>> from flywheel.classifier.intents import Rule
+    >>> from flywheel.classifier.settings.intents import Rule
     >>> eng = RuleEngine([Rule(id="p", intent="PLATFORM", kind="prefix", patterns=("you are",))])
     >>> eng.match("You are a bot").rule_id
     'p'

@@ -1,13 +1,13 @@
 """A shadow model version scored beside the champion, off the request path.
 
-:class:`ShadowScorer` holds one shadow :class:`~classifier.model.IntentModel` (set and
-cleared by a :class:`~classifier.registry.ModelWatcher` on the ``SHADOW`` pointer). The
+:class:`ShadowScorer` holds one shadow :class:`~classifier.versions.model.IntentModel` (set and
+cleared by a :class:`~classifier.versions.registry.ModelWatcher` on the ``SHADOW`` pointer). The
 pipeline offers it every query that reached layer 2, with the vector the champion's
 encoder already made (:meth:`ShadowScorer.offer`: a sampling draw and a non-blocking
 append to a deque, nothing else on the request thread). One worker thread wakes every
 ``interval_s`` (50 ms) and scores what is queued in batches with the shadow's numpy head
-(:mod:`classifier.scoring`) and the shadow's own cutoffs
-(:func:`~classifier.tiers.assign_tiers`), and hands each :class:`ShadowAnswer` to
+(:mod:`classifier.layer2.scoring`) and the shadow's own cutoffs
+(:func:`~classifier.layer2.tiers.assign_tiers`), and hands each :class:`ShadowAnswer` to
 ``on_answer`` (the traffic log). It enforces nothing: the caller
 never sees a shadow answer, and a shadow that raises is counted, never surfaced.
 
@@ -44,9 +44,9 @@ from typing import Any, Callable
 import numpy as np
 
 from flywheel.classifier.errors import ModelError
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers
 from flywheel.classifier.protocols import Embedder
-from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.versions.model import IntentModel
 
 __all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
 
@@ -182,7 +182,7 @@ class ShadowScorer:
         return embedder
 
     def count_load(self, version: str, error: str | None) -> None:
-        """A :class:`~classifier.registry.ModelWatcher` listener: count a load or a refusal."""
+        """A :class:`~classifier.versions.registry.ModelWatcher` listener: count a load or a refusal."""
         self._count_load("ok" if error is None else "refused")
 
     def _count_load(self, outcome: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.served import ServedVersion, set_difference
+from flywheel.classifier.versions.served import ServedVersion, set_difference
 from flywheel.fleet.site import Site
 
 __all__ = ["DeploymentCheck", "check_deployment"]

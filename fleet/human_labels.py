@@ -4,7 +4,7 @@ Every entry point that records a person's label (``flywheel feedback``, the revi
 the ``flywheel ui`` page's POST, a Label Studio import, gRPC ``Feedback``) records it
 here, so the rules are written once:
 
-- the label is parsed once (:func:`~classifier.label_names.parse_label`) against the
+- the label is parsed once (:func:`~classifier.settings.label_names.parse_label`) against the
   labels of the model served now: an offline command asks the site once per command
   (:meth:`fleet.site.Site.served_labels`, the fleet's ``models/CURRENT`` on a fleet host
   even before it synced), a server asks its live model on each label (it hot-swaps), and
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 from flywheel.classifier.decision import carries_this_process_tag, looks_like_decision_id, made_by_this_process
 from flywheel.classifier.errors import InvalidInputError, UnknownLabelError
-from flywheel.classifier.label_names import label_name, parse_label
+from flywheel.classifier.settings.label_names import label_name, parse_label
 from flywheel.logstore.drain import LabelSink
 from flywheel.logstore.errors import UnknownDecisionError
 

@@ -15,9 +15,9 @@ Layout, under the store's prefix::
 :class:`BucketRegistry` implements :class:`classifier.protocols.Registry` on that layout.
 Its token is the etag of ``models/CURRENT``, which changes only by compare-and-swap
 (``If-Match``; ``If-None-Match: *`` for the first promotion), so two promoters never
-overwrite each other: the loser gets :class:`~classifier.registry.PromotionConflict`.
+overwrite each other: the loser gets :class:`~classifier.versions.registry.PromotionConflict`.
 Versions are written create-only and never replaced. Versions live also in a local
-:class:`~classifier.registry.ModelRegistry` (the host's models home): new ones are saved
+:class:`~classifier.versions.registry.ModelRegistry` (the host's models home): new ones are saved
 there before :meth:`BucketRegistry.publish`, and :meth:`BucketRegistry.download` installs
 bucket versions there after checking every file's SHA-256 against the manifest.
 
@@ -49,8 +49,8 @@ from typing import Any
 
 from flywheel.classifier.encoders.blobs import BLOB_GRACE_S, BLOBS_DIR, version_blobs
 from flywheel.classifier.errors import FlywheelError, IntentFileError, ModelError
-from flywheel.classifier.intents import IntentSet, parse_intents
-from flywheel.classifier.model import (
+from flywheel.classifier.settings.intents import IntentSet, parse_intents
+from flywheel.classifier.versions.model import (
     ENCODER_DIR,
     HEAD_FILE,
     INTENTS_FILE,
@@ -59,7 +59,7 @@ from flywheel.classifier.model import (
     IntentModel,
     Manifest,
 )
-from flywheel.classifier.registry import (
+from flywheel.classifier.versions.registry import (
     LAST_RETRAIN,
     NOTHING_TO_ROLL_BACK,
     SHADOW,
@@ -68,7 +68,7 @@ from flywheel.classifier.registry import (
     PromotionConflict,
     Unchecked,
 )
-from flywheel.classifier.registry_policy import check_keep_counts, history_without, prune_plan, rollback_target
+from flywheel.classifier.versions.registry_policy import check_keep_counts, history_without, prune_plan, rollback_target
 from flywheel.fleet import blobs
 from flywheel.fleet.errors import PreconditionFailed
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
@@ -149,7 +149,7 @@ class Pointer:
 @dataclass(frozen=True)
 class BucketVersion:
     """One complete version in the bucket (what ``flywheel models list`` shows); same field
-    names as :class:`classifier.registry.VersionInfo`, with ``location`` for ``path``."""
+    names as :class:`classifier.versions.registry.VersionInfo`, with ``location`` for ``path``."""
 
     name: str
     location: str
@@ -410,7 +410,7 @@ class BucketRegistry:
         """Delete the versions in the bucket that nothing needs any more; the names removed
         (with ``dry_run``, that would be), oldest first.
 
-        The same rule as :meth:`classifier.registry.ModelRegistry.prune`: ``CURRENT``'s and
+        The same rule as :meth:`classifier.versions.registry.ModelRegistry.prune`: ``CURRENT``'s and
         ``SHADOW``'s versions always stay, and so do the last ``keep_promoted`` names of
         ``CURRENT``'s history (what :meth:`rollback` walks back through) and the
         ``keep_recent`` newest complete versions by name, promoted or not. Only complete

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from flywheel.classifier.config import Config
 from flywheel.classifier.errors import FlywheelError, IntentSetMismatch
-from flywheel.classifier.intents import IntentSet
-from flywheel.classifier.model import IntentModel
 from flywheel.classifier.protocols import Registry
-from flywheel.classifier.registry import CURRENT, ModelRegistry, VersionInfo
-from flywheel.classifier.served import IntentContract, ServedVersion, home_choice, intent_digest
+from flywheel.classifier.settings.config import Config
+from flywheel.classifier.settings.intents import IntentSet
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import CURRENT, ModelRegistry, VersionInfo
+from flywheel.classifier.versions.served import IntentContract, ServedVersion, home_choice, intent_digest
 from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.config import StoreConfig
 from flywheel.fleet.human_labels import HumanLabels
@@ -106,7 +106,7 @@ class Site(Protocol):
         manifests and bundled intent files; no head is loaded or downloaded): on a fleet the
         bucket's ``models/CURRENT`` (so a host that has not synced sees the fleet's version);
         else the configured ``model``, or the models home's ``CURRENT`` under the configured
-        intent set as a serving process picks it (:func:`~classifier.served.home_choice`);
+        intent set as a serving process picks it (:func:`~classifier.versions.served.home_choice`);
         else the default model (trained or not yet). Raises
         :class:`~classifier.errors.IntentSetMismatch` when nothing may be served."""
         ...
@@ -249,10 +249,10 @@ class _SiteBase:
         return IntentContract.from_file(self.cfg.intents)
 
     def served(self) -> ServedVersion:
-        from flywheel.classifier.config import starter_intents_path
-        from flywheel.classifier.default import cached_model_dir
-        from flywheel.classifier.intents import load_intents
-        from flywheel.classifier.model import MANIFEST
+        from flywheel.classifier.settings.config import starter_intents_path
+        from flywheel.classifier.settings.intents import load_intents
+        from flywheel.classifier.versions.default import cached_model_dir
+        from flywheel.classifier.versions.model import MANIFEST
 
         name = None if self.cfg.model else self._promoted()
         if name is not None:   # the fleet's CURRENT: its manifest and intent file, nothing downloaded
@@ -295,7 +295,7 @@ class _SiteBase:
         contract.check(name, _bundled_intents(reg, name), doing=doing, fix=fix)
 
     def served_model(self, *, progress: bool = True) -> IntentModel:
-        from flywheel.classifier.default import served_model
+        from flywheel.classifier.versions.default import served_model
 
         name = None if self.cfg.model else self._promoted()
         if name is not None:

@@ -3,7 +3,7 @@ and with it ``models/SHADOW`` and ``models/LAST_RETRAIN``.
 
 `RegistrySync` is what a replica runs: it polls ``models/CURRENT`` (a conditional
 GET, every few seconds), downloads and verifies a newly promoted version, installs it in
-the local home and promotes it there; the classifier's :class:`~classifier.registry.ModelWatcher`
+the local home and promotes it there; the classifier's :class:`~classifier.versions.registry.ModelWatcher`
 on that home then warms it and swaps it in. A version that does not verify is refused,
 logged and counted once, and the old one keeps serving.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from flywheel.classifier.errors import FlywheelError, ModelError
-from flywheel.classifier.registry import ModelRegistry, PromotionConflict
+from flywheel.classifier.versions.registry import ModelRegistry, PromotionConflict
 from flywheel.fleet.objects import NOT_MODIFIED, ObjectStore
 from flywheel.fleet.registry import CURRENT_KEY, LAST_RETRAIN_KEY, SHADOW_KEY, BucketRegistry, Pointer, parse_status
 
@@ -38,7 +38,7 @@ class RegistrySync:
     :meth:`poll` does one conditional GET of the pointer (``If-None-Match`` with the last
     etag) and, when the fleet serves a version the local ``CURRENT`` does not name,
     downloads and verifies it (:meth:`BucketRegistry.download`) and promotes it locally;
-    the classifier's :class:`~classifier.registry.ModelWatcher` on the home then hot-reloads
+    the classifier's :class:`~classifier.versions.registry.ModelWatcher` on the home then hot-reloads
     it. It returns one of :data:`SYNC_OUTCOMES`, also counted in ``polls``:
 
     - ``not_modified``: the pointer did not change (nothing to do);

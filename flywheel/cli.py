@@ -3,7 +3,7 @@
 The commands are thin functions over the library, defined next to the code they drive
 (:mod:`service.cli` for serving, :mod:`training.cli` for the offline jobs).
 Settings resolve flag > environment variable > config file > default (see
-:mod:`classifier.config`). Errors print one line ``flywheel: error: ...`` and exit
+:mod:`classifier.settings.config`). Errors print one line ``flywheel: error: ...`` and exit
 with the error's code (2 for bad input or files, 3 for model problems).
 
 Help is click's plain text, wrapped to the terminal (at most 78 columns) instead of cut

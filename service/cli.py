@@ -10,8 +10,8 @@ from typing import List, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, load_config
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.settings.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, load_config
+from flywheel.classifier.settings.output import echo_json
 from flywheel.service.options import BatchOptions, ServerOptions
 
 __all__ = ["classify_command", "serve_command"]

@@ -26,8 +26,8 @@ import grpc
 from flywheel.classifier.decision import Decision
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.history import history_entries
-from flywheel.classifier.label_names import OUT_OF_SCOPE
 from flywheel.classifier.protocols import HistoryEntry
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE
 from flywheel.service.convert import decision_from_proto, history_to_proto, model_info_to_dict
 from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
 from flywheel.service.protos.flywheel.v1.classifier_pb2_grpc import IntentClassifierStub

@@ -14,9 +14,9 @@ import numbers
 from typing import Any, Iterable
 
 from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.tiers import Thresholds
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.classifier.tiers import Thresholds
+from flywheel.classifier.versions.model import IntentModel
 from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb
 
 __all__ = [
@@ -127,7 +127,7 @@ def _is_number(value: Any) -> bool:
 def model_info_to_proto(model: IntentModel) -> pb.ModelInfo:
     """What ``GetModelInfo`` answers for ``model``: its manifest, its intents (in
     intent-file order, with descriptions and metadata) and the thresholds it is served
-    with (:meth:`classifier.tiers.Thresholds.for_model`). Only numeric metrics are kept."""
+    with (:meth:`classifier.layer2.tiers.Thresholds.for_model`). Only numeric metrics are kept."""
     man = model.manifest
     enc = man.encoder or {}
     th = Thresholds.for_model(model)

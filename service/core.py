@@ -26,8 +26,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Sequence
 
 from flywheel.classifier.decision import Decision, Layer
-from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Pending, Query
+from flywheel.classifier.versions.model import IntentModel
 from flywheel.service.batcher import MicroBatcher
 from flywheel.service.errors import DeadlineExceeded, NoTrafficLog, NotServing
 from flywheel.service.metrics import ServerMetrics

@@ -38,9 +38,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from flywheel.classifier.audit import AUDIT_OUTCOMES
 from flywheel.classifier.decision import DEGRADED_REASONS, Decision
 from flywheel.classifier.errors import ConfigError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.language import UNKNOWN, language_labels
-from flywheel.classifier.listen import check_listen, check_port
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.settings.listen import check_listen, check_port
 from flywheel.classifier.shadow import LOAD_OUTCOMES, SHADOW_OUTCOMES
 from flywheel.classifier.teachers.budget import BudgetedTeacher
 from flywheel.classifier.teachers.cache import CACHE_OUTCOMES, TeacherCache
@@ -454,7 +454,7 @@ def start_metrics_http(metrics: ServerMetrics, port: int, addr: str = "127.0.0.1
     Returns ``(server, thread)``; ``server.server_port`` is the bound port (use port
     0 for any free one). Stop it with :func:`stop_metrics_http`. Binds to loopback
     unless told otherwise. A port or address it cannot listen on is a one-line
-    :class:`~classifier.errors.ConfigError` (:func:`~classifier.listen.check_listen`'s
+    :class:`~classifier.errors.ConfigError` (:func:`~classifier.settings.listen.check_listen`'s
     words; ``flywheel serve`` checks it before anything is loaded, this is the last word).
     """
     check_port(port, "--metrics-port")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flywheel.classifier.listen import check_port, split_address
+from flywheel.classifier.settings.listen import check_port, split_address
 
 __all__ = ["DEFAULT_ADDRESS", "BatchOptions", "ServerOptions"]
 

@@ -17,7 +17,7 @@ the log and the registry live is the site's to say (:func:`fleet.site.open_site`
   No local DuckDB is opened: raw text stays on the replica only until it has shipped.
 
 The parts are built first (log, model sync and its first sync, the served model
-(:func:`~classifier.default.served_model`, as :func:`~classifier.default.build_classifier`
+(:func:`~classifier.versions.default.served_model`, as :func:`~classifier.versions.default.build_classifier`
 resolves it), teacher, shadow), then joined in one :class:`~classifier.pipeline.Classifier`,
 built with the models home it follows (its watcher hot-swaps each promotion); the parts
 built before it that call into it (the sync's "swap it now", the shadow's encoder check)
@@ -34,17 +34,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from flywheel.classifier.config import Config
 from flywheel.classifier.decision import TeacherCall
-from flywheel.classifier.default import served_model
 from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.model import IntentModel
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teacher
-from flywheel.classifier.registry import SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
-from flywheel.classifier.served import ServedVersion
+from flywheel.classifier.settings.config import Config
 from flywheel.classifier.shadow import ShadowScorer
 from flywheel.classifier.teachers import build_teacher
+from flywheel.classifier.versions.default import served_model
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import SHADOW, WATCH_INTERVAL_S, ModelRegistry, ModelWatcher
+from flywheel.classifier.versions.served import ServedVersion
 from flywheel.fleet.human_labels import HumanLabels
 from flywheel.fleet.site import ServingLog, Site, open_site
 from flywheel.fleet.sync import FIRST_SYNC_TIMEOUT_S, RegistrySync

@@ -37,10 +37,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from flywheel.classifier.config import Config
 from flywheel.classifier.errors import ConfigError
-from flywheel.classifier.listen import check_listen, split_address
 from flywheel.classifier.protocols import ManagedTeacher
+from flywheel.classifier.settings.config import Config
+from flywheel.classifier.settings.listen import check_listen, split_address
 from flywheel.service.auth import AdminTokenInterceptor
 from flywheel.service.core import SidecarCore
 from flywheel.service.metrics import ServerMetrics, start_metrics_http, stop_metrics_http
@@ -260,7 +260,7 @@ def check_address(address: str, what: str = "--address") -> None:
     """Raise a one-line :class:`ConfigError` when ``host:port`` cannot be listened on here
     (a port outside 0-65535, ``address already in use (port N)``, or the system's reason),
     before grpc tries: grpc's core logs the reason on a line of its own and raises without
-    it, and takes a port over 65535 modulo 65536. See :func:`classifier.listen.check_listen`."""
+    it, and takes a port over 65535 modulo 65536. See :func:`classifier.settings.listen.check_listen`."""
     host, port = split_address(address, what)
     check_listen(host, port, shown=address)
 

@@ -25,8 +25,8 @@ import grpc
 from google.protobuf.message import Message
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.label_names import label_name
 from flywheel.classifier.pipeline import Query
+from flywheel.classifier.settings.label_names import label_name
 from flywheel.logstore.errors import LogStoreBusyError, UnknownDecisionError
 from flywheel.service.convert import decision_to_proto, history_from_proto, model_info_to_proto
 from flywheel.service.core import SidecarCore

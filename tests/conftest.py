@@ -38,7 +38,7 @@ def _isolated_home(tmp_path_factory, monkeypatch, onnx_cache):
     # --tune-encoder, and the tests of that default remove this
     monkeypatch.setenv("FLYWHEEL_TUNE_ENCODER", "off")
     monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{free_port()}")  # nobody listens there
-    from flywheel.classifier.default import reset_default
+    from flywheel.classifier.versions.default import reset_default
 
     reset_default()
     yield home

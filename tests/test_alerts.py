@@ -215,10 +215,10 @@ def _fleet_sidecar_exposition(s3, tmp_path: Path, monkeypatch) -> str:
     it serves one Classify), then its registry in the text format Prometheus scrapes."""
     from prometheus_client.exposition import generate_latest
 
-    from flywheel.classifier.config import load_config
-    from flywheel.classifier.intents import parse_intents
-    from flywheel.classifier.registry import ModelRegistry
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.config import load_config
+    from flywheel.classifier.settings.intents import parse_intents
+    from flywheel.classifier.versions.registry import ModelRegistry
     from flywheel.fleet.config import StoreConfig
     from flywheel.fleet.objects import ObjectStore
     from flywheel.fleet.registry import BucketRegistry

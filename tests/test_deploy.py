@@ -3,7 +3,7 @@
 
 import yaml
 
-from flywheel.classifier.config import ENV
+from flywheel.classifier.settings.config import ENV
 from tests.support.paths import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"

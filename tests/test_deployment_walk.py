@@ -19,9 +19,9 @@ from typing import Any, Iterator
 import pytest
 
 import flywheel.classifier.encoders as encoders
-from flywheel.classifier.config import load_config
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import main
 from flywheel.service.server import ServerOptions, create_server
 from tests.support.fakes import HashEmbedder

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from flywheel.classifier.errors import TeacherError
-from flywheel.classifier.label_names import OUT_OF_SCOPE
 from flywheel.classifier.protocols import HistoryEntry, LabelOption, TeacherRequest
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE
 from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher
 from tests.support.paths import ROOT
 from tests.support.simulated_ollama import SimulatedOllama, load_clinc_truth, offered_labels, query_from_messages

@@ -131,7 +131,7 @@ def test_wheel_holds_the_packages_and_package_data_but_no_test_fixtures(wheel_in
 def test_installed_packages_come_from_the_venv_not_the_checkout(wheel_install, tmp_path):
     _, venv = wheel_install
     code = ("import flywheel.classifier as c, flywheel.logstore as l;"
-            "from flywheel.classifier.config import starter_intents_path;"
+            "from flywheel.classifier.settings.config import starter_intents_path;"
             "print(c.__file__); print(l.__file__); print(starter_intents_path())")
     out = _run_from_empty_dir(tmp_path, [str(venv / "bin" / "python"), "-c", code], tmp_path / "home")
     paths = [Path(line) for line in out.stdout.split()]

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.layer2.scoring import HeadScores
     from flywheel.classifier.protocols import Embedder
-    from flywheel.classifier.scoring import HeadScores
+    from flywheel.classifier.versions.model import IntentModel
     from flywheel.training.loaders import LabelledData
 
 __all__ = ["calibrate", "calibrate_sets"]
@@ -25,7 +25,7 @@ def calibrate(model: IntentModel, data: LabelledData,
     the out-of-fold training rows (:func:`training.cutoffs.cut_at`); and a note when the
     target stays out of fold (an ``oos_recall`` with no out-of-scope rows here). The rows
     are encoded once for both."""
-    from flywheel.classifier.targets import target_kind
+    from flywheel.classifier.layer2.targets import target_kind
     from flywheel.training.cutoffs import cut_at
 
     known = set(model.manifest.labels)
@@ -66,7 +66,7 @@ def _with_sets(model: IntentModel, data: LabelledData, scores: HeadScores | None
                truth: list[str | None]) -> IntentModel:
     """``model`` with the prediction sets' cutoff split-conformal on the in-scope rows among
     these scored ones; :class:`DatasetError` without any."""
-    from flywheel.classifier.head import conformal_cutoff
+    from flywheel.classifier.layer2.head import conformal_cutoff
     from flywheel.training.cutoffs import learned_thresholds, with_thresholds
     from flywheel.training.loaders import DatasetError
 

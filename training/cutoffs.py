@@ -29,7 +29,7 @@ model's manifest are never changed. :func:`with_thresholds` makes the new model 
 serves them (its manifest's thresholds are what :meth:`Thresholds.for_model` serves).
 The steps: the precision cutoff on ``recent`` (:func:`_precision_cutoff`), then, with
 an LLM budget, the budget cutoff and any relaxed escalations (:func:`_budget_cutoff`).
-With an intent file's ``thresholds.target`` (:mod:`classifier.operating_point`), an
+With an intent file's ``thresholds.target`` (:mod:`classifier.layer2.operating_point`), an
 ``llm_share`` keeps the cutoffs the head chose for it out of fold (unless an LLM budget is
 given), an ``oos_recall`` keeps its ``oos`` cutoff, and :func:`at_target` cuts a champion
 fitted without the target at it on held-out rows, so the gate compares both at one point.
@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.classifier.head import precision_cutoff
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.operating_point import choose_cutoff
-from flywheel.classifier.targets import target_kind
+from flywheel.classifier.layer2.head import precision_cutoff
+from flywheel.classifier.layer2.operating_point import choose_cutoff
+from flywheel.classifier.layer2.targets import target_kind
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers
 from flywheel.classifier.text import normalise_key
-from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.versions.model import IntentModel
 from flywheel.training.rows import LabelledSet, TrainingSet
 
 if TYPE_CHECKING:
+    from flywheel.classifier.layer2.scoring import HeadScores
     from flywheel.classifier.protocols import Embedder
-    from flywheel.classifier.scoring import HeadScores
     from flywheel.training.protocols import TrafficLog
 
 __all__ = ["MIN_TUNE_ROWS", "TRAFFIC_SAMPLE_ROWS", "TrafficSample", "traffic_sample", "retune", "learned_thresholds",
@@ -271,7 +271,7 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
 
     The cutoff is the precision cutoff on ``recent`` (for ``target_precision``, relative
     to the precision layer 2 reaches on its surest answers; see
-    :func:`classifier.head.precision_cutoff`), lowered when needed so that at most
+    :func:`classifier.layer2.head.precision_cutoff`), lowered when needed so that at most
     ``llm_budget`` of the traffic goes to the LLM. The budget is measured on ``traffic``
     (weighted) when given, else on ``recent``. Fewer than :data:`MIN_TUNE_ROWS` recent
     rows: the cross-validation cutoff is kept. When the cutoff alone cannot meet the
@@ -324,7 +324,7 @@ def retune(model: IntentModel, recent: LabelledSet, target_precision: float, llm
 def risk_ece(state: tuple, labels: list[str | None]) -> float:
     """ECE of the risk model on labelled rows: 1 - P(wrong) against layer 2's answer
     (its top intent, or out of scope when rejected) being right."""
-    from flywheel.classifier.calibration import expected_calibration_error
+    from flywheel.classifier.layer2.calibration import expected_calibration_error
 
     s, conf, second, rejected, close, top = state
     answer = np.where(rejected, None, top)
@@ -454,7 +454,7 @@ def at_target(model: IntentModel, target: dict[str, float] | None,
 def cut_at(model: IntentModel, target: dict[str, float], scores: HeadScores, truth: list[str | None],
            on: str) -> tuple[IntentModel, dict[str, Any]]:
     """``model`` served at the cutoff ``target`` (``oos_recall`` or ``llm_share``) picks on
-    these labelled rows' ``scores`` (:func:`classifier.operating_point.choose_cutoff`; ``on``
+    these labelled rows' ``scores`` (:func:`classifier.layer2.operating_point.choose_cutoff`; ``on``
     names them), its manifest's ``operating_point`` saying so; and that choice. The fitted
     head is shared and never changed."""
     th = Thresholds.for_model(model)

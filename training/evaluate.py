@@ -26,7 +26,7 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
 - ``risk_ece``: calibration of the deferral model's P(wrong) against layer 2's answers;
 - ``tradeoff``: layer 2's trade curves on these queries as one cutoff sweeps, and
   ``operating_point`` (with a ``thresholds.target``): the cutoff it chose and the target's
-  figure here with its n (:mod:`classifier.operating_point`);
+  figure here with its n (:mod:`classifier.layer2.operating_point`);
 - ``by_language`` (only when some queries carry a language): ``n``, ``n_in_scope``,
   ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
   ``oos_precision`` and ``macro_f1`` per language, queries without one under
@@ -48,19 +48,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from flywheel.classifier.calibration import expected_calibration_error, reliability_bins
 from flywheel.classifier.decision import Decision, Layer, Tier
 from flywheel.classifier.encoders.cache import uncached
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
-from flywheel.classifier.operating_point import concat_scores, operating_report, trade_curves
+from flywheel.classifier.layer2.calibration import expected_calibration_error, reliability_bins
+from flywheel.classifier.layer2.operating_point import concat_scores, operating_report, trade_curves
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers, fmt_probs
 from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.text import clean_text
-from flywheel.classifier.tiers import Thresholds, assign_tiers, fmt_probs
 
 if TYPE_CHECKING:
-    from flywheel.classifier.model import IntentModel
     from flywheel.classifier.pipeline import Classifier
+    from flywheel.classifier.versions.model import IntentModel
 
 __all__ = ["evaluate", "classification_metrics", "language_slices", "format_report", "write_plots"]
 

@@ -83,7 +83,7 @@ from typing import Any
 
 import numpy as np
 
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.versions.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet
 
@@ -109,7 +109,9 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
         return {"n": 0, "n_in_scope": 0, "n_out_of_scope": 0, "accuracy": None, "in_scope_accuracy": None,
                 "oos_recall": None, "macro_f1": None, "ece": None, "llm_share": None, "sure_accuracy": None,
                 "per_intent": {}, "confused_pairs": []}
-    from flywheel.classifier.calibration import expected_calibration_error  # scipy: when a gate runs, not with the CLI
+    from flywheel.classifier.layer2.calibration import (
+        expected_calibration_error,  # scipy: when a gate runs, not with the CLI
+    )
 
     b = layer2_predict(model, data.vectors)
     m = classification_metrics(data.labels, b.labels)

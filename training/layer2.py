@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from flywheel.classifier.label_names import label_name
-from flywheel.classifier.scoring import HeadScores, normalise_rows
-from flywheel.classifier.tiers import Thresholds, assign_tiers
+from flywheel.classifier.layer2.scoring import HeadScores, normalise_rows
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers
+from flywheel.classifier.settings.label_names import label_name
 from flywheel.training.rows import LabelledSet
 
 if TYPE_CHECKING:
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.versions.model import IntentModel
 
 __all__ = ["GUARD_K", "Layer2Batch", "layer2_predict", "knn_labels", "noisy_teacher_guard"]
 

@@ -2,7 +2,7 @@
 
 :func:`load_labelled` reads one file into :class:`LabelledData` (texts and labels,
 ``None`` for out of scope); :func:`intent_set_from_data` turns labelled data into an
-:class:`~classifier.intents.IntentSet` that :func:`classifier.trainer.fit_model` can fit.
+:class:`~classifier.settings.intents.IntentSet` that :func:`classifier.layer2.fitter.fit_model` can fit.
 
 Formats
 -------
@@ -20,7 +20,7 @@ Formats
 
 A language is any non-empty string (``"en"``, ``"es"``, ...); CLINC150 has none.
 
-In every format a label is read by :func:`classifier.label_names.parse_label`: ``OUT_OF_SCOPE``,
+In every format a label is read by :func:`classifier.settings.label_names.parse_label`: ``OUT_OF_SCOPE``,
 ``OOS`` and ``NONE`` (any case) mean out of scope, and so does ``oos_label`` (default
 ``"oos"``, any case). :func:`drop_unknown_labels` sets aside the rows whose label a model
 does not know (``flywheel eval`` scores without them, or refuses them with ``--strict``).
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.intents import Intent, IntentSet, ThresholdSettings
-from flywheel.classifier.label_names import parse_label
+from flywheel.classifier.settings.intents import Intent, IntentSet, ThresholdSettings
+from flywheel.classifier.settings.label_names import parse_label
 
 __all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
            "load_unlabelled", "drop_unknown_labels", "intent_set_from_data"]
@@ -131,7 +131,7 @@ def load_labelled(path: str | Path, *, fmt: str | None = None, split: str = "tra
         CSV columns / JSONL keys holding the text and the label.
     oos_label : str or None
         A label that also means out of scope (compared in any case), besides
-        ``OUT_OF_SCOPE``, ``OOS`` and ``NONE`` (:func:`classifier.label_names.parse_label`).
+        ``OUT_OF_SCOPE``, ``OOS`` and ``NONE`` (:func:`classifier.settings.label_names.parse_label`).
     lang_column : str or None
         CSV column / JSONL key holding the row's language, when present (``None``:
         ignore languages). Languages end up in :attr:`LabelledData.langs`.

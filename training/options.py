@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from flywheel.classifier.errors import FlywheelError, TuneSettingsError
-from flywheel.classifier.intents import TuneSettings
+from flywheel.classifier.settings.intents import TuneSettings
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
 __all__ = ["DEFAULT_MAX_TEACHER_NOISE", "DEFAULT_UNLABELLED_SHARE", "RetrainError", "RetrainOptionError",
@@ -70,7 +70,7 @@ class RetrainOptions:
         encoder competes with the head-only one and the champion (see
         :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it from the
         intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`): on by default
-        for an encoder that can be tuned (:func:`classifier.intents.retrain_tuning`).
+        for an encoder that can be tuned (:func:`classifier.settings.intents.retrain_tuning`).
     tune_why : str
         Why tuning is on or off, in words, for the report's ``encoder_tuning`` (the CLI says
         which flag, file setting or default decided it); empty: not said.

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flywheel.classifier.output import counted
-from flywheel.classifier.tiers import Thresholds
+from flywheel.classifier.layer2.tiers import Thresholds
+from flywheel.classifier.settings.output import counted
 from flywheel.training.gate import MIN_GATE_ROWS, MIN_OOS_FOR_GATE, evaluate_layer2
 from flywheel.training.trainset import SPLIT_ID
 
 if TYPE_CHECKING:   # the run's records load with the retrain, not with the CLI (report.py is imported by it)
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.versions.model import IntentModel
     from flywheel.training.rows import LabelledSet, TrainingSet
     from flywheel.training.trial import Challenger, Champion, Evaluation, Job, Trial
 

@@ -19,7 +19,7 @@ and its options, checked once (:class:`RetrainOptions`). One run, each step a fu
    within its budget and the rows re-encoded by it (:func:`training.tuner.step.tune_encoder`);
    a tuning that fails leaves the head-only challenger alone, with a note;
 5. ``_fit_challenger``: the head on the training rows and vectors as they are
-   (:func:`classifier.trainer.fit_from_vectors`; with tuning, a second challenger on the
+   (:func:`classifier.layer2.fitter.fit_from_vectors`; with tuning, a second challenger on the
    re-encoded rows that carries the tuned encoder);
 6. ``_retune_cutoffs``: the ``confident`` cutoff re-tuned on the recent slice for the target
    precision or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is
@@ -55,13 +55,13 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError
-from flywheel.classifier.head import CrossFitView, IntentHead
-from flywheel.classifier.intents import EmbedderSettings, IntentSet
 from flywheel.classifier.language import UNKNOWN, LanguageDetector
-from flywheel.classifier.model import IntentModel, intents_to_doc, new_version_name
+from flywheel.classifier.layer2.head import CrossFitView, IntentHead
+from flywheel.classifier.layer2.tiers import fmt_probs
 from flywheel.classifier.protocols import Embedder, Registry
-from flywheel.classifier.registry import PromotionConflict
-from flywheel.classifier.tiers import fmt_probs
+from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet
+from flywheel.classifier.versions.model import IntentModel, intents_to_doc, new_version_name
+from flywheel.classifier.versions.registry import PromotionConflict
 from flywheel.training.cutoffs import at_target, learned_thresholds, retune, traffic_sample, with_thresholds
 from flywheel.training.gate import MIN_GATE_ROWS, decide, decide_changed, pick_challenger
 from flywheel.training.options import RetrainError, RetrainOptions
@@ -131,7 +131,7 @@ def retrain(*, store: TrafficLog, registry: Registry, intents: IntentSet, embedd
         How the run behaves (default: ``RetrainOptions()``).
     served_default : Path, optional
         The version directory the default classifier serves while the registry has no
-        promoted version (:func:`classifier.default.existing_model_dir`: the starter or
+        promoted version (:func:`classifier.versions.default.existing_model_dir`: the starter or
         intent-file model trained into the home's cache). It is then the champion.
     embedder_for : callable, optional
         Builds the encoder an intent set's ``embedder`` settings name: a champion trained with
@@ -382,7 +382,7 @@ def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
     tuned encoder trained on, which never calibrate the head (see
     :func:`training.tuner.export.tune_and_export`); ``views``: its cross-fitted
     calibration's views of the rows (``embedder.tune.calibration: crossfit``)."""
-    from flywheel.classifier.trainer import fit_from_vectors
+    from flywheel.classifier.layer2.fitter import fit_from_vectors
 
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     weighted = bool(layer2.any())

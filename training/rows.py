@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from flywheel.classifier.intents import IntentSet
+from flywheel.classifier.settings.intents import IntentSet
 
 __all__ = ["SOURCES", "LabelledSet", "TrainingSet"]
 

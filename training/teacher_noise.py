@@ -84,15 +84,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from flywheel.classifier.label_names import label_name
-from flywheel.classifier.output import counted
-from flywheel.classifier.scoring import normalise_rows
+from flywheel.classifier.layer2.scoring import normalise_rows
+from flywheel.classifier.settings.label_names import label_name
+from flywheel.classifier.settings.output import counted
 from flywheel.classifier.text import normalise_key
 from flywheel.training.layer2 import noisy_teacher_guard
 from flywheel.training.options import DEFAULT_MAX_TEACHER_NOISE
 
 if TYPE_CHECKING:
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.versions.model import IntentModel
     from flywheel.training.protocols import TrafficLog
     from flywheel.training.rows import TrainingSet
 

@@ -7,7 +7,7 @@ head is fitted on (``texts``, ``labels`` with ``None`` = out of scope, ``vectors
 evaluation sets ``eval`` and ``recent``, the reduced intent set ``fit_intents`` (the
 intent set without the held-out examples), and a ``report`` of counts (what was
 merged, dropped and why, how many embeddings were reused). The rows go to
-:func:`classifier.trainer.fit_from_vectors` as they are, vectors included.
+:func:`classifier.layer2.fitter.fit_from_vectors` as they are, vectors included.
 
 The steps, in order (each a function here):
 
@@ -80,8 +80,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from flywheel.classifier.intents import IntentSet
-from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.classifier.layer2.negatives import synthetic_negatives
+from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.text import normalise_key
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
@@ -129,7 +129,7 @@ def held_out_examples(texts: Sequence[str], labels: Sequence[str | None]) -> set
     """The normalised intent examples the fixed split holds out for evaluation (see the
     module docs: ``split_value < 0.20``, unless that leaves the intent fewer than 2 to train
     on; an example listed under two intents stays in training). ``texts`` and ``labels``:
-    an intent set's :meth:`~classifier.intents.IntentSet.training_pairs`."""
+    an intent set's :meth:`~classifier.settings.intents.IntentSet.training_pairs`."""
     labels_of: dict[str, list[str | None]] = {}
     for text, label in zip(texts, labels):
         seen = labels_of.setdefault(normalise_key(text), [])
@@ -220,7 +220,7 @@ class _Parts:
     eval: LabelledSet
     recent: LabelledSet
     embeddings: dict[str, Any]   # reused / computed counts and seconds
-    negatives: np.ndarray | None  # vectors of the intent set's synthetic negatives (classifier.negatives)
+    negatives: np.ndarray | None  # vectors of the intent set's synthetic negatives (classifier.layer2.negatives)
 
 
 def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder: Embedder,

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from flywheel.classifier.intents import EmbedderSettings, IntentSet
-from flywheel.classifier.model import IntentModel, intents_to_doc
 from flywheel.classifier.protocols import Embedder, Registry
+from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet
 from flywheel.classifier.text import normalise_key
+from flywheel.classifier.versions.model import IntentModel, intents_to_doc
 from flywheel.training.options import RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.rows import LabelledSet, TrainingSet

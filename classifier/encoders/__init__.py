@@ -4,7 +4,7 @@ FlagEmbedding, onnxruntime and the ONNX exporter, the USE package), and always i
 function, on first use: importing any module here loads none of them.
 
 >>> from flywheel.classifier.encoders import make_embedder          # doctest: +SKIP
->>> from flywheel.classifier.intents import EmbedderSettings       # doctest: +SKIP
+>>> from flywheel.classifier.settings.intents import EmbedderSettings       # doctest: +SKIP
 >>> make_embedder(EmbedderSettings()).encode(["hi"]).shape  # doctest: +SKIP
 (1, 384)
 

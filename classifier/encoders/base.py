@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, InvalidInputError
-from flywheel.classifier.intents import EMBEDDER_RUNTIMES
+from flywheel.classifier.settings.intents import EMBEDDER_RUNTIMES
 
 __all__ = [
     "MINILM_ID",

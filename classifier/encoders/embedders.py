@@ -18,7 +18,7 @@ Every embedder implements :class:`classifier.protocols.Embedder`:
 The loaded models themselves are runners, one module per runtime:
 :mod:`~classifier.encoders.torch_runner`, :mod:`~classifier.encoders.onnx_runner` and
 :mod:`~classifier.encoders.use_runner`. :func:`classifier.encoders.factory.make_embedder`
-builds the right embedder from :class:`~classifier.intents.EmbedderSettings`.
+builds the right embedder from :class:`~classifier.settings.intents.EmbedderSettings`.
 """
 
 from __future__ import annotations

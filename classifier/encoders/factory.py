@@ -1,7 +1,7 @@
 """Building an encoder from settings: :func:`make_embedder`; a version's own encoder:
 :func:`open_version_encoder`.
 
-Reads :class:`~classifier.intents.EmbedderSettings` (an intent set's ``embedder``
+Reads :class:`~classifier.settings.intents.EmbedderSettings` (an intent set's ``embedder``
 section), checks it, resolves ``auto`` (the backend, the runtime:
 :func:`~classifier.encoders.base.resolve_runtime`, int8:
 :func:`~classifier.encoders.base.default_quantize`) and returns the embedder from
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flywheel.classifier.config import cache_dir
 from flywheel.classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
 from flywheel.classifier.encoders.cache import CachedEmbedder
 from flywheel.classifier.encoders.embedders import (
@@ -26,8 +25,9 @@ from flywheel.classifier.encoders.embedders import (
 )
 from flywheel.classifier.encoders.onnx_runner import default_cache_dir
 from flywheel.classifier.errors import EmbedderError
-from flywheel.classifier.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
 from flywheel.classifier.protocols import Embedder
+from flywheel.classifier.settings.config import cache_dir
+from flywheel.classifier.settings.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
 
 __all__ = ["make_embedder", "open_version_encoder"]
 
@@ -49,10 +49,10 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     cache : bool
         Wrap it in a :class:`~classifier.encoders.cache.CachedEmbedder`.
     cache_root : path, optional
-        The resolved home's ``cache`` directory (:attr:`classifier.config.Config.cache_root`),
+        The resolved home's ``cache`` directory (:attr:`classifier.settings.config.Config.cache_root`),
         where the USE encoder keeps its parsed tokenizer (``use/``). Default: the home the
-        environment gives (:func:`classifier.config.cache_dir`), which knows nothing of a
-        ``--home`` flag: code that resolved a :class:`~classifier.config.Config` passes its
+        environment gives (:func:`classifier.settings.config.cache_dir`), which knows nothing of a
+        ``--home`` flag: code that resolved a :class:`~classifier.settings.config.Config` passes its
         ``cache_root``. ONNX exports are not kept per home: they go to the machine's cache
         (:func:`~classifier.encoders.onnx_runner.default_cache_dir`), keyed by content.
 

@@ -95,7 +95,7 @@ log = logging.getLogger("flywheel.use")
 
 def _cache_file(directory: str | os.PathLike[str] | None = None) -> Path:
     """The tokenizer's cache file in ``directory`` (default ``<FLYWHEEL_HOME>/cache/use``)."""
-    from flywheel.classifier.config import cache_dir
+    from flywheel.classifier.settings.config import cache_dir
 
     key = AUDITED_SHA256["resources/sp.model"][:16]
     root = Path(directory).expanduser() if directory is not None else cache_dir("use")

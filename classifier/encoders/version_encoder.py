@@ -3,7 +3,7 @@ fine-tuned encoder, exported once (with torch, on the training host) and served 
 ``onnxruntime`` and ``tokenizers`` only (no torch, no transformers, no pickle).
 
 Layout of ``<version>/encoder/`` (every file hashed in the version's manifest,
-:attr:`classifier.model.Manifest.encoder_files`)::
+:attr:`classifier.versions.model.Manifest.encoder_files`)::
 
     model.int8.onnx   the served graph (``model.onnx`` when int8 was not asked for or did not hold)
     tokenizer.json    the fast tokenizer the export used
@@ -138,7 +138,7 @@ def export_encoder(hf_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
         top level).
     dest : path
         The encoder directory to write, e.g. a staging ``encoder/`` that
-        :meth:`classifier.model.IntentModel.save` then copies into the version.
+        :meth:`classifier.versions.model.IntentModel.save` then copies into the version.
     quantize : bool
         Serve int8 when it holds (min cosine to fp32 >= ``int8_min_cosine`` on the probe set).
     max_length : int, optional
@@ -258,7 +258,7 @@ class VersionEncoderEmbedder(LazyEmbedder):
     Parameters
     ----------
     directory : path
-        The version's ``encoder/`` (:attr:`classifier.model.IntentModel.encoder_dir`).
+        The version's ``encoder/`` (:attr:`classifier.versions.model.IntentModel.encoder_dir`).
     batch_size, max_chars, num_threads
         As for :class:`~classifier.encoders.embedders.MiniLMEmbedder` (``num_threads``:
         onnxruntime's intra-op threads).

@@ -3,7 +3,7 @@ file names, the content id, and the checks that read it. Two kinds share the lay
 tuned encoder's ONNX export (:mod:`classifier.encoders.version_encoder`, id ``tuned:``)
 and an adapter on a fixed encoder (:mod:`classifier.encoders.adapter`, ``kind: adapter``
 in the record, id ``adapted:``). Imports only the standard library
-and the named errors, so :mod:`classifier.model` can check a version's encoder without importing an
+and the named errors, so :mod:`classifier.versions.model` can check a version's encoder without importing an
 encoder (see :mod:`classifier.encoders.version_encoder` for the export and serving).
 """
 

@@ -3,8 +3,8 @@
 here connects to nothing and imports no client (``ollama``, ``httpx``): a teacher creates
 its client on its first call.
 
->>> from flywheel.classifier.config import load_config, starter_intents_path      # doctest: +SKIP
->>> from flywheel.classifier.intents import load_intents                          # doctest: +SKIP
+>>> from flywheel.classifier.settings.config import load_config, starter_intents_path      # doctest: +SKIP
+>>> from flywheel.classifier.settings.intents import load_intents                          # doctest: +SKIP
 >>> from flywheel.classifier.teachers import build_teacher                        # doctest: +SKIP
 >>> teacher = build_teacher(load_config(), load_intents(starter_intents_path()))  # doctest: +SKIP
 >>> teacher.check().ok   # the first call that reaches the server; never raises   # doctest: +SKIP

@@ -31,9 +31,9 @@ from typing import Any, Callable, Generic, Iterable, Mapping, NamedTuple, Protoc
 from urllib.parse import urlsplit, urlunsplit
 
 from flywheel.classifier.errors import ConfigError, InvalidInputError, TeacherError
-from flywheel.classifier.intents import SYSTEM_PROMPT_MODES
-from flywheel.classifier.label_names import OUT_OF_SCOPE, parse_label
 from flywheel.classifier.protocols import LabelOption, TeacherAnswer, TeacherRequest
+from flywheel.classifier.settings.intents import SYSTEM_PROMPT_MODES
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, parse_label
 
 HISTORY_RULE = ("the history only resolves references such as 'this' or 'that function' "
                 "in the query; it must not bias the label")

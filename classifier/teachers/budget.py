@@ -25,7 +25,7 @@ from flywheel.classifier.errors import NOT_CALLED_KINDS, TeacherError
 from flywheel.classifier.protocols import Breaker, ManagedTeacher, Teacher, TeacherAnswer, TeacherRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.classifier.intents import TeacherSettings
+    from flywheel.classifier.settings.intents import TeacherSettings
 
 __all__ = ["BudgetedTeacher", "CallBudget", "Slot", "apply_budget"]
 

@@ -39,7 +39,7 @@ from flywheel.classifier.protocols import HistoryEntry, TeacherAnswer, TeacherRe
 from flywheel.classifier.text import normalise_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.classifier.intents import IntentSet
+    from flywheel.classifier.settings.intents import IntentSet
 
 __all__ = ["CACHE_OUTCOMES", "DEFAULT_MAX_ENTRIES", "DEFAULT_TTL_S", "TeacherCache", "history_digest",
            "intent_set_revision"]
@@ -59,9 +59,9 @@ def _digest(value: object) -> str:
 
 
 def intent_set_revision(intents: "IntentSet") -> str:
-    """A content hash of ``intents`` (its saved form, :func:`classifier.model.intents_to_doc`):
+    """A content hash of ``intents`` (its saved form, :func:`classifier.versions.model.intents_to_doc`):
     equal for equal intent sets, whichever file or version they came from."""
-    from flywheel.classifier.model import intents_to_doc  # the one owner of the saved form
+    from flywheel.classifier.versions.model import intents_to_doc  # the one owner of the saved form
 
     return _digest(intents_to_doc(intents))
 

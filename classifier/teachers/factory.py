@@ -1,6 +1,6 @@
 """Building the teacher from settings: :func:`build_teacher`.
 
-Reads the resolved :class:`~classifier.config.Config` (flags, environment, config file)
+Reads the resolved :class:`~classifier.settings.config.Config` (flags, environment, config file)
 and the intent set's ``teacher`` section, picks the backend
 (:mod:`~classifier.teachers.ollama` or :mod:`~classifier.teachers.openai`) and puts it
 behind the call budget (:mod:`~classifier.teachers.budget`). Nothing is connected here.
@@ -8,10 +8,10 @@ behind the call budget (:mod:`~classifier.teachers.budget`). Nothing is connecte
 
 from __future__ import annotations
 
-from flywheel.classifier.config import Config
 from flywheel.classifier.errors import ConfigError
-from flywheel.classifier.intents import IntentSet
 from flywheel.classifier.protocols import Teacher
+from flywheel.classifier.settings.config import Config
+from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.teachers.base import CircuitBreaker
 from flywheel.classifier.teachers.budget import apply_budget
 from flywheel.classifier.teachers.ollama import OllamaTeacher
@@ -25,7 +25,7 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
     ``teacher = off``); flags, environment and config file win over the intent file. The
     backend is ``cfg.teacher`` when that names one (``ollama``, ``openai``), else (``on``) the
     intent file's ``teacher.backend``: ``ollama`` or ``openai``. Its host is the configured one
-    (:meth:`~classifier.config.Config.teacher_host_for`: ``teacher_host``, and for ``ollama``
+    (:meth:`~classifier.settings.config.Config.teacher_host_for`: ``teacher_host``, and for ``ollama``
     also ``ollama_host``), else ``teacher.host``, else for ``ollama``
     :func:`~classifier.teachers.ollama.resolve_host`'s ``OLLAMA_HOST`` and default (``openai``
     has no default: a missing one is a :class:`~classifier.errors.ConfigError`); ``teacher.host``

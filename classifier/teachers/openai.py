@@ -35,8 +35,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from flywheel.classifier.errors import ConfigError, TeacherError
-from flywheel.classifier.intents import TEACHER_RESPONSE_FORMATS
 from flywheel.classifier.protocols import TeacherRequest, TeacherStatus
+from flywheel.classifier.settings.intents import TEACHER_RESPONSE_FORMATS
 from flywheel.classifier.teachers.base import ChatTeacher, CircuitBreaker, shorten
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -271,8 +271,8 @@ def test_the_sidecar_exposes_its_classifier_monitor(tmp_path):
     """Through a real sidecar: the server binds its classifier's monitor at start."""
     import copy
 
-    from flywheel.classifier.intents import parse_intents
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.intents import parse_intents
     from tests.support.fakes import HashEmbedder
     from tests.support.sidecar import client, serving
 

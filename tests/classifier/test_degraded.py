@@ -6,9 +6,9 @@ import copy
 
 from flywheel.classifier.decision import DEGRADED_REASONS, Layer, Tier
 from flywheel.classifier.errors import TeacherError
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Classifier, Query
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics
 from flywheel.training.stats.traffic import convergence, format_table

@@ -5,10 +5,10 @@ import copy
 import pytest
 
 from flywheel.classifier import Classifier
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.masking import iban_ok, luhn_ok, mask_pii
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
 from tests.support.docs import ALWAYS_SURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 

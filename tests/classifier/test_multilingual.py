@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flywheel.classifier.config import load_config
-from flywheel.classifier.default import build_classifier
 from flywheel.classifier.encoders import USE_ID, USEMultilingualEmbedder, clear_loaded_models, make_embedder, use_runner
 from flywheel.classifier.errors import EmbedderError, IntentFileError
-from flywheel.classifier.intents import EmbedderSettings, load_intents, parse_intents
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import EmbedderSettings, load_intents, parse_intents
+from flywheel.classifier.versions.default import build_classifier
 from tests.support.paths import DATA, ROOT
 
 HELDOUT_ES = DATA / "heldout_queries_es.jsonl"
@@ -228,7 +228,7 @@ def test_the_tokenizer_cache_lives_under_the_home(_isolated_home):
 def test_the_home_flag_decides_where_the_tokenizer_is_cached(tmp_path, monkeypatch, capsys):
     """``flywheel classify --home X`` keeps the USE tokenizer under X/cache/use, whatever
     $FLYWHEEL_HOME says (it once went to $FLYWHEEL_HOME's cache)."""
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
     from flywheel.cli import main
     from tests.support.docs import DOC
     from tests.support.fakes import HashEmbedder

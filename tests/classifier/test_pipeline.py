@@ -4,8 +4,8 @@ import pytest
 
 from flywheel.classifier import Layer, Tier
 from flywheel.classifier.errors import InvalidInputError, ModelError, TeacherError, UnknownLabelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher, make_classifier
 
@@ -197,8 +197,8 @@ def _one_intent(**over):
 def test_one_intent_trains_classifies_and_evaluates(tmp_path):
     """A file with a single intent is that intent against out of scope (issue 32: it crashed
     in train, classify and eval), with real out-of-scope examples or synthetic ones only."""
-    from flywheel.classifier.model import IntentModel
     from flywheel.classifier.pipeline import Classifier
+    from flywheel.classifier.versions.model import IntentModel
     from flywheel.training.evaluate import evaluate
 
     emb = HashEmbedder()

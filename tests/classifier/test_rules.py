@@ -1,6 +1,6 @@
-from flywheel.classifier.config import starter_intents_path
-from flywheel.classifier.intents import Rule, load_intents
 from flywheel.classifier.rules import RuleEngine
+from flywheel.classifier.settings.config import starter_intents_path
+from flywheel.classifier.settings.intents import Rule, load_intents
 
 
 def test_priority_then_file_order():

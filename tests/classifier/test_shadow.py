@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import Layer
 from flywheel.classifier.errors import ModelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.registry import SHADOW, ModelRegistry, ModelWatcher, PromotionConflict
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.layer2.tiers import Thresholds, assign_tier
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.shadow import ShadowAnswer, ShadowScorer
-from flywheel.classifier.tiers import Thresholds, assign_tier
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.versions.registry import SHADOW, ModelRegistry, ModelWatcher, PromotionConflict
 from flywheel.cli import main
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics

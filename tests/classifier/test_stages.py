@@ -11,10 +11,10 @@ from flywheel.classifier import Classifier, Layer, Tier
 from flywheel.classifier.encoders import CachedEmbedder, Runner, clear_loaded_models
 from flywheel.classifier.encoders.embedders import _LazyEmbedder
 from flywheel.classifier.errors import IntentFileError, UnknownLabelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Query
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 
@@ -99,8 +99,8 @@ def test_bad_metadata_is_refused_naming_the_intent(meta, problem):
 
 
 def test_starter_intents_carry_the_routes():
-    from flywheel.classifier.config import starter_intents_path
-    from flywheel.classifier.intents import load_intents
+    from flywheel.classifier.settings.config import starter_intents_path
+    from flywheel.classifier.settings.intents import load_intents
 
     meta = {i.name: dict(i.metadata) for i in load_intents(starter_intents_path()).intents}
     assert meta["PLATFORM"]["rag"] == "false" and meta["CONVERSATIONAL"]["rag"] == "false"

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from flywheel.classifier.decision import Decision, Layer, Tier, new_decision_id
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import main
 from flywheel.fleet.registry import BucketRegistry
 from flywheel.fleet.shipper import ObjectShipper
@@ -94,8 +94,8 @@ def test_models_rollback_to_default_serves_the_default_fleet_wide(objects, store
     replicas follow it, and a plain rollback goes back."""
     import yaml
 
-    from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import cached_model_dir
+    from flywheel.classifier.settings.config import load_config
+    from flywheel.classifier.versions.default import cached_model_dir
     from flywheel.fleet.sync import RegistrySync
     from flywheel.training.cli.models import default_version_name
 
@@ -223,8 +223,8 @@ def test_a_host_that_has_not_synced_labels_with_the_fleets_intents(objects, stor
     import copy
 
     import flywheel.classifier.encoders
-    from flywheel.classifier.config import load_config
     from flywheel.classifier.decision import Candidate, Layer2Answer, TeacherCall
+    from flywheel.classifier.settings.config import load_config
     from tests.support.docs import ALWAYS_UNSURE
     from tests.support.simulated_ollama import SimulatedOllama
 
@@ -284,7 +284,7 @@ def test_fleet_moves_are_checked_against_the_configured_intent_set(objects, stor
     """Issue 41, items 1 and 2 against the bucket: a rollback to a version of the old set is
     refused naming the nearest fit, promote is checked, and a replica configured with the
     file refuses another set's version that reaches the fleet's CURRENT anyway."""
-    from flywheel.classifier.config import load_config
+    from flywheel.classifier.settings.config import load_config
     from flywheel.service.runtime import open_runtime
     from tests.support.intent_sets import NEW_DOC, OLD_DOC, fitted, write_doc
 

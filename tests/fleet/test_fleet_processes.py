@@ -220,7 +220,7 @@ class Fleet:
         return ObjectStore(StoreConfig.parse(self.url, env))
 
     def bucket_registry(self):
-        from flywheel.classifier.registry import ModelRegistry
+        from flywheel.classifier.versions.registry import ModelRegistry
         from flywheel.fleet.registry import BucketRegistry
 
         return BucketRegistry(self.objects, ModelRegistry(self.home("reader") / "models"))

@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from flywheel.classifier.errors import ModelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import Registry
-from flywheel.classifier.registry import ModelRegistry, PromotionConflict
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry, PromotionConflict
 from flywheel.fleet.errors import StoreUnavailable
 from flywheel.fleet.objects import ObjectStore
 from flywheel.fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
@@ -346,9 +346,9 @@ def test_an_interrupted_prune_leaves_a_version_that_is_refused_and_pruned_next_t
 
 
 def test_the_bucket_prunes_and_rolls_back_as_the_local_home_does(objects, tmp_path, bucket, trained):
-    """One policy (classifier.registry_policy): the scenario of
-    tests/classifier/test_registry_policy.py, on both registries, gives the same answers."""
-    from flywheel.classifier.registry_policy import prune_plan
+    """One policy (classifier.versions.registry_policy): the scenario of
+    tests/classifier/versions/test_registry_policy.py, on both registries, gives the same answers."""
+    from flywheel.classifier.versions.registry_policy import prune_plan
 
     names = [f"v{i}" for i in range(1, 9)]
     local = ModelRegistry(tmp_path / "local-home")

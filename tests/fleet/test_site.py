@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import Decision, Layer, Tier
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.bucket_labels import BucketLabels
 from flywheel.fleet.registry import BucketRegistry
 from flywheel.fleet.shipper import ObjectShipper

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from flywheel.classifier import Classifier
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.objects import ObjectStore
 from flywheel.fleet.registry import CURRENT_KEY, DOWNLOAD_MARK, BucketRegistry
 from flywheel.fleet.sync import SYNC_OUTCOMES, RegistrySync

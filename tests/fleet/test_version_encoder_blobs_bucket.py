@@ -10,7 +10,7 @@ import pytest
 
 from flywheel.classifier import Classifier
 from flywheel.classifier.errors import ModelError
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.blobs import BLOBS_PREFIX
 from flywheel.fleet.registry import BucketRegistry
 from flywheel.fleet.sync import RegistrySync

@@ -10,8 +10,8 @@ import pytest
 
 from flywheel.classifier import Classifier
 from flywheel.classifier.errors import ModelError
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.registry import DOWNLOAD_MARK, BucketRegistry
 from flywheel.fleet.sync import RegistrySync
 from tests.support.bucket import tamper

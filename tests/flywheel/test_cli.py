@@ -62,7 +62,7 @@ def test_declared_type_and_bad_input_exit_codes(capsys, home, monkeypatch):
 def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
     import yaml
 
-    from flywheel.classifier.config import starter_intents_path
+    from flywheel.classifier.settings.config import starter_intents_path
 
     doc = yaml.safe_load(starter_intents_path().read_text())
     doc["thresholds"].update({"confident": 1.0, "ambiguous_ratio": 0.0})  # layer 2 is never sure
@@ -77,7 +77,7 @@ def test_ollama_down_degrades_and_says_so(capsys, home, monkeypatch, tmp_path):
 
 
 def test_train_promote_is_served_by_classify(capsys, tmp_path, monkeypatch):
-    from flywheel.classifier.registry import ModelRegistry
+    from flywheel.classifier.versions.registry import ModelRegistry
 
     home = tmp_path / "fresh-home"                        # nothing promoted, no cached starter model
     monkeypatch.setenv("FLYWHEEL_HOME", str(home))

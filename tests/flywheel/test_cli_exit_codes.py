@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import main
 from flywheel.training.options import RetrainError, RetrainOptionError, RetrainOptions
 from tests.support.docs import DOC

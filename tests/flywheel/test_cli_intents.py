@@ -10,9 +10,9 @@ import logging
 import pytest
 import yaml
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import main
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder

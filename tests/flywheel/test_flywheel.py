@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from flywheel.classifier import Classifier, Layer
-from flywheel.classifier.config import load_config
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.teachers import CircuitBreaker, OllamaTeacher
-from flywheel.classifier.trainer import fit_model
 from flywheel.cli import main
 from flywheel.logstore import LogStore
 from flywheel.training.labeling import backfill_pending
@@ -120,7 +120,7 @@ def test_unwritable_log_path_is_a_clear_error_at_start(tmp_path, capsys):
 
 
 def test_models_cli_list_promote_rollback(tmp_path, capsys):
-    from flywheel.classifier.registry import ModelRegistry
+    from flywheel.classifier.versions.registry import ModelRegistry
 
     reg = ModelRegistry(tmp_path / "models")
     for name in ("v1", "v2"):
@@ -141,12 +141,12 @@ def test_models_cli_list_promote_rollback(tmp_path, capsys):
 def test_train_refuses_a_models_home_as_out(tmp_path, capsys, monkeypatch):
     import yaml
 
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
 
     def no_training(*a, **kw):
         raise AssertionError("trained although --out is refused")
 
-    monkeypatch.setattr(flywheel.classifier.trainer, "fit_model", no_training)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "fit_model", no_training)
     intents = tmp_path / "intents.yaml"
     intents.write_text(yaml.safe_dump(DOC))
     models = load_config().models_dir                        # <home>/models, not there yet

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from flywheel.classifier.decision import PUBLIC_FIELDS, Candidate, Decision, Layer, Tier
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.layer2.tiers import Thresholds
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.classifier.tiers import Thresholds
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.service.client import FlywheelClient
 from flywheel.service.convert import (
     decision_from_proto,

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.errors import IntentSetMismatch
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.service.server import ServerOptions, create_server
 from tests.support.fakes import HashEmbedder
 from tests.support.intent_sets import NEW_DOC, OLD_DOC, save_fitted, write_doc

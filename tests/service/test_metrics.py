@@ -277,7 +277,7 @@ def test_the_start_time_is_exported_from_the_start():
 def test_registry_poll_errors_count_while_the_store_is_down(tmp_path):
     # a replica whose every poll fails keeps serving (and reporting) its last good version;
     # flywheel_registry_polls_total{outcome="error"} is what FlywheelRegistryPollsFailing reads
-    from flywheel.classifier.registry import ModelRegistry
+    from flywheel.classifier.versions.registry import ModelRegistry
     from flywheel.fleet.config import StoreConfig
     from flywheel.fleet.objects import ObjectStore
     from flywheel.fleet.sync import RegistrySync

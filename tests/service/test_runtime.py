@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.errors import FlywheelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.site import LocalSite, ServingLog
 from flywheel.logstore import LogStoreError
 from flywheel.service.runtime import Runtime, open_runtime
@@ -115,7 +115,7 @@ def test_a_replica_of_a_fleet_that_promoted_nothing_serves_the_default_and_follo
     watcher swaps in what the fleet promotes first."""
     import yaml
 
-    from flywheel.classifier.default import cached_model_dir
+    from flywheel.classifier.versions.default import cached_model_dir
     from flywheel.fleet.registry import BucketRegistry
     from tests.support.bucket import publish
 

@@ -26,13 +26,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from flywheel.classifier import Layer, Tier
-from flywheel.classifier.config import load_config
 from flywheel.classifier.encoders import CachedEmbedder
 from flywheel.classifier.errors import TeacherError
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import DelegatingEmbedder
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.logstore import LogStore
 from flywheel.service.batcher import MicroBatcher
 from flywheel.service.client import FlywheelClient

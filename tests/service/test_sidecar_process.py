@@ -23,7 +23,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.logstore import LogStore
 from flywheel.service.client import FlywheelClient
 from flywheel.service.servicer import SERVICE_NAME

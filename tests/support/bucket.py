@@ -15,8 +15,8 @@ import json
 import shutil
 from pathlib import Path
 
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.objects import ObjectStore
 from flywheel.fleet.registry import BucketRegistry
 from flywheel.fleet.shipper import ObjectShipper

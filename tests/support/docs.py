@@ -29,7 +29,7 @@ DOC = {
             "upgrade my plan", "payment method"]},
     ],
     # synthetic: 0 -- the tests' hash encoder puts nonsense and unseen words alike; synthetic
-    # negatives are tested with the real encoders (tests/classifier/test_nonsense.py)
+    # negatives are tested with the real encoders (tests/classifier/layer2/test_nonsense.py)
     "out_of_scope": {"examples": ["weather tomorrow", "cook pasta", "football score", "capital of france"],
                      "synthetic": 0},
 }

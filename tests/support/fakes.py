@@ -22,10 +22,10 @@ import numpy as np
 
 from flywheel.classifier import Classifier
 from flywheel.classifier.errors import TeacherError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.label_names import OUT_OF_SCOPE
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import TeacherAnswer, TeacherRequest, TeacherStatus
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE
 from tests.support.docs import DOC
 
 _WORD = re.compile(r"\w+")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flywheel.classifier.head import IntentHead
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.layer2.head import IntentHead
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.training.gate import evaluate_layer2
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.rows import LabelledSet

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry
 from tests.support.docs import ALWAYS_SURE, DOC
 from tests.support.fakes import HashEmbedder
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import grpc
 
-from flywheel.classifier.config import load_config
+from flywheel.classifier.settings.config import load_config
 from flywheel.service.client import FlywheelClient
 from flywheel.service.server import ServerOptions, SidecarServer, create_server
 from tests.support.fakes import HashEmbedder

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
 from tests.support.docs import ALWAYS_UNSURE, DOC
 from tests.support.fakes import HashEmbedder
 

@@ -17,10 +17,10 @@ import dataclasses
 from pathlib import Path
 
 from flywheel.classifier.encoders import EncoderExport, VersionEncoderEmbedder, export_encoder
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
+from flywheel.classifier.versions.registry import ModelRegistry
 from tests.support.docs import DOC
 from tests.support.tiny_encoder import build_tiny_bert
 

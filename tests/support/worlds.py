@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
-from flywheel.classifier.intents import parse_intents
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.text import normalise_key
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
 from flywheel.training.retrain import RetrainOptions, retrain
 from tests.support.fakes import HashEmbedder

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.classifier.intents import Intent, IntentSet, Rule, ThresholdSettings
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Classifier
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import Intent, IntentSet, Rule, ThresholdSettings
 from flywheel.training.evaluate import evaluate, format_report, language_slices
 from flywheel.training.loaders import DatasetError, load_labelled
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
@@ -162,11 +162,11 @@ def test_evaluate_reports_accuracy_per_language(intent_set, fake):
 # ------------------------------------------------------------------ CLI
 def test_cli_eval_json_shows_both_language_slices(tmp_path, monkeypatch, capsys):
     import flywheel.classifier.encoders
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
     from flywheel.cli import main
 
     fake = HashEmbedder()
-    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "make_embedder", lambda *a, **k: fake)
     monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: fake)
     train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
     train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]

@@ -10,11 +10,11 @@ import pytest
 
 from flywheel.classifier.encoders import CachedEmbedder
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
-from flywheel.classifier.label_names import OUT_OF_SCOPE as OOS_NAME
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.protocols import Embedder
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.settings.intents import Intent, IntentSet, Rule, TeacherSettings, ThresholdSettings
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE as OOS_NAME
 from flywheel.training.evaluate import classification_metrics, evaluate, format_report, write_plots
 from flywheel.training.loaders import DatasetError, LabelledData, intent_set_from_data, load_labelled
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
@@ -134,7 +134,7 @@ def test_evaluate_layer2_metrics_by_hand(clf, model, fake):
     ins = [i for i, v in enumerate(labels) if v is not None]
     top = probs[ins].argmax(axis=1)
     correct = np.array([classes[top[k]] == labels[i] for k, i in enumerate(ins)])
-    from flywheel.classifier.calibration import expected_calibration_error
+    from flywheel.classifier.layer2.calibration import expected_calibration_error
 
     report = evaluate(clf, texts, labels, progress=False, latency_sample=0)
     assert report["ece"] == expected_calibration_error(probs[ins].max(axis=1), correct)
@@ -376,7 +376,7 @@ def test_intent_set_from_data_with_base():
 
 
 def test_prediction_sets_calibrated_on_held_out_data(model, fake):
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.tiers import Thresholds
     from flywheel.training.calibration import calibrate_sets
     from flywheel.training.loaders import DatasetError, LabelledData
 
@@ -417,11 +417,11 @@ def test_drop_unknown_labels_counts_and_keeps_languages():
 def test_cli_eval_scores_oos_spellings_as_out_of_scope_and_leaves_unknown_labels_out(tmp_path, monkeypatch,
                                                                                      capsys):
     import flywheel.classifier.encoders
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
     from flywheel.cli import main
 
     fake = toy_embedder()
-    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: fake)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "make_embedder", lambda *a, **k: fake)
     monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: fake)
     train = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
     train += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]

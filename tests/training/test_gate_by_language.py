@@ -109,7 +109,7 @@ def test_gate_rows_without_a_logged_language_get_the_detected_one(declared, expe
     one-language set gets none."""
     from types import SimpleNamespace
 
-    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.settings.intents import parse_intents
     from flywheel.training.retrain import _gate_languages
     from tests.support.worlds import INTENT_DOC
 

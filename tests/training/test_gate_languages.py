@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from flywheel.classifier.intents import parse_intents
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.logstore import LogStore
 from flywheel.training.retrain import _gate_languages
 from flywheel.training.rows import LabelledSet

@@ -12,12 +12,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.errors import UnknownLabelError
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import Manifest
-from flywheel.classifier.registry import ModelRegistry
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import Manifest
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import build_app, main
 from flywheel.fleet.human_labels import HumanLabels
 from flywheel.logstore import LogStore, UnknownDecisionError

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.settings.intents import parse_intents
+from flywheel.classifier.versions.model import IntentModel
 from tests.support.worlds import INTENT_DOC, VectorTextEmbedder, World, blob_split
 
 
@@ -16,10 +16,10 @@ from tests.support.worlds import INTENT_DOC, VectorTextEmbedder, World, blob_spl
 def blob_files(tmp_path, monkeypatch):
     """Blob train and test files as JSON Lines, and every encoder the CLI makes the vector-text one."""
     import flywheel.classifier.encoders
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
 
     emb = VectorTextEmbedder(16)
-    monkeypatch.setattr(flywheel.classifier.trainer, "make_embedder", lambda *a, **k: emb)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "make_embedder", lambda *a, **k: emb)
     monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: emb)
     tr, ytr, te, yte = blob_split(n_train=200, n_test=300, seed=2)
     for name, texts, labels in (("train", tr, ytr), ("test", te, yte)):
@@ -59,8 +59,8 @@ def test_eval_reports_both_trades_and_cuts_at_target_oos_recall(blob_files, tmp_
 
 
 def test_eval_calibration_rows_place_the_target_and_say_how_sure(blob_files, tmp_path, capsys):
-    from flywheel.classifier.operating_point import oos_cutoff_for_recall
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.operating_point import oos_cutoff_for_recall
+    from flywheel.classifier.layer2.tiers import Thresholds
 
     _, _, cal_texts, cal_labels = blob_split(n_train=200, n_test=400, seed=2)     # the same intents, other draws
     cal = tmp_path / "cal.jsonl"

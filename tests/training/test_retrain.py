@@ -17,12 +17,12 @@ from filelock import FileLock
 from typer.testing import CliRunner
 
 from flywheel.classifier.decision import Decision, Layer, Tier
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.model import intents_to_doc
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import UNCHECKED, ModelRegistry
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.text import normalise_key
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.versions.model import intents_to_doc
+from flywheel.classifier.versions.registry import UNCHECKED, ModelRegistry
 from flywheel.cli import build_app
 from flywheel.training import retrain as retrain_mod
 from flywheel.training.cli import retrain as cli_retrain
@@ -388,7 +388,7 @@ def test_confident_cutoff_retuned_for_precision_or_llm_budget(world):
 def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world):
     import copy
 
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.tiers import Thresholds
     from flywheel.training.cutoffs import retune, with_thresholds
     from flywheel.training.rows import LabelledSet
 
@@ -422,7 +422,7 @@ def test_retune_returns_new_thresholds_and_never_changes_the_fitted_model(world)
 
 def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
     from flywheel.classifier.bundle import ModelBundle
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.tiers import Thresholds
 
     returned = []
     real_retune = retrain_mod.retune
@@ -449,11 +449,11 @@ def test_retrain_serves_tuned_thresholds_from_the_manifest(world, monkeypatch):
 
 
 def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again(world, monkeypatch):
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
 
     world.seed_traffic()
     built, fits = [], []
-    real_build, real_fit = retrain_mod.build_training_set, flywheel.classifier.trainer.fit_from_vectors
+    real_build, real_fit = retrain_mod.build_training_set, flywheel.classifier.layer2.fitter.fit_from_vectors
 
     def build(*args, **kw):
         ts = real_build(*args, **kw)
@@ -465,7 +465,7 @@ def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again
         return real_fit(intents, X, labels, **kw)
 
     monkeypatch.setattr(retrain_mod, "build_training_set", build)
-    monkeypatch.setattr(flywheel.classifier.trainer, "fit_from_vectors", fit)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "fit_from_vectors", fit)
     res = world.run()
     assert res.outcome == "promoted"
     [(ts, calls_after_data)] = built
@@ -482,7 +482,7 @@ def test_challenger_is_fitted_on_the_training_set_vectors_without_encoding_again
 
 
 def test_fit_from_vectors_is_fit_model_without_the_encoding(world):
-    from flywheel.classifier.trainer import fit_from_vectors
+    from flywheel.classifier.layer2.fitter import fit_from_vectors
 
     emb = HashEmbedder()
     extra = sample(100, 4)
@@ -540,7 +540,7 @@ def test_champions_not_trained_by_retrain(world):
 
 def test_serving_thresholds_fixed_values_win_over_learned_ones(world):
     from flywheel.classifier.bundle import ModelBundle
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.tiers import Thresholds
 
     doc = dict(INTENT_DOC, thresholds={"oos": 0.4, "confident": 0.0, "per_intent": {"PLATFORM": 0.7}})
     model = fit_model(parse_intents(doc), embedder=HashEmbedder())
@@ -595,9 +595,9 @@ def test_cli_retrain(world, tmp_path, monkeypatch):
 
 def served_default(world, home, intents_file):
     """The model ``classify()`` serves from a fresh home's cache (trained from the intent
-    file on first use), saved where :func:`classifier.default.existing_model_dir` finds it."""
-    from flywheel.classifier.config import load_config
-    from flywheel.classifier.default import cached_model_dir, existing_model_dir
+    file on first use), saved where :func:`classifier.versions.default.existing_model_dir` finds it."""
+    from flywheel.classifier.settings.config import load_config
+    from flywheel.classifier.versions.default import cached_model_dir, existing_model_dir
 
     intents_file.write_text(yaml.safe_dump(INTENT_DOC))
     cfg = load_config(home=home, intents=str(intents_file))
@@ -719,7 +719,7 @@ def test_weighted_budget_counts_heavy_rows(world):
 def _escalations(world):
     """A fitted model, 3,000 sampled queries and layer 2's view of them: the rows it
     rejects without being sure (``unsure``) are the escalations the budget may relax."""
-    from flywheel.classifier.tiers import Thresholds
+    from flywheel.classifier.layer2.tiers import Thresholds
     from flywheel.training.cutoffs import layer2_state
 
     model = fit_model(world.intents, embedder=HashEmbedder())
@@ -808,7 +808,7 @@ def test_the_challenger_trains_on_synthetic_negatives(world):
     assert model.manifest.metrics["n_synthetic_negatives"] == 24
     assert model.manifest.training_size == res.report["dataset"]["train"]["n"]
     assert model.head.metrics_["fit_only_rows"] >= 24
-    from flywheel.classifier.negatives import synthetic_negatives
+    from flywheel.classifier.layer2.negatives import synthetic_negatives
 
     assert set(synthetic_negatives(24)) <= set(world.embedder.texts)
     assert world.embedder.calls == 1  # with everything else the training set embeds

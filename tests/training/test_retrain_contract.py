@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import build_app
 from flywheel.training.cli import retrain as cli_retrain
 from tests.support.fakes import HashEmbedder

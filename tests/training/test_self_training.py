@@ -13,10 +13,10 @@ import yaml
 from typer.testing import CliRunner
 
 from flywheel.classifier.decision import Candidate, Decision, Layer, Tier
-from flywheel.classifier.head import IntentHead
-from flywheel.classifier.model import IntentModel
+from flywheel.classifier.layer2.head import IntentHead
 from flywheel.classifier.protocols import DecisionRecord
 from flywheel.classifier.text import normalise_key
+from flywheel.classifier.versions.model import IntentModel
 from flywheel.cli import build_app
 from flywheel.training import retrain as retrain_mod
 from flywheel.training.cli import retrain as cli_retrain
@@ -140,7 +140,7 @@ def test_confident_layer2_reads_confident_in_scope_decisions_with_vectors(logged
 
 
 def test_training_set_adds_self_training_rows_only_when_asked(logged):
-    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.settings.intents import parse_intents
 
     store, conf_in, odd, teacher = logged
     intents = parse_intents(INTENT_DOC, source="synthetic.yaml")
@@ -171,17 +171,17 @@ def test_training_set_adds_self_training_rows_only_when_asked(logged):
 # ------------------------------------------------------------------ the job
 
 def test_retrain_self_training_weight_and_report(world_st, monkeypatch):
-    import flywheel.classifier.trainer
+    import flywheel.classifier.layer2.fitter
 
     world = world_st
     seen: list[dict] = []
-    real_fit = flywheel.classifier.trainer.fit_from_vectors
+    real_fit = flywheel.classifier.layer2.fitter.fit_from_vectors
 
     def spy(*args, **kw):
         seen.append(kw)
         return real_fit(*args, **kw)
 
-    monkeypatch.setattr(flywheel.classifier.trainer, "fit_from_vectors", spy)
+    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "fit_from_vectors", spy)
     base = world.run()
     assert base.outcome == "promoted"
     assert base.report["dataset"]["self_training"]["rows"] == 0
@@ -232,7 +232,7 @@ def test_cli_self_training_flag(world_st, tmp_path, monkeypatch):
 
 
 def test_self_training_rows_with_unusable_vectors_are_dropped_and_counted(tmp_path):
-    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.settings.intents import parse_intents
     from flywheel.logstore import LogStore
 
     store = LogStore(tmp_path / "traffic.duckdb")

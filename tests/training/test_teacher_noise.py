@@ -11,9 +11,9 @@ import yaml
 from scipy.stats import binomtest
 from typer.testing import CliRunner
 
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.text import normalise_key
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.cli import build_app
 from flywheel.logstore import LogStore
 from flywheel.service.metrics import ServerMetrics

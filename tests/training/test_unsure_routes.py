@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import copy
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import Layer, Tier
-from flywheel.classifier.intents import parse_intents
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.settings.intents import parse_intents
 from flywheel.logstore import LogStore
 from flywheel.training.labeling import backfill_pending
 from flywheel.training.review.queue import review_queue

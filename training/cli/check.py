@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, load_config
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.settings.config import HOME_HELP, load_config
+from flywheel.classifier.settings.output import echo_json
 
 __all__ = ["check_command"]
 

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
-from flywheel.classifier.model import MANIFEST
-from flywheel.classifier.output import counted, echo_json
-from flywheel.classifier.registry import RETRAIN_LOCK, ModelRegistry
+from flywheel.classifier.settings.config import HOME_HELP, Config, load_config
+from flywheel.classifier.settings.output import counted, echo_json
+from flywheel.classifier.versions.model import MANIFEST
+from flywheel.classifier.versions.registry import RETRAIN_LOCK, ModelRegistry
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
     from flywheel.classifier.protocols import Registry
@@ -337,7 +337,7 @@ def _check_rollback(site: Site, reg: ListedRegistry, current: Optional[str]) -> 
     """Refuse a rollback to a version of another intent set than the configured one, naming
     the nearest earlier promoted version that fits (:meth:`Site.check_move`)."""
     from flywheel.classifier.errors import IntentSetMismatch
-    from flywheel.classifier.registry_policy import rollback_target
+    from flywheel.classifier.versions.registry_policy import rollback_target
 
     target = rollback_target(reg.history(), current)
     if target is None:
@@ -383,10 +383,10 @@ def _rollback_to_default(cfg: Config, reg: ListedRegistry, current: Optional[str
 def _check_starter_set(reg: ListedRegistry, current: str) -> None:
     """With no intents setting the default model is the starter set's: refuse, before any
     switch, when the version served now was trained on another intent set."""
-    from flywheel.classifier.config import starter_intents_path
     from flywheel.classifier.errors import IntentSetMismatch
-    from flywheel.classifier.intents import load_intents
-    from flywheel.classifier.served import set_difference
+    from flywheel.classifier.settings.config import starter_intents_path
+    from flywheel.classifier.settings.intents import load_intents
+    from flywheel.classifier.versions.served import set_difference
 
     try:
         theirs = reg.load(current).intents
@@ -405,7 +405,7 @@ def _check_starter_set(reg: ListedRegistry, current: str) -> None:
 
 def _default_source(cfg: Config) -> Path:
     """The intent file the default model is trained from: the configured one, else the starter set."""
-    from flywheel.classifier.config import starter_intents_path
+    from flywheel.classifier.settings.config import starter_intents_path
 
     return Path(cfg.intents).expanduser() if cfg.intents else starter_intents_path()
 
@@ -416,7 +416,7 @@ def default_version_name(cfg: Config) -> str:
     of its bytes and flywheel's version), so a changed intent file is another default.
     Reads the intent file's bytes only (:class:`~classifier.errors.IntentFileError` when it
     cannot be read); trains nothing."""
-    from flywheel.classifier.default import cached_model_dir
+    from flywheel.classifier.versions.default import cached_model_dir
 
     cached = cached_model_dir(cfg, _default_source(cfg)).name
     return (DEFAULT_PREFIX + re.sub(r"[^A-Za-z0-9._+-]+", "_", cached))[:128]
@@ -433,11 +433,11 @@ def default_version(cfg: Config, reg: ListedRegistry) -> str:
     """Make the default model a version of ``reg`` (published, not promoted); its name.
 
     The default is what the home serves before any promotion
-    (:func:`classifier.default.default_model_dir`): the intent file trained into the cache,
+    (:func:`classifier.versions.default.default_model_dir`): the intent file trained into the cache,
     trained now if it is not there yet. A version of that name already in ``reg`` is used
     as it is; else the cached model is copied into ``reg``'s staging directory under the
     name (its manifest says so) and published (in fleet mode: uploaded to the bucket)."""
-    from flywheel.classifier.default import cached_model_dir, ensure_trained
+    from flywheel.classifier.versions.default import cached_model_dir, ensure_trained
 
     name = default_version_name(cfg)
     if name in {v.name for v in reg.versions()}:
@@ -453,7 +453,7 @@ def default_version(cfg: Config, reg: ListedRegistry) -> str:
 
 def _copy_version(src: Path, target: Path) -> None:
     """Copy the version ``src`` to ``target`` (created whole, by a rename), named after it."""
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.versions.model import IntentModel
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.copy-{uuid.uuid4().hex[:8]}"

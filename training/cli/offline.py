@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.intents import IntentSet, TuneSettings
-from flywheel.classifier.label_names import label_name
-from flywheel.classifier.model import IntentModel
-from flywheel.classifier.output import counted, echo_json
+from flywheel.classifier.settings.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
+from flywheel.classifier.settings.intents import IntentSet, TuneSettings
+from flywheel.classifier.settings.label_names import label_name
+from flywheel.classifier.settings.output import counted, echo_json
+from flywheel.classifier.versions.model import IntentModel
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
     from flywheel.fleet.site import Site
@@ -51,8 +51,8 @@ def train_command(
 ) -> None:
     """Fit layer 2 from an intent file and save a model version (--out DIR), or add it to the
     models home and serve it (--promote)."""
-    from flywheel.classifier.intents import load_intents
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.intents import load_intents
 
     if out is None and not promote:
         raise InvalidInputError("give --out DIR (save the version there) or --promote (add it to the models "
@@ -130,7 +130,7 @@ def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, versi
     model carries the export (``encoder_dir``)."""
     from dataclasses import replace
 
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
     from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
     def say(line: str) -> None:
@@ -155,7 +155,7 @@ def _refuse_models_home(out: Path, cfg: Config, models: Optional[Path]) -> None:
     """``train --out`` names one version's directory: refuse a models home (the configured
     one, ``--models``, or any directory holding versions or a ``CURRENT`` pointer), which
     saving would turn into a version that ``models push`` then nests."""
-    from flywheel.classifier.registry import is_models_home
+    from flywheel.classifier.versions.registry import is_models_home
 
     target = out.expanduser().resolve()
     homes = {p.expanduser().resolve() for p in (cfg.models_dir, models) if p is not None}
@@ -170,7 +170,7 @@ def _explain_cutoffs(th: dict, met: dict) -> None:
     if "oof_set_coverage" in met:
         typer.echo(f"  prediction sets: {met['oof_set_coverage']:.1%} coverage (nominal {th['coverage']:.0%}), "
                    f"mean size {met['oof_mean_set_size']:.2f}; deferral model ECE {met['oof_risk_ece']:.3f}")
-    from flywheel.classifier.tiers import fmt_probs  # 0.9999 is not "1.000"
+    from flywheel.classifier.layer2.tiers import fmt_probs  # 0.9999 is not "1.000"
 
     cp = met.get("cutoff_precision") or {}
     if cp.get("precision") is not None:
@@ -240,10 +240,10 @@ def eval_command(
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
     and the same headline figures per language when the test rows carry one."""
     with contextlib.ExitStack() as stack:   # removes the tuning's work directory
-        from flywheel.classifier.intents import load_intents
-        from flywheel.classifier.model import IntentModel
+        from flywheel.classifier.layer2.fitter import fit_model
         from flywheel.classifier.pipeline import Classifier
-        from flywheel.classifier.trainer import fit_model
+        from flywheel.classifier.settings.intents import load_intents
+        from flywheel.classifier.versions.model import IntentModel
         from flywheel.training.evaluate import evaluate, format_report, write_plots
         from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
 
@@ -309,7 +309,7 @@ def eval_command(
         # a label the model cannot answer would count as an error: score without those rows, or refuse
         test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
         if skipped:
-            from flywheel.classifier.label_names import suggest_label
+            from flywheel.classifier.settings.label_names import suggest_label
 
             hints = {k: suggest_label(k, m.manifest.labels) for k in list(skipped)[:20]}
             listed = ", ".join(f"{k} ({v}{f', did you mean {hints[k]}?' if hints[k] else ''})"
@@ -355,7 +355,7 @@ def _with_target(intent_set: IntentSet, target: dict[str, float], flag: str) -> 
     the intent file's is (a bad value: one line, exit 2)."""
     from dataclasses import replace
 
-    from flywheel.classifier.targets import threshold_target
+    from flywheel.classifier.layer2.targets import threshold_target
 
     th = intent_set.thresholds
     try:

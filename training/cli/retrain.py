@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from flywheel.classifier.errors import FlywheelError, ModelError
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.settings.output import echo_json
 from flywheel.training.options import RetrainOptions, resolve_tune
 from flywheel.training.report import (
     RetrainResult,
@@ -28,8 +28,8 @@ from flywheel.training.report import (
 )
 
 if TYPE_CHECKING:
-    from flywheel.classifier.intents import EmbedderSettings, IntentSet
     from flywheel.classifier.protocols import Embedder, Registry
+    from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet
 
 __all__ = ["retrain_command", "run_from_config", "make_embedder"]
 
@@ -138,18 +138,19 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     intent set is the configured one as every command reads it (``intents``, else
     ``FLYWHEEL_INTENTS``, else the config file's ``intents``), else the champion's bundled
     one, else the starter set. A dry run applies no log retention. While the registry has no
-    promoted version, the model the default classifier serves (:func:`classifier.default.existing_model_dir`: e.g. the
-    starter model trained into the home's cache) is the champion.
+    promoted version, the model the default classifier serves
+    (:func:`classifier.versions.default.existing_model_dir`: e.g. the starter model trained
+    into the home's cache) is the champion.
 
     Encoder tuning (``options.tune``): ``tune_encoder`` (``--tune-encoder`` True,
     ``--no-tune-encoder`` False) wins over the intent set's ``embedder.tune``, which applies
     when it is ``None``: left out, tuning is on for an encoder that can be tuned
-    (:func:`classifier.intents.retrain_tuning`); ``tune_budget`` (``--tune-budget``) overrides the budget
+    (:func:`classifier.settings.intents.retrain_tuning`); ``tune_budget`` (``--tune-budget``) overrides the budget
     and ``tune_unlabelled`` (``--tune-unlabelled``) the unlabelled stage's share
     (:func:`training.options.resolve_tune`). ``options.tune`` is used as it is when set."""
-    from flywheel.classifier.config import load_config, starter_intents_path
-    from flywheel.classifier.default import existing_model_dir
-    from flywheel.classifier.intents import load_intents, retrain_tuning
+    from flywheel.classifier.settings.config import load_config, starter_intents_path
+    from flywheel.classifier.settings.intents import load_intents, retrain_tuning
+    from flywheel.classifier.versions.default import existing_model_dir
     from flywheel.fleet.site import open_site
 
     cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None,
@@ -179,7 +180,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
                    embedder_for=lambda settings: make_embedder(settings, cfg.cache_root))
 
 
-# why the retrain tunes or not when a setting says (classifier.config: flag > env > file)
+# why the retrain tunes or not when a setting says (classifier.settings.config: flag > env > file)
 _TUNE_SOURCES = {
     "flag": {True: "on: --tune-encoder", False: "off: --no-tune-encoder"},
     "env": {True: "on: FLYWHEEL_TUNE_ENCODER", False: "off: FLYWHEEL_TUNE_ENCODER"},

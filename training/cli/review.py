@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
-from flywheel.classifier.config import HOME_HELP, load_config
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
-from flywheel.classifier.listen import check_listen
-from flywheel.classifier.output import echo_json
+from flywheel.classifier.settings.config import HOME_HELP, load_config
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.settings.listen import check_listen
+from flywheel.classifier.settings.output import echo_json
 from flywheel.training.review.queue import REASONS, ReviewFilters, ReviewItem, all_choices
 
 if TYPE_CHECKING:

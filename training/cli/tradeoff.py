@@ -1,7 +1,7 @@
 """``flywheel eval``'s operating point: the trade tables, the target's line and the trade plots.
 
 They render the report's ``tradeoff`` and ``operating_point``
-(:mod:`classifier.operating_point` computes both): in-scope accuracy against out-of-scope
+(:mod:`classifier.layer2.operating_point` computes both): in-scope accuracy against out-of-scope
 recall as the ``oos`` cutoff sweeps, and the accuracy of layer 2's own answers against
 their share (the rest goes to the teacher) as the ``confident`` (or ``defer``) cutoff sweeps.
 """
@@ -85,7 +85,7 @@ def chosen_line(target: dict[str, float], op: dict[str, Any], value: float | Non
 
 def _few_rows_note(figure: dict[str, Any], remedy: str) -> str | None:
     """The note for a target chosen on rows too few to promise it (:func:`few_rows`), or ``None``."""
-    from flywheel.classifier.operating_point import FEW_ROWS_TOLERANCE, few_rows
+    from flywheel.classifier.layer2.operating_point import FEW_ROWS_TOLERANCE, few_rows
 
     if not figure.get("n") or figure.get("tolerance") is None or not few_rows(figure):
         return None

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from flywheel.classifier.errors import ConfigError, FlywheelError, UnknownLabelError
-from flywheel.classifier.listen import check_listen, check_port
+from flywheel.classifier.settings.listen import check_listen, check_port
 from flywheel.logstore.errors import UnknownDecisionError
 from flywheel.training.review.page import render_page
 from flywheel.training.review.queue import ReviewError, ReviewFilters, review_queue

@@ -3,7 +3,7 @@ site's one writer (:meth:`fleet.site.Site.human_labels`, :class:`fleet.human_lab
 
 from __future__ import annotations
 
-from flywheel.classifier.config import Config
+from flywheel.classifier.settings.config import Config
 from flywheel.logstore import LogStore
 
 __all__ = ["add_feedback", "record_feedback"]

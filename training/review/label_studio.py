@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name, parse_label
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name, parse_label
 from flywheel.logstore.label_records import stable_label_uid
 from flywheel.training.review.queue import ReviewItem
 

@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.label_names import OUT_OF_SCOPE, label_name
+from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
 
 if TYPE_CHECKING:
     from flywheel.logstore import LogStore

@@ -87,8 +87,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.label_names import label_name
-from flywheel.classifier.output import counted
+from flywheel.classifier.settings.label_names import label_name
+from flywheel.classifier.settings.output import counted
 from flywheel.training.stats.anchoring import anchoring_section, empty_anchoring, format_anchoring
 from flywheel.training.stats.language import format_languages, language_section
 from flywheel.training.stats.shadow import empty_shadow, format_shadow, shadow_section

@@ -30,9 +30,9 @@ import numpy as np
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
 from flywheel.classifier.encoders.base import default_quantize, resolve_runtime
 from flywheel.classifier.encoders.version_encoder import EncoderExport, base_max_length
-from flywheel.classifier.head import CrossFitView
-from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
+from flywheel.classifier.layer2.head import CrossFitView
 from flywheel.classifier.protocols import Embedder
+from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, TuneSettings
 
 __all__ = ["ADAPTER", "CROSSFIT", "CROSSFIT_MAX_ROWS", "HOLDOUT", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export",
            "calibration_holdout", "crossfit_folds", "intent_pairs", "resolve_calibration", "settings_with",
@@ -69,7 +69,7 @@ def calibration_holdout(labels: Sequence[str | None], share: float, seed: int = 
 
     Of each intent's ``n`` rows, ``round(share * n)`` are held out (a seeded draw) when that
     is at least :data:`MIN_HELD_OUT`, the fewest rows an intent needs to be cross-validated
-    (:meth:`classifier.head.IntentHead.fit`); an intent with fewer rows is tuned on all of
+    (:meth:`classifier.layer2.head.IntentHead.fit`); an intent with fewer rows is tuned on all of
     them and calibrated on them as before. Out-of-scope rows (``None``) are never held out:
     they are kept out of the tuning anyway."""
     rng = np.random.default_rng(seed)

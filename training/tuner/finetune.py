@@ -65,7 +65,7 @@ from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_
 from flywheel.classifier.errors import TrainingError
 
 if TYPE_CHECKING:
-    from flywheel.classifier.intents import EmbedderSettings
+    from flywheel.classifier.settings.intents import EmbedderSettings
 
 __all__ = ["CENTROID_ROWS", "EncoderTuner", "TunedEmbedder", "TuningError", "OBJECTIVES", "centroid_rows", "mean_pool",
            "load_trainable", "plan_batches", "torch_session", "tunable_base", "tuning_recipe", "warmup_linear"]
@@ -221,7 +221,7 @@ def _supcon(v: Any, y: Any, anchor: Any, weight: Any, temperature: float) -> Any
 
 def tunable_base(settings: EmbedderSettings) -> Path:
     """The model directory an intent set's ``embedder`` settings
-    (:class:`~classifier.intents.EmbedderSettings`) can be tuned from: MiniLM's for
+    (:class:`~classifier.settings.intents.EmbedderSettings`) can be tuned from: MiniLM's for
     ``minilm``, the converted multilingual-e5-small for ``e5-multilingual`` (from the
     machine cache, converted on first use; see :func:`tuning_recipe` for its prefix and
     frozen word embeddings), the directory of a mean-pooling ``sentence-transformers`` model.

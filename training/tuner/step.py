@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, TrainingError
-from flywheel.classifier.negatives import synthetic_negatives
+from flywheel.classifier.layer2.negatives import synthetic_negatives
 from flywheel.training.cutoffs import TRAFFIC_SAMPLE_ROWS, TrafficSample, traffic_sample
 from flywheel.training.layer2 import layer2_predict
 from flywheel.training.options import RetrainOptions
@@ -42,10 +42,10 @@ from flywheel.training.protocols import TrafficLog
 from flywheel.training.rows import LabelledSet, TrainingSet
 
 if TYPE_CHECKING:   # the head (scikit-learn) and the intent model load with the retrain, not with this module
-    from flywheel.classifier.head import CrossFitView
-    from flywheel.classifier.intents import EmbedderSettings, IntentSet, TuneSettings
-    from flywheel.classifier.model import IntentModel
+    from flywheel.classifier.layer2.head import CrossFitView
     from flywheel.classifier.protocols import Embedder, Registry
+    from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, TuneSettings
+    from flywheel.classifier.versions.model import IntentModel
 
 __all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "TunedStep", "candidate_pairs", "confusion_pairs",
            "encode_texts", "export_forecast", "export_seconds", "hard_pairs_of", "reencode", "reencode_forecast",

@@ -8,8 +8,8 @@ fits and ``--force``."""
 
 from __future__ import annotations
 
-from flywheel.classifier.config import load_config
-from flywheel.classifier.registry import ModelRegistry, ModelWatcher
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.versions.registry import ModelRegistry, ModelWatcher
 from flywheel.cli import main
 from tests.support.intent_sets import NEW_DOC, OLD_DOC, save_fitted, write_doc
 
@@ -71,7 +71,7 @@ def test_a_version_of_another_set_promoted_behind_the_commands_back_is_refused_b
         tmp_path, monkeypatch):
     """The serving side holds to the same contract: another host (or an old flywheel)
     moves CURRENT to a version of the old set; the process keeps serving its version."""
-    from flywheel.classifier.default import served_model
+    from flywheel.classifier.versions.default import served_model
 
     reg = _shop(tmp_path, monkeypatch, [("v1", NEW_DOC)])
     served = served_model(load_config(), progress=False)

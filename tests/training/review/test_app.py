@@ -14,8 +14,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from flywheel.classifier.config import load_config
 from flywheel.classifier.decision import Layer, Tier
+from flywheel.classifier.settings.config import load_config
 from flywheel.fleet.human_labels import HumanLabels
 from flywheel.fleet.site import LocalSite
 from flywheel.logstore import LogStore

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from flywheel.classifier.config import load_config
-from flywheel.classifier.registry import ModelRegistry
+from flywheel.classifier.settings.config import load_config
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.fleet.human_labels import HumanLabels
 from flywheel.logstore import LogStore
 from flywheel.training.cli.review import ui_app

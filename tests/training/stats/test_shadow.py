@@ -41,8 +41,8 @@ from typer.testing import CliRunner
 
 from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.classifier.registry import ModelRegistry
 from flywheel.classifier.shadow import ShadowAnswer
+from flywheel.classifier.versions.registry import ModelRegistry
 from flywheel.logstore import LabelRecord, LogStore, label_records_to_table
 from flywheel.training.stats.shadow import count_shadow, empty_shadow, format_shadow, shadow_section
 from flywheel.training.stats.traffic import convergence, empty_stats, format_table, stats_for_path

@@ -10,7 +10,7 @@ import pytest
 import flywheel.classifier.encoders as encoders
 import flywheel.classifier.encoders.factory as factory
 from flywheel.classifier.encoders.adapter import AdaptedEmbedder
-from flywheel.classifier.intents import EmbedderSettings, TuneSettings
+from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings
 from flywheel.training.tuner.adapter_trainer import AdapterTrainer
 from flywheel.training.tuner.export import adapt_and_export, tune_and_export
 from flywheel.training.tuner.finetune import TuningError

@@ -3,7 +3,7 @@ on a two-language intent file with ``embedder.backend: e5-multilingual`` tunes t
 BertModel with e5's ``query: `` prefix and its word embeddings frozen, and writes a version
 whose encoder records the prefix, serves with it, and carries the model's licence notice.
 
-One conversion (about 25 s, shared with tests/classifier/test_e5.py's cache), a tuning of a
+One conversion (about 25 s, shared with tests/classifier/encoders/test_e5.py's cache), a tuning of a
 few seconds and an fp32 ONNX export of the 450 MB model: ``slow``."""
 
 from __future__ import annotations
@@ -98,6 +98,6 @@ def test_train_tune_encoder_tunes_e5_with_its_prefix_frozen_embeddings_and_licen
 
 
 def finetune_settings():
-    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.settings.intents import parse_intents
 
     return parse_intents(DOC).embedder

@@ -175,7 +175,7 @@ def test_a_directory_without_a_model_is_refused(tmp_path):
 
 
 def test_only_mean_pooling_transformers_can_be_tuned(tiny):
-    from flywheel.classifier.intents import EmbedderSettings
+    from flywheel.classifier.settings.intents import EmbedderSettings
 
     with pytest.raises(TuningError, match="cannot be fine-tuned in place"):
         tunable_base(EmbedderSettings(backend="use-multilingual"))
@@ -253,8 +253,8 @@ def test_eval_tune_encoder_reports_the_tuned_model(tuned, tmp_path, capsys):
 
 @pytest.mark.slow   # exports the tuned tiny encoder to ONNX
 def test_tune_and_export_keeps_out_of_scope_rows_out_of_the_tuning(tiny, tmp_path, monkeypatch):
-    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.training.tuner import finetune
     from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
@@ -279,8 +279,8 @@ def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, mo
     # overconfident; the head calibrates on held-out rows only and still trains on them
     from dataclasses import replace
 
-    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.training.tuner import finetune
     from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
@@ -309,8 +309,8 @@ def test_tune_and_export_holds_rows_out_to_calibrate_the_head(tiny, tmp_path, mo
 def test_crossfit_calibrates_every_row_on_the_half_encoder_that_never_saw_it(tiny, tmp_path, monkeypatch):
     # issue 22 (BENCHMARKS 14.8, 14.12): the served encoder tunes on every row; two more, each
     # tuned on one half, encode the rows so that each half is calibrated by the encoder of the other
-    from flywheel.classifier.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
-    from flywheel.classifier.trainer import fit_model
+    from flywheel.classifier.layer2.fitter import fit_model
+    from flywheel.classifier.settings.intents import EmbedderSettings, Intent, IntentSet, TuneSettings
     from flywheel.training.tuner import finetune
     from flywheel.training.tuner.export import crossfit_folds, intent_pairs, tune_and_export
 
@@ -361,7 +361,7 @@ def test_crossfit_folds_deal_each_label_to_both_halves():
 
 
 def test_an_adapter_refuses_crossfit_calibration(tmp_path):
-    from flywheel.classifier.intents import EmbedderSettings, TuneSettings
+    from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings
     from flywheel.training.tuner.export import tune_and_export
 
     with pytest.raises(TuningError, match="crossfit applies to a tuned encoder"):
@@ -371,7 +371,7 @@ def test_an_adapter_refuses_crossfit_calibration(tmp_path):
 
 def test_the_intent_file_names_a_bad_calibration():
     from flywheel.classifier.errors import IntentFileError
-    from flywheel.classifier.intents import parse_intents
+    from flywheel.classifier.settings.intents import parse_intents
 
     doc = {"version": 1, "name": "x", "embedder": {"tune": {"calibration": "crossfit"}},
            "intents": [{"name": "a", "examples": ["a b"]}, {"name": "b", "examples": ["c d"]}]}

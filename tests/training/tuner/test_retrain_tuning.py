@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
 from flywheel.classifier.errors import TuneSettingsError
-from flywheel.classifier.intents import TuneSettings
-from flywheel.classifier.model import file_sha256
-from flywheel.classifier.trainer import fit_model
+from flywheel.classifier.layer2.fitter import fit_model
+from flywheel.classifier.settings.intents import TuneSettings
+from flywheel.classifier.versions.model import file_sha256
 from flywheel.cli import build_app
 from flywheel.training import retrain as retrain_mod
 from flywheel.training.cli import retrain as cli_retrain

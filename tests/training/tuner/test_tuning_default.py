@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flywheel.classifier.intents import (
+from flywheel.classifier.settings.intents import (
     TUNED_BY_DEFAULT,
     EmbedderSettings,
     TuneSettings,
@@ -25,7 +25,7 @@ from flywheel.classifier.intents import (
     parse_intents,
     retrain_tuning,
 )
-from flywheel.classifier.model import intents_to_doc
+from flywheel.classifier.versions.model import intents_to_doc
 from flywheel.cli import build_app
 from flywheel.training.cli import retrain as cli_retrain
 from tests.support.fakes import HashEmbedder

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flywheel.classifier.errors import NotFittedError, TuneSettingsError
-from flywheel.classifier.intents import EmbedderSettings, TuneSettings, parse_intents
+from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings, parse_intents
 from flywheel.cli import main
 from flywheel.logstore import LogStore
 from flywheel.training.loaders import DatasetError, load_unlabelled
