@@ -1,9 +1,10 @@
-"""Fleet mode: replicas share one traffic log and one model registry on S3-compatible
-object storage (issue 14).
+"""Where the log and the models live: on this machine, or (fleet mode) shared by many
+replicas on S3-compatible object storage.
 
 The layer between the entry points and the log: :mod:`service` and :mod:`training`
-use it; it uses :mod:`logstore` and :mod:`classifier`, which never import it. Without
-a store configured nothing here runs and flywheel works on one machine as before.
+use it; it uses :mod:`logstore` and :mod:`classifier`, which never import it. The site
+and the human-label writer run on every machine, for every command; the object-store
+modules run only when a store is configured.
 
 Modules: :mod:`~fleet.errors` (the named errors), :mod:`~fleet.config` (the
 ``s3://BUCKET/PREFIX`` URL and the AWS environment, credentials never shown),
@@ -23,7 +24,10 @@ removed from the bucket and the local file).
 Where it all lives, and what is served: :mod:`~fleet.site` (:func:`~fleet.site.open_site`,
 local or fleet, decided once; :meth:`~fleet.site.Site.served` and
 :meth:`~fleet.site.Site.contract`, the one answer to "what is served, what should be") and
-:mod:`~fleet.deployment` (``flywheel check``: whether the two agree).
+:mod:`~fleet.deployment` (``flywheel check``: whether the two agree);
+:mod:`~fleet.human_labels` (the one writer of human labels, local or fleet);
+:mod:`~fleet.blobs` (encoder blobs shared by the bucket's versions) and
+:mod:`~fleet.parallel` (bounded parallel object transfers).
 """
 
 from __future__ import annotations

@@ -10,14 +10,16 @@ libraries (torch, transformers, onnxruntime, the USE package...) are imported on
 ``classifier.encoders`` and ``training.tuner`` (offline work), and there only inside
 functions; scikit-learn only by ``classifier.layer2.head`` (the head that fits) and ``training``.
 ``training``'s wings (tuner, review, stats, cli) import one another only as
-``TRAINING_WINGS`` says; it has at most 15 top-level modules, and no module is over 700
-lines. Every import counts, also one inside a function, so a late import cannot hide a cycle.
+``TRAINING_WINGS`` says, ``classifier``'s (encoders, teachers, layer2, versions, settings)
+as ``CLASSIFIER_WING_IMPORTS`` says; every room and wing has at most 15 modules, and no
+module is over 700 lines. Every import counts, also one inside a function, so a late import cannot hide a cycle.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -286,7 +288,7 @@ WING_IMPORTS = {"training.tuner": (), "training.review": ("training.stats",), "t
                 "training.cli": TRAINING_WINGS}
 TUNER_IMPORTERS = ("training.retrain", "training.trial")
 TYPER_HOME = "training.cli"          # the only typer in training
-MAX_TRAINING_TOP_LEVEL = 15          # modules at training/'s top level, __init__ aside
+MAX_TRAINING_TOP_LEVEL = 15          # modules in any room or wing (training/'s first), __init__ aside
 MAX_MODULE_LINES = 700
 
 
@@ -330,10 +332,86 @@ def test_training_wings_import_only_what_their_rules_allow():
         "training.report imports typer", "training.reviewer imports training.cli"]
 
 
-def test_training_has_at_most_15_top_level_modules():
-    top = sorted(p.stem for p in (ROOT / "training").glob("*.py") if p.stem != "__init__")
-    assert "retrain" in top and "cutoffs" in top
-    assert len(top) <= MAX_TRAINING_TOP_LEVEL, f"{len(top)} modules at training/'s top level, put some in a wing: {top}"
+def _rooms_and_wings() -> dict[str, list[str]]:
+    """Every package folder of the library (a room or a wing) -> its modules, ``__init__`` aside."""
+    return {str(init.parent.relative_to(ROOT)): sorted(p.stem for p in init.parent.glob("*.py") if p.stem != "__init__")
+            for pkg in PACKAGES for init in sorted((ROOT / pkg).rglob("__init__.py"))}
+
+
+def _crowded(folders: dict[str, list[str]], cap: int) -> dict[str, int]:
+    return {folder: len(mods) for folder, mods in folders.items() if len(mods) > cap}
+
+
+def test_every_room_and_wing_has_at_most_15_modules():
+    """The cap that shaped training/ holds in every room and every wing: past it, give the
+    room a wing (issue 42: classifier/ had 29 top-level modules)."""
+    folders = _rooms_and_wings()
+    assert {"classifier", "classifier/layer2", "training", "training/tuner", "fleet"} <= set(folders)
+    assert "retrain" in folders["training"] and "pipeline" in folders["classifier"]
+    bad = _crowded(folders, MAX_TRAINING_TOP_LEVEL)
+    assert bad == {}, f"folders over {MAX_TRAINING_TOP_LEVEL} modules, put some in a wing: {bad}"
+    # the rule can fail
+    assert _crowded({"classifier": [f"m{i}" for i in range(29)], "fleet": ["a"]}, 15) == {"classifier": 29}
+
+
+# classifier's wings (issue 42): what each may import of the others. The top level is serving
+# (the pipeline, its bundle, decisions, rules, history, audits) and assembles the wings; a wing
+# imports of the top level only the shared vocabulary below, never the pipeline that uses it.
+CLASSIFIER_WINGS = ("classifier.encoders", "classifier.teachers", "classifier.layer2", "classifier.versions",
+                    "classifier.settings")
+CLASSIFIER_WING_IMPORTS = {
+    "classifier.settings": ("classifier.layer2",),                  # a target's cutoff rule, read by the parser
+    "classifier.encoders": ("classifier.settings",),
+    "classifier.teachers": ("classifier.settings", "classifier.versions"),
+    "classifier.layer2": ("classifier.encoders", "classifier.settings", "classifier.versions"),
+    "classifier.versions": ("classifier.encoders", "classifier.settings", "classifier.layer2"),
+}
+CLASSIFIER_SHARED = ("classifier.errors", "classifier.protocols", "classifier.decision", "classifier.text",
+                     "classifier.language")
+
+
+def _classifier_wing(module: str) -> str | None:
+    return next((w for w in CLASSIFIER_WINGS if _under(module, (w,))), None)
+
+
+def _classifier_wing_offenders(imports: dict[str, list[tuple[str, tuple[str, ...]]]]) -> list[str]:
+    """``"<module> imports <target>"`` for every import from a classifier wing into another
+    wing that ``CLASSIFIER_WING_IMPORTS`` does not allow, or into the top level outside
+    ``CLASSIFIER_SHARED``."""
+    bad = []
+    for m, found in imports.items():
+        wing = _classifier_wing(m)
+        if wing is None:
+            continue
+        for module, names in found:
+            for t in {module, *(f"{module}.{n}" for n in names)}:
+                if t.split(".")[0] != "classifier" or _under(t, (wing,)):
+                    continue
+                target_wing = _classifier_wing(t)
+                if target_wing is None:
+                    if t in MODULES and t not in CLASSIFIER_SHARED or t == "classifier":
+                        bad.append(f"{m} imports {t}")
+                elif target_wing not in CLASSIFIER_WING_IMPORTS[wing]:
+                    bad.append(f"{m} imports {target_wing}")
+    return sorted(set(bad))
+
+
+def test_classifier_wings_import_only_what_their_rules_allow():
+    bad = _classifier_wing_offenders(ALL_IMPORTS)
+    assert bad == [], f"classifier's wings: see CLASSIFIER_WING_IMPORTS: {bad}"
+    assert set(CLASSIFIER_WINGS) <= {m for m in MODULES}, "every wing is a package"
+    # the rule sees the allowed imports (so a clean result means something)
+    assert "classifier.layer2.scoring" in {t for module, names in ALL_IMPORTS["classifier.versions.model"]
+                                           for t in _project_target(module, names)}
+    planted = {"classifier.encoders.factory": [("classifier.versions.model", ())],
+               "classifier.versions.default": [("classifier.pipeline", ("Classifier",))],
+               "classifier.layer2.tiers": [("classifier.decision", ("Tier",)), ("classifier.layer2.scoring", ())],
+               "classifier.settings.intents": [("classifier", ("Classifier",)), ("classifier.teachers", ("base",))],
+               "classifier.pipeline": [("classifier.teachers.base", ())]}
+    assert _classifier_wing_offenders(planted) == [
+        "classifier.encoders.factory imports classifier.versions", "classifier.settings.intents imports classifier",
+        "classifier.settings.intents imports classifier.teachers",
+        "classifier.versions.default imports classifier.pipeline"]
 
 
 def test_no_module_is_over_700_lines():
@@ -397,3 +475,35 @@ def test_the_cli_root_imports_no_model_library():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def _map_gaps(package: str, doc: str, modules: list[str], known: set[str]) -> list[str]:
+    """What a package docstring's map gets wrong: a module it does not name (as
+    ``package.module``, ```module``` or ``module.py``), or a dotted path into the package
+    that names nothing (``known``: every module and package of the library)."""
+    short = package.split(".", 1)[1] if package.startswith("flywheel.") else package
+    gaps = [f"{package} does not name {m}" for m in modules if not m.startswith("__")
+            if not re.search(rf"(?<![\w.]){re.escape(short)}\.{m}\b|`{m}`|\b{m}\.py\b", doc)]
+    for ref in set(re.findall(rf"(?<![\w.])(?:flywheel\.)?{re.escape(short)}(?:\.\w+)+", doc)):
+        path = _room_name(ref)
+        # a path names a module, or a name inside one (``pkg.module.Class``)
+        if not any(path == k or path.startswith(k + ".") and k.count(".") >= short.count(".") + 1 for k in known):
+            gaps.append(f"{package} names {ref}, which does not exist")
+    return sorted(gaps)
+
+
+def test_every_package_docstring_maps_its_modules():
+    """Each room's and wing's ``__init__`` docstring names every module in it, and names no
+    module that is not there: the maps drifted when they were not tested (issue 42)."""
+    gaps = []
+    for folder, modules in _rooms_and_wings().items():
+        package = folder.replace("/", ".")
+        if not modules or package.startswith("service.protos"):
+            continue
+        doc = ast.get_docstring(ast.parse((ROOT / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        gaps += _map_gaps(package, doc, modules, set(MODULES))
+    assert gaps == [], "package maps out of date:\n" + "\n".join(gaps)
+    # the check can fail
+    assert _map_gaps("fleet", "- :mod:`~fleet.site`: the site\n- fleet.nowhere.thing", ["site", "sync"],
+                     {"fleet", "fleet.site", "fleet.sync"}) == [
+        "fleet does not name sync", "fleet names fleet.nowhere.thing, which does not exist"]
