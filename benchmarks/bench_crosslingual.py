@@ -20,7 +20,7 @@ command scores both (its ``by_language``) and a tuned arm tunes once. Each arm i
 user would run, in a subprocess::
 
     flywheel eval --intents SET.yaml --test heldout_en_es.jsonl --json --quiet --latency-sample 0 \\
-        [--tune-encoder --tune-budget B]
+        --no-tune-encoder | --tune-encoder --tune-budget B
 
 Run it alone (tuning time is part of what it reports)::
 
@@ -99,7 +99,7 @@ def intent_file(doc: dict, spanish: set[str], lang: str, backend: str, out: Path
 
 def run_eval(intents: Path, test: Path, home: Path, tune: bool, budget: float | None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--intents", str(intents), "--test", str(test), "--json",
-           "--quiet", "--latency-sample", "0"] + (["--tune-encoder"] if tune else []) \
+           "--quiet", "--latency-sample", "0"] + (["--tune-encoder"] if tune else ["--no-tune-encoder"]) \
         + (["--tune-budget", str(budget)] if tune and budget is not None else [])
     env = dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_TEACHER="off", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -5,7 +5,7 @@ in-scope intent of CLINC150 ``train`` and ``oos`` rows of ``oos_train``, drawn w
 ``random.Random(seed)``; the test set is the full ``test`` + ``oos_test``, 5,500 rows), then
 runs the two commands a user would run and reads their JSON::
 
-    flywheel eval --train T --test S --json --latency-sample 0
+    flywheel eval --train T --test S --json --latency-sample 0 --no-tune-encoder
     flywheel eval --train T --test S --json --latency-sample 0 --tune-encoder
     flywheel eval ... --tune-encoder --unlabelled POOL --tune-unlabelled SHARE   # --unlabelled-shares SHARE
 
@@ -70,7 +70,7 @@ def run_eval(train: Path, test: Path, home: Path, tune: bool, holdout: float | N
              intents: Path | None = None, objective: str | None = None, calibration: str | None = None,
              unlabelled: Path | None = None, share: float | None = None, budget: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "eval", "--train", str(train), "--test", str(test), "--json",
-           "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else []) \
+           "--latency-sample", "0", "--quiet"] + (["--tune-encoder"] if tune else ["--no-tune-encoder"]) \
         + (["--tune-holdout", str(holdout)] if tune and holdout is not None else []) \
         + (["--intents", str(intents)] if intents is not None else []) \
         + (["--tune-objective", objective] if tune and objective else []) \

@@ -24,10 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from flywheel.classifier.assembly import build_classifier  # noqa: E402
 from flywheel.classifier.rules import RuleEngine  # noqa: E402
 from flywheel.classifier.settings.config import load_config  # noqa: E402
 from flywheel.classifier.settings.intents import Rule  # noqa: E402
-from flywheel.classifier.versions.default import build_classifier  # noqa: E402
 
 
 def timed(fn, n: int) -> np.ndarray:

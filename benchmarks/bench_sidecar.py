@@ -37,8 +37,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from flywheel.classifier.assembly import build_classifier  # noqa: E402
 from flywheel.classifier.settings.config import load_config, starter_intents_path  # noqa: E402
-from flywheel.classifier.versions.default import build_classifier, cached_model_dir  # noqa: E402
+from flywheel.classifier.versions.default import cached_model_dir  # noqa: E402
 from flywheel.classifier.versions.registry import ModelRegistry  # noqa: E402
 from flywheel.service.protos.flywheel.v1 import classifier_pb2 as pb  # noqa: E402
 from flywheel.service.protos.flywheel.v1 import classifier_pb2_grpc as pb_grpc  # noqa: E402

@@ -4,9 +4,15 @@
 >>> classify("What is addVar in AVAP?").label              # doctest: +SKIP
 'RETRIEVAL'
 
+This room never opens the traffic log: :func:`classify` here logs nothing. The entry that
+feeds the flywheel (every decision logged, so ``flywheel retrain`` learns from it) is
+:func:`flywheel.classify` / :func:`flywheel.open_classifier`.
+
 Modules, by layer:
 
 - :mod:`~classifier.pipeline`: the :class:`Classifier`: declared type / rules -> embeddings -> teacher
+- :mod:`~classifier.assembly`: a classifier built from the configuration, and the process-wide
+  default behind :func:`classify` (neither logs)
 - :mod:`~classifier.bundle`: the served bundle (a version, its encoder, rules and cutoffs), warmed before a swap
 - :mod:`~classifier.decision`: what a classification returns (:class:`Decision`, tiers, layers)
 - :mod:`~classifier.protocols`: the pluggable parts (embedder, teacher, log sink) as protocols
@@ -29,6 +35,7 @@ Modules, by layer:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from flywheel.classifier.decision import Candidate, Decision, Layer, TeacherCall, Tier
@@ -53,8 +60,14 @@ __all__ = [
 ]
 
 
-def classify(text: str, **kwargs: Any) -> Decision:
-    """Classify with the default model (see :mod:`classifier.versions.default`)."""
-    from flywheel.classifier.versions.default import default_classifier
+def classify(text: str, *, history: Iterable[Any] | None = None, declared_type: str | None = None,
+             session_id: str | None = None) -> Decision:
+    """Classify with the default model (:func:`~classifier.assembly.default_classifier`), the
+    arguments as :meth:`Classifier.classify` takes them.
 
-    return default_classifier().classify(text, **kwargs)
+    **The decision is not logged**, so the flywheel never learns from it: use
+    :func:`flywheel.classify` (the same call, logged to the configured traffic log) unless you
+    mean to keep the query out of the log."""
+    from flywheel.classifier.assembly import default_classifier
+
+    return default_classifier().classify(text, history=history, declared_type=declared_type, session_id=session_id)

@@ -135,7 +135,7 @@ def made_by_this_process(s: object) -> bool:
     return carries_this_process_tag(s) and _mac(s[:8], s[8:24]) == s[24:]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     """The answer of :meth:`classifier.Classifier.classify`.
 
@@ -150,6 +150,11 @@ class Decision:
     than the field). ``teacher`` records the LLM call, if any, and ``pending`` whether the
     teacher was needed but unavailable; they are for the traffic log and the metrics, not
     part of the public dict.
+
+    Frozen: the pipeline computes every field before it builds one (its ``finish`` step
+    adds ``language`` and the total latency with one :func:`dataclasses.replace`), and
+    nothing changes it afterwards; a changed decision is a new one
+    (``dataclasses.replace(d, ...)``; the ``id`` is kept unless given).
     """
 
     label: str | None

@@ -87,6 +87,16 @@ class EmbedderError(FlywheelError):
     exit_code = 3
 
 
+class UnknownBackendError(EmbedderError):
+    """No encoder backend has this name (:func:`classifier.encoders.backends.backend_spec`);
+    ``known`` lists the names there are."""
+
+    def __init__(self, name: object, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(f"unknown embedder backend {name!r} (known: {', '.join(known)})")
+
+
 class TeacherError(FlywheelError):
     """The LLM teacher failed: unreachable, slow, or answered something unusable.
 

@@ -37,9 +37,11 @@ from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidI
 from flywheel.classifier.history import SessionHistory, coerce_history
 from flywheel.classifier.layer2.tiers import Layer2Result, tier_rows
 from flywheel.classifier.protocols import (
+    CachingEmbedder,
     DecisionRecord,
     Embedder,
     HistoryEntry,
+    LoadTimed,
     LogSink,
     Teacher,
     TeacherAnswer,
@@ -358,8 +360,7 @@ class Classifier:
         the encoder of ``pending``'s bundle when given (a swap may have happened since it
         began), else the serving one."""
         embedder = pending.rt.embedder if pending is not None else self.embedder
-        lookup = getattr(embedder, "lookup", None)
-        return lookup(text) if lookup is not None else None
+        return embedder.lookup(text) if isinstance(embedder, CachingEmbedder) else None
 
     def score(self, pending: Sequence["Pending"]) -> None:
         """Layer 2 for every query not decided yet, in one encoder pass (vectors already
@@ -373,8 +374,8 @@ class Classifier:
         total = _ms(t0)
         load = 0.0      # loading the encoder is not query latency
         for emb in {id(p.rt.embedder): p.rt.embedder for p in todo}.values():
-            pop = getattr(emb, "pop_load_ms", None)
-            load += pop() if pop is not None else 0.0
+            if isinstance(emb, LoadTimed):
+                load += emb.pop_load_ms()
         per_item = max(total - load, 0.0) / len(todo)
         for p in todo:
             if load > 0:
@@ -383,9 +384,9 @@ class Classifier:
             res = _scored(p)
             if res.sure:
                 p.decision = self._from_layer2(p.rt, res, p.clean, p.latency)
-            elif self.teacher is None:
-                p.decision = self._from_layer2(p.rt, res, p.clean, p.latency, "; no LLM teacher configured")
-                p.decision.degraded = "no_teacher"  # keeps layer 2's tier: there is no teacher to fail
+            elif self.teacher is None:   # keeps layer 2's tier: there is no teacher to fail
+                p.decision = self._from_layer2(p.rt, res, p.clean, p.latency, "; no LLM teacher configured",
+                                               degraded="no_teacher")
 
     def _assign_layer2(self, todo: Sequence["Pending"]) -> None:
         """Encode the queries without a vector (one call per bundle) and set ``layer2`` on each."""
@@ -416,20 +417,19 @@ class Classifier:
         :data:`~classifier.decision.DEGRADED_REASONS`); it is logged as pending, so
         ``flywheel label`` asks the teacher later."""
         assert p.layer2 is not None, "without_teacher needs a scored query"
-        d = self._from_layer2(p.rt, p.layer2, p.clean, dict(p.latency), f"; llm skipped: {why}", degraded=reason)
-        d.pending = True
-        return d
+        return self._from_layer2(p.rt, p.layer2, p.clean, p.latency, f"; llm skipped: {why}", degraded=reason,
+                                 pending=True)
 
     def finish(self, p: "Pending", decision: Decision | None = None, *, total: bool = True) -> Decision:
         """Record the query's decision (``decision``, else the one set on ``p``): session
-        history, traffic log, audit sampling. With ``total`` the whole call's latency is
-        added as ``latency_ms["total"]``."""
-        d = decision if decision is not None else p.decision
-        assert d is not None, "finish needs a decision"
+        history, traffic log, audit sampling. Returns it completed with what is known only
+        now (the one copy a decision gets, set on ``p``): the query's ``language`` and, with
+        ``total``, the whole call's latency as ``latency_ms["total"]``."""
+        made = decision if decision is not None else p.decision
+        assert made is not None, "finish needs a decision"
+        d = replace(made, language=p.rt.language.detect(p.clean.text),
+                    latency_ms={**made.latency_ms, "total": _ms(p.t_start)} if total else made.latency_ms)
         p.decision = d
-        d.language = p.rt.language.detect(p.clean.text)
-        if total:
-            d.latency_ms["total"] = _ms(p.t_start)
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None
         self._after(p.rt, d, p.clean, p.history, p.declared, p.session_id, p.vector, l2, p.layer2)
         shadow = self.shadow
@@ -440,32 +440,36 @@ class Classifier:
     # ------------------------------------------------------------- internals
     def _decision(self, rt: ModelBundle, label: str | None, confidence: float, tier: Tier, layer: Layer,
                   reason: str, c: CleanText, latency: dict[str, float],
-                  alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None) -> Decision:
+                  alternatives: list[Candidate] | None = None, teacher: TeacherCall | None = None, *,
+                  degraded: str | None = None, pending: bool = False) -> Decision:
+        """The one place a stage builds its :class:`Decision`, every field known (a copy of
+        ``latency``: the query's own dict goes on changing); :meth:`finish` adds the rest."""
         if c.truncated:
             reason += f"; text truncated from {c.original_chars} to {len(c.text)} characters"
         return Decision(label=label, confidence=float(confidence), tier=tier, layer=layer, reason=reason,
                         alternatives=alternatives or [], model_version=rt.model.version,
-                        latency_ms=latency, teacher=teacher,
-                        metadata=dict(rt.metadata.get(label, {})) if label is not None else {})
+                        latency_ms=dict(latency), teacher=teacher,
+                        metadata=dict(rt.metadata.get(label, {})) if label is not None else {},
+                        degraded=degraded, pending=pending)
 
     def _from_layer2(self, rt: ModelBundle, res: Layer2Result, c: CleanText, lat: dict[str, float],
-                     suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None) -> Decision:
+                     suffix: str = "", teacher: TeacherCall | None = None, degraded: str | None = None,
+                     pending: bool = False) -> Decision:
         """Layer 2's answer as the decision; ``degraded`` (a reason) when layer 2 was unsure
         and the teacher it deferred to did not answer (failed, skipped, over budget): the answer
         is then served as a best guess, tier ``weak``, even where layer 2 said ``ambiguous`` (its
         prediction set stays in the alternatives), so a host that acts on ``ambiguous`` never acts
         on an answer that was meant to be checked and was not. Without a teacher (``no_teacher``)
-        the caller keeps layer 2's tier: there layer 2 is the final word, not a fallback."""
+        layer 2's tier is kept: there layer 2 is the final word, not a fallback. ``pending``: the
+        teacher is to be asked later (``flywheel label``)."""
         tier = res.tier
-        if degraded is not None and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
+        if degraded not in (None, "no_teacher") and tier in (Tier.CONFIDENT, Tier.AMBIGUOUS):
             tier = Tier.WEAK  # the teacher was needed and failed: layer 2's answer is a best guess
         alts = res.alternatives if tier is not Tier.CONFIDENT else []
         if tier is Tier.WEAK and not alts and res.label is not None:
             alts = [c_ for c_ in res.candidates[:3]]
-        d = self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
-                           alts, teacher)
-        d.degraded = degraded
-        return d
+        return self._decision(rt, res.label, res.confidence, tier, Layer.EMBEDDING, res.reason + suffix, c, lat,
+                              alts, teacher, degraded=degraded, pending=pending)
 
     def _layer3(self, rt: ModelBundle, c: CleanText, res: Layer2Result, history: tuple[HistoryEntry, ...],
                 lat: dict[str, float]) -> Decision:
@@ -492,9 +496,8 @@ class Classifier:
             lat["llm"] = _ms(t0)
             call = TeacherCall(model=teacher.model, label=None, valid=False, latency_ms=lat["llm"],
                                error=str(exc)) if exc.kind not in NOT_CALLED_KINDS else None  # no call made
-            d = self._from_layer2(rt, res, c, lat, f"; {exc.reason()}", call, degraded=exc.kind)
-            d.pending = exc.kind in RETRYABLE_TEACHER_ERRORS
-            return d
+            return self._from_layer2(rt, res, c, lat, f"; {exc.reason()}", call, degraded=exc.kind,
+                                     pending=exc.kind in RETRYABLE_TEACHER_ERRORS)
         except Exception as exc:  # noqa: BLE001 - a third-party teacher must never break serving
             lat["llm"] = _ms(t0)
             log.exception("teacher raised an unexpected error")

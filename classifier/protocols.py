@@ -1,6 +1,12 @@
 """The pluggable parts of the pipeline, as :class:`typing.Protocol` types.
 
-- :class:`Embedder`: text -> L2-normalised float32 vectors (layer 2's encoder).
+- :class:`Embedder`: text -> L2-normalised float32 vectors (layer 2's encoder); what some
+  embedders can do besides, each a Protocol of its own that callers check with ``isinstance``
+  (never a ``getattr``): :class:`CachingEmbedder` (a vector without encoding) and
+  :class:`LoadTimed` (the time spent loading the model).
+- Layer 2's fitted head, as a model version serves and saves it, is the
+  :class:`~classifier.layer2.scoring.Head` Protocol, kept in layer 2's wing beside the two
+  heads that satisfy it.
 - :class:`Teacher`: the LLM that labels what layer 2 is unsure of (layer 3);
   :class:`ManagedTeacher`, one with a server behind it that the process checks, watches
   and closes (the backends in :mod:`classifier.teachers`).
@@ -71,9 +77,41 @@ class DelegatingEmbedder:
 
     def pop_load_ms(self) -> float:
         """The inner embedder's model-loading time on this thread since the last call
-        (0.0 when it does not report one)."""
-        pop = getattr(self.inner, "pop_load_ms", None)
-        return pop() if pop is not None else 0.0
+        (0.0 when it is not :class:`LoadTimed`): a wrapper is :class:`LoadTimed` itself."""
+        return self.inner.pop_load_ms() if isinstance(self.inner, LoadTimed) else 0.0
+
+
+@runtime_checkable
+class CachingEmbedder(Protocol):
+    """An :class:`Embedder` that keeps the vectors it made and hands one out without
+    encoding (:class:`~classifier.encoders.cache.CachedEmbedder`).
+
+    Contract: ``lookup(text)`` is the vector ``encode([text])[0]`` returned for exactly that
+    text earlier, if it is still kept, else ``None``; it never encodes, never loads a model and
+    never raises for a text it does not know (so a server can try it on the request thread
+    before queueing the text for the encoder). Thread-safe.
+
+    Only the capability is named here (no ``id``/``dim``): ``isinstance`` checks of a
+    runtime Protocol with properties read them, and an embedder's ``dim`` may load its model.
+    """
+
+    def lookup(self, text: str) -> np.ndarray | None: ...
+
+
+@runtime_checkable
+class LoadTimed(Protocol):
+    """An :class:`Embedder` that reports how long loading its model took, so a caller can
+    report loading apart from encoding (the query latency the pipeline logs leaves it out).
+
+    Contract: ``pop_load_ms()`` is the milliseconds the *calling thread* spent loading the
+    model since its previous call (0.0 when nothing was loaded), and resets that count: each
+    load is reported once, to the thread that paid for it. It never loads or encodes. Every
+    lazy embedder of :mod:`classifier.encoders` is one, and so is every
+    :class:`DelegatingEmbedder` (passing on the inner embedder's). Only the capability is
+    named here, as for :class:`CachingEmbedder`.
+    """
+
+    def pop_load_ms(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers
 from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.versions.model import IntentModel
 
-__all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer"]
+__all__ = ["LOAD_OUTCOMES", "SHADOW_OUTCOMES", "ShadowAnswer", "ShadowScorer", "ShadowSink"]
 
 log = logging.getLogger("flywheel.shadow")
 
@@ -67,6 +67,20 @@ class ShadowAnswer:
     confidence: float
     tier: str
     sure: bool
+
+
+@runtime_checkable
+class ShadowSink(Protocol):
+    """A decision sink that also takes shadow answers (the spool's
+    :class:`~logstore.sink.SpoolSink`): a :class:`ShadowScorer`'s ``on_answer``.
+
+    Contract: ``add_shadow_answer(answer)`` queues ``answer`` to be logged as a
+    ``source='shadow'`` label of its decision; it is called on the scorer's worker thread,
+    must not block for long, and reports I/O problems the way the sink reports its decisions'
+    (never into the caller). A sink without it (a caller's own :class:`~classifier.protocols.LogSink`)
+    gets no shadow answers: the runtime scores no shadow then."""
+
+    def add_shadow_answer(self, answer: ShadowAnswer) -> None: ...
 
 
 @dataclass(frozen=True)

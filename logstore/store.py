@@ -85,6 +85,7 @@ from flywheel.logstore.connection import DEFAULT_BUSY_TIMEOUT_S, arrow_table, co
 from flywheel.logstore.drain import LocalIngest
 from flywheel.logstore.errors import LogStoreError, UnknownDecisionError
 from flywheel.logstore.label_records import LabelRecord
+from flywheel.logstore.reads import NamedReads
 from flywheel.logstore.schema import apply_migrations, current_version, utcnow
 from flywheel.logstore.segments import ingest_spool, insert_objects
 from flywheel.logstore.sink import DEFAULT_MAX_SPOOL_BYTES, SpoolSink
@@ -239,9 +240,10 @@ def _fsync(path: str, directory: bool = False) -> None:
         os.close(fd)
 
 
-class LogStore:
+class LogStore(NamedReads):
     """The traffic log at ``path`` (a DuckDB file; segments spool in ``<path>.spool/``).
-    A :class:`~logstore.drain.LabelSink` that checks the decision is in the log.
+    A :class:`~logstore.drain.LabelSink` that checks the decision is in the log, and a
+    :class:`~logstore.reads.LogReader` (the named reads of :mod:`logstore.reads`).
 
     Opening checks that the location is writable and applies the schema migrations,
     so a bad path fails here with :class:`LogStoreError`, not as a lost log later.
@@ -622,8 +624,13 @@ class LogStore:
             "SELECT decision_id, text FROM decisions WHERE encoder_id = ? "
             "ORDER BY created_at DESC, decision_id DESC LIMIT ?", [encoder_id, int(n)]).fetchall())
 
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._run(lambda con: con.execute(sql, list(params)).fetchall())
+
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
-        """Run one read-only SQL statement (``flywheel stats``' report) and return all rows.
+        """Run one read-only SQL statement of your own and return all rows: for tests,
+        benchmarks and an operator's question. The library asks through the named reads
+        (:mod:`logstore.reads`), so no SQL lives outside :mod:`logstore`.
 
         The tables and the ``decision_labels`` view are described in :mod:`logstore.schema`."""
-        return self._run(lambda con: con.execute(sql, list(params or [])).fetchall())
+        return self._rows(sql, list(params or []))

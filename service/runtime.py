@@ -17,7 +17,7 @@ the log and the registry live is the site's to say (:func:`fleet.site.open_site`
   No local DuckDB is opened: raw text stays on the replica only until it has shipped.
 
 The parts are built first (log, model sync and its first sync, the served model
-(:func:`~classifier.versions.default.served_model`, as :func:`~classifier.versions.default.build_classifier`
+(:func:`~classifier.versions.default.served_model`, as :func:`~classifier.assembly.build_classifier`
 resolves it), teacher, shadow), then joined in one :class:`~classifier.pipeline.Classifier`,
 built with the models home it follows (its watcher hot-swaps each promotion); the parts
 built before it that call into it (the sync's "swap it now", the shadow's encoder check)
@@ -32,14 +32,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from flywheel.classifier.decision import TeacherCall
 from flywheel.classifier.errors import FlywheelError
 from flywheel.classifier.pipeline import Classifier
-from flywheel.classifier.protocols import DecisionRecord, ManagedTeacher, Teacher
+from flywheel.classifier.protocols import DecisionRecord, Embedder, LogSink, ManagedTeacher, Teacher
 from flywheel.classifier.settings.config import Config
-from flywheel.classifier.shadow import ShadowScorer
+from flywheel.classifier.shadow import ShadowScorer, ShadowSink
 from flywheel.classifier.teachers import build_teacher
 from flywheel.classifier.versions.default import served_model
 from flywheel.classifier.versions.model import IntentModel
@@ -145,12 +145,15 @@ class _ClassifierSlot:
 
 
 def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = True,
-                 background_reload: bool = False, site: Site | None = None, **kwargs: Any) -> Runtime:
+                 background_reload: bool = False, site: Site | None = None, embedder: Embedder | None = None,
+                 teacher: Teacher | None = None, log_sink: LogSink | None = None) -> Runtime:
     """Build the default classifier for ``cfg`` with its traffic log, labels and audits.
 
     ``site`` is where the log and the registry live (default: :func:`fleet.site.open_site`
-    of ``cfg``). ``kwargs`` go to :class:`~classifier.pipeline.Classifier` (an ``embedder``, a
-    ``teacher``, a ``log_sink`` of the caller's, ...). Raises
+    of ``cfg``). ``embedder``: the encoder to serve with (default: the one the served model's
+    manifest names). ``teacher``: layer 3, the caller's to close (default: the one ``cfg`` and
+    the intent set describe, closed with the runtime; ``cfg.teacher = "off"`` for none).
+    ``log_sink``: the caller's own decision sink, used as it is (default: the site's). Raises
     :class:`~logstore.LogStoreError` when the log is not writable and
     :class:`fleet.errors.StoreConfigError` for a bad store URL or missing credentials,
     before any model is loaded.
@@ -161,31 +164,32 @@ def open_runtime(cfg: Config, *, log_decisions: bool = True, progress: bool = Tr
     home it follows, and then the threads start. A part that fails closes what was opened
     before it.
     """
+    redact: Callable[[str], str] | None = None
     if cfg.mask_pii:
         from flywheel.classifier.masking import mask_pii
 
-        kwargs.setdefault("redact", mask_pii)
+        redact = mask_pii
     site = site if site is not None else open_site(cfg)
     slot = _ClassifierSlot()
     with contextlib.ExitStack() as undo:       # closes what is open if a later part fails
-        served = site.serving_log(own_sink="log_sink" not in kwargs) if log_decisions else ServingLog()
+        served = site.serving_log(own_sink=log_sink is None) if log_decisions else ServingLog()
         if served.sink is not None:
             undo.callback(served.sink.close)
-            kwargs.setdefault("log_sink", served.sink)   # a caller's own sink is used as is
+        sink = log_sink if log_sink is not None else served.sink   # a caller's own sink is used as is
         sync = site.follow(slot.reload_now)
         if sync is not None and cfg.model is None:   # a fresh replica starts on the fleet's version
             sync.sync_once(FIRST_SYNC_TIMEOUT_S)
         chosen = served_model(cfg, progress=progress, into_home=sync is not None)
         model, home = chosen.model, chosen.home
-        own_teacher = "teacher" not in kwargs
-        teacher: Teacher | None = build_teacher(cfg, model.intents) if own_teacher else kwargs.pop("teacher")
-        shadow_sink = served.sink if served.sink is not None else kwargs.get("log_sink")
+        own_teacher = teacher is None
+        if own_teacher:
+            teacher = build_teacher(cfg, model.intents)
+        shadow_sink = served.sink if served.sink is not None else log_sink
         shadow, shadow_watcher = _shadow_parts(cfg, home, shadow_sink, slot)
-        if served.labels is not None:
-            kwargs.setdefault("audit_rate", cfg.audit_rate)
-            kwargs.setdefault("audit_callback", _audit_recorder(served.labels))
-        kwargs.setdefault("cache_root", cfg.cache_root)
-        classifier = slot.fill(Classifier(model, teacher=teacher, follow=home, shadow=shadow, **kwargs))
+        audit = None if served.labels is None else _audit_recorder(served.labels)   # audits need labels
+        classifier = slot.fill(Classifier(model, embedder=embedder, teacher=teacher, log_sink=sink, redact=redact,
+                                          audit_rate=0.0 if audit is None else cfg.audit_rate, audit_callback=audit,
+                                          cache_root=cfg.cache_root, follow=home, shadow=shadow))
         undo.pop_all()
     _start(classifier.watcher, shadow_watcher, sync, background_reload)
     writer = None if served.labels is None else HumanLabels(     # the labels of the model served now
@@ -201,10 +205,10 @@ def _shadow_parts(cfg: Config, home: ModelRegistry | None, sink: object,
     beside the champion, when the classifier is served from a models home and its decisions
     are logged to a sink that takes shadow answers (logged as ``source='shadow'`` labels):
     a :class:`~classifier.shadow.ShadowScorer` and a watcher on the pointer."""
-    add = getattr(sink, "add_shadow_answer", None)   # a caller's own sink may not take them
-    if cfg.shadow_fraction <= 0 or home is None or add is None:
+    # a caller's own sink may take no shadow answers: then no shadow is scored
+    if cfg.shadow_fraction <= 0 or home is None or not isinstance(sink, ShadowSink):
         return None, None
-    scorer = ShadowScorer(add, fraction=cfg.shadow_fraction, check_encoder=slot.check_encoder)
+    scorer = ShadowScorer(sink.add_shadow_answer, fraction=cfg.shadow_fraction, check_encoder=slot.check_encoder)
     watcher = ModelWatcher(home, scorer.set_model, WATCH_INTERVAL_S, pointer=SHADOW)
     watcher.listeners.append(scorer.count_load)
     return scorer, watcher

@@ -38,7 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from flywheel.classifier.errors import ConfigError
-from flywheel.classifier.protocols import ManagedTeacher
+from flywheel.classifier.protocols import Embedder, ManagedTeacher, Teacher
 from flywheel.classifier.settings.config import Config
 from flywheel.classifier.settings.listen import check_listen, split_address
 from flywheel.service.auth import AdminTokenInterceptor
@@ -284,16 +284,17 @@ def _tls_credentials(cert: str | None, key: str | None) -> grpc.ServerCredential
 
 
 def create_server(cfg: Config, options: ServerOptions = ServerOptions(), *, log_decisions: bool = True,
-                  **classifier_kwargs: Any) -> SidecarServer:
+                  embedder: Embedder | None = None, teacher: Teacher | None = None) -> SidecarServer:
     """Open what ``flywheel classify`` would serve (same config, registry, log and teacher)
-    and bind the sidecar; call :meth:`SidecarServer.start` to serve. A TCP address (the
-    sidecar's or ``/metrics``') that is taken, or a port out of range, is refused before
-    anything is opened."""
+    and bind the sidecar; call :meth:`SidecarServer.start` to serve. ``embedder`` and
+    ``teacher`` replace the configured ones, as :func:`~service.runtime.open_runtime` takes
+    them. A TCP address (the sidecar's or ``/metrics``') that is taken, or a port out of
+    range, is refused before anything is opened."""
     if not options.uds:
         check_address(options.address)
     check_metrics_address(options)
     runtime = open_runtime(cfg, log_decisions=log_decisions, progress=False, background_reload=True,
-                           **classifier_kwargs)
+                           embedder=embedder, teacher=teacher)
     try:
         return SidecarServer(runtime, options)
     except BaseException:

@@ -8,6 +8,7 @@ worlds, servers) is imported from ``tests.support``.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -34,12 +35,22 @@ def _isolated_home(tmp_path_factory, monkeypatch, onnx_cache):
     monkeypatch.delenv("FLYWHEEL_CONFIG", raising=False)
     monkeypatch.delenv("FLYWHEEL_MODEL", raising=False)
     monkeypatch.delenv("FLYWHEEL_INTENTS", raising=False)
-    # `flywheel retrain` tunes a real encoder by default (minutes): a test opts in with
+    # `flywheel train`, `eval` and `retrain` tune a real encoder by default (minutes): a test opts in with
     # --tune-encoder, and the tests of that default remove this
     monkeypatch.setenv("FLYWHEEL_TUNE_ENCODER", "off")
     monkeypatch.setenv("OLLAMA_HOST", f"http://127.0.0.1:{free_port()}")  # nobody listens there
-    from flywheel.classifier.versions.default import reset_default
+    from flywheel.classifier.assembly import reset_default
 
     reset_default()
+    _close_flywheel()
     yield home
     reset_default()
+    _close_flywheel()
+
+
+def _close_flywheel() -> None:
+    """Close ``flywheel.classify``'s process-wide classifier, if a test opened one (its log
+    is in that test's home)."""
+    api = sys.modules.get("flywheel.api")
+    if api is not None:
+        api.close()

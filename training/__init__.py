@@ -14,22 +14,25 @@ The retrain and its data, at the top:
 - :mod:`~training.layer2`: layer 2 as the retrain sees it (tiered answers for a batch of vectors)
 - :mod:`~training.cutoffs`: the ``confident`` cutoff re-tuned for a target precision or an LLM budget
 - :mod:`~training.gate`: the promotion gate (layer-2 metrics, the rule that keeps the champion)
+- :mod:`~training.metrics`: label metrics of predictions against the truth (the gate's and eval's)
 - :mod:`~training.report`: the retrain's report, assembled, rendered (``report.md``) and written
-- :mod:`~training.evaluate`: ``flywheel eval``, a classifier on labelled queries
-- :mod:`~training.loaders`: labelled query files (CLINC150 JSON, CSV, JSON Lines)
 - :mod:`~training.labeling`: ``flywheel label``, the teacher asked for the decisions left pending
 
 The wings:
 
 - :mod:`~training.tuner`: encoder tuning (fine-tuning, the adapter, the ONNX export, the
-  retrain's tuning step), the only importer of a model library in ``training``
+  retrain's tuning step, layer 2 fitted on a tuned encoder), the only importer of a model
+  library in ``training``
+- :mod:`~training.eval`: ``flywheel eval``, a classifier measured on labelled queries (the run,
+  the measurement, held-out calibration, the data loaders, the text report and the plots)
 - :mod:`~training.review`: human review (the queue, Label Studio, labels from Python, the
   local page and its API, the dashboard)
 - :mod:`~training.stats`: ``flywheel stats`` (convergence per window, the shadow, anchoring)
 - :mod:`~training.cli`: the offline commands (typer), registered in :mod:`flywheel.cli`
 
-Top-level modules never import :mod:`~training.review` or :mod:`~training.cli`; only the
-retrain and its records import :mod:`~training.tuner`; the wings do not import one another,
-except the commands, which call them all (``tests/test_architecture.py``). Nothing is
-imported here.
+Top-level modules never import a wing, except the retrain and its records, which import
+:mod:`~training.tuner`; the wings do not import one another, except eval, which fits on a
+tuned encoder (:mod:`~training.tuner`), the review's dashboard, which draws flywheel stats,
+and the commands, which call them all (``tests/test_architecture.py``). Nothing is imported
+here.
 """

@@ -85,6 +85,7 @@ import numpy as np
 
 from flywheel.classifier.versions.model import IntentModel
 from flywheel.training.layer2 import layer2_predict
+from flywheel.training.metrics import classification_metrics
 from flywheel.training.rows import LabelledSet
 
 __all__ = ["MIN_GATE_ROWS", "MIN_OOS_FOR_GATE", "CONFIDENCE", "evaluate_layer2", "paired_drop", "significant_gain",
@@ -102,8 +103,6 @@ def evaluate_layer2(model: IntentModel, data: LabelledSet) -> dict[str, Any]:
     accuracy on the rest; ``ece`` is over in-scope queries (top calibrated probability
     vs. top label right).
     """
-    from flywheel.training.evaluate import classification_metrics
-
     n = len(data)
     if n == 0:
         return {"n": 0, "n_in_scope": 0, "n_out_of_scope": 0, "accuracy": None, "in_scope_accuracy": None,

@@ -6,14 +6,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flywheel.classifier.errors import FlywheelError, TuneSettingsError
-from flywheel.classifier.settings.intents import TuneSettings
+from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings, retrain_tuning
 from flywheel.training.trainset import SELF_TRAINING_MAX
 
+if TYPE_CHECKING:
+    from flywheel.classifier.settings.config import Config
+
 __all__ = ["DEFAULT_MAX_TEACHER_NOISE", "DEFAULT_UNLABELLED_SHARE", "RetrainError", "RetrainOptionError",
-           "RetrainOptions", "TUNE_FLAGS", "resolve_tune"]
+           "RetrainOptions", "TUNE_FLAGS", "resolve_tune", "tune_for"]
 
 #: ``RetrainOptions.max_teacher_noise``'s default: above the ~10% the flywheel benchmark's simulated
 #: teacher makes (BENCHMARKS.md §15: estimates 8.4-12.5%, 95% upper bounds at most 17.1%)
@@ -68,9 +71,9 @@ class RetrainOptions:
     tune : TuneSettings, optional
         Fine-tune the encoder too (:mod:`training.tuner.finetune`): a second challenger on a tuned
         encoder competes with the head-only one and the champion (see
-        :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it from the
-        intent file's ``embedder.tune`` and its flags (:func:`resolve_tune`): on by default
-        for an encoder that can be tuned (:func:`classifier.settings.intents.retrain_tuning`).
+        :mod:`training.retrain`). ``None`` (the default): off. The CLI resolves it as train
+        and eval do (:func:`tune_for`): the flags and the ``tune_encoder`` setting over the
+        intent file's ``embedder.tune``, on by default for an encoder tuned by default.
     tune_why : str
         Why tuning is on or off, in words, for the report's ``encoder_tuning`` (the CLI says
         which flag, file setting or default decided it); empty: not said.
@@ -190,6 +193,31 @@ def resolve_tune(from_intents: TuneSettings | None, tune_encoder: bool | None = 
                                      "embedder.tune in the intent file")
         return None
     return tuned
+
+
+# why the encoder is tuned or not when a setting says (classifier.settings.config: flag > env > file)
+_TUNE_SOURCES = {
+    "flag": {True: "on: --tune-encoder", False: "off: --no-tune-encoder"},
+    "env": {True: "on: FLYWHEEL_TUNE_ENCODER", False: "off: FLYWHEEL_TUNE_ENCODER"},
+    "file": {True: "on: tune_encoder in the config file", False: "off: tune_encoder in the config file"}}
+
+
+def tune_for(settings: EmbedderSettings, cfg: Config, budget_s: float | None = None,
+             **overrides: Any) -> tuple[TuneSettings | None, str]:
+    """Whether and how ``flywheel train``, ``eval`` and ``retrain`` tune the encoder, and why
+    in words (the retrain's report says it): the one default of the three commands.
+
+    The ``tune_encoder`` setting (``--tune-encoder`` / ``--no-tune-encoder``, else
+    ``FLYWHEEL_TUNE_ENCODER``, else the config file: ``cfg.tune_encoder``) wins; left unset,
+    the intent file's ``embedder`` decides (:func:`classifier.settings.intents.retrain_tuning`):
+    its ``embedder.tune``, off with ``tune: off``, else on with the defaults for an encoder
+    that is tuned by default (``minilm``, ``e5-multilingual``). ``budget_s`` and
+    ``overrides`` are the ``--tune-*`` flags (:func:`resolve_tune`)."""
+    by_file, why = retrain_tuning(settings)
+    tune = resolve_tune(by_file, cfg.tune_encoder, budget_s, **overrides)
+    if cfg.tune_encoder is not None:
+        why = _TUNE_SOURCES[cfg.sources.get("tune_encoder", "flag")][cfg.tune_encoder]
+    return tune, why
 
 
 def _with(settings: TuneSettings, changes: dict[str, Any]) -> TuneSettings:

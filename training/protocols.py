@@ -1,8 +1,10 @@
 """What the training jobs need from the traffic log, as a :class:`typing.Protocol`.
 
 :class:`TrafficLog` is the part of :class:`logstore.LogStore` that
-:func:`training.retrain.retrain` (with :mod:`training.trainset` and
-:mod:`training.cutoffs`) reads; a store that mirrors a shared log implements the same.
+:func:`training.retrain.retrain` (with :mod:`training.trainset`, :mod:`training.cutoffs`
+and :mod:`training.teacher_noise`) reads: the log's named reads
+(:class:`logstore.reads.LogReader`, which the statistics and the review type against) and
+the rows and vectors below; a store that mirrors a shared log implements the same.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
+from flywheel.logstore.reads import LogReader
+
 if TYPE_CHECKING:
     from flywheel.logstore import LabelledRow
 
@@ -19,9 +23,10 @@ __all__ = ["TrafficLog"]
 
 
 @runtime_checkable
-class TrafficLog(Protocol):
-    """The traffic log as the retrain reads it (see :class:`logstore.LogStore` for each
-    method's contract)."""
+class TrafficLog(LogReader, Protocol):
+    """The traffic log as the retrain reads it: the named reads of :class:`LogReader` (the
+    teacher-noise estimate's pairs among them) and these (see :class:`logstore.LogStore` for
+    each method's contract)."""
 
     def ingest(self) -> int:
         """Make everything logged so far readable; the rows moved."""

@@ -19,8 +19,8 @@ and its options, checked once (:class:`RetrainOptions`). One run, each step a fu
    within its budget and the rows re-encoded by it (:func:`training.tuner.step.tune_encoder`);
    a tuning that fails leaves the head-only challenger alone, with a note;
 5. ``_fit_challenger``: the head on the training rows and vectors as they are
-   (:func:`classifier.layer2.fitter.fit_from_vectors`; with tuning, a second challenger on the
-   re-encoded rows that carries the tuned encoder);
+   (:func:`training.tuner.fit.fit_head`; with tuning, a second challenger on the re-encoded
+   rows that carries the tuned encoder, :func:`training.tuner.fit.train_tuned`);
 6. ``_retune_cutoffs``: the ``confident`` cutoff re-tuned on the recent slice for the target
    precision or an LLM budget (:mod:`training.cutoffs`), served by a new model (the head is
    never changed); each challenger is one :class:`training.trial.Challenger`;
@@ -50,13 +50,13 @@ from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
 from flywheel.classifier.errors import EmbedderError, FlywheelError, ModelError
 from flywheel.classifier.language import UNKNOWN, LanguageDetector
-from flywheel.classifier.layer2.head import CrossFitView, IntentHead
+from flywheel.classifier.layer2.head import IntentHead
 from flywheel.classifier.layer2.tiers import fmt_probs
 from flywheel.classifier.protocols import Embedder, Registry
 from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet
@@ -81,7 +81,11 @@ from flywheel.training.rows import LabelledSet, TrainingSet
 from flywheel.training.teacher_noise import REASONS, NoiseEstimate, check_training_set, estimate_from_log, format_noise
 from flywheel.training.trainset import SPLIT_ID, build_training_set
 from flywheel.training.trial import Challenger, Champion, Change, Evaluation, Job, Trial, intent_change
+from flywheel.training.tuner.fit import HeadRows, fit_head, train_tuned
 from flywheel.training.tuner.step import TunedStep, reencode, tune_encoder
+
+if TYPE_CHECKING:
+    from flywheel.training.tuner.export import TunedEncoder
 
 __all__ = ["RetrainError", "RetrainOptions", "RetrainResult", "retrain", "count_new_labels", "MIN_GATE_ROWS",
            "PROMOTE_TRIES"]
@@ -366,39 +370,31 @@ def _fit_tuned(job: Job, step: TunedStep, champion: Champion) -> Challenger:
     """Fit the tuned challenger exactly as the head-only one (its rows, its vectors) and
     re-tune its cutoffs the same way; it carries the tuned encoder."""
     job.say("the tuned challenger:")
-    fitted, t_fit = _timed(_fit_challenger, job, step.ts, champion.model, step.embedder.id,
-                           step.fit_only, step.views)
-    fitted = replace(fitted, encoder_dir=step.export_path)
+    fitted, t_fit = _timed(_fit_challenger, job, step.ts, champion.model, step.encoder)
     cutoffs, thresholds = _retune_cutoffs(job, fitted, step.ts, step.sample)
     return Challenger(step.ts, fitted, with_thresholds(fitted, thresholds), cutoffs, t_fit, step)
 
 
 def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
-                    encoder_id: str | None = None, tuned_fit_only: np.ndarray | None = None,
-                    views: Sequence[CrossFitView] = ()) -> IntentModel:
-    """Fit the head on the training rows as they are (their vectors, made by
-    ``encoder_id``, default the served encoder's; the held-out intent examples are not
-    among them); the model bundles the full intent set. ``tuned_fit_only``: the rows a
-    tuned encoder trained on, which never calibrate the head (see
-    :func:`training.tuner.export.tune_and_export`); ``views``: its cross-fitted
-    calibration's views of the rows (``embedder.tune.calibration: crossfit``)."""
-    from flywheel.classifier.layer2.fitter import fit_from_vectors
-
+                    tuned: TunedEncoder | None = None) -> IntentModel:
+    """Fit the head on the training rows as they are (their vectors: the served encoder's,
+    or with ``tuned`` the tuned encoder's, :func:`training.tuner.fit.train_tuned`; the
+    held-out intent examples are not among them); the model bundles the full intent set.
+    Self-training rows weigh ``self_training`` and never calibrate the head."""
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
-    weighted = bool(layer2.any())
-    fit_only = layer2 if tuned_fit_only is None else layer2 | np.asarray(tuned_fit_only, dtype=bool)
     # per-row lists, as fit_from_vectors takes them (the head reads them back into arrays)
-    weights = np.where(layer2, job.opts.self_training, 1.0).tolist() if weighted else None
+    weights = np.where(layer2, job.opts.self_training, 1.0).tolist() if layer2.any() else None
+    rows = HeadRows(ts.vectors, ts.labels, sample_weight=weights, fit_only=layer2, negatives=ts.negatives)
+    head = IntentHead(target_precision=job.target_precision, coverage=job.intents.thresholds.coverage,
+                      operating_point=job.intents.thresholds.target)
+    parent = champion.version if champion else None
     job.say(f"fitting the challenger on {len(ts):,} rows ...")
     try:
-        model = fit_from_vectors(ts.fit_intents, ts.vectors, ts.labels, encoder_id=encoder_id or job.embedder.id,
-                                 sample_weight=weights, fit_only=fit_only.tolist() if fit_only.any() else None,
-                                 version=new_version_name(),
-                                 parent=champion.version if champion else None,
-                                 head=IntentHead(target_precision=job.target_precision,
-                                                 coverage=job.intents.thresholds.coverage,
-                                                 operating_point=job.intents.thresholds.target),
-                                 negatives=ts.negatives, cv_views=views)
+        if tuned is None:
+            model = fit_head(ts.fit_intents, rows, encoder_id=job.embedder.id, version=new_version_name(),
+                             parent=parent, head=head)
+        else:
+            model = train_tuned(ts.fit_intents, tuned, rows=rows, version=new_version_name(), parent=parent, head=head)
     except ValueError as exc:
         raise RetrainError(f"cannot train the challenger: {exc}") from None
     return replace(model, intents=job.intents)
@@ -605,7 +601,7 @@ def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
         champion, result = _follow(job, trial, champion, result)
     if result.outcome == "promoted" and job.opts.shadow:
         result = _as_shadow(job, result)
-    _write_reports(path, result)
+    write_reports(path, result)
     name = job.registry.publish(path)
     if result.outcome == "shadowed":
         job.registry.set_shadow(name)
@@ -619,7 +615,7 @@ def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
         except PromotionConflict as exc:
             conflict = exc
             champion, result = _follow(job, trial, champion, result)
-            _write_reports(path, result)
+            write_reports(path, result)
             if result.outcome != "promoted":
                 return result
             continue
@@ -628,7 +624,7 @@ def _save(job: Job, trial: Trial, champion: Champion, model: IntentModel,
     # refused PROMOTE_TRIES times: the champion keeps moving
     moved = trial.moves[-1] if trial.moves else (conflict.expected, conflict.found)
     result = _overrule(job, result, f"champion moved during the run ({_moved(*moved)}); not overwritten")
-    _write_reports(path, result)
+    write_reports(path, result)
     return result
 
 
@@ -690,7 +686,3 @@ def _moved(expected: str | None, found: str | None) -> str:
 def _overrule(job: Job, result: RetrainResult, reason: str) -> RetrainResult:
     """``result`` turned into ``kept`` for ``reason`` (the gate's metrics unchanged)."""
     return _result(job, {**result.report, "outcome": "kept", "reason": reason, "promoted": False})
-
-
-def _write_reports(path: Path, result: RetrainResult) -> None:
-    write_reports(path, result)

@@ -93,10 +93,10 @@ from flywheel.training.options import DEFAULT_MAX_TEACHER_NOISE
 
 if TYPE_CHECKING:
     from flywheel.classifier.versions.model import IntentModel
-    from flywheel.training.protocols import TrafficLog
+    from flywheel.logstore.reads import LogReader
     from flywheel.training.rows import TrainingSet
 
-__all__ = ["CONFIDENCE", "GUARD_REASON", "MIN_INTENT_ROWS", "PAIRS_SQL", "REASONS", "FilterRules", "IntentProfile",
+__all__ = ["CONFIDENCE", "GUARD_REASON", "MIN_INTENT_ROWS", "REASONS", "FilterRules", "IntentProfile",
            "NoiseEstimate", "Ranker", "champion_ranker", "check_training_set", "clopper_pearson", "estimate_from_log",
            "filter_teacher_rows", "format_noise", "guard_teacher_rows", "min_labels_for", "noise_guard",
            "noise_interval", "noise_section", "profile_ranker"]
@@ -107,15 +107,6 @@ REASONS = ("oos_inside_intent", "human_corrected_pair")
 #: the noisy-teacher guard's reason in ``teacher_filter.dropped`` (always applied; its
 #: details, formerly the report's ``dataset.noisy_teacher``, are ``teacher_filter.guard``)
 GUARD_REASON = "noisy_teacher"
-
-#: ``(teacher label, human label, decisions)`` over decisions with a valid teacher label
-#: and a human label (the latest of each; NULL = out of scope).
-PAIRS_SQL = """
-SELECT l.teacher_label, l.human_label, count(*) AS n
-FROM decisions d JOIN decision_labels l ON l.decision_id = d.decision_id
-WHERE l.has_teacher AND l.has_human
-GROUP BY ALL
-"""
 
 
 # ------------------------------------------------------------------ the estimate
@@ -198,19 +189,17 @@ class NoiseEstimate:
         return {"teacher_noise": self.overall(), "teacher_noise_by_intent": self.by_intent(min_rows)}
 
 
-def estimate_from_log(store: TrafficLog | None) -> NoiseEstimate:
-    """The estimate over the whole traffic log: one grouped SQL statement on a store that
-    runs SQL (:meth:`logstore.LogStore.query`), else its labelled rows."""
+def estimate_from_log(store: LogReader | None) -> NoiseEstimate:
+    """The estimate over the whole traffic log (``None``: no log, no pairs), from its
+    ``(teacher, human, n)`` pairs: one grouped statement
+    (:meth:`~logstore.reads.NamedReads.teacher_human_pairs`; the latest valid teacher label
+    and the latest human label of each decision, as :class:`logstore.LabelledRow` has them)."""
     if store is None:
         return NoiseEstimate()
-    query = getattr(store, "query", None)
-    if callable(query):
-        return NoiseEstimate.from_rows(query(PAIRS_SQL))
-    return NoiseEstimate.from_rows((r.teacher_label, r.human_label) for r in store.labelled_rows()
-                                   if r.has_teacher_label and r.has_human_label)
+    return NoiseEstimate.from_rows(store.teacher_human_pairs())
 
 
-def noise_section(store: TrafficLog | None, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
+def noise_section(store: LogReader | None, min_rows: int = MIN_INTENT_ROWS) -> dict[str, Any]:
     """``flywheel stats``' ``teacher_noise``: the overall figures plus ``by_intent``."""
     est = estimate_from_log(store)
     return {**est.overall(), "by_intent": est.by_intent(min_rows)}

@@ -1,6 +1,6 @@
-"""What every encoder module shares: the encoder ids, which runtime and precision an
-encoder runs with, the :class:`Runner` interface and the process-wide registry of loaded
-models.
+"""What every encoder module shares: the encoder ids (from the backends' specs,
+:mod:`~classifier.encoders.backends`), which runtime and precision an encoder runs with,
+the :class:`Runner` interface and the process-wide registry of loaded models.
 
 A *runner* is one loaded model whose ``encode_batch`` maps a batch of texts to unit-norm
 float32 rows (:mod:`~classifier.encoders.torch_runner`,
@@ -20,8 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import (
+    BGE_M3,
+    E5_MULTILINGUAL,
+    EMBEDDER_RUNTIMES,
+    MINILM,
+    USE_MULTILINGUAL,
+    backend_spec,
+)
 from flywheel.classifier.errors import EmbedderError, InvalidInputError
-from flywheel.classifier.settings.intents import EMBEDDER_RUNTIMES
 
 __all__ = [
     "MINILM_ID",
@@ -38,10 +45,10 @@ __all__ = [
     "clear_loaded_models",
 ]
 
-MINILM_ID = "minilm:all-MiniLM-L6-v2"
-USE_ID = "use-multilingual:v3"
-E5_ID = "e5-multilingual:multilingual-e5-small"
-BGE_M3_HUB_ID = "BAAI/bge-m3"
+MINILM_ID = MINILM.encoder_id()                 # minilm:all-MiniLM-L6-v2
+USE_ID = USE_MULTILINGUAL.encoder_id()          # use-multilingual:v3
+E5_ID = E5_MULTILINGUAL.encoder_id()            # e5-multilingual:multilingual-e5-small
+BGE_M3_HUB_ID = BGE_M3.default_model            # BAAI/bge-m3
 
 
 def require_pinned(backend: str, package: str, version: str) -> None:
@@ -80,19 +87,20 @@ def resolve_runtime(runtime: str | None, device: str | None) -> str:
 
 
 def default_quantize(backend: str, runtime: str, layers: Sequence[int] | None = None) -> bool:
-    """What ``embedder.quantize: auto`` means: int8 only where CLINC150 measured it within
-    0.3 points of fp32 in-scope accuracy, which is MiniLM (last layer) on ONNX Runtime
-    (BENCHMARKS.md, section 9: 93.78% int8 against 93.76% fp32; on an AVX2 CPU without VNNI,
-    section 12, 92.93% against 93.58%, the int8 vectors being CPU-dependent; kept there, as
-    out-of-scope recall moves the other way, 84.8% against 83.2%). Everything else stays fp32
-    until measured: torch's int8 MiniLM is further from fp32, and bge-m3 and
-    sentence-transformers directories were not measured on CLINC150. e5-multilingual on ONNX
-    Runtime is int8 too, with its 12 FFN down-projections kept fp32 (the e5 probe,
-    ``shared/design/multilingual-e5-probe-2026-11-28.md`` §3: CLINC150 10-shot 88.67 against
-    88.78 frozen, 92.27 against 92.51 tuned; BENCHMARKS.md, section 18)."""
-    if backend == "e5-multilingual":
-        return runtime == "onnx"
-    return backend == "minilm" and runtime == "onnx" and not layers
+    """What ``embedder.quantize: auto`` means for the backend named ``backend`` on ``runtime``:
+    int8 only where CLINC150 measured it within 0.3 points of fp32 in-scope accuracy, which
+    its spec says (:attr:`~classifier.encoders.backends.BackendSpec.int8_on_onnx`, with the
+    figures): MiniLM (last layer; on an AVX2 CPU without VNNI, BENCHMARKS.md section 12, the
+    int8 vectors are CPU-dependent and kept, as out-of-scope recall moves the other way, 84.8%
+    against 83.2%) and e5 (its FFN down-projections kept fp32), on ONNX Runtime. Everything
+    else stays fp32 until measured (``auto``, unresolved, too).
+
+    Raises
+    ------
+    UnknownBackendError
+        No backend is called ``backend``.
+    """
+    return backend_spec(backend).int8_default(runtime, layers)
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

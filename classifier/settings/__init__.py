@@ -6,5 +6,6 @@
 - :mod:`~classifier.settings.listen`: the addresses a server listens on, checked before it tries
 - :mod:`~classifier.settings.output`: the command line's JSON lines
 
-Imports only the top level's :mod:`~classifier.errors` and :mod:`~classifier.encoders`' names.
+Imports only the top level's :mod:`~classifier.errors`, a target's cutoff rule from :mod:`~classifier.layer2`
+and, of :mod:`~classifier.encoders`, the backends' descriptions (:mod:`~classifier.encoders.backends`).
 """

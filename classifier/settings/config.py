@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from flywheel.classifier.errors import ConfigError
 
@@ -134,8 +135,36 @@ class Config:
         return Path(self.log_db) if self.log_db else self.home / "log" / "flywheel.duckdb"
 
 
-def load_config(**flags: Any) -> Config:
-    """Resolve every setting; ``flags`` holds command-line values (``None`` = not given)."""
+class ConfigFlags(TypedDict, total=False):
+    """What :func:`load_config` takes: one flag per :class:`Config` setting, ``None`` = not given."""
+
+    home: str | os.PathLike[str] | None
+    model: str | None
+    intents: str | None
+    log_db: str | None
+    teacher: str | None
+    teacher_host: str | None
+    ollama_host: str | None
+    teacher_model: str | None
+    teacher_timeout_s: float | None
+    audit_rate: float | None
+    store: str | None
+    replica: str | None
+    store_poll_s: float | None
+    ship_interval_s: float | None
+    spool_max_mb: float | None
+    log_retention_days: float | None
+    mask_pii: bool | None
+    shadow_fraction: float | None
+    tune_encoder: bool | None
+    serve_last_good: bool | None
+
+
+def load_config(**flags: Unpack[ConfigFlags]) -> Config:
+    """Resolve every setting; ``flags`` holds command-line values (``None`` = not given), one
+    per setting (:class:`ConfigFlags`). An unknown flag is refused with a :class:`TypeError`
+    that names it and lists the known ones (a misspelt flag would change nothing)."""
+    _check_flags(flags)
     env_home = os.environ.get(ENV["home"])
     home = Path(flags.get("home") or env_home or default_home()).expanduser()
     cfg_path = Path(os.environ.get("FLYWHEEL_CONFIG") or home / "config.toml")
@@ -151,11 +180,12 @@ def load_config(**flags: Any) -> Config:
             raise ConfigError(f"{cfg_path}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
     values: dict[str, Any] = {"home": home}
     sources = {"home": "flag" if flags.get("home") else "env" if env_home else "default"}
+    given: dict[str, Any] = dict(flags)
     for f in fields(Config):
         if f.name in ("home", "sources"):
             continue
-        if flags.get(f.name) is not None:
-            v, src = flags[f.name], "flag"
+        if given.get(f.name) is not None:
+            v, src = given[f.name], "flag"
         elif ENV.get(f.name) and os.environ.get(ENV[f.name]) not in (None, ""):
             v, src = os.environ[ENV[f.name]], "env"
         elif f.name in file_values:
@@ -189,6 +219,19 @@ def load_config(**flags: Any) -> Config:
     for name in ("teacher_host", "ollama_host"):   # the teacher's address: its port in range, when it has one
         _check_host_port(name, getattr(cfg, name), sources.get(name, "default"))
     return cfg
+
+
+def _check_flags(flags: Mapping[str, object]) -> None:
+    """Raise :class:`TypeError` for a flag :func:`load_config` does not know, naming it, the
+    nearest known flag and all of them."""
+    import difflib
+
+    known = sorted(ConfigFlags.__annotations__)
+    unknown = sorted(set(flags) - set(known))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise TypeError(f"load_config() got an unknown flag {unknown[0]!r}{hint} (known: {', '.join(known)})")
 
 
 def _check_host_port(name: str, value: Any, src: str) -> None:

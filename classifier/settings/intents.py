@@ -16,13 +16,20 @@ from typing import Any, Mapping
 
 import yaml
 
+from flywheel.classifier.encoders.backends import (
+    BACKENDS,
+    EMBEDDER_RUNTIMES,
+    ENGLISH_DEFAULT,
+    MULTILINGUAL_DEFAULT,
+    resolve_backend,
+)
 from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.layer2.targets import threshold_target
 from flywheel.classifier.settings.label_names import OUT_OF_SCOPE_NAMES, suggest_label
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
-EMBEDDER_BACKENDS = ("auto", "minilm", "use-multilingual", "e5-multilingual", "sentence-transformers", "bge-m3")
-EMBEDDER_RUNTIMES = ("auto", "torch", "onnx")
+#: ``embedder.backend``: the backends classifier.encoders.backends describes (and ``runtime``: its EMBEDDER_RUNTIMES)
+EMBEDDER_BACKENDS = tuple(BACKENDS)
 TEACHER_BACKENDS = ("ollama", "openai")
 #: ``teacher.response_format`` (openai backend): ``auto`` starts with ``json_schema`` and moves
 #: down the list to ``json_object`` as the server refuses each (classifier.teachers.openai)
@@ -34,9 +41,10 @@ SYSTEM_PROMPT_MODES = ("system", "user")
 _DURATION = re.compile(r"^-?(?:0|(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+)$")
 #: What ``embedder.backend: auto`` (the default) becomes: MiniLM for English-only intent
 #: sets (``languages: [en]``, the default), the multilingual USE encoder when the file
-#: declares any other language. Measured in BENCHMARKS.md, section 9.
-ENGLISH_BACKEND = "minilm"
-MULTILINGUAL_BACKEND = "use-multilingual"
+#: declares any other language (classifier.encoders.backends.resolve_backend). Measured in
+#: BENCHMARKS.md, section 9.
+ENGLISH_BACKEND = ENGLISH_DEFAULT.id
+MULTILINGUAL_BACKEND = MULTILINGUAL_DEFAULT.id
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")
 
 _TOP_KEYS = {"version", "name", "description", "languages", "embedder", "teacher", "thresholds",
@@ -52,8 +60,8 @@ TUNE_OBJECTIVES = ("cross_entropy", "contrastive", "adapter")
 # how the head of a tuned encoder learns its calibration and cutoffs (TuneSettings.calibration)
 TUNE_CALIBRATIONS = ("auto", "holdout", "crossfit")
 #: the backends ``flywheel retrain`` tunes when the intent file leaves ``embedder.tune`` out
-#: (:func:`retrain_tuning`); a ``sentence-transformers`` directory is tuned when the file asks
-TUNED_BY_DEFAULT = ("minilm", "e5-multilingual")
+#: (:func:`retrain_tuning`; their specs say so); a sentence-transformers directory is tuned when the file asks
+TUNED_BY_DEFAULT = tuple(s.id for s in BACKENDS.values() if s.tuned_by_default)
 _TEACHER_KEYS = {"backend", "model", "host", "timeout_s", "max_candidates",
                  "examples_per_intent", "history_size", "breaker_failures", "breaker_reset_s",
                  "confidence", "max_calls_per_minute", "daily_budget", "keep_alive", "system_prompt",
@@ -444,16 +452,15 @@ def _embedder(c: _Checker, value: Any, languages: tuple[str, ...]) -> EmbedderSe
     backend = e.get("backend") or "auto"
     if backend not in EMBEDDER_BACKENDS:
         raise c.fail(f"embedder.backend must be one of {', '.join(EMBEDDER_BACKENDS)}, got {backend!r}")
-    if backend == "auto":
-        backend = ENGLISH_BACKEND if set(languages) <= {"en"} else MULTILINGUAL_BACKEND
+    spec = resolve_backend(backend, languages)   # auto: from the languages
     runtime = e.get("runtime") or "auto"
     if runtime not in EMBEDDER_RUNTIMES:
         raise c.fail(f"embedder.runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}, got {runtime!r}")
-    if backend == MULTILINGUAL_BACKEND and runtime != "auto":
-        raise c.fail(f"embedder.runtime {runtime!r} does not apply to the {backend} backend "
-                     "(a numpy forward pass): leave it unset or 'auto'")
+    if runtime not in spec.runtimes:
+        raise c.fail(f"embedder.runtime {runtime!r} does not apply to the {spec.id} backend "
+                     f"(a {spec.engine} forward pass): leave it unset or {' or '.join(map(repr, spec.runtimes))}")
     return EmbedderSettings(
-        backend=backend,
+        backend=spec.id,
         model=e.get("model"),
         batch_size=c.integer(e.get("batch_size", EmbedderSettings.batch_size), "embedder.batch_size", 1),
         max_chars=c.integer(e.get("max_chars", EmbedderSettings.max_chars), "embedder.max_chars", 1),
@@ -475,9 +482,9 @@ def retrain_tuning(e: EmbedderSettings) -> tuple[TuneSettings | None, str]:
     else on, with the defaults, for the backends in :data:`TUNED_BY_DEFAULT` (MiniLM without
     ``layers``: tuning pools the last layer only); else off (the backend cannot be tuned).
 
-    >>> retrain_tuning(EmbedderSettings(backend="minilm"))[0] == TuneSettings()
+    >>> retrain_tuning(EmbedderSettings())[0] == TuneSettings()    # MiniLM, the default
     True
-    >>> retrain_tuning(EmbedderSettings(backend="minilm", tune_off=True))
+    >>> retrain_tuning(EmbedderSettings(tune_off=True))
     (None, 'off: the intent file says embedder.tune: off')
     """
     if e.tune is not None:

@@ -5,5 +5,6 @@
 - :mod:`~classifier.versions.registry`: a models home: versions, ``CURRENT``, prune, hot reload
 - :mod:`~classifier.versions.registry_policy`: the prune and rollback rules both registries share
 - :mod:`~classifier.versions.served`: what a deployment serves, and whether a version fits its intent set
-- :mod:`~classifier.versions.default`: the default classifier behind :func:`flywheel.classify`
+- :mod:`~classifier.versions.default`: which model is served (:func:`~classifier.versions.default.served_model`),
+  the default model trained on first use
 """

@@ -1,4 +1,4 @@
-"""The default classifier behind module-level :func:`classifier.classify`.
+"""Which model a deployment serves: :func:`served_model`, and the default model behind it.
 
 Model resolution: the configured ``model`` (a version directory, or a models home
 with a ``CURRENT`` pointer), else the models home once a version was promoted there,
@@ -12,8 +12,9 @@ served instead and the command that fixes it (``serve_last_good`` serves it anyw
 The encoders keep their own caches (ONNX exports, the USE tokenizer) under the same
 resolved home (:attr:`Config.cache_root`).
 
-:func:`served_model` resolves it once, for :func:`build_classifier` and for the serving
-runtime (``service.runtime.open_runtime``) alike: the model, and the models home it follows.
+:func:`served_model` resolves it once, for :func:`~classifier.assembly.build_classifier` and for
+the serving runtime (``service.runtime.open_runtime``) alike: the model, and the models home it
+follows. Building a classifier from it is theirs: this module imports no pipeline and no teacher.
 """
 
 from __future__ import annotations
@@ -21,21 +22,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-import threading
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from flywheel.classifier.errors import IntentFileError, IntentSetMismatch
-from flywheel.classifier.protocols import ManagedTeacher
-from flywheel.classifier.settings.config import Config, load_config, starter_intents_path
+from flywheel.classifier.settings.config import Config, starter_intents_path
 from flywheel.classifier.settings.intents import IntentSet, load_intents
 from flywheel.classifier.versions.model import DISTRIBUTION, MANIFEST, IntentModel
 from flywheel.classifier.versions.registry import CURRENT, ModelRegistry
 from flywheel.classifier.versions.served import IntentContract, ServedHome, ServedVersion, home_choice, set_difference
 
 log = logging.getLogger("flywheel.default")
-_lock = threading.Lock()
-_default: Any = None
 
 
 def cached_model_dir(cfg: Config, intents_path: Path) -> Path:
@@ -190,47 +187,3 @@ def _from_home(cfg: Config, contract: IntentContract, home: ServedHome, what: st
         (log.error if version.source.startswith("last good") else log.warning)("%s", note)
     model = ModelRegistry(home.home).load(version.version)   # checked above (or served anyway: last good)
     return ServedModel(model, home, version, note)
-
-
-def build_classifier(cfg: Config | None = None, *, progress: bool = True,
-                     background_reload: bool = False, **kwargs: Any) -> Any:
-    """The classifier ``cfg`` describes (see the module docs); ``kwargs`` go to
-    :class:`~classifier.pipeline.Classifier`. Served from a models home, it follows
-    promotions (``follow``): on a watcher thread with ``background_reload``, else checked
-    on the calling thread. The encoder keeps its caches under ``cfg``'s home."""
-    from flywheel.classifier.pipeline import Classifier
-    from flywheel.classifier.teachers.factory import build_teacher
-
-    cfg = cfg or load_config()
-    # the parts first: the served model, then the teacher its intent set names (the config
-    # overrides it), then one Classifier that joins them
-    served = served_model(cfg, progress=progress)
-    kwargs.setdefault("cache_root", cfg.cache_root)
-    if "teacher" not in kwargs:
-        kwargs["teacher"] = build_teacher(cfg, served.model.intents)
-    clf = Classifier(served.model, follow=served.home, **kwargs)
-    if background_reload and clf.watcher is not None:
-        clf.watcher.start()
-    return clf
-
-
-def default_classifier() -> Any:
-    global _default
-    with _lock:
-        if _default is None:
-            _default = build_classifier()
-        return _default
-
-
-def reset_default() -> None:
-    """Forget the default classifier (tests; after changing configuration), closing it
-    and the teacher :func:`build_classifier` opened for it."""
-    global _default
-    with _lock:
-        old, _default = _default, None
-    if old is not None:
-        try:
-            old.close()
-        finally:
-            if isinstance(old.teacher, ManagedTeacher):
-                old.teacher.close()

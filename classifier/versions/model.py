@@ -45,6 +45,7 @@ import yaml
 
 from flywheel.classifier.encoders.version_format import file_sha256  # its one owner
 from flywheel.classifier.errors import EmbedderError, IntentFileError, ModelError
+from flywheel.classifier.layer2.scoring import Head
 from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, load_intents
 
 FORMAT_VERSION = 1
@@ -214,7 +215,7 @@ _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
-def _load_serving_head(d: Path, manifest: Manifest) -> Any:
+def _load_serving_head(d: Path, manifest: Manifest) -> Head:
     from flywheel.classifier.layer2.scoring import ServingHead
 
     _check_estimator_file(d, manifest)
@@ -337,21 +338,28 @@ def _moved_modules() -> Iterator[None]:
                 sys.modules.pop(old, None)
 
 
-def _load_estimator(d: Path, manifest: Manifest) -> Any:
+def _load_estimator(d: Path, manifest: Manifest) -> Head:
     import joblib
 
     hpath = _check_estimator_file(d, manifest)
     try:
         with _moved_modules():
-            return joblib.load(hpath)
+            head = joblib.load(hpath)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt head
         raise ModelError(f"{hpath}: cannot load head: {type(exc).__name__}: {exc}") from None
+    if not isinstance(head, Head):   # a pickle holds whatever was dumped
+        raise ModelError(f"{hpath}: not a fitted layer-2 head (a {type(head).__name__})")
+    return head
 
 
 @dataclass
 class IntentModel:
-    """Encoder settings + fitted :class:`~classifier.layer2.head.IntentHead` + intent set, and the
-    version's own encoder when it carries one.
+    """Encoder settings + fitted head + intent set, and the version's own encoder when it
+    carries one.
+
+    ``head``: a :class:`~classifier.layer2.scoring.Head`, the fitted
+    :class:`~classifier.layer2.head.IntentHead` (just trained, or loaded with ``estimator``) or
+    the numpy-only :class:`~classifier.layer2.scoring.ServingHead` that :meth:`load` serves.
 
     ``encoder_dir``: the encoder export the head was trained with, when the version carries
     its own encoder (``None``: the intent set's ``embedder`` settings make the vectors).
@@ -361,7 +369,7 @@ class IntentModel:
     """
 
     intents: IntentSet
-    head: Any
+    head: Head
     manifest: Manifest
     path: Path | None = None
     encoder_dir: Path | None = None
@@ -389,10 +397,8 @@ class IntentModel:
         try:
             joblib.dump(self.head, tmp / HEAD_FILE)
             self.manifest.head_sha256 = file_sha256(tmp / HEAD_FILE)
-            serving = getattr(self.head, "serving_head", None)
-            if serving is not None:
-                serving().save(tmp / SERVING_HEAD_FILE)
-                self.manifest.serving_head_sha256 = file_sha256(tmp / SERVING_HEAD_FILE)
+            self.head.serving_head().save(tmp / SERVING_HEAD_FILE)
+            self.manifest.serving_head_sha256 = file_sha256(tmp / SERVING_HEAD_FILE)
             with (tmp / INTENTS_FILE).open("w", encoding="utf-8") as f:
                 yaml.safe_dump(intents_to_doc(self.intents), f, sort_keys=False, allow_unicode=True)
             self.manifest.intents_sha256 = file_sha256(tmp / INTENTS_FILE)
@@ -435,13 +441,13 @@ class IntentModel:
             intents = load_intents(d / INTENTS_FILE)
         except IntentFileError as exc:
             raise ModelError(f"{d}: bundled intents are invalid: {exc}") from None
-        labels = list(getattr(head, "classes_", []))
+        labels = list(head.classes_)
         if labels != list(manifest.labels):
             raise ModelError(f"{d}: head labels {labels} do not match manifest labels {manifest.labels}")
         if sorted(manifest.labels) != sorted(intents.labels):
             raise ModelError(f"{d}: manifest labels do not match the bundled intent set")
-        dim = getattr(head, "n_features_in_", None)
-        if dim is not None and int(dim) != int(manifest.encoder.get("dim", -1)):
+        dim = head.n_features_in_
+        if int(dim) != int(manifest.encoder.get("dim", -1)):
             raise ModelError(f"{d}: head expects {dim}-d embeddings, manifest encoder has "
                              f"{manifest.encoder.get('dim')}")
         if expected_encoder_id is not None and manifest.encoder.get("id") != expected_encoder_id:

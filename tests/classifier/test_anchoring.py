@@ -293,8 +293,7 @@ def test_the_sidecar_exposes_its_classifier_monitor(tmp_path):
 def _rec(n: int, layer: Layer, label: str | None, l2: str | None, history=(), *, l2_ran: bool = True):
     d = Decision(label=label, confidence=0.9, tier=Tier.CONFIDENT if label else Tier.NO_MATCH, layer=layer,
                  reason="test", model_version="v1",
-                 teacher=TeacherCall("m", label, True, 100.0) if layer is Layer.LLM else None)
-    d.id = f"{n:032x}"
+                 teacher=TeacherCall("m", label, True, 100.0) if layer is Layer.LLM else None, id=f"{n:032x}")
     return DecisionRecord(decision=d, text=f"text {n}", created_at=1_714_521_600.0 + 60 * n,
                           history=tuple(HistoryEntry(h, "snippet") for h in history),
                           layer2=Layer2Answer(l2, 0.4, Tier.AMBIGUOUS) if l2_ran else None)

@@ -95,10 +95,9 @@ def test_audit_backlog_is_bounded_and_drops_are_counted():
         return req.options[0].name
 
     got = []
-    clf = make_classifier(ALWAYS_SURE, teacher=ScriptedTeacher(answer=slow), audit_rate=1.0, max_pending_audits=2,
-               audit_callback=lambda rec, call: got.append(rec.decision.id))
     sink = ListSink()
-    clf.log_sink = sink
+    clf = make_classifier(ALWAYS_SURE, teacher=ScriptedTeacher(answer=slow), audit_rate=1.0, max_pending_audits=2,
+                          audit_callback=lambda rec, call: got.append(rec.decision.id), log_sink=sink)
     decisions = clf.classify_many(["what is addvar"] * 6)
     assert clf.audits_dropped == 4                       # 2 admitted, the rest dropped at once
     audited = [r.decision.id for r in sink.records if r.audit]

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flywheel.classifier.assembly import build_classifier
 from flywheel.classifier.encoders import USE_ID, USEMultilingualEmbedder, clear_loaded_models, make_embedder, use_runner
 from flywheel.classifier.errors import EmbedderError, IntentFileError
 from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.intents import EmbedderSettings, load_intents, parse_intents
-from flywheel.classifier.versions.default import build_classifier
 from tests.support.paths import DATA, ROOT
 
 HELDOUT_ES = DATA / "heldout_queries_es.jsonl"

@@ -199,7 +199,7 @@ def test_one_intent_trains_classifies_and_evaluates(tmp_path):
     in train, classify and eval), with real out-of-scope examples or synthetic ones only."""
     from flywheel.classifier.pipeline import Classifier
     from flywheel.classifier.versions.model import IntentModel
-    from flywheel.training.evaluate import evaluate
+    from flywheel.training.eval.measure import evaluate
 
     emb = HashEmbedder()
     model = fit_model(parse_intents(_one_intent()), embedder=emb)

@@ -1,6 +1,6 @@
 """Issue 33: a Classifier is built with the models home it follows (``follow``), so no
 watcher is set after construction; the served model is resolved once
-(:func:`classifier.versions.default.served_model`) for ``build_classifier`` and the serving runtime,
+(:func:`classifier.versions.default.served_model`) for ``classifier.assembly.build_classifier`` and the serving runtime,
 and a fleet replica's default-model install is that function's, not the site's."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import threading
 
 import yaml
 
+from flywheel.classifier.assembly import build_classifier
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.intents import parse_intents
-from flywheel.classifier.versions.default import build_classifier, cached_model_dir, served_model
+from flywheel.classifier.versions.default import cached_model_dir, served_model
 from flywheel.classifier.versions.registry import CURRENT, ModelRegistry
 from tests.support.docs import DOC
 from tests.support.fakes import HashEmbedder

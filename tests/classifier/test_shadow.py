@@ -15,14 +15,14 @@ from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.layer2.tiers import Thresholds, assign_tier
 from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.intents import parse_intents
-from flywheel.classifier.shadow import ShadowAnswer, ShadowScorer
+from flywheel.classifier.shadow import ShadowAnswer, ShadowScorer, ShadowSink
 from flywheel.classifier.versions.registry import SHADOW, ModelRegistry, ModelWatcher, PromotionConflict
 from flywheel.cli import main
-from flywheel.logstore import LogStore
+from flywheel.logstore import LogStore, SpoolSink
 from flywheel.service.metrics import ServerMetrics
 from flywheel.service.runtime import open_runtime
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
-from tests.support.fakes import HashEmbedder
+from tests.support.fakes import HashEmbedder, ListSink
 
 QUERIES = ["show my invoices", "what is addvar", "upgrade my plan please", "explain addparam now",
            "my billing history", "how do loops work in avap"]
@@ -202,6 +202,34 @@ def test_the_runtime_logs_shadow_answers_beside_the_champions(tmp_path):
     assert [r[0] for r in rows] == [d.id for d in decisions if d.layer is Layer.EMBEDDING]
     assert {r[1] for r in rows} == {"v2"} and all(r[4] for r in rows)   # the ALWAYS_SURE shadow is always sure
     assert LogStore(cfg.log_path).count_new_labels(None) == 0            # never a training label
+
+
+class _TakingSink(ListSink):
+    """A caller's own sink that also takes shadow answers (a :class:`ShadowSink`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shadow: list[ShadowAnswer] = []
+
+    def add_shadow_answer(self, answer: ShadowAnswer) -> None:
+        self.shadow.append(answer)
+
+
+def test_a_callers_own_sink_gets_shadow_answers_only_when_it_takes_them(tmp_path):
+    assert issubclass(SpoolSink, ShadowSink)                              # the sink a site opens takes them
+    reg = home_with(tmp_path)
+    reg.set_shadow("v2")
+    cfg = load_config(home=tmp_path, teacher="off", model=str(reg.home))
+    plain = ListSink()
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder(), log_sink=plain)
+    assert not isinstance(plain, ShadowSink) and rt.shadow is None      # no shadow answers: no shadow scored
+    rt.close()
+    taking = _TakingSink()
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder(), log_sink=taking)
+    assert isinstance(taking, ShadowSink) and rt.shadow is not None
+    d = rt.classifier.classify("show my invoices")
+    rt.close()
+    assert [(a.decision_id, a.version) for a in taking.shadow] == [(d.id, "v2")]
 
 
 def test_no_shadow_without_a_fraction(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from flywheel.classifier.encoders.embedders import _LazyEmbedder
 from flywheel.classifier.errors import IntentFileError, UnknownLabelError
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.pipeline import Query
+from flywheel.classifier.protocols import CachingEmbedder, LoadTimed
 from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.versions.model import IntentModel
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
@@ -148,3 +150,50 @@ def test_loading_is_reported_apart_from_query_latency():
     assert "load" not in second.latency_ms
     assert "load" not in clf.classify("how much quota is left").latency_ms   # rules: nothing loaded
     clear_loaded_models()
+
+
+def test_a_decision_is_built_once_and_never_changed():
+    """Each stage builds its decision with every field it knows (degraded, pending); ``finish``
+    returns it completed (language, total latency) as a new frozen decision with the same id."""
+    clf = make(ALWAYS_UNSURE, teacher=ScriptedTeacher())
+    p = clf.begin(Query("show my invoices"))
+    clf.score([p])
+    made = clf.without_teacher(p, "request deadline too short", reason="pool_full")
+    assert (made.degraded, made.pending, made.tier) == ("pool_full", True, Tier.WEAK)
+    assert made.language is None and "total" not in made.latency_ms
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.reason = "changed"   # type: ignore[misc]
+    done = clf.finish(p, made)
+    assert done is not made and done.id == made.id and p.decision is done
+    assert done.language is not None and "total" in done.latency_ms
+    assert made.language is None and "total" not in made.latency_ms          # the stage's copy is as it was
+    assert dataclasses.replace(done, language=None).to_dict().keys() == done.to_dict().keys()
+
+
+def test_no_teacher_keeps_layer_2s_tier_and_says_why():
+    clf = make(ALWAYS_UNSURE)
+    d = clf.classify("what is addvar")
+    assert (d.layer, d.degraded, d.pending) == (Layer.EMBEDDING, "no_teacher", False)
+    assert d.tier in (Tier.AMBIGUOUS, Tier.WEAK) and "no LLM teacher configured" in d.reason
+
+
+def test_the_encoder_capabilities_are_typed_protocols():
+    """The pipeline asks an embedder for a cached vector or its loading time through
+    ``isinstance`` of :class:`CachingEmbedder` / :class:`LoadTimed`, never a ``getattr``; an
+    embedder that is neither (HashEmbedder) is served as well, and checking never loads a model."""
+    lazy = _SlowLoadingHash(batch_size=8, device="cpu", max_chars=None)
+    cached = CachedEmbedder(lazy)
+    assert isinstance(cached, CachingEmbedder) and isinstance(cached, LoadTimed) and isinstance(lazy, LoadTimed)
+    assert not isinstance(lazy, CachingEmbedder) and not lazy.is_loaded          # isinstance read no `dim`
+    plain = HashEmbedder()
+    assert not isinstance(plain, CachingEmbedder) and not isinstance(plain, LoadTimed)
+    assert CachedEmbedder(plain).pop_load_ms() == 0.0                            # a wrapper passes on 0.0
+    clf = make(ALWAYS_SURE)                                                      # a HashEmbedder
+    assert clf.cached_vector("what is addvar") is None
+    assert clf.classify("what is addvar").layer is Layer.EMBEDDING
+    d = copy.deepcopy(META_DOC)
+    d["thresholds"] = ALWAYS_SURE
+    cached_clf = Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()),
+                            embedder=CachedEmbedder(HashEmbedder()))
+    cached_clf.classify("what is addvar")
+    assert cached_clf.cached_vector("what is addvar") is not None

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from flywheel.classifier.assembly import build_classifier
 from flywheel.classifier.settings.config import load_config
-from flywheel.classifier.versions.default import build_classifier
 from tests.support.paths import DATA
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def test_heldout_accuracy_of_the_starter_model():
 
 def test_module_level_classify_trains_once_and_caches_under_home(_isolated_home):
     from flywheel.classifier import classify
-    from flywheel.classifier.versions.default import reset_default
+    from flywheel.classifier.assembly import reset_default
 
     d = classify("Write an AVAP function that adds two numbers")
     assert d.label == "CODE_GENERATION" and d.layer.value == "embedding"

@@ -70,7 +70,8 @@ def test_train_tune_encoder_writes_a_version_with_its_encoder_and_classify_serve
     assert "checksum does not match" in err and served.split("/")[-1] in err
 
 
-def test_the_intent_file_turns_tuning_on_and_the_flag_turns_it_off(tiny_base, tmp_path, capsys):
+def test_the_intent_file_turns_tuning_on_and_the_flag_turns_it_off(tiny_base, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLYWHEEL_TUNE_ENCODER")   # tests/conftest.py turns the default off, over the file's tune
     intents = _doc_file(tmp_path, tune={"budget_s": 20, "epochs": 1})
     rc, _, err = _run(capsys, "train", "--intents", str(intents), "--out", str(tmp_path / "a"), "--quiet")
     assert rc == 0, err

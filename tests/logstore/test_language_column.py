@@ -13,9 +13,7 @@ from tests.support.records import make_record
 
 
 def _record(did: str, language: str | None):
-    r = make_record(did)
-    r.decision.language = language
-    return r
+    return make_record(did, language=language)
 
 
 def test_migration_6_adds_the_column_to_an_older_database(tmp_path):

@@ -5,6 +5,7 @@ fails here instead of arriving as NULL."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import duckdb
@@ -69,10 +70,8 @@ def _full_record() -> DecisionRecord:
     """A record in which every column has a value (no real call has both an error and candidates)."""
     r = make_record("full-1", embedding=np.ones(4, np.float32), audit=True, pending=True,
                     teacher=TeacherCall(model="m", label="billing", valid=False, latency_ms=12.5, error="none",
-                                        candidates=("billing", None)))
+                                        candidates=("billing", None)), degraded="timeout", language="es")
     r.declared_type = "billing"
-    r.decision.degraded = "timeout"
-    r.decision.language = "es"
     r.layer2 = Layer2Answer(label="billing", confidence=0.4, tier=Tier.WEAK)
     return r
 
@@ -108,7 +107,7 @@ def test_a_builder_without_a_schema_column_is_refused(monkeypatch):
 
 def test_a_record_missing_a_column_is_refused():
     r = make_record()
-    r.decision.id = None
+    r.decision = dataclasses.replace(r.decision, id=None)
     with pytest.raises(SegmentColumnError, match="'decision_id'.*record #2 of 2") as err:
         records_to_table([make_record(), r])
     assert err.value.column == "decision_id"

@@ -111,8 +111,9 @@ def test_interceptor_abort_raise_and_streaming(grpc_server):
         assert get("grpc_server_started_total", _labels(t, "test.Echo", "Stream")) is None
 
 
-def _decision(label, layer, tier, **lat):
-    return Decision(label=label, confidence=0.9, tier=tier, layer=layer, reason="test", latency_ms=lat)
+def _decision(label, layer, tier, language=None, **lat):
+    return Decision(label=label, confidence=0.9, tier=tier, layer=layer, reason="test", latency_ms=lat,
+                    language=language)
 
 
 def test_observe_decision_bounded_labels():
@@ -144,9 +145,7 @@ def test_the_language_label_is_bounded_by_the_declared_languages():
     get = m.registry.get_sample_value
     assert [get("flywheel_decision_languages_total", {"language": x}) for x in ("en", "es", "unknown")] == [0, 0, 0]
     for lang in ("es", "es", "en", "unknown", "fr", "x" * 40, None):
-        d = _decision("billing", Layer.EMBEDDING, Tier.CONFIDENT)
-        d.language = lang
-        m.observe_decision(d)
+        m.observe_decision(_decision("billing", Layer.EMBEDDING, Tier.CONFIDENT, language=lang))
     assert [get("flywheel_decision_languages_total", {"language": x}) for x in ("en", "es", "unknown")] == [1, 2, 4]
     assert get("flywheel_decision_languages_total", {"language": "fr"}) is None     # never a new series
     m.set_languages(("en", "fr"))                                                   # a promotion adds French

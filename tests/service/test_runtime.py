@@ -18,7 +18,7 @@ from flywheel.fleet.site import LocalSite, ServingLog
 from flywheel.logstore import LogStoreError
 from flywheel.service.runtime import Runtime, open_runtime
 from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE, DOC
-from tests.support.fakes import HashEmbedder, ScriptedTeacher
+from tests.support.fakes import HashEmbedder, ListSink, ScriptedTeacher
 
 
 def _fitted(name: str, thresholds: dict):
@@ -65,6 +65,22 @@ def test_a_teacher_of_the_callers_is_used_and_not_owned(tmp_path):
         assert rt.sink is None and rt.labels is None and rt.shadow is None  # no log: no shadow either
     finally:
         rt.close()
+
+
+def test_a_sink_of_the_callers_is_used_and_an_unknown_keyword_is_refused(tmp_path):
+    reg = _home(tmp_path)
+    cfg = load_config(home=tmp_path, model=str(reg.home), teacher="off")
+    sink = ListSink()
+    rt = open_runtime(cfg, progress=False, embedder=HashEmbedder(), log_sink=sink)
+    try:
+        d = rt.classifier.classify("show my invoices")
+        assert rt.classifier.log_sink is sink and rt.sink is None        # used as it is
+        assert [r.decision.id for r in sink.records] == [d.id]
+        assert rt.shadow is None                                         # it takes no shadow answers
+    finally:
+        rt.close()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'audit_rate'"):
+        open_runtime(cfg, audit_rate=1.0)            # a Classifier keyword: no longer passed on
 
 
 class _Site(LocalSite):

@@ -22,13 +22,13 @@ def make_record(did: str | None = None, *, text: str = "where is my invoice",
                 confidence: float = 0.8, teacher: TeacherCall | None = None,
                 embedding: np.ndarray | None = None, encoder_id: str | None = "enc-test",
                 pending: bool = False, audit: bool = False,
-                created_at: float | None = None) -> DecisionRecord:
+                created_at: float | None = None, degraded: str | None = None,
+                language: str | None = None) -> DecisionRecord:
     d = Decision(label=label, confidence=confidence, tier=Tier.CONFIDENT, layer=layer,
                  reason="test", alternatives=[Candidate("shipping", 0.1), Candidate(None, 0.05)],
                  model_version="v7", latency_ms={"rules": 0.01, "embedding": 2.5},
-                 teacher=teacher)
-    if did is not None:
-        d.id = did
+                 teacher=teacher, degraded=degraded, language=language,
+                 **({"id": did} if did is not None else {}))
     return DecisionRecord(decision=d, text=text,
                           created_at=time.time() if created_at is None else created_at,
                           session_id="sess-1", declared_type=None,

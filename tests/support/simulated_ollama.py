@@ -639,7 +639,7 @@ def load_clinc_truth(path: str | Path) -> dict[str, str | None]:
     """Text -> label (``None`` = out of scope) from every list of a CLINC150 ``data_full.json``
     (``train``, ``test`` and ``val`` with their ``oos_*`` lists, in that order; the first
     occurrence of a text wins)."""
-    from flywheel.training.loaders import DatasetError, load_labelled
+    from flywheel.training.eval.loaders import DatasetError, load_labelled
 
     truth: dict[str, str | None] = {}
     errors: list[str] = []

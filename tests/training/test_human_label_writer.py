@@ -1,6 +1,7 @@
 """Issue 33, item 3: one writer of human labels (:class:`fleet.human_labels.HumanLabels`,
-given by the site). Each of the five entry points (``flywheel feedback``, the review walk,
-the ``flywheel ui`` POST, a Label Studio import, gRPC ``Feedback``) records through it, the
+given by the site). Each of the six entry points (``flywheel feedback``, the review walk,
+the ``flywheel ui`` POST, a Label Studio import, gRPC ``Feedback``, ``record_feedback`` from
+Python) records through it, the
 labels are parsed against the served model's manifest read once per command (a POST of
 1,000 labels reads it once), and the server's writer follows the model it serves now."""
 
@@ -81,6 +82,23 @@ def test_feedback_records_through_the_writer_against_the_served_labels(home, cap
     assert main(["feedback", IDS[1], "CODE_GENERATION"]) == 2          # a starter label v1 does not serve
     assert "unknown label 'CODE_GENERATION'" in capsys.readouterr().err
     assert _human(cfg) == {IDS[0]: "BILLING"}
+
+
+def test_record_feedback_from_python_records_through_the_writer(home):
+    from flywheel.training.review.feedback import add_feedback, record_feedback
+
+    cfg, _, seen = home
+    assert record_feedback(cfg, f" {IDS[0]} ", "BILLING", author="ana") == "BILLING"
+    assert seen["records"] == [(IDS[0], "BILLING", "ana")] and seen["manifest_reads"] == 1
+    assert add_feedback(cfg, IDS[0], "BILLING", author="ana") == ("BILLING", False)   # again: nothing written
+    assert add_feedback(cfg, IDS[1], "oos") == (None, True)                            # out of scope
+    with pytest.raises(UnknownLabelError, match="unknown label 'CODE_GENERATION'"):
+        record_feedback(cfg, IDS[2], "CODE_GENERATION")          # a starter label v1 does not serve
+    with pytest.raises(UnknownDecisionError):
+        record_feedback(cfg, "d" * 32, "BILLING")                # locally the log must hold it
+    assert _human(cfg) == {IDS[0]: "BILLING", IDS[1]: None}
+    assert [r[:2] for r in seen["records"]] == [(IDS[0], "BILLING"), (IDS[0], "BILLING"), (IDS[1], None),
+                                                ("d" * 32, "BILLING")]   # the log refused the last one
 
 
 def test_the_review_walk_records_through_the_writer(home):

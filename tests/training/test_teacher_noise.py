@@ -102,11 +102,16 @@ def test_the_estimate_reads_decisions_with_both_labels(world):
     assert est.pairs[("PLATFORM", "RETRIEVAL")] == 2 and est.pairs[(None, "RETRIEVAL")] == 2
     assert est.by_intent() == {"PLATFORM": noise_interval(2, 11)}
 
-    class RowsOnly:     # a traffic log that runs no SQL: the labelled rows give the same
-        def labelled_rows(self):
-            return world.store.labelled_rows()
-    assert estimate_from_log(RowsOnly()).pairs == est.pairs
+    # the grouped read counts what the labelled rows say: the latest valid teacher label
+    # against the latest human label
+    rows = [r for r in world.store.labelled_rows() if r.has_teacher_label and r.has_human_label]
+    assert NoiseEstimate.from_rows((r.teacher_label, r.human_label) for r in rows).pairs == est.pairs
     assert estimate_from_log(None).n == 0
+
+
+def test_an_empty_log_has_no_estimate(tmp_path):
+    store = LogStore(tmp_path / "empty.duckdb")
+    assert estimate_from_log(store) == NoiseEstimate() and store.teacher_human_pairs() == []
 
 
 # ------------------------------------------------------------------ the filter's rules

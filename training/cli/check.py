@@ -9,8 +9,9 @@ from typing import Optional
 
 import typer
 
-from flywheel.classifier.settings.config import HOME_HELP, load_config
+from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.output import echo_json
+from flywheel.training.cli._options import HOME_OPTION, JSON_OPTION
 
 __all__ = ["check_command"]
 
@@ -19,8 +20,8 @@ def check_command(intents: Optional[str] = typer.Option(None, "--intents", help=
                                                                                  "intents setting)."),
                   model: Optional[str] = typer.Option(None, "--model", help="A version directory or models "
                                                                              "home (default: the model setting)."),
-                  as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-                  home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                  as_json: bool = JSON_OPTION,
+                  home: Optional[Path] = HOME_OPTION) -> None:
     """Say what this deployment serves and what it is configured for; exit 1 when they
     disagree (a version of another intent set is served or named by CURRENT, or none fits)."""
     from flywheel.fleet.deployment import check_deployment

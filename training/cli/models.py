@@ -30,13 +30,16 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError, ModelError
-from flywheel.classifier.settings.config import HOME_HELP, Config, load_config
+from flywheel.classifier.settings.config import Config, load_config
 from flywheel.classifier.settings.output import counted, echo_json
 from flywheel.classifier.versions.model import MANIFEST
 from flywheel.classifier.versions.registry import RETRAIN_LOCK, ModelRegistry
+from flywheel.training.cli._options import HOME_OPTION, MODELS_OPTION
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
     from flywheel.classifier.protocols import Registry
+    from flywheel.classifier.versions.registry import VersionInfo
+    from flywheel.fleet.registry import BucketVersion
     from flywheel.fleet.site import ListedRegistry, Site
 
 __all__ = ["DEFAULT_MIN_SHADOW", "DEFAULT_PREFIX", "default_version", "default_version_name", "models_app",
@@ -51,7 +54,6 @@ DEFAULT_PREFIX = "default-"
 models_app = typer.Typer(help="Model versions: list, push, promote, rollback, shadow, prune.",
                          no_args_is_help=True)
 
-_MODELS_HELP = "Local models home (default: <home>/models; with a store, the local copy of the fleet's)."
 _LOCAL_MODELS_HELP = "Local models home to prune (default: <home>/models)."
 
 
@@ -75,8 +77,8 @@ def _where(reg: Registry) -> str:
 
 
 @models_app.command("list")
-def models_list(models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
-                home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+def models_list(models: Optional[Path] = MODELS_OPTION,
+                home: Optional[Path] = HOME_OPTION,
                 as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
                 intents: Optional[Path] = typer.Option(None, "--intents",
                                                        help="The intent file whose default model to mark "
@@ -145,13 +147,14 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def _bytes(v: object) -> tuple[int, int]:
+def _bytes(v: VersionInfo | BucketVersion) -> tuple[int, int]:
     """(own bytes, bytes of the shared blobs it names) of a listed version, local or in the bucket."""
     from flywheel.classifier.encoders.blobs import version_storage
+    from flywheel.fleet.registry import BucketVersion
 
-    if hasattr(v, "blob_bytes"):   # the bucket's BucketVersion
-        return int(getattr(v, "bytes", 0)), int(getattr(v, "blob_bytes", 0))
-    st = version_storage(Path(getattr(v, "path")))
+    if isinstance(v, BucketVersion):   # the bucket's: its listing counted them
+        return v.bytes, v.blob_bytes
+    st = version_storage(v.path)
     return st["own_bytes"], st["blob_bytes"]
 
 
@@ -162,12 +165,12 @@ def _blob_store(reg: Registry) -> tuple[int, int]:
     if isinstance(reg, ModelRegistry):
         files = [p for p in (reg.home / BLOBS_DIR).glob("*") if p.is_file() and not p.name.startswith(".")]
         return len(files), sum(p.stat().st_size for p in files)
-    objects = getattr(reg, "objects", None)
-    if objects is None:
-        return 0, 0
     from flywheel.fleet.blobs import BLOBS_PREFIX
+    from flywheel.fleet.registry import BucketRegistry
 
-    infos = objects.list(BLOBS_PREFIX + "/")
+    if not isinstance(reg, BucketRegistry):
+        return 0, 0
+    infos = reg.objects.list(BLOBS_PREFIX + "/")
     return len(infos), sum(i.size for i in infos)
 
 
@@ -179,8 +182,8 @@ def models_promote(version: Optional[str] = typer.Argument(None, help="The versi
                                                   help="With --from-shadow: logged shadow answers it needs."),
                    force: bool = typer.Option(False, "--force", help="Skip the checks: --min-shadow (with "
                                                                      "--from-shadow) and the configured intent set."),
-                   models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
-                   home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                   models: Optional[Path] = MODELS_OPTION,
+                   home: Optional[Path] = HOME_OPTION) -> None:
     """Serve VERSION, or the shadow version with --from-shadow (checked before the switch;
     fleet-wide with a store)."""
     if from_shadow == (version is not None):
@@ -240,8 +243,8 @@ def _check_same_encoder(reg: Registry, version: str, current: Optional[str]) -> 
 def models_shadow(version: Optional[str] = typer.Argument(
                       None, help="The version to score in shadow; none: print the current one."),
                   clear: bool = typer.Option(False, "--clear", help="Stop scoring a shadow version."),
-                  models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
-                  home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                  models: Optional[Path] = MODELS_OPTION,
+                  home: Optional[Path] = HOME_OPTION) -> None:
     """Score VERSION beside the served one on live traffic, enforcing nothing (fleet-wide
     with a store); --clear stops it. Without arguments, print the shadow version."""
     if clear and version is not None:
@@ -264,8 +267,8 @@ def models_shadow(version: Optional[str] = typer.Argument(
 @models_app.command("push")
 def models_push(directory: Path = typer.Argument(..., help="A saved version directory (flywheel train --out)."),
                 promote: bool = typer.Option(False, "--promote", help="Also promote it (compare-and-swap)."),
-                models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
-                home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                models: Optional[Path] = MODELS_OPTION,
+                home: Optional[Path] = HOME_OPTION) -> None:
     """Publish a locally trained version to the registry (create-only, manifest last)."""
     site = _site(home)
     reg = site.registry(models)
@@ -307,8 +310,8 @@ def models_rollback(to_default: bool = typer.Option(
                                                help="Switch to a version of another intent set than the "
                                                     "configured one (or, with --to-default and no intents "
                                                     "setting, to the starter set)."),
-                    models: Optional[Path] = typer.Option(None, "--models", help=_MODELS_HELP),
-                    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                    models: Optional[Path] = MODELS_OPTION,
+                    home: Optional[Path] = HOME_OPTION) -> None:
     """Serve the previously promoted version again, checked as promote checks it, and
     refused when it was trained on another intent set than the configured one (fleet-wide
     with a store); --to-default serves the default model again."""
@@ -478,7 +481,7 @@ def models_prune(keep_promoted: int = typer.Option(5, "--keep-promoted",
                                                  help="With a store: prune only the local models home, "
                                                       "not the bucket."),
                  models: Optional[Path] = typer.Option(None, "--models", help=_LOCAL_MODELS_HELP),
-                 home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP)) -> None:
+                 home: Optional[Path] = HOME_OPTION) -> None:
     """Delete old versions (fleet-wide with a store: the bucket's, then the local home's);
     the served one, the shadow, the last promoted and the newest stay."""
     cfg = load_config(home=home)

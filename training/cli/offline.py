@@ -1,15 +1,13 @@
 """Offline commands of the ``flywheel`` command line (registered in :mod:`flywheel.cli`):
-``train``, ``eval``, ``feedback``, ``label`` and ``stats``; ``models`` is in
+``train``, ``eval``, ``feedback``, ``label``, ``stats`` and ``prune-log``; ``models`` is in
 :mod:`training.cli.models` and ``retrain`` in :mod:`training.cli.retrain`.
 
-Each command only parses its options, calls the library and prints the result.
+Each command only parses its options, calls the library and prints the result: ``train``
+:func:`training.tuner.fit.fit_intents`, ``eval`` :func:`training.eval.run.run_eval`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -17,17 +15,29 @@ from typing import TYPE_CHECKING, Callable, Optional
 import typer
 
 from flywheel.classifier.errors import FlywheelError, InvalidInputError
-from flywheel.classifier.settings.config import HOME_HELP, TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
-from flywheel.classifier.settings.intents import IntentSet, TuneSettings
+from flywheel.classifier.settings.config import TEACHER_HELP, TEACHER_HOST_HELP, Config, load_config
 from flywheel.classifier.settings.label_names import label_name
 from flywheel.classifier.settings.output import counted, echo_json
-from flywheel.classifier.versions.model import IntentModel
+from flywheel.training.cli._options import (
+    HOME_OPTION,
+    JSON_OPTION,
+    LOG_DB_OPTION,
+    MODELS_OPTION,
+    QUIET_OPTION,
+    TUNE_BUDGET_OPTION,
+    tune_encoder_option,
+)
 
 if TYPE_CHECKING:   # the fleet package loads when a command opens its site, not with the CLI
+    from flywheel.classifier.protocols import Registry
+    from flywheel.classifier.settings.intents import IntentSet
+    from flywheel.classifier.versions.model import IntentModel
     from flywheel.fleet.site import Site
     from flywheel.logstore import LogStore
+    from flywheel.training.eval.run import EvalRun
 
-__all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command"]
+__all__ = ["train_command", "eval_command", "feedback_command", "label_command", "stats_command",
+           "prune_log_command"]
 
 
 def train_command(
@@ -38,59 +48,83 @@ def train_command(
     promote: bool = typer.Option(
         False, "--promote", help="Save it as a new version of the models home (fleet-wide with a store) and "
                                  "serve it, checked as flywheel models promote checks it."),
-    models: Optional[Path] = typer.Option(None, "--models", help="The models home (default: <home>/models)."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    models: Optional[Path] = MODELS_OPTION,
+    home: Optional[Path] = HOME_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
-    tune_encoder: Optional[bool] = typer.Option(
-        None, "--tune-encoder/--no-tune-encoder",
-        help="Fine-tune the encoder on the intent examples first and save it inside the version "
-             "(encoder/, every file hashed); default: the intent file's embedder.tune."),
-    tune_budget: Optional[float] = typer.Option(
-        None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s)."),
+    quiet: bool = QUIET_OPTION,
+    tune_encoder: Optional[bool] = tune_encoder_option(
+        "Fine-tune the encoder on the intent examples first and save it inside the version (encoder/, every "
+        "file hashed)"),
+    tune_budget: Optional[float] = TUNE_BUDGET_OPTION,
 ) -> None:
     """Fit layer 2 from an intent file and save a model version (--out DIR), or add it to the
-    models home and serve it (--promote)."""
-    from flywheel.classifier.layer2.fitter import fit_model
+    models home and serve it (--promote). Where the encoder can be tuned (minilm,
+    e5-multilingual) it is fine-tuned on the examples first, by default: --no-tune-encoder
+    fits the head alone, in seconds."""
     from flywheel.classifier.settings.intents import load_intents
+    from flywheel.training.options import tune_for
+    from flywheel.training.tuner.fit import fit_intents
 
     if out is None and not promote:
         raise InvalidInputError("give --out DIR (save the version there) or --promote (add it to the models "
                                 "home and serve it)")
-    cfg = load_config(home=home)
-    if out is not None:
-        _refuse_models_home(out, cfg, models)
-    registry = None
-    if promote:
-        from flywheel.fleet.site import open_site
-
-        site = open_site(cfg)
-        registry = site.registry(models)   # the bucket's registry in fleet mode
-        if out is not None:
-            registry.staging_dir(out.name)      # a valid version name, before training
+    cfg = load_config(home=home, tune_encoder=tune_encoder)
+    site, registry = _promotion(cfg, out, models, promote)
     intent_set = load_intents(intents)
-    if promote:   # a move of the served pointer: checked against the configured set before training
-        site.contract().check(intents.name, intent_set, doing=f"promote a version of {intents}", fix=(
-            "the intents setting names the set this deployment serves: train that file, or point the setting "
-            f"at {intents}; flywheel train --out DIR trains it without serving it"))
-    tune = _tune_settings(intent_set, tune_encoder, tune_budget)
-    version = out.name if out is not None else None
+    if site is not None:   # a move of the served pointer: checked against the configured set before training
+        _check_contract(site, intents, intent_set)
+    tune, _ = tune_for(intent_set.embedder, cfg, tune_budget)
     with tempfile.TemporaryDirectory(prefix="flywheel-tune-") as work:
-        if tune is None:
-            model = fit_model(intent_set, version=version, progress=not quiet)
-        else:
-            model = _train_tuned(intent_set, tune, Path(work), version=version, quiet=quiet)
-        if out is not None:
-            target = out
-        else:
-            assert registry is not None, "--promote without --out, checked above"
+        model = fit_intents(intent_set, tune, Path(work), version=out.name if out is not None else None,
+                            progress=not quiet, say=_progress("train", quiet))
+        target = out
+        if target is None:
+            assert registry is not None, "--promote without --out: checked above"
             target = registry.staging_dir(model.version)
         model.save(target)   # copies the tuned encoder (if any) out of the work directory
-    m = model.manifest
     if registry is not None:
         from flywheel.training.cli.models import push_version
 
         push_version(registry, target, promote=True, say=False)
+    _print_trained(model, target, registry, as_json)
+
+
+def _progress(command: str, quiet: bool) -> Callable[[str], None] | None:
+    """Where a command's progress lines go: stderr, as ``flywheel COMMAND: ...`` (none with ``--quiet``)."""
+    if quiet:
+        return None
+    return lambda line: typer.echo(f"flywheel {command}: {line}", err=True)
+
+
+def _promotion(cfg: Config, out: Optional[Path], models: Optional[Path],
+               promote: bool) -> tuple[Site | None, Registry | None]:
+    """``train``'s site and registry with ``--promote`` (the bucket's registry in fleet mode;
+    ``--out``'s name checked as a version name before training), else none; ``--out`` is
+    never a models home."""
+    if out is not None:
+        _refuse_models_home(out, cfg, models)
+    if not promote:
+        return None, None
+    from flywheel.fleet.site import open_site
+
+    site = open_site(cfg)
+    registry = site.registry(models)
+    if out is not None:
+        registry.staging_dir(out.name)      # a valid version name, before training
+    return site, registry
+
+
+def _check_contract(site: Site, intents: Path, intent_set: IntentSet) -> None:
+    """``train --promote`` serves only a version of the configured intent set."""
+    site.contract().check(intents.name, intent_set, doing=f"promote a version of {intents}", fix=(
+        "the intents setting names the set this deployment serves: train that file, or point the setting "
+        f"at {intents}; flywheel train --out DIR trains it without serving it"))
+
+
+def _print_trained(model: IntentModel, target: Path, registry: Registry | None, as_json: bool) -> None:
+    """What ``train`` made: the manifest as JSON, or its lines (where it went, the intents, the
+    encoder, the learned cutoffs and what they buy out of fold)."""
+    m = model.manifest
     if as_json:
         from dataclasses import asdict
 
@@ -98,7 +132,10 @@ def train_command(
         return
     typer.echo(f"saved {m.version} to {target}")
     if registry is not None:
-        typer.echo(f"promoted {m.version} in {getattr(registry, 'home', None) or registry}")
+        from flywheel.classifier.versions.registry import ModelRegistry
+
+        # a local home by its path, the bucket by its repr (as `flywheel models` names them)
+        typer.echo(f"promoted {m.version} in {registry.home if isinstance(registry, ModelRegistry) else registry}")
     typer.echo(f"  intents: {len(m.labels)} ({', '.join(m.labels)}); training examples: {m.training_size}")
     typer.echo(f"  encoder: {m.encoder['id']} ({m.encoder['dim']}-d)")
     typer.echo("  thresholds (learned by cross-validation): "
@@ -109,46 +146,10 @@ def train_command(
                f"after temperature {met['temperature']:.2f}"
                + (f", out-of-scope recall {met['oof_oos_recall']:.3f}" if "oof_oos_recall" in met else ""))
     if (op := met.get("operating_point")) and model.intents.thresholds.target:
-        from flywheel.training.cli.tradeoff import chosen_line
+        from flywheel.training.eval.render import chosen_line
 
         typer.echo("  " + chosen_line(model.intents.thresholds.target, op, m.thresholds.get(op.get("cutoff", ""))))
     _explain_cutoffs(m.thresholds, met)
-
-
-def _tune_settings(intent_set: IntentSet, flag: Optional[bool], budget: Optional[float]) -> TuneSettings | None:
-    """Whether and how to tune the encoder: ``--tune-encoder/--no-tune-encoder`` over the
-    intent file's ``embedder.tune``; ``--tune-budget`` over its ``budget_s``
-    (:func:`training.options.resolve_tune`, as retrain resolves them)."""
-    from flywheel.training.options import resolve_tune
-
-    return resolve_tune(intent_set.embedder.tune, flag, budget)
-
-
-def _train_tuned(intent_set: IntentSet, tune: TuneSettings, work: Path, *, version: Optional[str],
-                 quiet: bool, unlabelled: Optional[list[str]] = None) -> IntentModel:
-    """Tune the encoder on the intent examples, export it, fit the head on its vectors; the
-    model carries the export (``encoder_dir``)."""
-    from dataclasses import replace
-
-    from flywheel.classifier.layer2.fitter import fit_model
-    from flywheel.training.tuner.export import intent_pairs, tune_and_export
-
-    def say(line: str) -> None:
-        if not quiet:
-            typer.echo(f"flywheel train: {line}", err=True)
-
-    texts, labels = intent_pairs(intent_set)
-    tuned = tune_and_export(texts, labels, intent_set.embedder, tune, work, progress=say, unlabelled=unlabelled)
-    r = tuned.report
-    say(f"encoder tuned ({r['objective']}, {r['device']}) in {r['seconds']:.0f} s"
-        + (" (stopped by its budget)" if r["stopped_early"] else "")
-        + f"; exported as {r['encoder_id']} ({r['encoder_bytes'] / 1e6:.1f} MB)")
-    # the head calibrates only on the examples the tuner did not see (tuned.fit_only), or on
-    # each half of them by the encoder tuned on the other half (tuned.views)
-    model = fit_model(intent_set, embedder=tuned.embedder, version=version, progress=not quiet,
-                      examples_fit_only=tuned.fit_only.tolist(), cv_views=tuned.views)
-    model.manifest.metrics["encoder_tuning"] = r
-    return replace(model, encoder_dir=tuned.export.path)
 
 
 def _refuse_models_home(out: Path, cfg: Config, models: Optional[Path]) -> None:
@@ -195,182 +196,74 @@ def eval_command(
     oos_label: str = typer.Option("oos", "--oos-label",
                                   help="Label name meaning out of scope (besides OUT_OF_SCOPE, OOS, NONE; any case)."),
     lang_column: str = typer.Option("lang", "--lang-column", help="Optional per-row language (per-language slices)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability, confusion and trade-curve PNGs "
-                                                               "here."),
-    target_oos_recall: Optional[float] = typer.Option(
-        None, "--target-oos-recall", help="Cut the fitted model at this out-of-scope recall (learned on its "
-                                          "out-of-fold training rows, or on the --calibration rows when given, as "
-                                          "thresholds.target: {oos_recall: R})."),
+    as_json: bool = JSON_OPTION,
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Write reliability, confusion and trade plots here."),
+    target_oos_recall: Optional[float] = typer.Option(None, "--target-oos-recall", help=(
+        "Cut the fitted model at this out-of-scope recall (learned on its out-of-fold training rows, or on the "
+        "--calibration rows when given, as thresholds.target: {oos_recall: R}).")),
     save: Optional[Path] = typer.Option(None, "--save", help="Also save the fitted model version here."),
-    calibration: Optional[Path] = typer.Option(
-        None, "--calibration", help="Held-out labelled data that calibrates the prediction sets (split-conformal; "
-                                    "CLINC150: its val split) and places a target's cutoff, instead of the "
-                                    "out-of-fold training rows."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help=(
+        "Held-out labelled data that calibrates the prediction sets (split-conformal; CLINC150: its val split) and "
+        "places a target's cutoff, instead of the out-of-fold training rows.")),
     latency_sample: int = typer.Option(200, "--latency-sample", help="Queries timed one at a time."),
     strict: bool = typer.Option(False, "--strict", help="Refuse test rows whose label the model does not know "
                                                         "(default: score without them, with a warning)."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
-    tune_encoder: bool = typer.Option(
-        False, "--tune-encoder", help="Fine-tune the encoder on the training data first, "
-                                      "then fit and score the head on the tuned vectors (the JSON gets 'tuning')."),
-    tune_budget: Optional[float] = typer.Option(
-        None, "--tune-budget", help="Wall-clock seconds the tuning may take (default: embedder.tune.budget_s, "
-                                             "else 900)."),
+    quiet: bool = QUIET_OPTION,
+    home: Optional[Path] = HOME_OPTION,
+    tune_encoder: Optional[bool] = tune_encoder_option(
+        "Fine-tune the encoder on the training data first, then fit and score the head on it (JSON: 'tuning')"),
+    tune_budget: Optional[float] = TUNE_BUDGET_OPTION,
     tune_objective: Optional[str] = typer.Option(
         None, "--tune-objective", help="cross_entropy | contrastive | adapter (an adapter on the frozen encoder)"),
-    tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs",
-                                              help="Passes over the training rows (if the budget allows)."),
+    tune_epochs: Optional[int] = typer.Option(None, "--tune-epochs", help="Passes over the rows (budget allowing)."),
     tune_holdout: Optional[float] = typer.Option(
-        None, "--tune-holdout",
-        help="Share of each intent's rows kept out of the tuning to calibrate the head (default: "
-             "embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
-    tune_calibration: Optional[str] = typer.Option(
-        None, "--tune-calibration",
-        help="auto | holdout | crossfit: how the tuned head learns its cutoffs (default: "
-             "embedder.tune.calibration, else auto: crossfit up to 5,000 rows, holdout above; crossfit "
-             "tunes two more encoders on the halves of the rows, about twice the time)."),
+        None, "--tune-holdout", help="Share of each intent's rows kept out of the tuning to calibrate the head "
+                                     "(default: embedder.tune.holdout, else 0.2; 0: calibrate on the tuned rows)."),
+    tune_calibration: Optional[str] = typer.Option(None, "--tune-calibration", help=(
+        "auto | holdout | crossfit: how the tuned head learns its cutoffs (default: embedder.tune.calibration, else "
+        "auto: crossfit up to 5,000 rows, holdout above; crossfit tunes two more encoders, about twice the time).")),
     unlabelled: Optional[Path] = typer.Option(
-        None, "--unlabelled", help="With --tune-encoder: unlabelled texts (.txt one a line, .jsonl, or .json a "
-                                   "list) for a self-supervised stage (SimCSE) before the tuning."),
+        None, "--unlabelled", help="With tuning: unlabelled texts (.txt one a line, .jsonl, or .json a list) for a "
+                                   "self-supervised stage (SimCSE) before the tuning."),
     tune_unlabelled: Optional[float] = typer.Option(
         None, "--tune-unlabelled", help="Share of the tuning budget the --unlabelled stage may take (default: "
                                         "embedder.tune.unlabelled when above 0, else 0.3; at most 0.5)."),
 ) -> None:
     """Measure a model: accuracy, in-scope accuracy, OOS recall, F1, ECE, top-3, tiers, latency,
-    and the same headline figures per language when the test rows carry one."""
-    with contextlib.ExitStack() as stack:   # removes the tuning's work directory
-        from flywheel.classifier.layer2.fitter import fit_model
-        from flywheel.classifier.pipeline import Classifier
-        from flywheel.classifier.settings.intents import load_intents
-        from flywheel.classifier.versions.model import IntentModel
-        from flywheel.training.evaluate import evaluate, format_report, write_plots
-        from flywheel.training.loaders import DatasetError, drop_unknown_labels, intent_set_from_data, load_labelled
+    and the same headline figures per language when the test rows carry one. A model fitted
+    here tunes its encoder first by default, as train does (--no-tune-encoder: the head alone)."""
+    from flywheel.training.eval.run import EvalOptions, run_eval
 
-        load = functools.partial(load_labelled, fmt=dataset_format, text_column=text_column,
-                                 label_column=label_column, oos_label=oos_label, lang_column=lang_column)
-        test_data = load(test, split="test")
-        tuning, embedder = None, None
-        if model is not None:
-            if tune_encoder:
-                raise typer.BadParameter("--tune-encoder tunes on --train or --intents, not on a saved --model")
-            if target_oos_recall is not None:
-                raise InvalidInputError("--target-oos-recall cuts a model as it is fitted (--train or --intents); "
-                                        "a saved --model keeps the cutoffs it was trained with")
-            m = IntentModel.load(model)
-        else:
-            base = load_intents(intents) if intents else None
-            if train is not None:
-                data = load(train, split="train")
-                intent_set = intent_set_from_data(data, name=train.stem, base=base)
-            elif base is not None:
-                intent_set = base
-            else:
-                raise typer.BadParameter("give --train, --intents or --model")
-            if target_oos_recall is not None:
-                intent_set = _with_target(intent_set, {"oos_recall": target_oos_recall}, "--target-oos-recall")
-            if (unlabelled is not None or tune_unlabelled is not None) and not tune_encoder:
-                raise typer.BadParameter("--unlabelled and --tune-unlabelled feed the encoder tuning: add "
-                                         "--tune-encoder")
-            if tune_encoder:
-                from flywheel.classifier.encoders import open_version_encoder
-                from flywheel.training.loaders import load_unlabelled
-                from flywheel.training.options import DEFAULT_UNLABELLED_SHARE, resolve_tune
-
-                pool = load_unlabelled(unlabelled) if unlabelled is not None else None
-                share = tune_unlabelled
-                file_tune = intent_set.embedder.tune
-                if share is None and pool is not None and (file_tune is None or file_tune.unlabelled <= 0):
-                    share = DEFAULT_UNLABELLED_SHARE
-                tune = resolve_tune(intent_set.embedder.tune, True, tune_budget, objective=tune_objective,
-                                    epochs=tune_epochs, holdout=tune_holdout, calibration=tune_calibration,
-                                    unlabelled=share)
-                assert tune is not None, "--tune-encoder turns tuning on"
-                if pool is None and tune.unlabelled > 0:
-                    raise typer.BadParameter("--tune-unlabelled (or embedder.tune.unlabelled) needs texts: give "
-                                             "them with --unlabelled FILE")
-                work = Path(tempfile.mkdtemp(prefix="flywheel-tune-"))
-                stack.callback(shutil.rmtree, work, ignore_errors=True)
-                m = _train_tuned(intent_set, tune, work, version=None, quiet=quiet, unlabelled=pool)
-                assert m.encoder_dir is not None, "a tuned version carries its encoder"
-                tuning = m.manifest.metrics["encoder_tuning"]
-                # scored as a version serves it: the exported (int8 where it holds) encoder
-                embedder = open_version_encoder(m.encoder_dir, intent_set.embedder)
-            else:
-                m = fit_model(intent_set, progress=not quiet)
-            if save is not None:
-                m.save(save)
-        if calibration is not None:
-            from flywheel.training.calibration import calibrate
-
-            m, note = calibrate(m, load(calibration, split="val"), embedder=embedder)
-            if note:
-                typer.echo(f"flywheel: warning: {note}", err=True)
-        # a label the model cannot answer would count as an error: score without those rows, or refuse
-        test_data, skipped = drop_unknown_labels(test_data, m.manifest.labels)
-        if skipped:
-            from flywheel.classifier.settings.label_names import suggest_label
-
-            hints = {k: suggest_label(k, m.manifest.labels) for k in list(skipped)[:20]}
-            listed = ", ".join(f"{k} ({v}{f', did you mean {hints[k]}?' if hints[k] else ''})"
-                               for k, v in list(skipped.items())[:20])
-            listed += f", … ({len(skipped)} labels in all)" if len(skipped) > 20 else ""
-            what = f"{sum(skipped.values())} row(s) with labels the model does not know: {listed}"
-            if strict:
-                raise DatasetError(test, f"{what}; the model knows its {len(m.manifest.labels)} intents and out "
-                                         "of scope (OUT_OF_SCOPE, OOS, NONE or --oos-label)")
-            if not len(test_data):
-                raise DatasetError(test, f"nothing left to score: {what}")
-            typer.echo(f"flywheel: warning: {test}: {what}; left out of the scores", err=True)
-        clf = Classifier(m, teacher=None, embedder=embedder)
-        report = evaluate(clf, test_data.texts, test_data.labels, progress=not quiet, latency_sample=latency_sample,
-                          langs=test_data.langs)
-        report["skipped_unknown_labels"] = skipped
-        if tuning is not None:
-            report["tuning"] = tuning
-        if plots is not None:
-            from flywheel.training.cli.tradeoff import write_tradeoff_plots
-
-            report["plots"] = [str(p) for p in [*write_plots(report, plots), *write_tradeoff_plots(report, plots)]]
-        if as_json:
-            echo_json(report)
-        else:
-            from flywheel.training.cli.tradeoff import format_tradeoff
-
-            typer.echo("\n".join([format_report(report), *format_tradeoff(report)]))
-            if tuning is not None:
-                t = tuning
-                stopped = " (stopped by its budget)" if t["stopped_early"] else ""
-                typer.echo(f"encoder tuned ({t['objective']}, {t['device']}): {t['steps']} steps, {t['epochs_done']} "
-                           f"epoch(s) in {t['seconds']:.0f} s{stopped}, loss {t['loss_first']} -> {t['loss_last']}; "
-                           f"served as {t['encoder_id']}" + (" (int8)" if t["quantized"] else " (fp32)"))
-                stage = t.get("unlabelled_stage")
-                if stage is not None:
-                    typer.echo(f"unlabelled stage first (SimCSE): {stage['steps']} steps on {stage['rows']:,} "
-                               f"texts in {stage['seconds']:.0f} s, loss {stage['loss_first']} -> {stage['loss_last']}")
+    run = run_eval(EvalOptions(
+        test, train=train, intents=intents, model=model, dataset_format=dataset_format, text_column=text_column,
+        label_column=label_column, oos_label=oos_label, lang_column=lang_column, target_oos_recall=target_oos_recall,
+        calibration=calibration, save=save, plots=plots, latency_sample=latency_sample, strict=strict,
+        progress=not quiet, home=home, tune_encoder=tune_encoder, tune_budget=tune_budget,
+        tune_objective=tune_objective, tune_epochs=tune_epochs, tune_holdout=tune_holdout,
+        tune_calibration=tune_calibration, tune_unlabelled=tune_unlabelled, unlabelled=unlabelled),
+        say=_progress("eval", quiet))
+    _print_eval(run, as_json)
 
 
-def _with_target(intent_set: IntentSet, target: dict[str, float], flag: str) -> IntentSet:
-    """``intent_set`` cut at ``target`` instead of its own ``thresholds.target``, checked as
-    the intent file's is (a bad value: one line, exit 2)."""
-    from dataclasses import replace
+def _print_eval(run: EvalRun, as_json: bool) -> None:
+    """The run's warnings on stderr, then its report: one JSON object, or the text
+    (:func:`training.eval.render.eval_text`)."""
+    for warning in run.warnings:
+        typer.echo(f"flywheel: warning: {warning}", err=True)
+    if as_json:
+        echo_json(run.report)
+        return
+    from flywheel.training.eval.render import eval_text
 
-    from flywheel.classifier.layer2.targets import threshold_target
-
-    th = intent_set.thresholds
-    try:
-        checked = threshold_target({"target": target, "oos": th.oos, "confident": th.confident})
-    except ValueError as exc:
-        raise InvalidInputError(f"{flag}: {exc}") from None
-    return replace(intent_set, thresholds=replace(th, target=checked))
+    typer.echo(eval_text(run.report))
 
 
 def feedback_command(
     decision_id: str = typer.Argument(..., help="The decision's id (from classify's output)."),
     label: str = typer.Argument(..., help="The right label, or OUT_OF_SCOPE."),
     author: Optional[str] = typer.Option(None, "--author", help="Who labelled it (kept with the label)."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Record a human label for a logged decision (it always wins over the teacher's)."""
     from flywheel.fleet.site import open_site
@@ -394,10 +287,10 @@ def label_command(
     batch_size: int = typer.Option(32, "--batch-size", help="Pending decisions read and labelled per batch."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help=TEACHER_HELP),
     teacher_host: Optional[str] = typer.Option(None, "--teacher-host", "--ollama-host", help=TEACHER_HOST_HELP),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the counts as one JSON object."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
+    quiet: bool = QUIET_OPTION,
 ) -> None:
     """Ask the teacher for decisions that needed it while it was down."""
     from flywheel.classifier.pipeline import Classifier
@@ -443,9 +336,9 @@ def _teacher_down(counts: dict) -> str | None:
 def stats_command(
     window: str = typer.Option("day", "--window",
                                help="'day' (also 'hour', 'week') or N: windows of N decisions."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    as_json: bool = JSON_OPTION,
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
     last: Optional[str] = typer.Option(None, "--last", metavar="N",
                                        help="Show only the last N windows."),
     top: str = typer.Option("5", "--top", metavar="N", help="Confused pairs to list."),
@@ -501,9 +394,9 @@ def _registry_shadow(site: Site) -> str | None:
 
 def prune_log_command(
     days: float = typer.Option(..., "--days", min=0.0, help="Delete raw query text older than this many days."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Delete raw query text older than N days from the store (fleet mode) and the local log.
 

@@ -8,8 +8,10 @@ never a traceback (``FLYWHEEL_DEBUG=1`` shows it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -18,7 +20,16 @@ import typer
 
 from flywheel.classifier.errors import FlywheelError, ModelError
 from flywheel.classifier.settings.output import echo_json
-from flywheel.training.options import RetrainOptions, resolve_tune
+from flywheel.training.cli._options import (
+    HOME_OPTION,
+    JSON_OPTION,
+    LOG_DB_OPTION,
+    MODELS_OPTION,
+    QUIET_OPTION,
+    TUNE_BUDGET_OPTION,
+    tune_encoder_option,
+)
+from flywheel.training.options import RetrainOptions, resolve_tune, tune_for
 from flywheel.training.report import (
     RetrainResult,
     challenger_lines,
@@ -40,7 +51,7 @@ def retrain_command(
     min_new_labels: int = typer.Option(_DEFAULTS.min_new_labels, "--min-new-labels", min=0,
                                        help="Skip unless this many labels arrived since the champion."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Train and evaluate; save and promote nothing."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = JSON_OPTION,
     tolerance: float = typer.Option(_DEFAULTS.tolerance, "--tolerance", min=0.0, max=1.0,
                                     help="How much worse the challenger may be."),
     target_precision: Optional[float] = typer.Option(None, "--target-precision",
@@ -52,55 +63,64 @@ def retrain_command(
                                              "(0 = off, e.g. 0.3)."),
     self_training_max: int = typer.Option(_DEFAULTS.self_training_max, "--self-training-max", min=0,
                                           help="At most this many of them (the newest)."),
-    models: Optional[Path] = typer.Option(None, "--models", help="Models home (default: <home>/models)."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log database."),
-    intents: Optional[Path] = typer.Option(None, "--intents",
-                                           help="Intent file (default: the intents setting, else the champion's "
-                                                "bundled intent set)."),
-    home: Optional[Path] = typer.Option(None, "--home", help="flywheel home."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
-    shadow: bool = typer.Option(False, "--shadow", help="Publish a winning challenger as the shadow version "
-                                                        "(scored on live traffic, enforcing nothing) instead "
-                                                        "of promoting it."),
-    tune_encoder: Optional[bool] = typer.Option(
-        None, "--tune-encoder/--no-tune-encoder",
-        help="Also fine-tune the encoder: a tuned challenger competes with the head-only one and the champion "
-             "(default: the intent file's embedder.tune; left out, on for minilm and e5-multilingual)."),
-    tune_budget: Optional[float] = typer.Option(
-        None, "--tune-budget", help="Seconds the encoder tuning may take (default: embedder.tune.budget_s, 900)."),
-    tune_unlabelled: Optional[float] = typer.Option(
-        None, "--tune-unlabelled",
-        help="Share of the tuning budget (at most 0.5) for a self-supervised stage on the logged queries before "
-             "the tuning; its challenger must still win the gate (default: embedder.tune.unlabelled, 0: none)."),
-    teacher_filter: bool = typer.Option(
-        _DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter",
-        help="Drop teacher labels the evidence contradicts before training (out of scope deep inside an "
-             "intent, labels humans keep correcting); off, the report says what it would drop."),
-    promote_untested: bool = typer.Option(
-        _DEFAULTS.promote_untested, "--promote-untested",
-        help="Promote a challenger the gate cannot measure (fewer than 20 held-out queries and no significant "
-             "gain) all the same; by default it is kept out."),
+    models: Optional[Path] = MODELS_OPTION,
+    log_db: Optional[str] = LOG_DB_OPTION,
+    intents: Optional[Path] = typer.Option(None, "--intents", help="Intent file (default: the intents setting, "
+                                                                   "else the champion's bundled intent set)."),
+    home: Optional[Path] = HOME_OPTION,
+    quiet: bool = QUIET_OPTION,
+    shadow: bool = typer.Option(False, "--shadow", help="Publish a winning challenger as the shadow version (scored "
+                                                        "on live traffic, enforcing nothing) instead of promoting it."),
+    tune_encoder: Optional[bool] = tune_encoder_option(
+        "Also fine-tune the encoder: a tuned challenger competes with the head-only one and the champion"),
+    tune_budget: Optional[float] = TUNE_BUDGET_OPTION,
+    tune_unlabelled: Optional[float] = typer.Option(None, "--tune-unlabelled", help=(
+        "Share of the tuning budget (at most 0.5) for a self-supervised stage on the logged queries before the "
+        "tuning; its challenger must still win the gate (default: embedder.tune.unlabelled, 0: none).")),
+    teacher_filter: bool = typer.Option(_DEFAULTS.teacher_filter, "--teacher-filter/--no-teacher-filter", help=(
+        "Drop teacher labels the evidence contradicts before training (out of scope deep inside an intent, labels "
+        "humans keep correcting); off, the report says what it would drop.")),
+    promote_untested: bool = typer.Option(_DEFAULTS.promote_untested, "--promote-untested", help=(
+        "Promote a challenger the gate cannot measure (fewer than 20 held-out queries and no significant gain) "
+        "all the same; by default it is kept out.")),
     candidate_pairs: bool = typer.Option(
         _DEFAULTS.candidate_pairs, "--candidate-pairs/--no-candidate-pairs",
-        help="With --tune-encoder: the intent pairs the teacher's candidate sets name are hard negatives "
-             "for the tuner."),
-    max_teacher_noise: float = typer.Option(
-        _DEFAULTS.max_teacher_noise, "--max-teacher-noise",
-        help="When the teacher-noise estimate's 95% lower bound is above this share (0 to 1), the teacher rows of "
-             "the labels above it are dropped before training (1 = off; too few human labels: nothing dropped, "
-             "a note says so)."),
+        help="With tuning: the intent pairs the teacher's candidate sets name are hard negatives for the tuner."),
+    max_teacher_noise: float = typer.Option(_DEFAULTS.max_teacher_noise, "--max-teacher-noise", help=(
+        "When the teacher-noise estimate's 95% lower bound is above this share (0 to 1), the teacher rows of the "
+        "labels above it are dropped before training (1 = off; too few human labels: nothing dropped, a note says "
+        "so).")),
 ) -> None:
     """Retrain layer 2 from the traffic log; promote the challenger only if it is not worse."""
-    try:
+    with _one_line_errors():
         options = RetrainOptions(min_new_labels=min_new_labels, dry_run=dry_run, tolerance=tolerance,
                                  target_precision=target_precision, llm_budget=llm_budget, progress=not quiet,
                                  self_training=self_training, self_training_max=self_training_max,
                                  shadow=shadow, teacher_filter=teacher_filter, candidate_pairs=candidate_pairs,
                                  promote_untested=promote_untested, max_teacher_noise=max_teacher_noise)
-        if tune_budget is not None or tune_unlabelled is not None:   # bad, or with --no-tune-encoder: exit 2 now
-            resolve_tune(None, tune_encoder is not False, tune_budget, unlabelled=tune_unlabelled)
         result = run_from_config(options, models=models, log_db=log_db, intents=intents, home=home,
                                  tune_encoder=tune_encoder, tune_budget=tune_budget, tune_unlabelled=tune_unlabelled)
+    _print_result(result, as_json)
+
+
+def _print_result(result: RetrainResult, as_json: bool) -> None:
+    """The run's result: one JSON object, or its summary lines. A dry run's report is saved
+    nowhere else: it goes to a temporary directory, which the lines name."""
+    if result.dry_run and result.markdown:
+        write_reports(Path(tempfile.mkdtemp(prefix="flywheel-retrain-dry-run-")), result)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    for line in _readable(result):
+        typer.echo(line)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Cron gets one ``flywheel: error: ...`` line and the error's exit code, never a
+    traceback (``FLYWHEEL_DEBUG=1`` shows it): 1 for an unexpected error."""
+    try:
+        yield
     except FlywheelError as exc:
         typer.echo(f"flywheel: error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -113,13 +133,6 @@ def retrain_command(
         typer.echo(f"flywheel: error: retrain failed: {type(exc).__name__}: {exc} "
                    f"(set FLYWHEEL_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(1) from None
-    if result.dry_run and result.markdown:   # saved nowhere else: the report goes to a temporary directory
-        write_reports(Path(tempfile.mkdtemp(prefix="flywheel-retrain-dry-run-")), result)
-    if as_json:
-        echo_json(result.to_dict())
-        return
-    for line in _readable(result):
-        typer.echo(line)
 
 
 def make_embedder(settings: EmbedderSettings, cache_root: Path | None = None) -> Embedder:
@@ -142,17 +155,19 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     (:func:`classifier.versions.default.existing_model_dir`: e.g. the starter model trained
     into the home's cache) is the champion.
 
-    Encoder tuning (``options.tune``): ``tune_encoder`` (``--tune-encoder`` True,
-    ``--no-tune-encoder`` False) wins over the intent set's ``embedder.tune``, which applies
-    when it is ``None``: left out, tuning is on for an encoder that can be tuned
-    (:func:`classifier.settings.intents.retrain_tuning`); ``tune_budget`` (``--tune-budget``) overrides the budget
-    and ``tune_unlabelled`` (``--tune-unlabelled``) the unlabelled stage's share
-    (:func:`training.options.resolve_tune`). ``options.tune`` is used as it is when set."""
+    Encoder tuning (``options.tune``): as for train and eval (:func:`training.options.tune_for`):
+    ``tune_encoder`` (``--tune-encoder`` True, ``--no-tune-encoder`` False, else the setting)
+    wins over the intent set's ``embedder.tune``, which applies when it is ``None``: left out,
+    tuning is on for an encoder tuned by default; ``tune_budget`` (``--tune-budget``) overrides
+    the budget and ``tune_unlabelled`` (``--tune-unlabelled``) the unlabelled stage's share.
+    ``options.tune`` is used as it is when set."""
     from flywheel.classifier.settings.config import load_config, starter_intents_path
-    from flywheel.classifier.settings.intents import load_intents, retrain_tuning
+    from flywheel.classifier.settings.intents import load_intents
     from flywheel.classifier.versions.default import existing_model_dir
     from flywheel.fleet.site import open_site
 
+    if tune_budget is not None or tune_unlabelled is not None:   # bad, or with --no-tune-encoder: exit 2 now
+        resolve_tune(None, tune_encoder is not False, tune_budget, unlabelled=tune_unlabelled)
     cfg = load_config(home=home, log_db=log_db, intents=str(intents) if intents else None,
                       tune_encoder=tune_encoder)
     site = open_site(cfg)
@@ -163,10 +178,7 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
         bundled = _champion_intents(registry)
         intent_set = bundled if bundled is not None else load_intents(starter_intents_path())
     if options.tune is None:
-        by_file, why = retrain_tuning(intent_set.embedder)
-        tune = resolve_tune(by_file, cfg.tune_encoder, tune_budget, unlabelled=tune_unlabelled)
-        if cfg.tune_encoder is not None:
-            why = _TUNE_SOURCES[cfg.sources.get("tune_encoder", "flag")][cfg.tune_encoder]
+        tune, why = tune_for(intent_set.embedder, cfg, tune_budget, unlabelled=tune_unlabelled)
         options = replace(options, tune=tune, tune_why=why)
     embedder = make_embedder(intent_set.embedder, cfg.cache_root)
     store = site.open_log(progress=options.progress)
@@ -178,13 +190,6 @@ def run_from_config(options: RetrainOptions, *, models: Path | None = None, log_
     return retrain(store=store, registry=registry, intents=intent_set, embedder=embedder, options=options,
                    served_default=served_default,
                    embedder_for=lambda settings: make_embedder(settings, cfg.cache_root))
-
-
-# why the retrain tunes or not when a setting says (classifier.settings.config: flag > env > file)
-_TUNE_SOURCES = {
-    "flag": {True: "on: --tune-encoder", False: "off: --no-tune-encoder"},
-    "env": {True: "on: FLYWHEEL_TUNE_ENCODER", False: "off: FLYWHEEL_TUNE_ENCODER"},
-    "file": {True: "on: tune_encoder in the config file", False: "off: tune_encoder in the config file"}}
 
 
 def _champion_intents(registry: Registry) -> IntentSet | None:

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 
 from flywheel.classifier.errors import InvalidInputError
-from flywheel.classifier.settings.config import HOME_HELP, load_config
+from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
 from flywheel.classifier.settings.listen import check_listen
 from flywheel.classifier.settings.output import echo_json
+from flywheel.training.cli._options import HOME_OPTION, LOG_DB_OPTION
 from flywheel.training.review.queue import REASONS, ReviewFilters, ReviewItem, all_choices
 
 if TYPE_CHECKING:
@@ -243,8 +244,8 @@ def review_command(
     import_ls: Optional[Path] = typer.Option(
         None, "--import-label-studio", help="Read Label Studio's JSON export and record its annotations as human "
                                             "labels (checked whole first: a malformed task writes nothing)."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Review the decisions most worth a label: one keystroke each; the labels win at the next retrain."""
     import time
@@ -387,8 +388,8 @@ def ui_command(
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: a free one)."),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="FLYWHEEL_ADMIN_TOKEN",
                                               help="The token label writes need (none: read-only)."),
-    log_db: Optional[str] = typer.Option(None, "--log-db", help="Traffic log DuckDB file."),
-    home: Optional[Path] = typer.Option(None, "--home", help=HOME_HELP),
+    log_db: Optional[str] = LOG_DB_OPTION,
+    home: Optional[Path] = HOME_OPTION,
 ) -> None:
     """Serve the review queue as a page and a JSON API until interrupted."""
     from flywheel.training.review.app import make_server

@@ -58,7 +58,7 @@ from flywheel.training.review.queue import ReviewError, ReviewFilters, review_qu
 
 if TYPE_CHECKING:
     from flywheel.fleet.human_labels import HumanLabels
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
 __all__ = ["LABELS_MAX_AGE_S", "MAX_BODY", "ReviewApp", "Response", "make_server"]
 
@@ -97,8 +97,9 @@ class ReviewApp:
 
     Parameters
     ----------
-    store : logstore.LogStore
-        The log the queue is read from (its read-only ``query``).
+    store : logstore.reads.LogReader
+        The log the queue, the page and the dashboard read (a :class:`logstore.LogStore`;
+        its named reads).
     writer : fleet.human_labels.HumanLabels
         The site's one writer of human labels (:meth:`fleet.site.Site.human_labels`): its
         ``labels`` (the served model's; ``flywheel ui`` gives one that follows the served
@@ -113,7 +114,7 @@ class ReviewApp:
         :func:`training.review.dashboard.retrain_history` of the site's versions' reports).
     """
 
-    def __init__(self, store: LogStore, writer: HumanLabels, *, admin_token: str | None = None,
+    def __init__(self, store: LogReader, writer: HumanLabels, *, admin_token: str | None = None,
                  history: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.store = store
         self.writer = writer
@@ -195,8 +196,7 @@ class ReviewApp:
     def _page(self, query: Mapping[str, list[str]]) -> Response:
         labels = self.labels       # one answer for the whole page
         doc = self._queue_doc(query, labels)
-        logged = [str(r[0]) for r in self.store.query(
-            "SELECT DISTINCT language FROM decisions WHERE language IS NOT NULL ORDER BY 1")]
+        logged = self.store.logged_languages()
         html = render_page(doc["items"], writable=bool(self.admin_token), labels=labels,
                            languages=logged, language=(query.get("language") or [""])[-1] or None)
         return Response(200, "text/html; charset=utf-8", html.encode("utf-8"))

@@ -2,7 +2,8 @@
 drawn on the server with matplotlib (SVG, nothing fetched by the page) for ``flywheel ui``.
 
 :func:`dashboard_data` gathers what it shows: :func:`training.stats.traffic.convergence` per window
-of ``window`` decisions, the needless teacher calls (:data:`_NEEDLESS_SQL`) and the retrain
+of ``window`` decisions, the needless teacher calls and the confident answers people corrected
+(:meth:`~logstore.reads.NamedReads.error_directions`) and the retrain
 history (:func:`retrain_history`, every version's ``report.json``). :func:`charts` draws it
 (:func:`figures`; windows and retrains ticked in whole numbers, shares on a fixed 0-100%
 axis, and a sentence instead of a chart with nothing to draw yet):
@@ -31,22 +32,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
 __all__ = ["MIN_POINT", "charts", "dashboard_data", "figures", "render_dashboard", "retrain_history"]
 
 #: the fewest labelled decisions a window needs for an accuracy point (fewer: no point drawn)
 MIN_POINT = 5
-
-_NEEDLESS_SQL = """
-SELECT count(*) FILTER (WHERE layer = 'llm' AND teacher_valid),
-       count(*) FILTER (WHERE layer = 'llm' AND teacher_valid AND l2_confidence IS NOT NULL
-                          AND d.teacher_label IS NOT DISTINCT FROM l2_label),
-       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding'),
-       count(*) FILTER (WHERE tier = 'confident' AND layer = 'embedding' AND coalesce(dl.has_human, false)
-                          AND dl.human_label IS DISTINCT FROM d.label)
-FROM decisions d LEFT JOIN decision_labels dl USING (decision_id)
-"""
 
 
 def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -63,16 +54,17 @@ def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[
     return sorted(out, key=lambda h: (h["created_at"] or "", h["version"]))
 
 
-def dashboard_data(store: LogStore, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
+def dashboard_data(store: LogReader, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
     """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`);
     JSON-ready."""
     from flywheel.training.stats.traffic import convergence
 
     stats = convergence(store, window=window, top=8)
-    llm_valid, needless, confident, confident_corrected = (int(x or 0) for x in store.query(_NEEDLESS_SQL)[0])
+    e = store.error_directions()
     return {"stats": stats, "history": history,
-            "errors": {"teacher_calls": llm_valid, "teacher_calls_layer2_had": needless,
-                       "confident_layer2": confident, "confident_layer2_corrected": confident_corrected}}
+            "errors": {"teacher_calls": e.teacher_calls, "teacher_calls_layer2_had": e.teacher_calls_layer2_had,
+                       "confident_layer2": e.confident_layer2,
+                       "confident_layer2_corrected": e.confident_layer2_corrected}}
 
 
 def _svg(fig: Any) -> str:

@@ -1,5 +1,12 @@
-"""Human labels from Python: :func:`record_feedback` and :func:`add_feedback`, over the
-site's one writer (:meth:`fleet.site.Site.human_labels`, :class:`fleet.human_labels.HumanLabels`)."""
+"""Human labels from Python: :func:`record_feedback` and :func:`add_feedback`, what
+``flywheel feedback`` does, over the site's one writer (:meth:`fleet.site.Site.human_labels`,
+:class:`fleet.human_labels.HumanLabels`). A human label always wins over the teacher's at the
+next retrain.
+
+Locally the decision must be in the log already: a logged decision is once its log has
+flushed (every ~0.5 s, and at once when ``flywheel.close()`` or the end of a
+``flywheel.open_classifier`` block closes it); until then the id is unknown
+(:class:`logstore.UnknownDecisionError`). On a fleet, a decision not shipped yet is taken."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The review queue (issue 25): the logged decisions most worth a person's minute, ranked.
 
-:func:`review_queue` reads the traffic log (:meth:`logstore.LogStore.query`, read-only; a
-fleet's mirrored log reads the same, since labels ship) and returns :class:`ReviewItem`
-rows, best first. A decision is in the queue for one or more *reasons*
+:func:`review_queue` reads the traffic log (named reads of :mod:`logstore.reads`: the
+candidates, :meth:`~logstore.reads.NamedReads.review_candidates`, and two counts; a fleet's
+mirrored log reads the same, since labels ship) and returns :class:`ReviewItem` rows, best
+first. A decision is in the queue for one or more *reasons*
 (:data:`REASONS`, each with its weight in :data:`REASON_WEIGHTS`):
 
 ==================  ========================================================================
@@ -57,7 +58,7 @@ from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.settings.label_names import OUT_OF_SCOPE, label_name
 
 if TYPE_CHECKING:
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader, ReviewCandidate
 
 __all__ = ["CONFUSED_PAIRS", "HALF_LIFE_DAYS", "REASONS", "REASON_WEIGHTS", "ReviewError", "ReviewFilters",
            "ReviewItem", "all_choices", "review_queue"]
@@ -171,89 +172,45 @@ class ReviewItem:
         return d
 
 
-_SQL = """
-WITH sh AS (
-    SELECT decision_id, arg_max(label, created_at) AS shadow_label FROM labels
-    WHERE source = 'shadow' GROUP BY decision_id
-), u AS (   -- the latest unsure teacher answer (inline, an audit's, a back-filled one) no valid one followed
-    SELECT ua.decision_id, arg_max(ua.candidates, ua.created_at) AS candidates
-    FROM unsure_answers ua LEFT JOIN decision_labels t USING (decision_id)
-    WHERE t.teacher_at IS NULL OR ua.created_at >= t.teacher_at
-    GROUP BY ua.decision_id
-), d AS (   -- l2: layer 2's own answer (the served one when layer 2 decided)
-    SELECT *, CASE WHEN l2_confidence IS NOT NULL THEN l2_label ELSE label END AS l2 FROM decisions
-)
-SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
-       dl.teacher_label, coalesce(dl.has_teacher, false), u.candidates, d.audit, d.pending, d.degraded,
-       sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
-       [a.label FOR a IN coalesce(d.alternatives, [])],
-       d.l2_confidence IS NOT NULL OR d.layer = 'embedding',  -- layer 2 answered (not rules, declared)
-       d.language
-FROM d
-LEFT JOIN decision_labels dl USING (decision_id)
-LEFT JOIN sh USING (decision_id)
-LEFT JOIN u USING (decision_id)
-WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ? AND (?::VARCHAR IS NULL OR d.language = ?)
-  AND (u.candidates IS NOT NULL
-       OR (dl.has_teacher AND dl.teacher_label IS DISTINCT FROM d.l2)   -- inline, an audit's, a back-fill's
-       OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
-       OR d.degraded IS NOT NULL OR d.pending OR coalesce(dl.has_human, false))
-ORDER BY d.created_at DESC, d.decision_id DESC
-LIMIT ?
-"""
-
-_COUNTS_SQL = """
-SELECT d.label, count(*), count(*) FILTER (WHERE dl.has_human OR dl.has_teacher)
-FROM decisions d LEFT JOIN decision_labels dl USING (decision_id) GROUP BY d.label
-"""
-
-_CORRECTED_SQL = """
-SELECT d.label, dl.human_label, count(*) FROM decisions d JOIN decision_labels dl USING (decision_id)
-WHERE dl.has_human AND dl.human_label IS DISTINCT FROM d.label GROUP BY 1, 2
-"""
-
-
 def _pair(a: str | None, b: str | None) -> tuple[str | None, str | None]:
     return tuple(sorted((a, b), key=lambda v: (v is None, v or "")))  # type: ignore[return-value]
 
 
-def _reasons(row: Sequence[Any]) -> tuple[str, ...]:
-    (_, _, _, label, _, _, layer, l2, teacher, t_valid, unsure, audit, pending, degraded, shadow, _, has_human,
-     _, _, _) = row
+def _reasons(c: ReviewCandidate) -> tuple[str, ...]:
     out = []
-    if unsure is not None:
+    if c.candidates is not None:
         out.append("unsure")
-    if t_valid and teacher != l2:
-        out.append("audit_vs_l2" if audit else "teacher_vs_l2")
-    if shadow is not None and shadow != label:
+    if c.has_teacher and c.teacher_label != c.l2:
+        out.append("audit_vs_l2" if c.audit else "teacher_vs_l2")
+    if c.shadow_label is not None and c.shadow_label != c.label:
         out.append("shadow_vs_l2")
-    if degraded is not None:
+    if c.degraded is not None:
         out.append("degraded")
-    if pending:
+    if c.pending:
         out.append("pending")
-    if has_human:
+    if c.has_human:
         out.append("corrected")
     return tuple(out)
 
 
-def review_queue(store: LogStore, filters: ReviewFilters | None = None, *, limit: int = 50,
+def review_queue(store: LogReader, filters: ReviewFilters | None = None, *, limit: int = 50,
                  now: float | None = None, labels: Sequence[str] | None = None) -> list[ReviewItem]:
     """The ``limit`` decisions most worth reviewing under ``filters``, best first (see the
-    module docs). ``store`` is a :class:`logstore.LogStore` (its read-only ``query``).
+    module docs). ``store`` is a :class:`logstore.LogStore` (its named reads
+    ``review_candidates``, ``label_coverage`` and ``human_corrections``).
     ``labels``: the intents a label may be today; an item's ``choices`` keep only those
     (a logged alternative of an intent since removed is not offered)."""
     f = (filters or ReviewFilters()).check()
     if limit < 1:
         raise ReviewError(f"limit must be at least 1, got {limit!r}")
     now = time.time() if now is None else now
-    lo = datetime.fromtimestamp(f.since if f.since is not None else 0.0, timezone.utc).replace(tzinfo=None)
-    hi = datetime.fromtimestamp(f.until if f.until is not None else now + 86_400, timezone.utc).replace(tzinfo=None)
-    rows = store.query(_SQL, [lo, hi, f.language, f.language, SCAN_LIMIT])
+    rows = store.review_candidates(f.since if f.since is not None else 0.0,
+                                   f.until if f.until is not None else now + 86_400, f.language, limit=SCAN_LIMIT)
     traffic: dict[str | None, int] = {}
     labelled: dict[str | None, int] = {}
-    for lab, n, n_lab in store.query(_COUNTS_SQL):
-        traffic[lab], labelled[lab] = int(n), int(n_lab)
-    corrected = Counter({_pair(a, b): int(n) for a, b, n in store.query(_CORRECTED_SQL)})
+    for cov in store.label_coverage():
+        traffic[cov.label], labelled[cov.label] = cov.n, cov.n_labelled
+    corrected = Counter({_pair(c.served, c.human): c.n for c in store.human_corrections()})
     confusable = {p for p, _ in corrected.most_common(CONFUSED_PAIRS)}
     items = []
     for row in rows:
@@ -290,7 +247,7 @@ def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ..
     return tuple(dict.fromkeys([*likely, *(labels or ())]))
 
 
-def _item(row: Sequence[Any], reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
+def _item(row: ReviewCandidate, reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
           now: float, labels: Sequence[str] | None) -> ReviewItem:
     (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, unsure, _, _, _, shadow, human, _,
      alts, l2_ran, language) = row

@@ -12,9 +12,9 @@ did not decide with them.
 
 Range: the whole log, like the totals of :func:`training.stats.traffic.convergence`
 (``--window`` and ``--last`` shape only the per-window rows). It is read by a second
-SQL statement, grouped by ``(label, l2_label, history labels)`` so only the distinct
-combinations leave DuckDB; a decision logged between the two statements may be
-counted here and not in the totals.
+statement (:meth:`~logstore.reads.NamedReads.anchoring_observations`), grouped by
+``(label, l2_label, history labels)`` so only the distinct combinations leave DuckDB; a
+decision logged between the two statements may be counted here and not in the totals.
 """
 
 from __future__ import annotations
@@ -24,16 +24,9 @@ from typing import TYPE_CHECKING, Any
 from flywheel.classifier.anchoring import DEFAULT_MAX_LIFT, DEFAULT_MIN_N, AnchoringMonitor, anchoring_report
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
-__all__ = ["ANCHORING_SQL", "anchoring_section", "empty_anchoring", "format_anchoring"]
-
-ANCHORING_SQL = """
-SELECT label, l2_label, list_transform(history, lambda h: h.label) AS history_labels, count(*) AS n
-FROM decisions
-WHERE layer = 'llm' AND l2_confidence IS NOT NULL
-GROUP BY ALL
-"""
+__all__ = ["anchoring_section", "empty_anchoring", "format_anchoring"]
 
 
 def _json(report: Any) -> dict[str, Any]:
@@ -44,12 +37,12 @@ def _json(report: Any) -> dict[str, Any]:
     return out
 
 
-def anchoring_section(store: "LogStore", *, min_n: int = DEFAULT_MIN_N,
+def anchoring_section(store: "LogReader", *, min_n: int = DEFAULT_MIN_N,
                       max_lift: float = DEFAULT_MAX_LIFT) -> dict[str, Any]:
     """``flywheel stats``' ``anchoring``: ``n_with``, ``anchored_with``, ``rate_with``,
     ``n_without``, ``rate_without``, ``lift`` (rates rounded to 6 digits, ``None`` when
     their count is 0) and ``tripped``, over the whole log (see the module docstring)."""
-    return _json(anchoring_report(store.query(ANCHORING_SQL), min_n=min_n, max_lift=max_lift))
+    return _json(anchoring_report(store.anchoring_observations(), min_n=min_n, max_lift=max_lift))
 
 
 def empty_anchoring() -> dict[str, Any]:

@@ -3,11 +3,11 @@
 One row per logged language (``decisions.language``, migration 6: one of the intent set's
 declared ``languages`` or ``unknown``; ``none`` for rows logged before the column), over
 the whole log like the totals of :func:`training.stats.traffic.convergence`, read by its
-own SQL statement: ``n`` and ``share`` of the decisions, ``llm_share`` (the teacher
-decided), ``confident_share``, ``degraded_share``, and layer 2 against the teacher:
-``l2_judged`` decisions with both layer 2's answer and a teacher label (the
-``decision_labels`` view), ``l2_agreement`` the share of those where they agree
-(``None`` when none is judged).
+own statement (:meth:`~logstore.reads.NamedReads.language_breakdown`): ``n`` and ``share``
+of the decisions, ``llm_share`` (the teacher decided), ``confident_share``,
+``degraded_share``, and layer 2 against the teacher: ``l2_judged`` decisions with both
+layer 2's answer and a teacher label (the ``decision_labels`` view), ``l2_agreement`` the
+share of those where they agree (``None`` when none is judged).
 """
 
 from __future__ import annotations
@@ -15,32 +15,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
-__all__ = ["LANGUAGE_SQL", "format_languages", "language_section"]
-
-LANGUAGE_SQL = """
-SELECT coalesce(d.language, 'none') AS lang, count(*) AS n,
-       count(*) FILTER (WHERE d.layer = 'llm') AS llm,
-       count(*) FILTER (WHERE d.tier = 'confident') AS confident,
-       count(*) FILTER (WHERE d.degraded IS NOT NULL) AS degraded,
-       count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)) AS judged,
-       count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)
-                        AND d.l2_label IS NOT DISTINCT FROM l.teacher_label) AS agree
-FROM decisions d LEFT JOIN decision_labels l ON l.decision_id = d.decision_id
-GROUP BY 1 ORDER BY n DESC, lang
-"""
+__all__ = ["format_languages", "language_section"]
 
 
 def _share(k: int, n: int) -> float:
     return round(k / n, 6) if n else 0.0
 
 
-def language_section(store: "LogStore") -> dict[str, dict[str, Any]]:
+def language_section(store: "LogReader") -> dict[str, dict[str, Any]]:
     """``{language: {n, share, llm_share, confident_share, degraded_share, l2_judged,
     l2_agreement}}``, largest first."""
-    rows = store.query(LANGUAGE_SQL)
-    total = sum(int(r[1]) for r in rows)
+    rows = store.language_breakdown()
+    total = sum(r.n for r in rows)
     return {str(lang): {"n": int(n), "share": _share(n, total), "llm_share": _share(llm, n),
                         "confident_share": _share(conf, n), "degraded_share": _share(deg, n),
                         "l2_judged": int(judged), "l2_agreement": round(agree / judged, 6) if judged else None}

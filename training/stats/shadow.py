@@ -34,8 +34,9 @@ would have been (the LLM share it would have had). Shares are rounded to 6 digit
 ending in ``Z``).
 
 Range: the whole log, like the totals and the anchoring section of
-:func:`training.stats.traffic.convergence`, read by one more SQL statement (a decision logged
-between two statements may be counted in one and not the other).
+:func:`training.stats.traffic.convergence`, read by one more statement
+(:meth:`~logstore.reads.NamedReads.shadow_agreement`; a decision logged between two
+statements may be counted in one and not the other).
 """
 
 from __future__ import annotations
@@ -44,49 +45,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
-__all__ = ["COUNT_SHADOW_SQL", "SHADOW_SQL", "count_shadow", "empty_shadow", "format_shadow", "shadow_section"]
-
-COUNT_SHADOW_SQL = """
-SELECT count(DISTINCT l.decision_id) FROM labels l
-WHERE l.source = 'shadow' AND l.model = ?
-  AND EXISTS (SELECT 1 FROM decisions d WHERE d.decision_id = l.decision_id)
-"""
-
-SHADOW_SQL = """
-WITH s AS (
-    SELECT decision_id, label, coalesce(sure, false) AS sure, created_at
-    FROM labels
-    WHERE source = 'shadow' AND model = ?
-    QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY created_at DESC, label_id DESC) = 1
-), j AS (
-    SELECT s.created_at AS answered_at, s.sure AS s_sure, s.label AS s_label,
-           (d.layer = 'embedding' AND d.degraded IS NULL) AS c_sure, d.label AS c_label,
-           coalesce(l.has_human, false) OR coalesce(l.has_teacher, false) AS has_ref,
-           CASE WHEN coalesce(l.has_human, false) THEN l.human_label ELSE l.teacher_label END AS ref
-    FROM s
-    JOIN decisions d ON d.decision_id = s.decision_id
-    LEFT JOIN decision_labels l ON l.decision_id = s.decision_id
-), k AS (
-    SELECT *, CASE WHEN s_sure AND NOT c_sure THEN 'permissive'
-                   WHEN c_sure AND NOT s_sure THEN 'abstaining'
-                   WHEN c_sure AND s_sure AND s_label IS DISTINCT FROM c_label THEN 'flip'
-                   ELSE 'agree' END AS kind
-    FROM j
-)
-SELECT count(*),
-       count(*) FILTER (WHERE kind = 'permissive'),
-       count(*) FILTER (WHERE kind = 'abstaining'),
-       count(*) FILTER (WHERE kind = 'flip'),
-       count(*) FILTER (WHERE kind <> 'agree' AND has_ref),
-       count(*) FILTER (WHERE kind <> 'agree' AND has_ref AND c_label IS NOT DISTINCT FROM ref),
-       count(*) FILTER (WHERE kind <> 'agree' AND has_ref AND s_label IS NOT DISTINCT FROM ref),
-       count(*) FILTER (WHERE NOT c_sure),
-       count(*) FILTER (WHERE NOT s_sure),
-       min(answered_at), max(answered_at)
-FROM k
-"""
+__all__ = ["count_shadow", "empty_shadow", "format_shadow", "shadow_section"]
 
 
 def _share(k: int, n: int) -> float | None:
@@ -97,10 +58,10 @@ def _iso(ts: datetime | None) -> str | None:
     return None if ts is None else ts.isoformat(timespec="seconds") + "Z"
 
 
-def count_shadow(store: "LogStore", version: str) -> int:
+def count_shadow(store: "LogReader", version: str) -> int:
     """How many decisions in the log shadow ``version`` answered (a decision answered twice
     counts once, as ``n`` in :func:`shadow_section`): what ``promote --from-shadow`` checks."""
-    return int(store.query(COUNT_SHADOW_SQL, [version])[0][0])
+    return store.shadow_answered(version)
 
 
 def _section(version: str, n: int, permissive: int, abstaining: int, flips: int, n_dis_labelled: int,
@@ -127,7 +88,7 @@ def _section(version: str, n: int, permissive: int, abstaining: int, flips: int,
     }
 
 
-def shadow_section(store: "LogStore", version: str | None) -> dict[str, Any] | None:
+def shadow_section(store: "LogReader", version: str | None) -> dict[str, Any] | None:
     """``flywheel stats``' ``shadow``: shadow ``version`` against the champion over the
     whole log (definitions in the module docstring); ``None`` when ``version`` is ``None``.
 
@@ -139,11 +100,9 @@ def shadow_section(store: "LogStore", version: str | None) -> dict[str, Any] | N
     """
     if version is None:
         return None
-    row = store.query(SHADOW_SQL, [version])[0]
-    (n, permissive, abstaining, flips, n_dis_labelled, champion_right, shadow_right, champion_unsure,
-     shadow_unsure) = (int(x or 0) for x in row[:9])
-    return _section(version, n, permissive, abstaining, flips, n_dis_labelled, champion_right, shadow_right,
-                    champion_unsure, shadow_unsure, row[9], row[10])
+    a = store.shadow_agreement(version)
+    return _section(version, a.n, a.permissive, a.abstaining, a.flips, a.disagreements_labelled, a.champion_right,
+                    a.shadow_right, a.champion_unsure, a.shadow_unsure, a.first, a.last)
 
 
 def empty_shadow(version: str) -> dict[str, Any]:

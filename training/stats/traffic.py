@@ -1,7 +1,8 @@
 """How the flywheel converges: layer shares, tiers, audits and confusions from the traffic log.
 
-:func:`convergence` reads the DuckDB traffic log (:class:`logstore.LogStore`)
-with one SQL statement (one consistent snapshot) and returns a JSON-ready dict;
+:func:`convergence` reads the DuckDB traffic log (:class:`logstore.LogStore`) with one
+named read, :meth:`~logstore.reads.NamedReads.traffic_by_window` (one statement: one
+consistent snapshot), and returns a JSON-ready dict;
 :func:`format_table` renders it for a terminal; ``flywheel stats``
 (:func:`training.cli.offline.stats_command`) prints it.
 
@@ -95,7 +96,7 @@ from flywheel.training.stats.shadow import empty_shadow, format_shadow, shadow_s
 from flywheel.training.teacher_noise import NoiseEstimate, format_noise, noise_guard, noise_section
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flywheel.logstore import LogStore
+    from flywheel.logstore.reads import LogReader
 
 __all__ = ["LAYERS", "TIERS", "check_options", "convergence", "empty_stats", "format_table", "parse_window",
            "int_option", "stats_for_path"]
@@ -106,93 +107,6 @@ PERIODS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedel
 
 _COUNTS = ("audited", "audit_labelled", "audit_agree", "pending_flagged", "pending",
            "teacher_calls", "teacher_labelled", "human_labelled", "human_corrected", "degraded")
-_COLUMNS = ("scope", "kind", "w", "k1", "k2", "n", "n_windows", "first_at", "last_at") + _COUNTS
-
-# Built on the log's ``decision_labels`` view (logstore.schema): the one definition of a
-# decision's latest teacher and human label, shared with LogStore.labelled_rows/pending.
-# A pending decision's inline teacher call failed, so any valid teacher label it has was
-# back-filled: ``has_teacher`` is what takes it off the pending list.
-_BASE_SQL = """
-WITH res AS (
-    SELECT DISTINCT decision_id FROM resolutions
-), base AS MATERIALIZED (
-    SELECT d.created_at, d.layer, d.tier, d.label, d.l2_label,
-           d.l2_confidence IS NOT NULL AS has_l2,
-           d.audit, d.pending, d.degraded,
-           d.pending AND res.decision_id IS NULL AND NOT coalesce(l.has_teacher, false) AS pending_open,
-           d.teacher_model IS NOT NULL AS teacher_called,
-           coalesce(l.has_teacher, false) AS has_t, l.teacher_label AS t_label,
-           coalesce(l.has_human, false) AS has_h, l.human_label AS h_label,
-           {window} AS w
-    FROM decisions d
-    LEFT JOIN decision_labels l ON l.decision_id = d.decision_id
-    LEFT JOIN res ON res.decision_id = d.decision_id
-)
-"""
-
-_WINDOW_AGG = {
-    "n": "count(*)",
-    "first_at": "min(created_at)",
-    "last_at": "max(created_at)",
-    "audited": "count(*) FILTER (WHERE audit)",
-    "audit_labelled": "count(*) FILTER (WHERE audit AND has_t)",
-    "audit_agree": "count(*) FILTER (WHERE audit AND has_t AND has_l2 "
-                   "AND l2_label IS NOT DISTINCT FROM t_label)",
-    "pending_flagged": "count(*) FILTER (WHERE pending)",
-    "pending": "count(*) FILTER (WHERE pending_open)",
-    "teacher_calls": "count(*) FILTER (WHERE teacher_called)",
-    "teacher_labelled": "count(*) FILTER (WHERE has_t)",
-    "human_labelled": "count(*) FILTER (WHERE has_h)",
-    "human_corrected": "count(*) FILTER (WHERE has_h AND h_label IS DISTINCT FROM label)",
-    "degraded": "count(*) FILTER (WHERE degraded IS NOT NULL)",
-}
-
-
-def _select(scope: str, kind: str, cols: dict[str, str], where: str, keys: str) -> str:
-    """One branch of the UNION: ``scope`` "window" (grouped by ``w``, over the kept
-    windows) or "total" (the whole log, ``w`` NULL)."""
-    exprs = []
-    for c in _COLUMNS:
-        if c == "scope":
-            exprs.append(f"'{scope}' AS scope")
-        elif c == "kind":
-            exprs.append(f"'{kind}' AS kind")
-        elif c == "w":
-            exprs.append("w" if scope == "window" else "NULL AS w")
-        elif c == "n_windows" and scope == "total" and kind == "window":
-            exprs.append("count(DISTINCT w) AS n_windows")
-        elif c in cols:
-            exprs.append(f"{cols[c]} AS {c}")
-        elif c in ("k1", "k2"):
-            exprs.append(f"NULL::VARCHAR AS {c}")
-        elif c in ("first_at", "last_at"):
-            exprs.append(f"NULL::TIMESTAMP AS {c}")
-        else:
-            exprs.append(f"NULL::BIGINT AS {c}")
-    group = ", ".join(g for g in (("w" if scope == "window" else ""), keys) if g)
-    src = "kept" if scope == "window" else "base"
-    return (f"SELECT {', '.join(exprs)} FROM {src}" + (f" WHERE {where}" if where else "")
-            + (f" GROUP BY {group}" if group else ""))
-
-
-def _sql(window_expr: str, last: int | None) -> str:
-    keep = "TRUE" if last is None else (
-        f"w >= (SELECT min(w) FROM (SELECT DISTINCT w FROM base ORDER BY w DESC LIMIT {int(last)}))")
-    branches = [
-        ("window", _WINDOW_AGG, "", ""),
-        ("layer", {"k1": "layer", "n": "count(*)"}, "", "layer"),
-        ("tier", {"k1": "tier", "n": "count(*)"}, "", "tier"),
-        ("degraded", {"k1": "degraded", "n": "count(*)"}, "degraded IS NOT NULL", "degraded"),
-        ("l2_teacher", {"k1": "l2_label", "k2": "t_label", "n": "count(*)"},
-         "has_l2 AND has_t AND l2_label IS DISTINCT FROM t_label", "l2_label, t_label"),
-        ("human_served", {"k1": "label", "k2": "h_label", "n": "count(*)"},
-         "has_h AND h_label IS DISTINCT FROM label", "label, h_label"),
-    ]
-    parts = [_select(scope, kind, cols, where, keys)
-             for scope in ("window", "total") for kind, cols, where, keys in branches]
-    return (_BASE_SQL.format(window=window_expr)
-            + f", kept AS (SELECT * FROM base WHERE {keep})\n"
-            + "\nUNION ALL\n".join(parts))
 
 
 def parse_window(window: str | int) -> str | int:
@@ -286,14 +200,15 @@ def empty_stats(window: str | int = "day", shadow_version: str | None = None) ->
             "shadow": None if shadow_version is None else empty_shadow(shadow_version), "windows": []}
 
 
-def convergence(store: "LogStore", *, window: str | int = "day", last: int | None = None,
+def convergence(store: "LogReader", *, window: str | int = "day", last: int | None = None,
                 top: int = 5, shadow_version: str | None = None) -> dict[str, Any]:
     """Convergence statistics of the traffic log, overall and per window.
 
     Parameters
     ----------
-    store : LogStore
-        The traffic log (its spool is ingested first, as by every read).
+    store : LogReader
+        The traffic log (a :class:`logstore.LogStore`; its spool is ingested first, as by
+        every read).
     window : {"day", "hour", "week"} or int
         Calendar windows (UTC), or blocks of that many decisions.
     last : int, optional
@@ -315,16 +230,12 @@ def convergence(store: "LogStore", *, window: str | int = "day", last: int | Non
     """
     window = parse_window(window)
     _check_limits(last, top)
-    if isinstance(window, int):
-        wexpr = f"(row_number() OVER (ORDER BY d.created_at, d.decision_id) - 1) // {int(window)}"
-    else:
-        wexpr = f"date_trunc('{window}', d.created_at)::TIMESTAMP"
-    rows = store.query(_sql(wexpr, last))
+    rows = store.traffic_by_window(window, last)
 
     per: dict[Any, dict[str, Any]] = {}
     total_slot = _slot()
     for row in rows:
-        r = dict(zip(_COLUMNS, row))
+        r = row._asdict()
         if r["scope"] == "total":
             s = total_slot
         elif r["w"] in per:

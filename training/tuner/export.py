@@ -9,8 +9,8 @@ this step (the head's fit, thresholds, the gate, :class:`~classifier.pipeline.Cl
 encodes with the export, so the figures a run reports are those of the encoder a version
 serves, not of the torch weights it came from.
 
-The tuning always starts from the settings' base encoder (MiniLM, or a mean-pooling
-sentence-transformers directory), never from a previous tuned version: each retrain
+The tuning always starts from the settings' base encoder (MiniLM, e5, or a mean-pooling
+sentence-transformers directory: its backend's spec says), never from a previous tuned version: each retrain
 distils every label it has into a fresh copy, so errors do not compound from one
 version to the next.
 """
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from flywheel.classifier.encoders import VersionEncoderEmbedder, export_encoder
-from flywheel.classifier.encoders.base import default_quantize, resolve_runtime
+from flywheel.classifier.encoders.backends import TuningRecipe, backend_spec
+from flywheel.classifier.encoders.base import resolve_runtime
 from flywheel.classifier.encoders.version_encoder import EncoderExport, base_max_length
 from flywheel.classifier.layer2.head import CrossFitView
 from flywheel.classifier.protocols import Embedder
@@ -234,14 +235,15 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         return adapt_and_export(texts, labels, settings, tune, work, sample_weight=sample_weight, progress=progress)
     base = tunable_base(settings)
     recipe = tuning_recipe(settings)
+    spec = backend_spec(settings.backend)   # unresolved: auto's int8 default and kept nodes are fp32 and none
 
     def tuner_for(budget_s: float) -> EncoderTuner:
         return EncoderTuner(base, objective=tune.objective, epochs=tune.epochs,
                             batch_size=tune.batch_size, learning_rate=tune.learning_rate, max_length=tune.max_length,
                             budget_s=budget_s, seed=tune.seed, device=settings.device, progress=progress,
                             hard_pairs=hard_pairs, num_threads=settings.num_threads,
-                            query_prefix=recipe["query_prefix"],
-                            freeze_word_embeddings=recipe["freeze_word_embeddings"])
+                            query_prefix=recipe.query_prefix,
+                            freeze_word_embeddings=recipe.freeze_word_embeddings)
 
     t_start = time.perf_counter()
     stage = unlabelled_stage(unlabelled, base, recipe, settings, tune, work, progress=progress)
@@ -285,16 +287,15 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
         tuner.save(hf)
         quantize = settings.quantize
         if quantize is None:   # auto: int8 where the base encoder serves int8
-            quantize = default_quantize(settings.backend, resolve_runtime(settings.runtime, settings.device),
-                                        settings.layers)
+            quantize = spec.int8_default(resolve_runtime(settings.runtime, settings.device), settings.layers)
         if progress is not None:
             progress("exporting the tuned encoder to ONNX (checked against torch) ...")
         # served with the base encoder's token limit (tuning truncates at tune.max_length for speed)
         export = export_encoder(hf, work / "encoder", quantize=bool(quantize),
                                 max_length=base_max_length(licence_dir),
-                                num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
-                                int8_keep_fp32=_int8_keep_fp32(settings),
-                                extra_files=[licence_dir / recipe["licence"]] if recipe["licence"] else ())
+                                num_threads=settings.num_threads, query_prefix=recipe.query_prefix,
+                                int8_keep_fp32=spec.keep_fp32(),   # as the base serves: e5's FFN down-projections
+                                extra_files=[licence_dir / recipe.licence] if recipe.licence else ())
     finally:
         shutil.rmtree(hf, ignore_errors=True)
     embedder = VersionEncoderEmbedder(export.path, batch_size=settings.batch_size, max_chars=settings.max_chars,
@@ -314,7 +315,7 @@ def tune_and_export(texts: Sequence[str], labels: Sequence[str | None], settings
     return TunedEncoder(embedder, export, report, fit_only, views)
 
 
-def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: dict[str, Any], settings: EmbedderSettings,
+def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: TuningRecipe, settings: EmbedderSettings,
                      tune: TuneSettings, work: Path, *, progress: Callable[[str], None] | None = None
                      ) -> tuple[Path, dict[str, Any]] | None:
     """The self-supervised stage (:class:`training.tuner.unlabelled.ContrastivePretrainer`)
@@ -345,22 +346,13 @@ def unlabelled_stage(texts: Sequence[str] | None, base: Path, recipe: dict[str, 
     stage = ContrastivePretrainer(base, batch_size=max(2, 2 * tune.batch_size), max_length=tune.max_length,
                                   word_deletion=STAGE_WORD_DELETION,
                                   budget_s=budget, seed=tune.seed, device=settings.device, progress=progress,
-                                  num_threads=settings.num_threads, query_prefix=recipe["query_prefix"],
-                                  freeze_word_embeddings=recipe["freeze_word_embeddings"]).fit(pool)
+                                  num_threads=settings.num_threads, query_prefix=recipe.query_prefix,
+                                  freeze_word_embeddings=recipe.freeze_word_embeddings).fit(pool)
     if not stage.report_["steps"]:
         if progress is not None:
             progress(f"no unlabelled stage: its budget ({budget:.0f} s) ran out before the first step")
         return None
     return stage.save(Path(tempfile.mkdtemp(prefix="stage-", dir=work))), stage.report_
-
-
-def _int8_keep_fp32(settings: EmbedderSettings) -> Callable[[Path], list[str]] | None:
-    """The nodes a tuned encoder's int8 copy keeps fp32: e5's FFN down-projections, as its base serves."""
-    if (settings.backend or "").strip().lower() == "e5-multilingual":
-        from flywheel.classifier.encoders.e5_convert import ffn_down_projections
-
-        return ffn_down_projections
-    return None
 
 
 def _crossfit_views(texts: Sequence[str], labels: Sequence[str | None], tuner_for: Callable[[float], Any],

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from flywheel.classifier.encoders.backends import BACKENDS, MODEL_DIRECTORY, TuningRecipe, resolve_backend
 from flywheel.classifier.encoders.base import check_texts
 from flywheel.classifier.encoders.torch_runner import hub_offline, minilm_model_dir
 from flywheel.classifier.errors import TrainingError
@@ -221,30 +222,22 @@ def _supcon(v: Any, y: Any, anchor: Any, weight: Any, temperature: float) -> Any
 
 def tunable_base(settings: EmbedderSettings) -> Path:
     """The model directory an intent set's ``embedder`` settings
-    (:class:`~classifier.settings.intents.EmbedderSettings`) can be tuned from: MiniLM's for
-    ``minilm``, the converted multilingual-e5-small for ``e5-multilingual`` (from the
-    machine cache, converted on first use; see :func:`tuning_recipe` for its prefix and
-    frozen word embeddings), the directory of a mean-pooling ``sentence-transformers`` model.
+    (:class:`~classifier.settings.intents.EmbedderSettings`) can be tuned from, as the
+    backend's spec says (:attr:`~classifier.encoders.backends.BackendSpec.tune_from`):
+    MiniLM's, the converted multilingual-e5-small (from the machine cache, converted on first
+    use; see :func:`tuning_recipe` for its prefix and frozen word embeddings), or the
+    directory of a mean-pooling sentence-transformers model.
 
     Raises
     ------
     EmbedderError
-        ``e5-multilingual`` without its package, or a failed conversion.
+        e5 without its package, or a failed conversion.
     TuningError
-        A backend that cannot be fine-tuned in place (``use-multilingual`` runs in numpy;
-        ``bge-m3`` pools CLS), or MiniLM with ``embedder.layers`` (tuning pools the last
-        layer only).
+        A backend that cannot be fine-tuned in place (USE runs in numpy; bge-m3 pools CLS),
+        or MiniLM with ``embedder.layers`` (tuning pools the last layer only).
     """
-    backend = (getattr(settings, "backend", "") or "").strip().lower()
-    if backend in ("minilm", "auto"):
-        if getattr(settings, "layers", None):
-            raise TuningError("the tuned encoder mean-pools the last layer only: unset embedder.layers to tune it")
-        return minilm_model_dir()
-    if backend == "e5-multilingual":
-        from flywheel.classifier.encoders.e5_convert import ensure_e5_model
-
-        return ensure_e5_model()
-    if backend == "sentence-transformers" and settings.model:
+    spec = resolve_backend(settings.backend)   # auto: English, as make_embedder has it
+    if spec.tune_from == MODEL_DIRECTORY and settings.model:
         path = Path(settings.model).expanduser()
         pooling = path / "1_Pooling" / "config.json"
         if (path / "config.json").is_file() and pooling.is_file():
@@ -253,24 +246,24 @@ def tunable_base(settings: EmbedderSettings) -> Path:
             if mode in ("mean", ["mean"]) or (mode is None and cfg.get("pooling_mode_mean_tokens") is True
                                                and not cfg.get("pooling_mode_cls_token")):
                 return path
-        raise TuningError(f"{path} is not a mean-pooling sentence-transformers directory: it cannot be tuned here")
-    raise TuningError(f"embedder.backend {backend!r} cannot be fine-tuned in place (tuning needs a BERT-like "
-                      "mean-pooling encoder: minilm, e5-multilingual, or a sentence-transformers directory); "
+        raise TuningError(f"{path} is not a mean-pooling {spec.id} directory: it cannot be tuned here")
+    if spec.tunable and spec.tune_from != MODEL_DIRECTORY:
+        if spec.layers and settings.layers:
+            raise TuningError("the tuned encoder mean-pools the last layer only: unset embedder.layers to tune it")
+        return spec.tuning_base()
+    tunable = [s.id if s.tune_from != MODEL_DIRECTORY else f"a {s.id} directory" for s in BACKENDS.values()
+               if s.tunable]
+    raise TuningError(f"embedder.backend {settings.backend!r} cannot be fine-tuned in place (tuning needs a BERT-like "
+                      f"mean-pooling encoder: {', '.join(tunable[:-1])}, or {tunable[-1]}); "
                       "embedder.tune.objective: adapter trains an adapter on its frozen vectors instead")
 
 
-def tuning_recipe(settings: EmbedderSettings) -> dict[str, Any]:
-    """What tuning :func:`tunable_base`'s model takes beyond its weights: ``query_prefix``
-    (e5's ``query: ``, put before every text by the tuner and, recorded in the export, by
-    serving) and ``freeze_word_embeddings`` (e5: its 250k x 384 token table stays as
-    converted, as in the e5 probe), ``licence`` (a notice file the tuned version carries, or
-    ``None``). Other backends: no prefix, nothing frozen, no notice (as before)."""
-    backend = (getattr(settings, "backend", "") or "").strip().lower()
-    if backend == "e5-multilingual":
-        from flywheel.classifier.encoders.e5_convert import QUERY_PREFIX
-
-        return {"query_prefix": QUERY_PREFIX, "freeze_word_embeddings": True, "licence": "LICENSE-NOTICE.txt"}
-    return {"query_prefix": "", "freeze_word_embeddings": False, "licence": None}
+def tuning_recipe(settings: EmbedderSettings) -> TuningRecipe:
+    """What tuning :func:`tunable_base`'s model takes beyond its weights, from the backend's
+    spec: e5's ``query: `` prefix (put before every text by the tuner and, recorded in the
+    export, by serving), its frozen word embeddings (the 250k x 384 token table stays as
+    converted, as in the e5 probe) and its licence notice; other backends: none of these."""
+    return resolve_backend(settings.backend).recipe
 
 
 class EncoderTuner:

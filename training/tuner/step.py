@@ -41,11 +41,11 @@ from flywheel.training.options import RetrainOptions
 from flywheel.training.protocols import TrafficLog
 from flywheel.training.rows import LabelledSet, TrainingSet
 
-if TYPE_CHECKING:   # the head (scikit-learn) and the intent model load with the retrain, not with this module
-    from flywheel.classifier.layer2.head import CrossFitView
+if TYPE_CHECKING:   # the intent model and the export's encoders load with the retrain, not with this module
     from flywheel.classifier.protocols import Embedder, Registry
     from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, TuneSettings
     from flywheel.classifier.versions.model import IntentModel
+    from flywheel.training.tuner.export import TunedEncoder
 
 __all__ = ["HARD_PAIRS", "MIN_TUNER_SHARE", "EXPORT_BYTES_PER_S", "TunedStep", "candidate_pairs", "confusion_pairs",
            "encode_texts", "export_forecast", "export_seconds", "hard_pairs_of", "reencode", "reencode_forecast",
@@ -198,12 +198,10 @@ class TunedStep:
     """What the tuning step made: the tuned encoder and the training set re-encoded by it."""
 
     ts: TrainingSet               # the training set re-encoded by the tuned encoder (rows without text left out)
-    embedder: Embedder            # the tuned encoder or adapter (classifier.encoders.open_version_encoder)
-    export_path: Path             # the export, in the run's temporary directory
+    encoder: TunedEncoder         # the tuned encoder or adapter, its export in the run's temporary directory;
+                                  # its fit_only and views are per row of ts (training.tuner.fit.train_tuned)
     report: dict[str, Any]        # the tuning step's report
     sample: TrafficSample | None = None  # the LLM-budget sample, re-encoded (None: no budget, or too small)
-    fit_only: np.ndarray | None = None  # per row of ts: tuned on, so never calibrates the head
-    views: tuple[CrossFitView, ...] = ()   # crossfit calibration: the half encoders' views of ts's rows
 
 
 def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: Sequence[LabelledSet], *,
@@ -290,8 +288,7 @@ def tune_encoder(ts: TrainingSet, champion: IntentModel | None, champion_sets: S
     say(f"encoder tuned ({out.report.get('steps')} steps in {out.report.get('seconds')} s"
         + (", stopped by its budget" if report["stopped_by_budget"] else "") + f"; {out.embedder.id}); "
         f"{report['reencoded_rows']:,} rows re-encoded in {report['reencode_seconds']:.2f}s")
-    return TunedStep(tuned_ts, out.embedder, out.export.path, report, sample=sample, fit_only=out.fit_only,
-                     views=out.views), report
+    return TunedStep(tuned_ts, out, report, sample=sample), report
 
 
 def unlabelled_pool(store: TrafficLog, tune: TuneSettings, report: dict[str, Any],

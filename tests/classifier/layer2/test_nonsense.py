@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from flywheel.classifier.assembly import build_classifier
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.layer2.negatives import FAMILIES, synthetic_negatives
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.intents import parse_intents
-from flywheel.classifier.versions.default import build_classifier
 from tests.support.docs import nonsense
 from tests.support.fakes import HashEmbedder
 from tests.support.paths import ROOT

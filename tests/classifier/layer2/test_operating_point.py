@@ -15,7 +15,7 @@ from flywheel.classifier.layer2.targets import check_target
 from flywheel.classifier.layer2.tiers import Thresholds
 from flywheel.classifier.pipeline import Classifier
 from flywheel.classifier.settings.intents import Intent, IntentSet, ThresholdSettings, parse_intents
-from flywheel.training.evaluate import evaluate
+from flywheel.training.eval.measure import evaluate
 from tests.support.worlds import INTENT_DOC, VectorTextEmbedder, blob_split
 
 RECALL_TOLERANCE = 0.06   # 200 out-of-scope rows choose the cutoff, 1,000 held out measure it: ~2 sigma
@@ -120,7 +120,7 @@ def test_a_figure_s_interval_is_wilson_s_and_few_rows_say_so():
 
 
 def test_a_test_set_that_differs_from_the_rows_the_target_was_chosen_on_is_flagged(world, emb):
-    from flywheel.training.cli.tradeoff import target_line
+    from flywheel.training.eval.render import target_line
 
     train_texts, train_labels, texts, truth = world
     m = fit_model(blob_intents(train_texts, train_labels, {"oos_recall": 0.9}), embedder=emb)

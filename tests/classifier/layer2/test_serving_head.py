@@ -3,6 +3,7 @@ pickle, served by default, and a serving process that never imports scikit-learn
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from flywheel.classifier.errors import ModelError
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.layer2.head import IntentHead
-from flywheel.classifier.layer2.scoring import ServingHead
+from flywheel.classifier.layer2.scoring import Head, ServingHead
 from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.versions.model import SERVING_HEAD_FILE, IntentModel
 from tests.support.docs import DOC
@@ -76,6 +77,36 @@ def test_a_saved_version_serves_the_numpy_head_and_can_give_the_estimator(model,
     assert isinstance(IntentModel.load(d, estimator=True).head, IntentHead)
     X = HashEmbedder().encode(QUERIES)
     _same(served.head.scores(X), model.head.scores(X))
+
+
+def test_both_heads_are_the_head_protocol_a_version_serves_and_saves(model, tmp_path):
+    """IntentModel.head is a Head: the fitted estimator and the numpy head alike (typed access,
+    no probing), and a version served from head.npz saves its head.npz again."""
+    served = IntentModel.load(model.save(tmp_path / "v1"))
+    for head in (model.head, served.head):
+        assert isinstance(head, Head) and isinstance(head.serving_head(), ServingHead)
+        assert list(head.classes_) == served.manifest.labels and head.n_features_in_ == HashEmbedder().dim
+        assert dict(head.thresholds_) == dict(model.head.thresholds_)
+    assert served.head.serving_head() is served.head
+    assert not isinstance(IntentHead(), Head)                    # not fitted: no classes_, no cutoffs
+    again = IntentModel(served.intents, served.head, dataclasses.replace(served.manifest, version="v2"))
+    reloaded = IntentModel.load(again.save(tmp_path / "v2"))
+    X = HashEmbedder().encode(QUERIES)
+    _same(reloaded.head.scores(X), model.head.scores(X))
+
+
+def test_a_head_file_that_is_not_a_head_is_refused(model, tmp_path):
+    import hashlib
+
+    import joblib
+
+    d = model.save(tmp_path / "v1")
+    joblib.dump({"classes_": ["PLATFORM", "RETRIEVAL"]}, d / "head.joblib")
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["head_sha256"] = hashlib.sha256((d / "head.joblib").read_bytes()).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="head.joblib: not a fitted layer-2 head"):
+        IntentModel.load(d, estimator=True)
 
 
 def test_a_version_without_a_serving_head_loads_its_estimator(model, tmp_path):

@@ -6,7 +6,6 @@ import pytest
 from flywheel.classifier.errors import ConfigError
 from flywheel.classifier.settings.config import load_config
 from flywheel.classifier.settings.intents import parse_intents
-from tests.support.fakes import ScriptedTeacher
 
 
 def test_fleet_keys_default_to_one_machine(monkeypatch):
@@ -82,8 +81,9 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
     served model and for the default model trained on first use; ONNX exports go to one
     cache for every home (the user cache dir, or FLYWHEEL_ONNX_CACHE). Nothing is loaded."""
     import flywheel.classifier.layer2.fitter
+    from flywheel.classifier.assembly import build_classifier
     from flywheel.classifier.layer2.fitter import fit_model
-    from flywheel.classifier.versions.default import build_classifier, served_model
+    from flywheel.classifier.versions.default import served_model
     from tests.support.docs import DOC
     from tests.support.fakes import HashEmbedder
 
@@ -116,30 +116,6 @@ def test_the_resolved_home_decides_the_encoder_caches(monkeypatch, tmp_path):
         served_model(cfg, progress=False)
     assert seen["embedder"].inner.cache_dir == flag_home / "cache" / "use"
     assert not env_home.exists()
-
-
-def test_reset_default_closes_the_default_classifier_and_its_teacher(monkeypatch):
-    import flywheel.classifier.versions.default as default
-
-    closed: list[str] = []
-
-    class Teacher(ScriptedTeacher):                  # a ManagedTeacher: what reset_default closes
-        def close(self) -> None:
-            closed.append("teacher")
-
-    class Clf:
-        teacher = Teacher()
-
-        def close(self) -> None:
-            closed.append("classifier")
-
-    default.reset_default()
-    monkeypatch.setattr(default, "build_classifier", lambda: Clf())
-    assert isinstance(default.default_classifier(), Clf)
-    default.reset_default()
-    assert closed == ["classifier", "teacher"]       # whoever opened it closes it, in order
-    default.reset_default()                            # nothing left to close
-    assert closed == ["classifier", "teacher"]
 
 
 @pytest.mark.parametrize("var, value, words", [
@@ -177,3 +153,22 @@ def test_check_port_and_split_address_refuse_what_a_socket_would_wrap():
         split_address("127.0.0.1:99999", "--address")
     with pytest.raises(ConfigError, match="expected host:port"):
         split_address("localhost", "--address")
+
+
+def test_an_unknown_flag_is_refused_naming_it_and_the_known_ones(tmp_path):
+    """A misspelt flag used to change nothing and say nothing (``tune_encoders`` for
+    ``tune_encoder``); each setting is one flag (:class:`ConfigFlags`) and nothing else is taken."""
+    from dataclasses import fields
+
+    from flywheel.classifier.settings.config import Config, ConfigFlags
+
+    settings = {f.name for f in fields(Config)} - {"sources"}
+    assert set(ConfigFlags.__annotations__) == settings
+    with pytest.raises(TypeError) as info:
+        load_config(home=tmp_path, tune_encoders=False)
+    message = str(info.value)
+    assert message.startswith("load_config() got an unknown flag 'tune_encoders'; did you mean 'tune_encoder'?")
+    assert all(name in message for name in settings)
+    with pytest.raises(TypeError, match=r"unknown flag 'verbose' \(known: audit_rate, home, intents"):
+        load_config(verbose=True)
+    assert load_config(home=tmp_path, tune_encoder=False).tune_encoder is False

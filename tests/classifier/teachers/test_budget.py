@@ -51,18 +51,25 @@ def budget(per_minute=None, per_day=None, t=1000.0, wall=None):
     return CallBudget(per_minute, per_day, clock=mono, wall_clock=wall_clock), mono, wall_clock
 
 
-def clf(thresholds, teacher_section=None, **kw):
+def model(thresholds, teacher_section=None):
     d = copy.deepcopy(DOC)
     d["thresholds"] = thresholds
     if teacher_section is not None:
         d["teacher"] = teacher_section
-    return Classifier(fit_model(parse_intents(d), embedder=HashEmbedder()), embedder=HashEmbedder(), **kw)
+    return fit_model(parse_intents(d), embedder=HashEmbedder())
 
 
-def budgeted(c: Classifier, inner, mono=None, wall=None):
-    """Wire ``inner`` as ``build_teacher`` + ``apply_budget`` would, from the served intent set."""
-    c.teacher = apply_budget(inner, c.model.intents.teacher, clock=mono or Clock(), wall_clock=wall or Clock(0.0))
-    return c.teacher
+def clf(thresholds, teacher_section=None, **kw):
+    return Classifier(model(thresholds, teacher_section), embedder=HashEmbedder(), **kw)
+
+
+def budgeted(thresholds, teacher_section, inner, mono=None, wall=None, **kw) -> tuple[Classifier, BudgetedTeacher]:
+    """A classifier whose teacher is ``inner`` wired as ``build_teacher`` + ``apply_budget`` would,
+    from the served intent set (``kw`` go to Classifier); and that teacher."""
+    m = model(thresholds, teacher_section)
+    t = apply_budget(inner, m.intents.teacher, clock=mono or Clock(), wall_clock=wall or Clock(0.0))
+    assert isinstance(t, BudgetedTeacher)
+    return Classifier(m, embedder=HashEmbedder(), teacher=t, **kw), t
 
 
 # ------------------------------------------------------------------ CallBudget
@@ -216,9 +223,8 @@ def test_apply_budget_wraps_only_when_a_limit_is_set():
 def test_an_exhausted_budget_degrades_to_a_pending_weak_answer():
     assert "budget" in RETRYABLE_TEACHER_ERRORS and "budget" in DEGRADED_REASONS
     sink = ListSink()
-    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 1}, log_sink=sink)
     inner = ScriptedTeacher(answer=lambda req: "RETRIEVAL")
-    budgeted(c, inner)
+    c, _ = budgeted(ALWAYS_UNSURE, {"max_calls_per_minute": 1}, inner, log_sink=sink)
     first = c.classify("explain addparam")
     assert first.layer is Layer.LLM and first.degraded is None
     d = c.classify("what is addvar")                  # another question: a repeat is answered from the cache
@@ -231,9 +237,9 @@ def test_an_exhausted_budget_degrades_to_a_pending_weak_answer():
 
 def test_a_budget_refusal_is_a_failed_audit_not_an_error(caplog):
     calls = []
-    c = clf(ALWAYS_SURE, {"daily_budget": 1}, audit_rate=1.0, audit_callback=lambda rec, call: calls.append(call))
     inner = ScriptedTeacher(answer=lambda req: "PLATFORM")
-    t = budgeted(c, inner)
+    c, t = budgeted(ALWAYS_SURE, {"daily_budget": 1}, inner, audit_rate=1.0,
+                    audit_callback=lambda rec, call: calls.append(call))
     t.budget.take()                                   # the day's one call is spent
     with caplog.at_level(logging.ERROR):
         d = c.classify("show my invoices")
@@ -247,16 +253,15 @@ def test_a_budget_refusal_is_a_failed_audit_not_an_error(caplog):
 
 def test_pending_budget_decisions_are_back_filled_by_label(tmp_path):
     store = LogStore(tmp_path / "log.duckdb")
-    c = clf(ALWAYS_UNSURE, {"daily_budget": 1}, log_sink=store.open_sink())
-    t = budgeted(c, ScriptedTeacher(answer=lambda req: "RETRIEVAL"))
+    c, t = budgeted(ALWAYS_UNSURE, {"daily_budget": 1}, ScriptedTeacher(answer=lambda req: "RETRIEVAL"),
+                    log_sink=store.open_sink())
     t.budget.take()
     for text in ("explain addparam", "what is addvar", "how do loops work"):
         assert c.classify(text).degraded == "budget"
     c.log_sink.flush()
     assert len(store.pending()) == 3
     # `flywheel label` in a process with a budget of its own: it stops when that is spent
-    later = clf(ALWAYS_UNSURE, {"daily_budget": 2})
-    budgeted(later, ScriptedTeacher(answer=lambda req: "RETRIEVAL"))
+    later, _ = budgeted(ALWAYS_UNSURE, {"daily_budget": 2}, ScriptedTeacher(answer=lambda req: "RETRIEVAL"))
     counts = backfill_pending(store, later, progress=False)
     assert (counts["labelled"], counts["remaining"]) == (2, 1)
     assert counts["stopped_because"].startswith("budget: llm budget exhausted: daily_budget")
@@ -266,15 +271,16 @@ def test_pending_budget_decisions_are_back_filled_by_label(tmp_path):
 
 # ------------------------------------------------------------------ metrics
 def test_the_remaining_budget_and_budget_degradations_are_exposed():
+    no_teacher = ServerMetrics()
+    no_teacher.bind_serving(classifier=clf(ALWAYS_UNSURE, {"max_calls_per_minute": 2}))
+    assert no_teacher.registry.get_sample_value("flywheel_teacher_budget_remaining", {"window": "minute"}) is None
     m = ServerMetrics()
     get = m.registry.get_sample_value
-    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 2})
-    m.bind_serving(classifier=c)
-    assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) is None   # no teacher yet
     assert get("flywheel_degraded_decisions_total", {"reason": "budget"}) == 0      # pre-created
     assert get("flywheel_teacher_calls_total", {"outcome": "budget"}) == 0
     mono = Clock()
-    budgeted(c, ScriptedTeacher(), mono=mono)
+    c, _ = budgeted(ALWAYS_UNSURE, {"max_calls_per_minute": 2}, ScriptedTeacher(), mono=mono)
+    m.bind_serving(classifier=c)
     assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) == 2
     assert get("flywheel_teacher_budget_remaining", {"window": "day"}) is None      # no daily limit
     for text in ("explain addparam", "what is addvar", "how do loops work"):   # no repeat: the cache would answer it
@@ -288,15 +294,16 @@ def test_the_remaining_budget_and_budget_degradations_are_exposed():
 def test_both_windows_are_exposed_and_none_without_a_budget():
     m = ServerMetrics()
     get = m.registry.get_sample_value
-    c = clf(ALWAYS_UNSURE, {"max_calls_per_minute": 5, "daily_budget": 100})
+    c, t = budgeted(ALWAYS_UNSURE, {"max_calls_per_minute": 5, "daily_budget": 100}, ScriptedTeacher())
     m.bind_serving(classifier=c)
-    budgeted(c, ScriptedTeacher())
     c.classify("explain addparam")
     assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) == 4
     assert get("flywheel_teacher_budget_remaining", {"window": "day"}) == 99
-    c.teacher = c.teacher.inner                       # no budget: no series at all
-    assert get("flywheel_teacher_budget_remaining", {"window": "minute"}) is None
-    assert b"flywheel_teacher_budget_remaining" not in generate_latest(m.registry)
+    unbudgeted = ServerMetrics()                      # the same teacher without its budget: no series at all
+    unbudgeted.bind_serving(classifier=clf(ALWAYS_UNSURE, {"max_calls_per_minute": 5, "daily_budget": 100},
+                                           teacher=t.inner))
+    assert unbudgeted.registry.get_sample_value("flywheel_teacher_budget_remaining", {"window": "minute"}) is None
+    assert b"flywheel_teacher_budget_remaining" not in generate_latest(unbudgeted.registry)
 
 
 def test_the_sidecar_counts_budget_refusals_and_serves_the_gauges(tmp_path):

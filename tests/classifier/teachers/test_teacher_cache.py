@@ -252,10 +252,10 @@ def test_a_changed_intent_set_is_never_served_a_stale_answer():
 
 def test_a_changed_teacher_model_is_never_served_a_stale_answer():
     old = ScriptedTeacher(answer=lambda req: "RETRIEVAL", model="small-llm")
-    clf = unsure(old)
-    clf.classify("explain addparam")
-    new = ScriptedTeacher(answer=lambda req: "PLATFORM", model="big-llm")
-    clf.teacher = new
+    before = unsure(old)
+    before.classify("explain addparam")
+    new = ScriptedTeacher(answer=lambda req: "PLATFORM", model="big-llm")   # the same cache, another teacher
+    clf = Classifier(before.model, embedder=before.embedder, teacher=new, teacher_cache=before.teacher_cache)
     d = clf.classify("explain addparam")
     assert (len(old.requests), len(new.requests)) == (1, 1)
     assert (d.label, d.teacher.model) == ("PLATFORM", "big-llm") and "cached" not in d.reason

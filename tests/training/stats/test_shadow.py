@@ -56,8 +56,7 @@ def rec(n: int, layer: Layer, label: str | None, *, l2: tuple[str | None, Tier] 
         pending: bool = False) -> DecisionRecord:
     tier = Tier.CONFIDENT if label else Tier.NO_MATCH
     d = Decision(label=label, confidence=0.9, tier=tier, layer=layer, reason="test", model_version="v1",
-                 teacher=teacher, degraded=degraded)
-    d.id = f"s{n:02d}"
+                 teacher=teacher, degraded=degraded, id=f"s{n:02d}")
     if l2 is None and layer is Layer.EMBEDDING:  # layer 2 decided: its answer is the decision
         l2 = (label, tier)
     return DecisionRecord(decision=d, text=f"text {n}", created_at=T0 + n * H, pending=pending,

@@ -43,8 +43,7 @@ def rec(did: str, day: int, hour: int, layer: Layer, label: str | None, tier: Ti
         teacher: TeacherCall | None = None, alts=(), audit: bool = False,
         pending: bool = False, l2: Layer2Answer | None = None) -> DecisionRecord:
     d = Decision(label=label, confidence=0.9, tier=tier, layer=layer, reason="test",
-                 alternatives=list(alts), model_version="v1", teacher=teacher)
-    d.id = did
+                 alternatives=list(alts), model_version="v1", teacher=teacher, id=did)
     if l2 is None and layer is Layer.EMBEDDING:  # layer 2 decided: its answer is the decision
         l2 = Layer2Answer(label, d.confidence, tier)
     return DecisionRecord(decision=d, text=f"text of {did}", created_at=T0 + day * DAY + hour * 3600,

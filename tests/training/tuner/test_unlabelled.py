@@ -10,11 +10,12 @@ import time
 import numpy as np
 import pytest
 
+from flywheel.classifier.encoders.backends import TuningRecipe
 from flywheel.classifier.errors import NotFittedError, TuneSettingsError
 from flywheel.classifier.settings.intents import EmbedderSettings, TuneSettings, parse_intents
 from flywheel.cli import main
 from flywheel.logstore import LogStore
-from flywheel.training.loaders import DatasetError, load_unlabelled
+from flywheel.training.eval.loaders import DatasetError, load_unlabelled
 from flywheel.training.options import resolve_tune
 from flywheel.training.tuner import finetune
 from flywheel.training.tuner.finetune import EncoderTuner, TuningError
@@ -166,7 +167,7 @@ def test_tune_and_export_runs_the_stage_first_within_the_budget(tiny, tmp_path, 
 def test_no_stage_without_texts_or_share_and_a_small_pool_is_said(tiny, tmp_path, monkeypatch):
     from flywheel.training.tuner.export import unlabelled_stage
 
-    recipe = {"query_prefix": "", "freeze_word_embeddings": False, "licence": None}
+    recipe = TuningRecipe()   # no prefix, nothing frozen, no notice
     on = TuneSettings(unlabelled=0.3)
     assert unlabelled_stage(None, tiny, recipe, _settings(tiny), on, tmp_path) is None
     assert unlabelled_stage(POOL, tiny, recipe, _settings(tiny), TuneSettings(), tmp_path) is None

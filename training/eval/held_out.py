@@ -12,15 +12,16 @@ if TYPE_CHECKING:
     from flywheel.classifier.layer2.scoring import HeadScores
     from flywheel.classifier.protocols import Embedder
     from flywheel.classifier.versions.model import IntentModel
-    from flywheel.training.loaders import LabelledData
+    from flywheel.training.eval.loaders import LabelledData
 
-__all__ = ["calibrate", "calibrate_sets"]
+__all__ = ["calibrate"]
 
 
 def calibrate(model: IntentModel, data: LabelledData,
               embedder: Embedder | None = None) -> tuple[IntentModel, str | None]:
     """``model`` calibrated on held-out ``data`` (``flywheel eval --calibration``): its
-    prediction sets (as :func:`calibrate_sets`) and, with a ``thresholds.target`` of
+    prediction sets (split-conformal on the in-scope rows of an intent the model knows,
+    valid when ``data`` is exchangeable with the test queries) and, with a ``thresholds.target`` of
     ``oos_recall`` or ``llm_share``, the cutoff the target picks on these rows instead of
     the out-of-fold training rows (:func:`training.cutoffs.cut_at`); and a note when the
     target stays out of fold (an ``oos_recall`` with no out-of-scope rows here). The rows
@@ -45,17 +46,6 @@ def calibrate(model: IntentModel, data: LabelledData,
     return cut, None
 
 
-def calibrate_sets(model: IntentModel, data: LabelledData, embedder: Embedder | None = None) -> IntentModel:
-    """``model`` with its prediction sets calibrated on held-out ``data`` (a
-    :class:`~training.loaders.LabelledData`) instead of out-of-fold training rows: the
-    textbook split-conformal, valid when ``data`` is exchangeable with the test queries.
-    Rows whose intent the model does not know are left out; a new model is returned."""
-    known = set(model.manifest.labels)
-    rows = [(t, y) for t, y in zip(data.texts, data.labels) if y is not None and y in known]
-    scores = model.head.scores(_encoder(model, embedder).encode([t for t, _ in rows])) if rows else None
-    return _with_sets(model, data, scores, [y for _, y in rows])
-
-
 def _encoder(model: IntentModel, embedder: Embedder | None) -> Embedder:
     from flywheel.classifier.encoders import make_embedder
 
@@ -68,7 +58,7 @@ def _with_sets(model: IntentModel, data: LabelledData, scores: HeadScores | None
     these scored ones; :class:`DatasetError` without any."""
     from flywheel.classifier.layer2.head import conformal_cutoff
     from flywheel.training.cutoffs import learned_thresholds, with_thresholds
-    from flywheel.training.loaders import DatasetError
+    from flywheel.training.eval.loaders import DatasetError
 
     index = {str(c): i for i, c in enumerate(model.manifest.labels)}
     inside = [i for i, y in enumerate(truth) if y is not None]
