@@ -36,7 +36,7 @@ from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, TuneSettings
 
 __all__ = ["ADAPTER", "CROSSFIT", "CROSSFIT_MAX_ROWS", "HOLDOUT", "MIN_HELD_OUT", "TunedEncoder", "adapt_and_export",
-           "calibration_holdout", "crossfit_folds", "intent_pairs", "resolve_calibration", "settings_with",
+           "calibration_holdout", "crossfit_folds", "intent_pairs", "resolve_calibration",
            "tune_and_export", "unlabelled_stage"]
 
 MIN_HELD_OUT = 2    # rows an intent must keep out of the tuning for them to be cross-validated
@@ -119,12 +119,6 @@ def intent_pairs(intents: IntentSet) -> tuple[list[str], list[str | None]]:
     """The intent set's examples and out-of-scope examples as (texts, labels)."""
     texts, labels = intents.training_pairs()
     return list(texts), list(labels)
-
-
-def settings_with(tune: TuneSettings | None, **changes: Any) -> TuneSettings:
-    """``tune`` (default :class:`TuneSettings`) with ``changes`` (``None`` values ignored)."""
-    base = tune if tune is not None else TuneSettings()
-    return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
 def _fit_only(labels: Sequence[str | None], keep: Sequence[int],
