@@ -42,10 +42,12 @@ from pathlib import Path
 
 import yaml
 
+from flywheel.classifier.encoders.backends import E5_MULTILINGUAL, USE_MULTILINGUAL
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTER = ROOT / "classifier/data/starter_intents.yaml"
 HELDOUT = [ROOT / "tests/data/heldout_queries.jsonl", ROOT / "tests/data/heldout_queries_es.jsonl"]
-ARMS = {"use": ("use-multilingual", False), "e5": ("e5-multilingual", False), "e5-tuned": ("e5-multilingual", True)}
+ARMS = {"use": (USE_MULTILINGUAL.id, False), "e5": (E5_MULTILINGUAL.id, False), "e5-tuned": (E5_MULTILINGUAL.id, True)}
 SPANISH_MARK = re.compile(r"^\s*#\s*Spanish\s*$")
 
 

@@ -7,7 +7,7 @@ Parts (``--parts``, comma-separated; default all three):
   warm-up on other queries, each encoder on one thread (``num_threads=1``, the serving
   default; USE is numpy, so its BLAS is held to ``--blas-threads`` with threadpoolctl):
 
-  - ``encoder minilm``: ``make_embedder(EmbedderSettings(backend="minilm"))`` (ONNX int8, default);
+  - ``encoder minilm``: ``make_embedder(EmbedderSettings(backend=MINILM.id))`` (ONNX int8, default);
   - ``encoder e5-multilingual``: ONNX int8 with the 12 FFN down-projections kept fp32 (default),
     ``query: `` prefix included;
   - ``encoder use-multilingual``: USE multilingual v3 (numpy);
@@ -79,10 +79,11 @@ from benchmarks.bench_embedders import wait_quiet as wait_idle_cpus  # noqa: E40
 from benchmarks.bench_language import heldout  # noqa: E402
 from benchmarks.bench_onnx import STARTER, ViaClassify, _english_only, interleaved, queries  # noqa: E402
 from flywheel.classifier.encoders import make_embedder  # noqa: E402
+from flywheel.classifier.encoders.backends import E5_MULTILINGUAL, MINILM, USE_MULTILINGUAL  # noqa: E402
 from flywheel.classifier.settings.intents import EmbedderSettings, load_intents  # noqa: E402
 
 PARTS = ("latency", "cli", "firstuse")
-BACKENDS = ("minilm", "e5-multilingual", "use-multilingual")
+BACKENDS = (MINILM.id, E5_MULTILINGUAL.id, USE_MULTILINGUAL.id)
 WARMUP_TEXTS = ["warm up the encoder", "¿me ayudas con esto?", "and once more", "gracias, muy útil"]
 
 # (a) and (b) of the first use, in a fresh process: prints one JSON line.
@@ -99,7 +100,7 @@ out["conversion_s"] = time.perf_counter() - t0
 out["conversion_record"] = json.loads((path / "e5_conversion.json").read_text())
 for name, q in (("onnx_fp32_export_s", False), ("int8_s", True)):
     t0 = time.perf_counter()
-    make_embedder(EmbedderSettings(backend="e5-multilingual", num_threads=1, quantize=q), cache=False).encode(["hola"])
+    make_embedder(EmbedderSettings(backend=E5_MULTILINGUAL.id, num_threads=1, quantize=q), cache=False).encode(["hola"])
     out[name] = time.perf_counter() - t0
 print(json.dumps(out))
 """
@@ -123,8 +124,8 @@ def intent_sets(tmp: Path) -> dict[str, Path]:
     """The starter intents with each backend: the multilingual ones as copies with only
     ``embedder.backend`` set; MiniLM's an English copy (``languages: [en]``, ``auto``)."""
     doc = yaml.safe_load(STARTER.read_text(encoding="utf-8"))
-    sets = {b: intent_file(doc, set(), "all", b, tmp)[0] for b in ("e5-multilingual", "use-multilingual")}
-    sets["minilm"] = _english_only(tmp)
+    sets = {b: intent_file(doc, set(), "all", b, tmp)[0] for b in (E5_MULTILINGUAL.id, USE_MULTILINGUAL.id)}
+    sets[MINILM.id] = _english_only(tmp)
     return sets
 
 
@@ -236,8 +237,8 @@ def timed_classify(args: argparse.Namespace, env: dict[str, str]) -> tuple[float
 def cli_sets(tmp: Path) -> dict[str, Path | None]:
     shipped = load_intents(STARTER).embedder.backend
     sets = intent_sets(tmp)
-    return {f"shipped starter (auto: {shipped})": None, "starter, e5-multilingual": sets["e5-multilingual"],
-            "English copy (auto: minilm)": sets["minilm"]}
+    return {f"shipped starter (auto: {shipped})": None, "starter, e5-multilingual": sets[E5_MULTILINGUAL.id],
+            "English copy (auto: minilm)": sets[MINILM.id]}
 
 
 def bench_cli(args: argparse.Namespace, tmp: Path, onnx_cache: Path) -> dict[str, Any]:
@@ -292,7 +293,7 @@ def markdown(result: dict[str, Any]) -> str:
                   "| entry | served by | p50 ms | p90 ms | p99 ms | p50 / MiniLM's |", "|---|---|---:|---:|---:|---:|"]
         for k, r in lat["entries"].items():
             who = lat["setup"][k]["id"] + (f" ({lat['setup'][k]['runner']})" if "runner" in lat["setup"][k] else "")
-            ratio = r.get("p50_over_minilm", 1.0 if k.endswith("minilm") else None)
+            ratio = r.get("p50_over_minilm", 1.0 if k.endswith(MINILM.id) else None)
             lines.append(f"| {k} | {who} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
                          f"{'' if ratio is None else f'{ratio:.2f}x'} |")
         lines.append("")

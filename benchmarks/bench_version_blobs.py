@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flywheel.classifier.encoders.backends import E5_MULTILINGUAL
 from flywheel.classifier.encoders.blobs import BLOBS_DIR, version_storage
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.settings.config import starter_intents_path
@@ -29,7 +30,7 @@ from flywheel.training.tuner.export import intent_pairs, tune_and_export
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="e5-multilingual")
+    ap.add_argument("--backend", default=E5_MULTILINGUAL.id)
     ap.add_argument("--budget", type=float, default=30.0, help="tuning seconds per version")
     args = ap.parse_args()
     intents = load_intents(starter_intents_path())
