@@ -26,6 +26,7 @@ Modules, by layer:
 - :mod:`~classifier.audit`: background teacher audits with a bounded backlog
 - :mod:`~classifier.anchoring`: whether the teacher echoes the history instead of the query
 - :mod:`~classifier.history`: the compact per-session intent history
+- :mod:`~classifier.followup`: whether a query leans on the previous turn, and how layer 2 scores it then
 - :mod:`~classifier.shadow`: a shadow version scored beside the champion
 - :mod:`~classifier.versions`: model versions, their registry, and what is served (a wing)
 - :mod:`~classifier.settings`: the intent file, settings and the command line's helpers (a wing)

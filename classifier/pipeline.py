@@ -34,6 +34,7 @@ from flywheel.classifier.audit import AUDIT_OUTCOMES, DEFAULT_MAX_PENDING, Audit
 from flywheel.classifier.bundle import ModelBundle, new_embedder, warmed_bundle
 from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
+from flywheel.classifier.followup import Followup, FollowupDetector, followup_results
 from flywheel.classifier.history import SessionHistory, coerce_history
 from flywheel.classifier.layer2.tiers import Layer2Result, tier_rows
 from flywheel.classifier.protocols import (
@@ -47,6 +48,7 @@ from flywheel.classifier.protocols import (
     TeacherAnswer,
     TeacherRequest,
 )
+from flywheel.classifier.settings.followups import FOLLOWUP_MODES
 from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.settings.label_names import label_name, parse_label
 from flywheel.classifier.shadow import ShadowScorer
@@ -105,6 +107,7 @@ class Pending:
     decision: Decision | None = None
     vector: np.ndarray | None = None
     layer2: Layer2Result | None = None
+    followup: Followup | None = None            # the turn it leans on, when it is a follow-up
 
 
 class Classifier:
@@ -154,6 +157,9 @@ class Classifier:
         its answer differs from layer 2's label; two different answers make a candidate
         set, never a training label (:attr:`second_asks` counts the extra calls). ``None``
         (the default): the served intent set's ``teacher.ask_twice`` (default off).
+    followups : {"resolve", "defer", "off"} or None
+        What layer 2 does with a query that leans on the previous turn
+        (:mod:`classifier.followup`); ``None`` (the default): the intent set's ``followups``.
 
     Examples
     --------
@@ -175,11 +181,13 @@ class Classifier:
                  follow_interval_s: float = WATCH_INTERVAL_S,
                  shadow: ShadowScorer | None = None,
                  teacher_cache: TeacherCache | None | str = "auto",
-                 ask_twice: bool | None = None) -> None:
+                 ask_twice: bool | None = None, followups: str | None = None) -> None:
         if on_long not in ("truncate", "reject"):
             raise ValueError(f"on_long must be 'truncate' or 'reject', got {on_long!r}")
         if not 0.0 <= audit_rate <= 1.0:
             raise ValueError(f"audit_rate must be between 0 and 1, got {audit_rate!r}")
+        if followups not in (None, *FOLLOWUP_MODES):
+            raise ValueError(f"followups must be one of {', '.join(FOLLOWUP_MODES)} or None, got {followups!r}")
         self._given_embedder = embedder     # the caller's: reused by any version trained on it
         self._cache_root = cache_root
         if embedder is None:
@@ -213,6 +221,8 @@ class Classifier:
         # teacher.ask_twice); second_asks counts those extra calls (read by the metrics)
         self.ask_twice = ask_twice
         self.second_asks = 0
+        self.followups = followups   # None: the served intent set's
+        self.followup_detector = FollowupDetector()
 
     # ----------------------------------------------------------- model access
     @classmethod
@@ -400,16 +410,25 @@ class Classifier:
                 for p, v in zip(missing, rt.embedder.encode([p.clean.text for p in missing])):
                     p.vector = v
             s = rt.model.head.scores(np.stack([_encoded(p) for p in group]))
-            for p, res in zip(group, tier_rows(s, rt.labels, rt.thresholds)):
-                p.layer2 = res
+
+            def score(texts: list[str], rt: ModelBundle = rt) -> list[Layer2Result]:
+                return tier_rows(rt.model.head.scores(rt.embedder.encode(texts)), rt.labels, rt.thresholds)
+            alone = tier_rows(s, rt.labels, rt.thresholds)
+            mode = self.followups or rt.model.intents.followups
+            for p, (res, f) in zip(group, followup_results(mode, self.followup_detector, [p.clean.text for p in group],
+                                                           [self._history(p) for p in group], alone, score)):
+                p.layer2, p.followup = res, f
+
+    def _history(self, p: "Pending") -> tuple[HistoryEntry, ...]:
+        """The history ``p`` is classified with: the caller's, else its session's."""
+        return p.history if p.history is not None else (self.sessions.get(p.session_id) if p.session_id else ())
 
     def ask_teacher(self, p: "Pending") -> Decision:
         """Layer 3 for a scored query layer 2 is unsure of: the teacher's answer, or layer
         2's best guess (tier ``weak``) with the reason when the teacher fails. Returns the
         decision without recording it on ``p`` (a server may have given up waiting)."""
         assert p.layer2 is not None and self.teacher is not None, "ask_teacher needs a scored, unsure query"
-        history = p.history if p.history is not None else (self.sessions.get(p.session_id) if p.session_id else ())
-        return self._layer3(p.rt, p.clean, p.layer2, history, dict(p.latency))
+        return self._layer3(p.rt, p.clean, p.layer2, self._history(p), dict(p.latency))
 
     def without_teacher(self, p: "Pending", why: str, reason: str = "skipped_deadline") -> Decision:
         """Layer 2's best guess for an unsure query whose teacher call was not made or not

@@ -1,6 +1,5 @@
 """Intent definition files (YAML or TOML): intents, rules, out-of-scope examples,
-thresholds, embedder and teacher settings.
-
+thresholds, embedder and teacher settings, follow-ups (classifier.settings.followups).
 A bad file raises :class:`~classifier.errors.IntentFileError` naming the file, the
 intent (when there is one) and the problem.
 """
@@ -25,6 +24,7 @@ from flywheel.classifier.encoders.backends import (
 )
 from flywheel.classifier.errors import IntentFileError, TuneSettingsError
 from flywheel.classifier.layer2.targets import threshold_target
+from flywheel.classifier.settings.followups import DEFAULT_FOLLOWUPS, parse_followups
 from flywheel.classifier.settings.label_names import OUT_OF_SCOPE_NAMES, suggest_label
 
 RULE_KINDS = ("contains", "prefix", "regex", "keywords")
@@ -48,7 +48,7 @@ MULTILINGUAL_BACKEND = MULTILINGUAL_DEFAULT.id
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[A-Za-z0-9]{2,8})*$")
 
 _TOP_KEYS = {"version", "name", "description", "languages", "embedder", "teacher", "thresholds",
-             "rules", "intents", "out_of_scope"}
+             "rules", "intents", "out_of_scope", "followups"}
 _INTENT_KEYS = {"name", "description", "examples", "thresholds", "metadata"}
 _RULE_KEYS = {"id", "intent", "priority", "description", *RULE_KINDS}
 _EMBEDDER_KEYS = {"backend", "model", "batch_size", "max_chars", "device", "use_fp16", "quantize",
@@ -244,6 +244,7 @@ class IntentSet:
     embedder: EmbedderSettings = field(default_factory=EmbedderSettings)
     teacher: TeacherSettings = field(default_factory=TeacherSettings)
     thresholds: ThresholdSettings = field(default_factory=ThresholdSettings)
+    followups: str = DEFAULT_FOLLOWUPS   # resolve | defer | off (classifier.settings.followups)
     source: str = "<memory>"
 
     @property
@@ -387,7 +388,8 @@ def parse_intents(doc: Any, source: str = "<memory>") -> IntentSet:
     return IntentSet(name=str(doc.get("name") or Path(source).stem), intents=intents, rules=rules,
                      oos_examples=oos_examples, languages=languages, synthetic_negatives=synthetic,
                      embedder=_embedder(c, doc.get("embedder"), languages), teacher=_teacher(c, doc.get("teacher")),
-                     thresholds=_thresholds(c, doc.get("thresholds"), intents, source), source=source)
+                     thresholds=_thresholds(c, doc.get("thresholds"), intents, source), source=source,
+                     followups=parse_followups(doc.get("followups"), source))
 
 
 def _intents(c: _Checker, raw_intents: Any) -> tuple[Intent, ...]:

@@ -46,6 +46,7 @@ import yaml
 from flywheel.classifier.encoders.version_format import file_sha256  # its one owner
 from flywheel.classifier.errors import EmbedderError, IntentFileError, ModelError
 from flywheel.classifier.layer2.scoring import Head
+from flywheel.classifier.settings.followups import DEFAULT_FOLLOWUPS
 from flywheel.classifier.settings.intents import EmbedderSettings, IntentSet, load_intents
 
 FORMAT_VERSION = 1
@@ -130,6 +131,7 @@ def intents_to_doc(intents: IntentSet) -> dict[str, Any]:
                      **({"metadata": dict(i.metadata)} if i.metadata else {})}
                     for i in intents.intents],
         "out_of_scope": {"examples": list(intents.oos_examples), "synthetic": intents.synthetic_negatives},
+        **({"followups": intents.followups} if intents.followups != DEFAULT_FOLLOWUPS else {}),   # written when set
     }
 
 
