@@ -10,6 +10,7 @@ The retrain and its data, at the top:
 - :mod:`~training.protocols`: what the jobs need from the traffic log
 - :mod:`~training.trainset`: the training set and the fixed evaluation split, distilled from the log
 - :mod:`~training.rows`: labelled rows with their vectors, and the training set
+- :mod:`~training.followups`: logged follow-ups as training rows, in the form layer 2 scores them
 - :mod:`~training.teacher_noise`: the teacher's noise, and the filter of the teacher rows the evidence contradicts
 - :mod:`~training.layer2`: layer 2 as the retrain sees it (tiered answers for a batch of vectors)
 - :mod:`~training.cutoffs`: the ``confident`` cutoff re-tuned for a target precision or an LLM budget

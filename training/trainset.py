@@ -13,7 +13,8 @@ The steps, in order (each a function here):
 
 1. ``_read_log``: ingest the spool, then read the labelled rows (each with its latest
    human label's time) and the invalid teacher answers; rows whose text retention removed
-   are kept apart (``_textless_rows``);
+   are kept apart (``_textless_rows``); a logged follow-up's text becomes what layer 2
+   scored for it, its anchor's snippet and the query (:func:`training.followups.as_scored`);
 2. ``_collect_groups``: merge intent examples and log rows by normalised text;
 3. ``_resolve_labels``: one label per text (the rules below);
 4. ``_fixed_split``: training, evaluation or recent-traffic holdout by hash;
@@ -27,6 +28,11 @@ contradict) is part of the retrain's one teacher-label filter step, after this o
 
 Rules
 -----
+- **Follow-ups.** A logged query the follow-up detector fires on, given its logged history,
+  is a row of its resolved text (the anchor turn's snippet and the query, as layer 2 scores
+  it); its logged vector (of the query alone) is never reused. Self-contained queries, and
+  every query when the intent set's ``followups`` is ``off``, keep their own text (RC-03).
+  Counted in the report's ``followups``.
 - **Duplicates.** Texts are merged by :func:`classifier.text.normalise_key`; one
   merged text is one row.
 - **Which label.** An intent example's label is the definition and wins over anything
@@ -83,6 +89,7 @@ import numpy as np
 from flywheel.classifier.layer2.negatives import synthetic_negatives
 from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.text import normalise_key
+from flywheel.training.followups import as_scored
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
 if TYPE_CHECKING:
@@ -187,6 +194,8 @@ class _Log:
     invalid: int                 # invalid/failed teacher answers (never labels)
     unsure: int = 0              # of them, unsure ones: a candidate set or "cannot tell"
     textless: list = field(default_factory=list)   # labelled rows whose text retention removed
+    followups: frozenset = frozenset()   # ids of follow-ups trained on their resolved text (vectors not reused)
+    followup_report: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -248,12 +257,12 @@ def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder
     say = _say(progress)
     t_start = time.perf_counter()
     examples = intents.training_pairs()
-    log = _read_log(store, since)
+    log = _read_log(store, since, intents.followups)
     groups = _collect_groups(examples, log)
     say(f"read {len(log.rows):,} labelled decisions from the log and {len(examples[0]):,} intent examples")
     resolved = _resolve_labels(groups, set(intents.labels))
     split = _fixed_split(groups, resolved, intents, examples[0])
-    parts = _attach_vectors(store, embedder, groups, resolved, split)
+    parts = _attach_vectors(store, embedder, groups, resolved, split, log.followups)
     e = parts.embeddings
     say(f"embeddings: {e['reused']:,} reused from the log, {e['computed']:,} computed ({e['seconds']:.2f}s)")
     train = parts.examples.concat(parts.train_log)
@@ -269,6 +278,7 @@ def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder
         say(f"{len(textless):,} decisions whose text retention removed train on their logged vectors")
     report = _report(len(examples[0]), log, groups, resolved, split, parts, self_info, train, t_start)
     report["text_removed"] = {"labelled_rows": len(log.textless), "trained": len(textless)}
+    report["followups"] = log.followup_report
     say(_summary(train, parts))
     return TrainingSet(train.texts, train.labels, train.vectors, train.sources, train.decision_ids,
                        report=report, eval=parts.eval, recent=parts.recent, fit_intents=split.fit_intents,
@@ -277,17 +287,20 @@ def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder
                        negatives=parts.negatives)
 
 
-def _read_log(store: TrafficLog | None, since: Any) -> _Log:
-    """The labelled rows (each with its latest human label's time), the invalid teacher
-    answers, and apart the labelled rows whose text retention removed."""
+def _read_log(store: TrafficLog | None, since: Any, followups: str = "off") -> _Log:
+    """The labelled rows (each with its latest human label's time; a follow-up's text as
+    layer 2 scores it under the ``followups`` mode), the invalid teacher answers, and apart
+    the labelled rows whose text retention removed."""
     if store is None:
-        return _Log([], time.time(), 0)
+        return _Log([], time.time(), 0, followup_report=as_scored([], followups).report())
     store.ingest()          # so that everything logged before ``until`` is in the tables
     until = time.time()
     rows = store.labelled_rows(since=since)
     invalid = store.invalid_teacher_answers()
-    return _Log([r for r in rows if r.text], until, invalid, unsure=store.unsure_teacher_answers(),
-                textless=[r for r in rows if not r.text])
+    scored = as_scored([r for r in rows if r.text], followups)
+    return _Log(scored.rows, until, invalid, unsure=store.unsure_teacher_answers(),
+                textless=[r for r in rows if not r.text], followups=scored.rewritten,
+                followup_report=scored.report())
 
 
 def _textless_rows(store: TrafficLog | None, embedder: Embedder, rows: list, known: set[str]) -> LabelledSet:
@@ -400,15 +413,17 @@ def _fixed_split(groups: dict[str, _Group], resolved: _Resolved, intents: Intent
 
 
 def _attach_vectors(store: TrafficLog | None, embedder: Embedder, groups: dict[str, _Group], resolved: _Resolved,
-                    split: _Split) -> _Parts:
-    """Vectors for every row: logged ones reused, the misses embedded in one batch."""
+                    split: _Split, not_reused: frozenset = frozenset()) -> _Parts:
+    """Vectors for every row: logged ones reused (but never those of the decisions in
+    ``not_reused``: follow-ups, whose logged vector is of the query alone), the misses
+    embedded in one batch."""
     dim = int(embedder.dim)
     fit_texts, fit_labels = split.fit_intents.training_pairs()
     neg_texts = list(synthetic_negatives(split.fit_intents.synthetic_negatives))
     log_keys = split.train_log + split.eval_log + split.recent_keys
     needed = list(fit_texts) + [groups[k].text for k in split.eval_example_keys + log_keys] + neg_texts
     t0 = time.perf_counter()
-    vectors, reused, computed = _vectors(store, embedder, dim, groups, needed)
+    vectors, reused, computed = _vectors(store, embedder, dim, groups, needed, not_reused)
     seconds = time.perf_counter() - t0
 
     def rows(keys: list[str]) -> LabelledSet:
@@ -497,14 +512,15 @@ def _decisions(groups: dict[str, _Group], text: str) -> list:
 
 
 def _vectors(store: TrafficLog | None, embedder: Embedder, dim: int, groups: dict[str, _Group],
-             texts: list[str]) -> tuple[dict[str, np.ndarray], int, int]:
+             texts: list[str], not_reused: frozenset = frozenset()) -> tuple[dict[str, np.ndarray], int, int]:
     """text -> vector for every text: the newest logged vector of its normalised text made
-    by ``embedder.id``, else encoded (all misses in one call)."""
+    by ``embedder.id`` (by a decision not in ``not_reused``), else encoded (all misses in one
+    call)."""
     out: dict[str, np.ndarray] = {}
     uniq = list(dict.fromkeys(texts))
     stored: dict[str, np.ndarray] = {}
     if store is not None:
-        ids = [did for t in uniq for _, did in _decisions(groups, t)]
+        ids = [did for t in uniq for _, did in _decisions(groups, t) if did not in not_reused]
         if ids:
             stored = store.embeddings(embedder.id, ids)
     reused = 0
