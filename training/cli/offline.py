@@ -187,7 +187,10 @@ def _explain_cutoffs(th: dict, met: dict) -> None:
 
 def eval_command(
     train: Optional[Path] = typer.Option(None, "--train", help="Training data (fits a model on it)."),
-    test: Path = typer.Option(..., "--test", help="Test data."),
+    test: Path = typer.Option(..., "--test", help=(
+        "Test data. Multi-turn (CSV/JSONL): 'session' and 'turn' columns (each turn classified with the gold labels "
+        "of its session's earlier turns as history) or a 'history' column; an optional 'kind' column marks "
+        "follow-ups ('referential'). JSON: 'followups'.")),
     intents: Optional[Path] = typer.Option(None, "--intents", help="Intent file to evaluate (and settings base)."),
     model: Optional[Path] = typer.Option(None, "--model", help="Evaluate a saved model version instead."),
     dataset_format: Optional[str] = typer.Option(None, "--dataset-format", help="clinc150 | csv | jsonl"),

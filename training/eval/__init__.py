@@ -8,6 +8,8 @@ command in :mod:`training.cli.offline` only parses its options into an
   report's figures, layer 2 alone, the cutoffs, tiers, latency)
 - :mod:`~training.eval.held_out`: the prediction sets and a target's cutoff placed on held-out rows
 - :mod:`~training.eval.loaders`: labelled query files (CLINC150 JSON, CSV, JSON Lines) and unlabelled texts
+- :mod:`~training.eval.sessions`: multi-turn test files (each turn with its session's history) and
+  the follow-up figures
 - :mod:`~training.eval.render`: what the command prints and draws (the text report, the trade
   tables, both sets of plots)
 

@@ -25,7 +25,10 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
 - ``by_language`` (only when some queries carry a language): ``n``, ``n_in_scope``,
   ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
   ``oos_precision`` and ``macro_f1`` per language, queries without one under
-  ``"unknown"``.
+  ``"unknown"``;
+- ``followups`` (only for a multi-turn file, ``followups`` given): the follow-ups' ``n``,
+  ``accuracy`` and ``served_out_of_scope``, and these ``by_language``
+  (:func:`training.eval.sessions.followup_figures`).
 
 Evaluation runs on a private copy of the classifier that shares its model and teacher
 but bypasses any :class:`~classifier.encoders.CachedEmbedder` (so repeated runs do not
@@ -47,7 +50,7 @@ from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.layer2.calibration import expected_calibration_error, reliability_bins
 from flywheel.classifier.layer2.operating_point import concat_scores, operating_report, trade_curves
 from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers
-from flywheel.classifier.protocols import DelegatingEmbedder, Embedder
+from flywheel.classifier.protocols import DelegatingEmbedder, Embedder, HistoryEntry
 from flywheel.classifier.text import clean_text
 from flywheel.training.metrics import SLICE_FIELDS, classification_metrics, language_slices, rounded
 
@@ -192,7 +195,8 @@ class _Scored:
 
 def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None], *, progress: bool = True,
              latency_sample: int = 200, seed: int = 0, chunk_size: int = CHUNK_SIZE,
-             langs: Sequence[str | None] | None = None) -> dict[str, Any]:
+             langs: Sequence[str | None] | None = None, histories: Sequence[Sequence[HistoryEntry]] | None = None,
+             followups: dict[str, Any] | None = None) -> dict[str, Any]:
     """Classify labelled queries and measure the classifier.
 
     Parameters
@@ -214,6 +218,13 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
     langs : sequence, optional
         Each query's language (``None``: not given); when any is given the report has
         ``by_language`` (see :func:`language_slices`).
+    histories : sequence, optional
+        Each query's compact history (a multi-turn file: :mod:`training.eval.sessions`);
+        ``None``: every query is classified without one.
+    followups : dict, optional
+        With ``histories``: ``mask`` (which queries are follow-ups) and the keyword arguments
+        of :func:`~training.eval.sessions.followup_figures` besides; the report gets
+        ``followups``.
 
     Returns
     -------
@@ -230,15 +241,23 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
     from flywheel.classifier.pipeline import Classifier
 
     texts, truth = _check_inputs(texts, labels, langs, chunk_size)
+    if histories is not None and len(histories) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(histories)} histories")
     model = clf.model
     on_long = clf.on_long
     cleaned = _clean_texts(texts, model.intents.embedder.max_chars, on_long)
     emb = _EvalEmbedder(uncached(clf.embedder))
     twin = Classifier(model, embedder=emb, teacher=clf.teacher, log_sink=None, on_long=on_long)
     classes = [str(c) for c in model.head.classes_]
-    scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress)
+    scored = _score(twin, emb, texts, cleaned, truth, classes, chunk_size=chunk_size, progress=progress,
+                    histories=histories)
     latency = _latency(twin, texts, latency_sample, seed)
     report = _report(model.version, emb.id, classes, truth, langs, scored, latency)
+    if followups is not None:
+        from flywheel.training.eval.sessions import followup_figures
+
+        report["followups"] = followup_figures(truth, [d.label for d in scored.decisions],
+                                               langs=None if langs is None else list(langs), **followups)
     if (op := scored.cuts.operating_point(model)) is not None:
         report["operating_point"] = op
     return report
@@ -274,10 +293,15 @@ def _clean_texts(texts: list[str], max_chars: int, on_long: str) -> list[str]:
 
 
 def _score(twin: Classifier, emb: _EvalEmbedder, texts: list[str], cleaned: list[str], truth: list[str | None],
-           classes: list[str], *, chunk_size: int, progress: bool) -> _Scored:
-    """The batch pass: ``twin`` classifies ``texts`` chunk by chunk (timed), and layer 2's
-    scores of each chunk go to the tallies, from the vectors the chunk was encoded to."""
+           classes: list[str], *, chunk_size: int, progress: bool,
+           histories: Sequence[Sequence[HistoryEntry]] | None = None) -> _Scored:
+    """The batch pass: ``twin`` classifies ``texts`` (each with its history, when given)
+    chunk by chunk (timed), and layer 2's scores of each chunk go to the tallies, from the
+    vectors the chunk was encoded to (the queries' own: a follow-up's resolved score is the
+    decision's, not the tallies')."""
     from tqdm.auto import tqdm
+
+    from flywheel.classifier.pipeline import Query
 
     n = len(texts)
     scored = _Scored([], 0.0, _Layer2Tally(classes), _CutoffTally(Thresholds.for_model(twin.model), classes))
@@ -287,7 +311,11 @@ def _score(twin: Classifier, emb: _EvalEmbedder, texts: list[str], cleaned: list
             emb.seen = {}
             emb.recording = True
             t0 = time.perf_counter()
-            scored.decisions.extend(twin.classify_many(texts[start:stop]))
+            if histories is None:
+                scored.decisions.extend(twin.classify_many(texts[start:stop]))
+            else:
+                scored.decisions.extend(twin.classify_queries(
+                    [Query(t, tuple(h)) for t, h in zip(texts[start:stop], histories[start:stop])]))
             scored.batch_s += time.perf_counter() - t0
             emb.recording = False
             scores = twin.model.head.scores(_chunk_vectors(emb, cleaned[start:stop]))

@@ -69,6 +69,7 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
     width = max(len(r[0]) for r in rows)
     lines += [f"  {name:<{width}}  {value:>8}" for name, value in rows]
     lines += _language_table(report.get("by_language") or {})
+    lines += followup_lines(report.get("followups"))
     lines.append("")
     for key, title in (("tier_share", "Tiers"), ("layer_share", "Layers")):
         shares = report.get(key) or {}
@@ -124,6 +125,22 @@ def _language_table(slices: dict[str, dict[str, Any]]) -> list[str]:
              f"  {'lang':<{lw}}  {'n':>6}  {'accuracy':>8}  {'in-scope':>8}  {'oos recall':>10}"]
     lines += [f"  {k:<{lw}}  {v['n']:>6,}  {_pct(v.get('accuracy')):>8}  {_pct(v.get('in_scope_accuracy')):>8}  "
               f"{_pct(v.get('oos_recall')):>10}" for k, v in slices.items()]
+    return lines
+
+
+def followup_lines(fu: dict[str, Any] | None) -> list[str]:
+    """A multi-turn file's follow-up figures, overall and by language (none for a
+    single-turn file)."""
+    if not fu:
+        return []
+    how = "the file's kind column" if fu["source"] == "kind" else "the follow-up detector"
+    hist = "gold labels of the earlier turns" if fu["history"] == "gold" else "the file's history column"
+    sessions = f"{fu['sessions']:,} sessions, " if fu.get("sessions") is not None else ""
+    lines = ["", f"Follow-ups ({sessions}{fu['turns']:,} turns; history: {hist}; follow-ups by {how}):",
+             f"  {'lang':<7}  {'n':>6}  {'accuracy':>8}  {'served out of scope':>19}"]
+    rows = [("all", fu), *(fu.get("by_language") or {}).items()]
+    lines += [f"  {k:<7}  {v['n']:>6,}  {_pct(v.get('accuracy')):>8}  {_pct(v.get('served_out_of_scope')):>19}"
+              for k, v in rows]
     return lines
 
 

@@ -12,8 +12,9 @@ The run, step by step:
    version would serve; saved to ``save`` when given;
 3. with ``calibration``, its prediction sets and its target's cutoff placed on those held-out
    rows (:func:`training.eval.held_out.calibrate`);
-4. the test rows whose label the model does not know set aside (a warning), or refused
-   (``strict``);
+4. a multi-turn test file's turns, each with its session's history
+   (:func:`training.eval.sessions.read_turns`); the test rows whose label the model does not
+   know set aside (a warning), or refused (``strict``);
 5. the measurement (:func:`training.eval.measure.evaluate`), with ``skipped_unknown_labels``,
    the tuner's report as ``tuning`` and the plots written (``plots``,
    :func:`training.eval.render.write_plots`) added to it.
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from flywheel.classifier.settings.intents import IntentSet, TuneSettings
     from flywheel.classifier.versions.model import IntentModel
     from flywheel.training.eval.loaders import LabelledData
+    from flywheel.training.eval.sessions import Turns
 
 __all__ = ["EvalOptions", "EvalRun", "run_eval"]
 
@@ -147,9 +149,15 @@ def run_eval(options: EvalOptions, say: Callable[[str], None] | None = None) -> 
 
             model, note = calibrate(model, options.load(options.calibration, "val"), embedder=embedder)
             warnings += [note] if note else []
-        test, skipped = _known_rows(options, test, model, warnings)
+        turns = _turns(options, test, model)
+        full, (test, skipped) = test, _known_rows(options, test, model, warnings)
+        if turns is not None and skipped:   # the turns of the rows kept, as drop_unknown_labels keeps them
+            known = set(model.manifest.labels)
+            turns = turns.select([i for i, v in enumerate(full.labels) if v is None or v in known])
         report = evaluate(Classifier(model, teacher=None, embedder=embedder), test.texts, test.labels,
-                          progress=options.progress, latency_sample=options.latency_sample, langs=test.langs)
+                          progress=options.progress, latency_sample=options.latency_sample, langs=test.langs,
+                          histories=None if turns is None else turns.histories,
+                          followups=None if turns is None else turns.figures_args(test.texts))
     report["skipped_unknown_labels"] = skipped
     if tuning is not None:
         report["tuning"] = tuning
@@ -158,6 +166,15 @@ def run_eval(options: EvalOptions, say: Callable[[str], None] | None = None) -> 
 
         report["plots"] = [str(p) for p in write_plots(report, options.plots)]
     return EvalRun(report, warnings)
+
+
+def _turns(options: EvalOptions, test: LabelledData, model: IntentModel) -> Turns | None:
+    """The turns of a multi-turn test file (``None``: single-turn), histories as long as
+    the model's ``teacher.history_size``."""
+    from flywheel.training.eval.sessions import read_turns
+
+    return read_turns(options.test, test, fmt=options.dataset_format,
+                      history_size=model.intents.teacher.history_size)
 
 
 def _model(options: EvalOptions, work: Path,
