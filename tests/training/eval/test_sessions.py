@@ -15,7 +15,18 @@ from flywheel.classifier.protocols import HistoryEntry
 from flywheel.training.eval.loaders import DatasetError, load_labelled
 from flywheel.training.eval.sessions import read_turns
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
-from tests.training.eval.test_run import _write_jsonl, toy_embedder
+from tests.support.fakes import HashEmbedder
+
+
+def toy_embedder() -> HashEmbedder:
+    """The bag-of-words HashEmbedder the toy topics are separated by."""
+    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
 
 W, M = topic_examples(TOPICS["weather"]), topic_examples(TOPICS["music"])
 # two sessions, rows out of turn order; the follow-ups in English and German
