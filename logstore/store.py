@@ -559,6 +559,20 @@ class LogStore(NamedReads):
                 con.unregister("_flywheel_lang_ids")
         return {str(d): str(lang) for d, lang in self._run(run)}
 
+    def decision_histories(self, decision_ids: Iterable[str]) -> dict[str, tuple[HistoryEntry, ...]]:
+        """The compact history each of ``decision_ids`` was classified with (as logged,
+        snippets redacted like the text; ``()`` when it had none), for those in the log."""
+        ids = pa.table({"decision_id": pa.array(list(dict.fromkeys(decision_ids)), pa.string())})
+
+        def run(con: duckdb.DuckDBPyConnection) -> list[tuple[str, Any]]:
+            con.register("_flywheel_hist_ids", ids)
+            try:
+                return con.execute("SELECT d.decision_id, d.history FROM decisions d "
+                                   "JOIN _flywheel_hist_ids i USING (decision_id)").fetchall()
+            finally:
+                con.unregister("_flywheel_hist_ids")
+        return {str(d): _history(h) for d, h in self._run(run)}
+
     def count(self) -> int:
         """Number of logged decisions (after ingesting the spool)."""
         return int(self._run(lambda con: scalar(con, "SELECT count(*) FROM decisions")))

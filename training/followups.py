@@ -14,6 +14,9 @@ A query the detector does not fire on keeps its own text (self-contained: its co
 RC-03), and so does every row when the intent set's ``followups`` is ``off`` (layer 2 then
 scores follow-ups on their own words). A rewritten row's logged vector is of the query alone,
 so the retrain never reuses it (:attr:`Scored.rewritten`): the resolved text is encoded.
+For the same reason a follow-up is never a self-training row (layer 2's confident answers
+train on their logged vectors, and a follow-up's is of the query alone):
+:func:`followups_among`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from flywheel.classifier.followup import FollowupDetector, resolved_text
+from flywheel.classifier.protocols import HistoryEntry
 from flywheel.logstore import LabelledRow
 
-__all__ = ["Scored", "as_scored"]
+__all__ = ["Scored", "as_scored", "followups_among"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,13 @@ def as_scored(rows: Sequence[LabelledRow], mode: str, detector: FollowupDetector
         ids.add(r.decision_id)
         langs[f.language] = langs.get(f.language, 0) + 1
     return Scored(out, frozenset(ids), langs)
+
+
+def followups_among(texts: Sequence[str], histories: Sequence[Sequence[HistoryEntry]], mode: str,
+                    detector: FollowupDetector | None = None) -> list[bool]:
+    """Which of the logged ``texts`` (with their logged ``histories``) layer 2 scored as a
+    follow-up under ``mode`` (all ``False`` under ``off``)."""
+    if mode == "off":
+        return [False] * len(texts)
+    det = detector if detector is not None else FollowupDetector()
+    return [bool(t) and bool(h) and det.detect(t, h) is not None for t, h in zip(texts, histories)]

@@ -17,6 +17,7 @@ import numpy as np
 from flywheel.logstore.reads import LogReader
 
 if TYPE_CHECKING:
+    from flywheel.classifier.protocols import HistoryEntry
     from flywheel.logstore import LabelledRow
 
 __all__ = ["TrafficLog"]
@@ -39,6 +40,10 @@ class TrafficLog(LogReader, Protocol):
 
     def decision_languages(self, decision_ids: Iterable[str]) -> dict[str, str]:
         """The logged language of each decision that has one, by decision id."""
+        ...
+
+    def decision_histories(self, decision_ids: Iterable[str]) -> dict[str, tuple[HistoryEntry, ...]]:
+        """The logged compact history of each decision in the log, by decision id."""
         ...
 
     def invalid_teacher_answers(self) -> int:

@@ -46,8 +46,9 @@ Rules
   *confident* in-scope decisions, newest first, become training rows with source
   ``"layer2"`` (their logged vectors; nothing is re-embedded), unless the text has any
   other label (intent example, teacher or human, which always win) or names an intent
-  no longer defined. The retrain job fits them at a lower weight and never uses them to
-  fit the temperature, the gate or the cutoffs (see ``IntentHead.fit(fit_only=...)``):
+  no longer defined, or was a follow-up (its logged vector is of the query alone). The
+  retrain job fits them at a lower weight and never uses them to fit the temperature,
+  the gate or the cutoffs (see ``IntentHead.fit(fit_only=...)``):
   they are the easy queries, not a sample of the traffic. They are not evaluation rows
   and not counted in ``train_keys`` (the LLM-budget sample keeps them as traffic).
 - **Noisy-teacher guard.** A *teacher* label (never a human one) on a training row is
@@ -89,7 +90,7 @@ import numpy as np
 from flywheel.classifier.layer2.negatives import synthetic_negatives
 from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.text import normalise_key
-from flywheel.training.followups import as_scored
+from flywheel.training.followups import as_scored, followups_among
 from flywheel.training.rows import SOURCES, LabelledSet, TrainingSet
 
 if TYPE_CHECKING:
@@ -268,7 +269,7 @@ def build_training_set(store: TrafficLog | None, intents: IntentSet, *, embedder
     train = parts.examples.concat(parts.train_log)
     train_keys = frozenset(normalise_key(t) for t in train.texts)   # before self-training: see module docs
     self_info, layer2_rows = _self_training(store, embedder, int(embedder.dim), groups, set(intents.labels),
-                                            self_training_max)
+                                            self_training_max, intents.followups)
     if len(layer2_rows):
         train = train.concat(layer2_rows)
         say(f"self-training: {len(layer2_rows):,} confident layer-2 decisions added")
@@ -545,19 +546,24 @@ def _vectors(store: TrafficLog | None, embedder: Embedder, dim: int, groups: dic
 
 
 def _self_training(store: TrafficLog | None, embedder: Embedder, dim: int, groups: dict[str, _Group], known: set[str],
-                   limit: int) -> tuple[dict[str, Any], LabelledSet]:
-    """Layer 2's newest confident in-scope decisions whose text has no other label."""
-    info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0,
+                   limit: int, followups: str = "off") -> tuple[dict[str, Any], LabelledSet]:
+    """Layer 2's newest confident in-scope decisions whose text has no other label and that
+    were no follow-up (their logged vector is of the query alone, not what layer 2 scored)."""
+    info: dict[str, Any] = {"max": int(limit), "read": 0, "rows": 0, "skipped_labelled": 0, "skipped_followup": 0,
                             "duplicates_merged": 0, "dropped_unknown_intent": 0, "dropped_bad_vector": 0}
     if store is None or limit <= 0:
         return info, _empty(dim)
     ids, texts, labels, vecs = store.confident_layer2(embedder.id, limit)
     info["read"] = len(ids)
+    hist = store.decision_histories(ids) if followups != "off" and ids else {}
+    leans = followups_among(texts, [hist.get(d, ()) for d in ids], followups)
     keep: list[int] = []
     seen: set[str] = set()
     for i, (text, label) in enumerate(zip(texts, labels)):    # newest first: the newest label wins
         key = normalise_key(text)
-        if key in groups:
+        if leans[i]:
+            info["skipped_followup"] += 1
+        elif key in groups:
             info["skipped_labelled"] += 1
         elif key in seen:
             info["duplicates_merged"] += 1

@@ -18,7 +18,7 @@ from flywheel.classifier.settings.intents import parse_intents
 from flywheel.classifier.text import normalise_key
 from flywheel.logstore import LogStore
 from flywheel.training.trainset import build_training_set
-from tests.support.docs import ALWAYS_UNSURE
+from tests.support.docs import ALWAYS_SURE, ALWAYS_UNSURE
 from tests.support.fakes import HashEmbedder, ScriptedTeacher
 from tests.support.paths import ROOT
 
@@ -107,3 +107,21 @@ def test_the_retrained_head_resolves_the_followup_without_the_teacher(logged):
     clf = Classifier(model, embedder=emb, followups="resolve")
     d = clf.classify(FOLLOWUP[0], history=[(ANCHOR[1], ANCHOR[0])])
     assert d.label == "ORDER_STATUS" and "follow-up" in d.reason and d.layer.value == "embedding", d.reason
+
+
+def test_a_confident_layer2_followup_is_never_a_self_training_row(tmp_path):
+    """Its logged vector is of the query alone, not what layer 2 scored: self-training skips it."""
+    emb = HashEmbedder()
+    store = LogStore(tmp_path / "traffic.duckdb")
+    model = fit_model(_intents("resolve", ALWAYS_SURE), embedder=emb)
+    clf = Classifier(model, embedder=emb, log_sink=store.open_sink(ingest_interval_s=None, fsync=False))
+    decided = [clf.classify(text, session_id="s1") for text in (ANCHOR[0], FOLLOWUP[0], SELF_CONTAINED[0][0])]
+    assert all(d.layer.value == "embedding" and d.tier.value == "confident" for d in decided)
+    assert "follow-up" in decided[1].reason
+    clf.close()
+    ts = build_training_set(store, _intents("resolve"), embedder=emb, self_training_max=10)
+    layer2 = {normalise_key(t) for t, s in zip(ts.texts, ts.sources) if s == "layer2"}
+    assert normalise_key(FOLLOWUP[0]) not in layer2 and normalise_key(SELF_CONTAINED[0][0]) in layer2
+    assert ts.report["self_training"]["skipped_followup"] == 1
+    assert store.decision_histories([decided[0].id, decided[1].id, "nope"]) == {
+        decided[0].id: (), decided[1].id: (HistoryEntry.of(ANCHOR[1], ANCHOR[0]),)}
