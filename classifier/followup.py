@@ -39,6 +39,11 @@ __all__ = ["CUE_LANGUAGES", "Followup", "FollowupDetector", "followup_results", 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+", re.UNICODE)
 
 
+#: idioms whose pronoun points at nothing ("what time is it in Tokyo?"): not a cue
+_DUMMY_PRONOUN = re.compile(r"\b(?:what time|how (?:far|long|late|cold|hot|warm|big))\s+is\s+it\b"
+                            r"|\bit(?:'s| is) (?:raining|snowing|sunny|cold|hot)\b", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class Cues:
     """One language's cue words. ``openers``: a first word (or words) that continues the
@@ -63,7 +68,8 @@ def _w(text: str) -> frozenset[str]:
 
 CUES: dict[str, Cues] = {
     "en": Cues(
-        openers=_w("and but also so then what about how ok okay now plus"),
+        # "what about"/"how about" are phrases: a bare "what" or "how" opens any question
+        openers=_w("and but also so then ok okay now plus"),
         anaphors=_w("it its that this those these them they one ones other same previous above again there"),
         phrases=_w("the_other the_previous the_last the_same what_about how_about that_one this_one"),
         stop=_w("a an the is are was were be been do does did i me my you your we our can could would will should "
@@ -163,7 +169,7 @@ class FollowupDetector:
         cues = CUES.get(lang)
         if not raw or cues is None:   # UNKNOWN: no language-specific cue is trusted
             return None
-        cue, strong = self.cue(raw, cues)
+        cue, strong = self.cue(_WORD.findall(_DUMMY_PRONOUN.sub(" , ", text)) or raw, cues)
         content = self.content(raw, cues)
         limit = self.max_content if strong else self.max_content - 1
         if cue is not None and content <= limit:
