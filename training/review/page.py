@@ -33,7 +33,7 @@ CLIP_LINES = 3
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em} table{border-collapse:collapse;width:100%;min-width:90em;table-layout:fixed}
+h1{font-size:1.3em} table{border-collapse:collapse;width:100%;min-width:80em;table-layout:fixed}
 td,th{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
 th.n{width:2.5em} th.served{width:13em} th.teacher{width:11em} th.reason{width:9em} th.label{width:24em}
 th.done{width:8em}

@@ -218,6 +218,11 @@ def test_long_rows_are_clipped_and_the_page_opens_at_its_title(browser, tmp_path
                    for d in long_ids}
         assert all(h < 160 for h in heights.values()), heights     # 3 lines and the controls, not 4,000 chars
         _shot(browser, tmp_path, "review-page-long.png")
+        browser.set_window_size(1280, 900)     # a laptop: the whole table fits, no sideways scroll
+        wide = browser.execute_script("return [document.documentElement.scrollWidth, "
+                                      "document.documentElement.clientWidth]")
+        assert wide[0] <= wide[1], wide
+        browser.set_window_size(1400, 900)
         row = browser.find_element(By.CSS_SELECTOR, f'tr.item[data-id="{long_ids[0]}"]')
         row.find_element(By.CSS_SELECTOR, "button.more").click()
         assert _wait(lambda: row.size["height"] > 3 * heights[long_ids[0]]), row.size
