@@ -87,8 +87,7 @@ class Thresholds:
     def to_dict(self) -> dict[str, object]:
         return {"confident": self.confident, "ambiguous_ratio": self.ambiguous_ratio, "oos": self.oos,
                 "oos_confident": self.oos_confident, "per_intent": dict(self.per_intent), "defer": self.defer,
-                "set_cutoff": self.set_cutoff, "coverage": self.coverage,
-                "undertrained": sorted(self.undertrained), "novelty_floor": self.novelty_floor}
+                "set_cutoff": self.set_cutoff, "coverage": self.coverage}
 
 
 @dataclass(frozen=True)

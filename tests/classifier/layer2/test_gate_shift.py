@@ -104,3 +104,14 @@ def test_a_version_without_the_language_counts_gates_as_before(fitted):
     assert Thresholds.for_model(old).undertrained == frozenset()
     es = Classifier(old, embedder=emb, teacher=None).classify("¿dónde está mi pedido? quiero saberlo ya")
     assert (es.tier, es.label) == (Tier.NO_MATCH, None)
+
+
+def test_a_retrain_counts_languages_from_its_rows_texts(fitted):
+    from flywheel.training.tuner.fit import HeadRows, fit_head
+
+    model, emb = fitted
+    texts, labels = model.intents.training_pairs()
+    rows = HeadRows(emb.encode(texts), labels)
+    counted = fit_head(model.intents, replace(rows, texts=texts), encoder_id=emb.id)
+    assert counted.manifest.metrics["language_rows"] == {"en": 8, "es": 0}
+    assert "language_rows" not in fit_head(model.intents, rows, encoder_id=emb.id).manifest.metrics
