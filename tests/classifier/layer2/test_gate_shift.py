@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from flywheel.classifier import Classifier
-from flywheel.classifier.decision import Tier
+from flywheel.classifier.decision import Layer, Tier
 from flywheel.classifier.layer2.fitter import fit_model
 from flywheel.classifier.layer2.scoring import HeadScores
 from flywheel.classifier.layer2.shift import language_rows, undertrained_languages
 from flywheel.classifier.layer2.tiers import Thresholds, assign_tiers, tier_rows
 from flywheel.classifier.settings.intents import parse_intents
-from tests.support.fakes import HashEmbedder
+from tests.support.fakes import HashEmbedder, ScriptedTeacher
 
 TH = Thresholds(confident=0.6, ambiguous_ratio=0.5, oos=0.5, oos_confident=0.8)
 LABELS = ["A", "B"]
@@ -95,6 +95,13 @@ def test_the_fit_counts_rows_per_language_and_serving_sends_the_undertrained_one
     assert (en.tier, en.label) == (Tier.NO_MATCH, None)
     assert es.tier in (Tier.WEAK, Tier.AMBIGUOUS) and es.label in ("ORDERS", "REFUNDS")
     assert "undertrained: es" in es.reason and es.language == "es"
+
+
+def test_the_teacher_decides_the_undertrained_query(fitted):
+    model, emb = fitted
+    teacher = ScriptedTeacher(lambda req: "REFUNDS")
+    d = Classifier(model, embedder=emb, teacher=teacher).classify("quiero que me devuelvan el dinero")
+    assert (d.layer, d.label) == (Layer.LLM, "REFUNDS") and len(teacher.requests) == 1
 
 
 def test_a_version_without_the_language_counts_gates_as_before(fitted):
