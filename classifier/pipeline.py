@@ -36,6 +36,7 @@ from flywheel.classifier.decision import Candidate, Decision, Layer, Layer2Answe
 from flywheel.classifier.errors import NOT_CALLED_KINDS, FlywheelError, InvalidInputError, TeacherError
 from flywheel.classifier.followup import Followup, FollowupDetector, followup_results
 from flywheel.classifier.history import SessionHistory, coerce_history
+from flywheel.classifier.layer2.shift import shifted_rows
 from flywheel.classifier.layer2.tiers import Layer2Result, tier_rows
 from flywheel.classifier.protocols import (
     CachingEmbedder,
@@ -413,7 +414,8 @@ class Classifier:
 
             def score(texts: list[str], rt: ModelBundle = rt) -> list[Layer2Result]:
                 return tier_rows(rt.model.head.scores(rt.embedder.encode(texts)), rt.labels, rt.thresholds)
-            alone = tier_rows(s, rt.labels, rt.thresholds)
+            shifted = shifted_rows(rt.language, [p.clean.text for p in group], rt.thresholds.undertrained)
+            alone = tier_rows(s, rt.labels, rt.thresholds, shifted)
             mode = self.followups or rt.model.intents.followups
             for p, (res, f) in zip(group, followup_results(mode, self.followup_detector, [p.clean.text for p in group],
                                                            [self._history(p) for p in group], alone, score)):

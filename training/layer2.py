@@ -50,7 +50,8 @@ def layer2_predict(model: IntentModel, X: np.ndarray, thresholds: Thresholds | N
     oos_class = np.concatenate([p.oos_class for p in parts])
     p_oos = np.concatenate([p.p_oos for p in parts])
     risk = None if parts[0].risk is None else np.concatenate([p.risk for p in parts])
-    t = assign_tiers(HeadScores(probs, oos_class, p_oos, np.zeros(n), risk), classes, th)
+    sim = np.concatenate([p.similarity for p in parts])   # the novelty floor reads it
+    t = assign_tiers(HeadScores(probs, oos_class, p_oos, sim, risk), classes, th)
     return Layer2Batch(t.labels(classes), t.sure, [x.value for x in t.tier], probs, oos_class, p_oos, classes,
                        risk)
 

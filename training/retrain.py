@@ -384,7 +384,8 @@ def _fit_challenger(job: Job, ts: TrainingSet, champion: IntentModel | None,
     layer2 = np.array([s == "layer2" for s in ts.sources], dtype=bool)
     # per-row lists, as fit_from_vectors takes them (the head reads them back into arrays)
     weights = np.where(layer2, job.opts.self_training, 1.0).tolist() if layer2.any() else None
-    rows = HeadRows(ts.vectors, ts.labels, sample_weight=weights, fit_only=layer2, negatives=ts.negatives)
+    rows = HeadRows(ts.vectors, ts.labels, sample_weight=weights, fit_only=layer2, negatives=ts.negatives,
+                    texts=ts.texts)
     head = IntentHead(target_precision=job.target_precision, coverage=job.intents.thresholds.coverage,
                       operating_point=job.intents.thresholds.target)
     parent = champion.version if champion else None

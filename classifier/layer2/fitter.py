@@ -10,7 +10,7 @@ vectors this way, with no text -> vector round trip). Both return a new
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from flywheel.classifier.errors import TrainingError
 from flywheel.classifier.layer2.head import CrossFitView, IntentHead
 from flywheel.classifier.layer2.negatives import WEIGHT as NEGATIVE_WEIGHT
 from flywheel.classifier.layer2.negatives import synthetic_negatives
+from flywheel.classifier.layer2.shift import METRIC_KEY as LANGUAGE_ROWS
+from flywheel.classifier.layer2.shift import language_rows as count_language_rows
 from flywheel.classifier.protocols import Embedder
 from flywheel.classifier.settings.intents import IntentSet
 from flywheel.classifier.versions.model import IntentModel, Manifest, new_version_name
@@ -73,17 +75,18 @@ def fit_model(intents: IntentSet, *, embedder: Embedder | None = None,
                          else np.asarray(extra_fit_only, bool)]
     negatives = embed_negatives(intents, embedder)
     t_embed = time.perf_counter() - t0
+    lang_rows = count_language_rows([*texts, *extra_texts], labels, intents.languages)
     return fit_from_vectors(intents, X, labels, encoder_id=embedder.id, sample_weight=weights, fit_only=fit_only,
                             version=version, parent=parent, head=head, embed_seconds=t_embed, negatives=negatives,
-                            cv_views=cv_views)
+                            cv_views=cv_views, language_rows=lang_rows)
 
 
 def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | None], *, encoder_id: str,
                      sample_weight: Sequence[float] | None = None, fit_only: Sequence[bool] | None = None,
                      version: str | None = None, parent: str | None = None, head: IntentHead | None = None,
                      embed_seconds: float = 0.0, negatives: np.ndarray | None = None,
-                     negative_weight: float = NEGATIVE_WEIGHT, cv_views: Sequence[CrossFitView] = ()
-                     ) -> IntentModel:
+                     negative_weight: float = NEGATIVE_WEIGHT, cv_views: Sequence[CrossFitView] = (),
+                     language_rows: Mapping[str, int] | None = None) -> IntentModel:
     """Fit an :class:`IntentHead` on embedded rows and bundle it into a model version.
 
     Parameters
@@ -107,6 +110,10 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         Vectors of synthetic negatives (:func:`embed_negatives`): appended as out-of-scope
         rows that are fit-only (they never fit the gate or the cutoffs), each weighing
         ``negative_weight`` (default :data:`classifier.layer2.negatives.WEIGHT`).
+    language_rows : mapping, optional
+        In-scope rows per language (:func:`classifier.layer2.shift.language_rows`), kept in
+        the manifest's metrics so serving knows the undertrained languages; ``None`` (rows
+        without their texts): none kept, the gate rejects as before.
     """
     X = np.asarray(X)
     if len(X) != len(labels):
@@ -137,7 +144,8 @@ def fit_from_vectors(intents: IntentSet, X: np.ndarray, labels: Sequence[str | N
         training_size=n_real,
         metrics={**head.metrics_, "n_out_of_scope": int(sum(1 for v in labels[:n_real] if v is None)),
                  "n_synthetic_negatives": n_neg,
-                 "embed_seconds": round(embed_seconds, 3), "fit_seconds": round(t_fit, 3)},
+                 "embed_seconds": round(embed_seconds, 3), "fit_seconds": round(t_fit, 3),
+                 **({LANGUAGE_ROWS: dict(language_rows)} if language_rows is not None else {})},
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         intent_set=intents.name,
         parent=parent,

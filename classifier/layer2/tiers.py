@@ -6,13 +6,14 @@ threshold (a confident cutoff of 0.0 makes every in-scope answer confident).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from flywheel.classifier.decision import Candidate, Tier
 from flywheel.classifier.layer2.scoring import HeadScores
+from flywheel.classifier.layer2.shift import METRIC_KEY, undertrained_languages
 
 if TYPE_CHECKING:
     from flywheel.classifier.versions.model import IntentModel
@@ -35,6 +36,13 @@ class Thresholds:
         least this (``None``: a model fitted before prediction sets, or an intent file that
         fixes ``ambiguous_ratio``; alternatives are then cut where the scores drop).
     coverage : the nominal coverage ``set_cutoff`` was calibrated for.
+    undertrained : declared languages the training rows lack or barely have
+        (:func:`classifier.layer2.shift.undertrained_languages`): a rejection of a query in
+        one of them, without out-of-scope evidence, is unsure (see :func:`assign_tiers`).
+    novelty_floor : for a head whose gate is the novelty cut (no out-of-scope rows to
+        learn it on), the lowest out-of-fold similarity of an in-scope training row: a
+        rejection at or above it that the out-of-scope class does not claim is unsure
+        (``None``: a learned gate, or a head fitted before the floor).
     """
 
     confident: float
@@ -45,6 +53,8 @@ class Thresholds:
     defer: float | None = None
     set_cutoff: float | None = None
     coverage: float | None = None
+    undertrained: frozenset[str] = frozenset()
+    novelty_floor: float | None = None
 
     @classmethod
     def for_model(cls, model: IntentModel) -> "Thresholds":
@@ -53,6 +63,7 @@ class Thresholds:
         replaces; a key missing there falls back to the head's own ``thresholds_``)."""
         th = {**model.head.thresholds_, **(model.manifest.thresholds or {})}
         user = model.intents.thresholds
+        rows = (model.manifest.metrics or {}).get(METRIC_KEY)
         risk = user.deferral == "risk" and "defer" in th
         return cls(
             confident=user.confident if user.confident is not None else float(th["confident"]),
@@ -65,6 +76,9 @@ class Thresholds:
             # a fixed ambiguous_ratio keeps the ratio rule for the alternatives
             set_cutoff=float(th["set"]) if "set" in th and user.ambiguous_ratio is None else None,
             coverage=float(th["coverage"]) if "coverage" in th else None,
+            undertrained=undertrained_languages(rows, model.intents.languages),
+            # a fixed oos cutoff is the user's: the floor is learned for the served one only
+            novelty_floor=float(th["novelty_floor"]) if "novelty_floor" in th and user.oos is None else None,
         )
 
     def confident_for(self, label: str) -> float:
@@ -133,14 +147,17 @@ class TierBatch:
     confidence : the top probability, or the out-of-scope score for rejections.
     in_set : (n, k) membership of the conformal prediction set (``None`` without one).
     p1, p2 : the top and the runner-up in-scope probabilities.
+    doubt : rows the gate rejected without out-of-scope evidence (:func:`unsure_rejections`):
+        not ``rejected``, unsure, answered with their top intent for the teacher to decide.
     """
 
     def __init__(self, top: np.ndarray, rejected: np.ndarray, close: np.ndarray, sure: np.ndarray,
                  tier: np.ndarray, confidence: np.ndarray, in_set: np.ndarray | None,
-                 p1: np.ndarray, p2: np.ndarray) -> None:
+                 p1: np.ndarray, p2: np.ndarray, doubt: np.ndarray | None = None) -> None:
         self.top, self.rejected, self.close, self.sure = top, rejected, close, sure
         self.tier, self.confidence, self.in_set = tier, confidence, in_set
         self.p1, self.p2 = p1, p2
+        self.doubt = doubt if doubt is not None else np.zeros(len(top), bool)
 
     def __len__(self) -> int:
         return len(self.top)
@@ -151,7 +168,33 @@ class TierBatch:
         return [None if r else str(n) for n, r in zip(names, self.rejected)]
 
 
-def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> TierBatch:
+def unsure_rejections(scores: HeadScores, th: Thresholds, rejected: np.ndarray,
+                      shifted: np.ndarray | None = None) -> np.ndarray:
+    """The rejections layer 2 cannot be sure of (the gate under shift), among ``rejected``:
+
+    - a ``shifted`` row (its language is undertrained: :mod:`classifier.layer2.shift`)
+      unless the out-of-scope class claims it surely (its probability is the top one and
+      reaches ``oos_confident``): the gate's distance and an unsure class claim both
+      grow with the language shift;
+    - under the novelty cut (``th.novelty_floor`` set), a row the out-of-scope class does
+      not claim (below the top intent) in the band just below the cut: its similarity to
+      the nearest example reaches the floor (no farther than some in-scope training query
+      was from its own nearest example, out of fold).
+
+    A learned gate's rejection of a query in a well-trained language is evidence: it stays."""
+    p1 = scores.probs.max(axis=1) if scores.probs.shape[1] else np.zeros(len(rejected))
+    oos_class = np.asarray(scores.oos_class, float)
+    claimed = oos_class >= p1
+    doubt = np.zeros(len(rejected), bool)
+    if shifted is not None:
+        doubt |= np.asarray(shifted, bool) & ~(claimed & (oos_class >= th.oos_confident))
+    if th.novelty_floor is not None:
+        doubt |= ~claimed & (np.asarray(scores.similarity, float) >= th.novelty_floor)
+    return rejected & doubt
+
+
+def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds,
+                 shifted: np.ndarray | None = None) -> TierBatch:
     """The one tier rule, vectorised over a batch of :class:`~classifier.layer2.scoring.HeadScores`
     (``labels`` aligned with its columns).
 
@@ -164,6 +207,10 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
     - **Unsure** answers are ``ambiguous`` when more than one intent is plausible (the
       conformal set holds two or more; without a set: close and two before the drop),
       else ``weak``.
+    - **A rejection without evidence** (:func:`unsure_rejections`: ``shifted`` rows, one flag
+      per row, are queries in an undertrained language) is not rejected: it is an unsure
+      answer (``weak``/``ambiguous``) with its top intent, so the teacher decides, and
+      without a teacher layer 2's best guess is served.
     """
     probs = np.asarray(scores.probs, dtype=np.float64)
     n, k = probs.shape
@@ -174,6 +221,8 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
     p2 = probs[rows, order[:, 1]] if k > 1 else np.zeros(n)
     oos_conf = scores.oos_confidence
     rejected = scores.rejected(th.oos)       # the out-of-scope rule, kept with the scores
+    doubt = unsure_rejections(scores, th, rejected, shifted)
+    rejected = rejected & ~doubt
     close = (p1 > 0) & (p2 / np.clip(p1, 1e-12, None) >= th.ambiguous_ratio)
     names = np.asarray(labels, dtype=object)
     cut = np.array([th.per_intent.get(str(x), th.confident) for x in names], float)[top] if k else np.zeros(n)
@@ -183,20 +232,34 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> T
         sure = (np.asarray(risk) <= th.defer) & (rejected | ~has_own | (p1 >= cut))
     else:
         sure = np.where(rejected, oos_conf >= th.oos_confident, (p1 >= cut) & ~close)
+    sure = sure & ~doubt
     in_set = probs >= th.set_cutoff if th.set_cutoff is not None else None
     plural = in_set.sum(axis=1) >= 2 if in_set is not None else close  # close: two before the drop
     codes = np.where(rejected, 3, np.where(sure, 0, np.where(plural, 1, 2)))
     tier = np.array(_TIERS, dtype=object)[codes]
     confidence = np.where(rejected, oos_conf, p1)
-    return TierBatch(top, rejected, close, sure.astype(bool), tier, confidence, in_set, p1, p2)
+    return TierBatch(top, rejected, close, sure.astype(bool), tier, confidence, in_set, p1, p2, doubt)
 
 
-def tier_rows(scores: HeadScores, labels: Sequence[str], th: Thresholds) -> list[Layer2Result]:
+def tier_rows(scores: HeadScores, labels: Sequence[str], th: Thresholds,
+              shifted: np.ndarray | None = None) -> list[Layer2Result]:
     """:func:`assign_tiers` as one :class:`Layer2Result` per row (what the pipeline serves)."""
-    batch = assign_tiers(scores, labels, th)
+    batch = assign_tiers(scores, labels, th, shifted)
     risk = scores.risk
-    return [_result(batch, j, scores.probs[j], labels, float(scores.oos_class[j]), float(scores.p_oos[j]),
-                    None if risk is None else float(risk[j]), th) for j in range(len(batch))]
+    out = [_result(batch, j, scores.probs[j], labels, float(scores.oos_class[j]), float(scores.p_oos[j]),
+                   None if risk is None else float(risk[j]), th) for j in range(len(batch))]
+    for j in np.flatnonzero(batch.doubt):   # why the gate's rejection went to the teacher
+        why = doubt_reason(float(scores.p_oos[j]), th, shifted is not None and bool(shifted[j]))
+        out[j] = replace(out[j], reason=f"{why}; {out[j].reason}")
+    return out
+
+
+def doubt_reason(p_oos: float, th: Thresholds, shifted: bool) -> str:
+    """The reason of a rejection :func:`unsure_rejections` sent to the teacher."""
+    gate = "out of scope unsure (probability {} >= cutoff {}".format(*fmt_probs(p_oos, th.oos))
+    if shifted:
+        return f"{gate}, but the query's language is undertrained: {', '.join(sorted(th.undertrained))})"
+    return f"{gate}, but no farther from the examples than in-scope training queries, and no out-of-scope evidence)"
 
 
 def assign_tier(probs: np.ndarray, labels: Sequence[str], oos_class: float, p_oos: float,

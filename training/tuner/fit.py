@@ -40,13 +40,16 @@ class HeadRows:
     """Rows with their vectors, as the head fits them (one label per row, ``None``: out of
     scope): ``sample_weight`` (``None``: all 1), ``fit_only`` (per row: fits the regression,
     never the cutoffs or the calibration) and ``negatives`` (synthetic negatives' vectors:
-    out-of-scope rows that are fit-only, see :func:`classifier.layer2.fitter.fit_from_vectors`)."""
+    out-of-scope rows that are fit-only, see :func:`classifier.layer2.fitter.fit_from_vectors`) and
+    ``texts`` (the rows' texts: the version counts its training rows per language from them,
+    :mod:`classifier.layer2.shift`; ``None``: no counts, the gate ignores languages)."""
 
     vectors: np.ndarray
     labels: Sequence[str | None]
     sample_weight: Sequence[float] | None = None
     fit_only: np.ndarray | None = None
     negatives: np.ndarray | None = None
+    texts: Sequence[str] | None = None
 
     def tuned_on(self, fit_only: np.ndarray) -> HeadRows:
         """These rows, those a tuner trained on (``fit_only``, one per row) fit-only too."""
@@ -61,11 +64,14 @@ def fit_head(intents: IntentSet, rows: HeadRows, *, encoder_id: str, version: st
     (:func:`classifier.layer2.fitter.fit_from_vectors`); ``views``: a cross-fitted
     calibration's views of the rows. The model bundles ``intents``."""
     from flywheel.classifier.layer2.fitter import fit_from_vectors
+    from flywheel.classifier.layer2.shift import language_rows
 
     fit_only = rows.fit_only
+    langs = None if rows.texts is None else language_rows(rows.texts, rows.labels, intents.languages)
     return fit_from_vectors(intents, rows.vectors, rows.labels, encoder_id=encoder_id, sample_weight=rows.sample_weight,
                             fit_only=fit_only.tolist() if fit_only is not None and fit_only.any() else None,
-                            version=version, parent=parent, head=head, negatives=rows.negatives, cv_views=views)
+                            version=version, parent=parent, head=head, negatives=rows.negatives, cv_views=views,
+                            language_rows=langs)
 
 
 def train_tuned(intents: IntentSet, tuned: TunedEncoder, *, rows: HeadRows | None = None, version: str | None = None,
