@@ -14,7 +14,7 @@ case) and ``novelty-bare`` (no out-of-scope rows at all, ``out_of_scope.syntheti
 120 synthetic negatives), test on ``test`` + ``oos_test``.
 
 Each fit is scored twice with the same vectors: ``before`` (the gate as it was: the
-thresholds without the undertrained languages and the novelty floor) and ``after``
+thresholds without the undertrained languages) and ``after``
 (:func:`classifier.layer2.tiers.unsure_rejections`). Layer 2 alone, as the pipeline tiers it
 (:func:`classifier.layer2.tiers.tier_rows` with the query languages the pipeline detects);
 rules do not take part. Per test language:
@@ -26,7 +26,9 @@ rules do not take part. Per test language:
 - ``served``: with the teacher off, the served answer is right (in-scope rows; an unsure
   answer is served as layer 2's best guess, a rejection as out of scope);
 - ``oos_recall``: with the teacher off, out-of-scope rows served as out of scope (CLINC150's
-  definition, as ``flywheel eval`` computes it).
+  definition, as ``flywheel eval`` computes it);
+- ``served_oracle`` / ``oos_recall_oracle``: the same with a teacher that is always right on
+  what layer 2 is unsure of (an upper bound: what reaches the teacher can be saved).
 
 Run (a few minutes; most of it encoding CLINC150)::
 
@@ -88,7 +90,7 @@ def score(model: IntentModel, embedder: Embedder, texts: Sequence[str], truth: S
     th = Thresholds.for_model(model)
     labels = [str(c) for c in model.manifest.labels]
     shifted = shifted_rows(LanguageDetector(model.intents.languages), texts, th.undertrained)
-    arms = {"before": tier_rows(scores, labels, replace(th, undertrained=frozenset(), novelty_floor=None)),
+    arms = {"before": tier_rows(scores, labels, replace(th, undertrained=frozenset())),
             "after": tier_rows(scores, labels, th, shifted)}
     top = np.asarray(labels, dtype=object)[scores.probs.argmax(axis=1)]
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -113,7 +115,10 @@ def figures(res: list[Any], truth: list[str | None], top: list[str]) -> dict[str
             "sure_no_match": share(inn, lambda j: res[j].tier is Tier.NO_MATCH and res[j].sure),
             "to_teacher": share(inn, lambda j: not res[j].sure),
             "served": share(inn, lambda j: res[j].label == truth[j]),
-            "oos_recall": share(oos, lambda j: res[j].label is None)}
+            "oos_recall": share(oos, lambda j: res[j].label is None),
+            # with a teacher that is always right on what layer 2 is unsure of (an upper bound)
+            "served_oracle": share(inn, lambda j: res[j].label == truth[j] or not res[j].sure),
+            "oos_recall_oracle": share(oos, lambda j: res[j].label is None or not res[j].sure)}
 
 
 def heldout() -> tuple[list[str], list[str | None], list[str]]:

@@ -451,11 +451,7 @@ class IntentHead(ClassifierMixin, BaseEstimator):
             if second_true.any():
                 ratios = np.take_along_axis(pin, order[:, 1:2], 1)[:, 0] / np.clip(conf, 1e-12, None)
                 amb = float(np.clip(np.median(ratios[second_true]), 0.2, 0.9))
-        out = {"confident": confident, "ambiguous_ratio": amb, "oos": oos_t, "oos_confident": oos_conf}
-        quantiles = self.sim_quantiles_
-        if quantiles is not None:   # the novelty cut: how far in-scope training queries got (tiers.unsure_rejections)
-            out["novelty_floor"] = float(quantiles[0])
-        return out
+        return {"confident": confident, "ambiguous_ratio": amb, "oos": oos_t, "oos_confident": oos_conf}
 
     # ------------------------------------------------------------- predicting
     def _check(self) -> None:

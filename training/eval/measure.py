@@ -26,6 +26,10 @@ Definitions (``None`` = out of scope, also written ``OUT_OF_SCOPE`` in the repor
   ``n_out_of_scope``, ``accuracy``, ``in_scope_accuracy``, ``oos_recall``,
   ``oos_precision`` and ``macro_f1`` per language, queries without one under
   ``"unknown"``;
+- ``gate``: how often the out-of-scope gate throws an in-scope query away
+  (:func:`gate_figures`): ``n_in_scope``, ``rejected_sure`` (layer 2 served it as out of
+  scope, sure, without asking the teacher) and ``served_out_of_scope`` (whatever layer
+  served it), overall and ``by_language`` (the file's languages, else the detected ones);
 - ``followups`` (only for a multi-turn file, ``followups`` given): the follow-ups' ``n``,
   ``accuracy`` and ``served_out_of_scope``, and these ``by_language``
   (:func:`training.eval.sessions.followup_figures`).
@@ -253,6 +257,7 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
                     histories=histories)
     latency = _latency(twin, texts, latency_sample, seed)
     report = _report(model.version, emb.id, classes, truth, langs, scored, latency)
+    report["gate"] = gate_figures(truth, scored.decisions, langs)
     if followups is not None:
         from flywheel.training.eval.sessions import followup_figures
 
@@ -261,6 +266,43 @@ def evaluate(clf: Classifier, texts: Sequence[str], labels: Sequence[str | None]
     if (op := scored.cuts.operating_point(model)) is not None:
         report["operating_point"] = op
     return report
+
+
+def gate_figures(truth: Sequence[str | None], decisions: Sequence[Decision],
+                 langs: Sequence[str | None] | None = None) -> dict[str, Any]:
+    """The report's ``gate``: of the in-scope queries (``truth`` not ``None``), ``n_in_scope``,
+    ``rejected_sure`` (layer 2 answered out of scope and was sure: no teacher was asked, nothing
+    degraded) and ``served_out_of_scope`` (any layer); the same ``by_language``, keyed by
+    ``langs`` where given, else by each decision's detected language (``unknown`` without
+    one). Shares are ``None`` when there is no in-scope query.
+
+    Examples
+    --------
+    >>> from flywheel.classifier.decision import Decision, Layer, Tier
+    >>> d = lambda label, layer: Decision(label, 0.9, Tier.NO_MATCH if label is None else Tier.CONFIDENT,
+    ...                                   layer, "", language="es")
+    >>> g = gate_figures(["A", "A", None], [d(None, Layer.EMBEDDING), d("A", Layer.LLM), d(None, Layer.EMBEDDING)])
+    >>> g["n_in_scope"], g["rejected_sure"], g["by_language"]["es"]["rejected_sure"]
+    (2, 0.5, 0.5)
+    """
+    def lang_of(i: int) -> str:
+        return str((langs[i] if langs is not None else None) or decisions[i].language or "unknown")
+
+    idx = [i for i, y in enumerate(truth) if y is not None]
+    by: dict[str, list[int]] = {}
+    for i in idx:
+        by.setdefault(lang_of(i), []).append(i)
+    return {**_gate_shares(decisions, idx), "by_language": {k: _gate_shares(decisions, v) for k, v in sorted(by.items())}}
+
+
+def _gate_shares(decisions: Sequence[Decision], idx: list[int]) -> dict[str, Any]:
+    n = len(idx)
+
+    def share(ok: Any) -> float | None:
+        return round(sum(bool(ok(decisions[i])) for i in idx) / n, 4) if n else None
+    return {"n_in_scope": n,
+            "rejected_sure": share(lambda d: d.label is None and d.layer is Layer.EMBEDDING and d.degraded is None),
+            "served_out_of_scope": share(lambda d: d.label is None)}
 
 
 def _check_inputs(texts: Sequence[str], labels: Sequence[str | None], langs: Sequence[str | None] | None,

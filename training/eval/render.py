@@ -69,6 +69,7 @@ def format_report(report: dict[str, Any], *, worst: int = 10) -> str:
     width = max(len(r[0]) for r in rows)
     lines += [f"  {name:<{width}}  {value:>8}" for name, value in rows]
     lines += _language_table(report.get("by_language") or {})
+    lines += gate_lines(report.get("gate"))
     lines += followup_lines(report.get("followups"))
     lines.append("")
     for key, title in (("tier_share", "Tiers"), ("layer_share", "Layers")):
@@ -125,6 +126,19 @@ def _language_table(slices: dict[str, dict[str, Any]]) -> list[str]:
              f"  {'lang':<{lw}}  {'n':>6}  {'accuracy':>8}  {'in-scope':>8}  {'oos recall':>10}"]
     lines += [f"  {k:<{lw}}  {v['n']:>6,}  {_pct(v.get('accuracy')):>8}  {_pct(v.get('in_scope_accuracy')):>8}  "
               f"{_pct(v.get('oos_recall')):>10}" for k, v in slices.items()]
+    return lines
+
+
+def gate_lines(gate: dict[str, Any] | None) -> list[str]:
+    """The out-of-scope gate's in-scope rejections, overall and by language (none without
+    in-scope queries)."""
+    if not gate or not gate.get("n_in_scope"):
+        return []
+    lines = ["", "In-scope queries thrown away as out of scope:",
+             f"  {'lang':<7}  {'in scope':>8}  {'layer 2 sure':>12}  {'served out of scope':>19}"]
+    rows = [("all", gate), *(gate.get("by_language") or {}).items()]
+    lines += [f"  {k:<7}  {v['n_in_scope']:>8,}  {_pct(v.get('rejected_sure')):>12}  "
+              f"{_pct(v.get('served_out_of_scope')):>19}" for k, v in rows]
     return lines
 
 
