@@ -141,7 +141,7 @@ class TierBatch:
     in_set : (n, k) membership of the conformal prediction set (``None`` without one).
     p1, p2 : the top and the runner-up in-scope probabilities.
     doubt : rows the gate rejected in an undertrained language (:func:`unsure_rejections`):
-        not ``rejected``, unsure, answered with their top intent for the teacher to decide.
+        still ``rejected``, never ``sure``: the teacher decides.
     """
 
     def __init__(self, top: np.ndarray, rejected: np.ndarray, close: np.ndarray, sure: np.ndarray,
@@ -189,9 +189,8 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds,
       conformal set holds two or more; without a set: close and two before the drop),
       else ``weak``.
     - **A rejection under language shift** (:func:`unsure_rejections`: ``shifted`` rows, one flag
-      per row, are queries in an undertrained language) is not rejected: it is an unsure
-      answer (``weak``/``ambiguous``) with its top intent, so the teacher decides, and
-      without a teacher layer 2's best guess is served.
+      per row, are queries in an undertrained language) is never sure: the teacher decides,
+      and without a teacher it is served as the rejection it is.
     """
     probs = np.asarray(scores.probs, dtype=np.float64)
     n, k = probs.shape
@@ -203,7 +202,6 @@ def assign_tiers(scores: HeadScores, labels: Sequence[str], th: Thresholds,
     oos_conf = scores.oos_confidence
     rejected = scores.rejected(th.oos)       # the out-of-scope rule, kept with the scores
     doubt = unsure_rejections(rejected, shifted)
-    rejected = rejected & ~doubt
     close = (p1 > 0) & (p2 / np.clip(p1, 1e-12, None) >= th.ambiguous_ratio)
     names = np.asarray(labels, dtype=object)
     cut = np.array([th.per_intent.get(str(x), th.confident) for x in names], float)[top] if k else np.zeros(n)
@@ -230,16 +228,13 @@ def tier_rows(scores: HeadScores, labels: Sequence[str], th: Thresholds,
     out = [_result(batch, j, scores.probs[j], labels, float(scores.oos_class[j]), float(scores.p_oos[j]),
                    None if risk is None else float(risk[j]), th) for j in range(len(batch))]
     for j in np.flatnonzero(batch.doubt):   # why the gate's rejection went to the teacher
-        why = doubt_reason(float(scores.p_oos[j]), th)
-        out[j] = replace(out[j], reason=f"{why}; {out[j].reason}")
+        out[j] = replace(out[j], reason=f"{doubt_reason(th)}: {out[j].reason}")
     return out
 
 
-def doubt_reason(p_oos: float, th: Thresholds) -> str:
-    """The reason of a rejection :func:`unsure_rejections` sent to the teacher."""
-    p_txt, cut_txt = fmt_probs(p_oos, th.oos)
-    return (f"out of scope unsure (probability {p_txt}, cutoff {cut_txt}), the query's language is "
-            f"undertrained: {', '.join(sorted(th.undertrained))}")
+def doubt_reason(th: Thresholds) -> str:
+    """The start of a rejection's reason when :func:`unsure_rejections` sent it to the teacher."""
+    return f"out of scope unsure, the query's language is undertrained ({', '.join(sorted(th.undertrained))})"
 
 
 def assign_tier(probs: np.ndarray, labels: Sequence[str], oos_class: float, p_oos: float,
