@@ -292,7 +292,8 @@ def gate_figures(truth: Sequence[str | None], decisions: Sequence[Decision],
     by: dict[str, list[int]] = {}
     for i in idx:
         by.setdefault(lang_of(i), []).append(i)
-    return {**_gate_shares(decisions, idx), "by_language": {k: _gate_shares(decisions, v) for k, v in sorted(by.items())}}
+    by_language = {k: _gate_shares(decisions, v) for k, v in sorted(by.items())}
+    return {**_gate_shares(decisions, idx), "by_language": by_language}
 
 
 def _gate_shares(decisions: Sequence[Decision], idx: list[int]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
-from tests.training.eval.test_sessions import _train, _write_jsonl, fake_encoder  # noqa: F401 (a fixture)
+from tests.training.eval.test_sessions import _train, _write_jsonl
 
 
 def test_eval_reports_the_gates_in_scope_rejections_by_language(tmp_path, fake_encoder, capsys):

@@ -23,13 +23,9 @@ from flywheel.training.eval.render import eval_text, format_report, format_trade
 from flywheel.training.metrics import classification_metrics
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
 from tests.support.fakes import HashEmbedder
+from tests.training.eval.conftest import toy_embedder
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def toy_embedder() -> HashEmbedder:
-    """The plain bag-of-words HashEmbedder (64 buckets) these toy topics are separated by."""
-    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,7 @@ import pytest
 
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
 from tests.support.fakes import HashEmbedder
-
-
-def toy_embedder() -> HashEmbedder:
-    """The plain bag-of-words HashEmbedder (64 buckets) these toy topics are separated by."""
-    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
+from tests.training.eval.conftest import toy_embedder
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

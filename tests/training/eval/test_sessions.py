@@ -15,12 +15,6 @@ from flywheel.classifier.protocols import HistoryEntry
 from flywheel.training.eval.loaders import DatasetError, load_labelled
 from flywheel.training.eval.sessions import read_turns
 from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
-from tests.support.fakes import HashEmbedder
-
-
-def toy_embedder() -> HashEmbedder:
-    """The bag-of-words HashEmbedder the toy topics are separated by."""
-    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -91,16 +85,6 @@ def test_a_malformed_multi_turn_file_is_one_line_naming_the_line_and_the_column(
     with pytest.raises(DatasetError) as err:
         _turns(path)
     assert message in str(err.value) and "\n" not in str(err.value)
-
-
-@pytest.fixture()
-def fake_encoder(monkeypatch):
-    import flywheel.classifier.encoders
-    import flywheel.classifier.layer2.fitter
-
-    fake = toy_embedder()
-    monkeypatch.setattr(flywheel.classifier.layer2.fitter, "make_embedder", lambda *a, **k: fake)
-    monkeypatch.setattr(flywheel.classifier.encoders, "make_embedder", lambda *a, **k: fake)
 
 
 def _train(tmp_path: Path) -> Path:
