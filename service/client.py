@@ -65,6 +65,9 @@ def _request(text: str, *, session_id: str | None = None, declared_type: str | N
 class FlywheelClient:
     """A connection to a flywheel sidecar.
 
+    Every call raises :class:`grpc.RpcError` when the RPC fails; the client never
+    retries on its own.
+
     Parameters
     ----------
     target : str
@@ -80,9 +83,6 @@ class FlywheelClient:
         ``timeout_s`` overrides it.
     options : sequence of (str, value), optional
         grpc channel options, e.g. ``[("grpc.max_receive_message_length", 8 << 20)]``.
-
-    Every call raises :class:`grpc.RpcError` when the RPC fails; the client never
-    retries on its own.
     """
 
     def __init__(self, target: str, *, credentials: grpc.ChannelCredentials | None = None,

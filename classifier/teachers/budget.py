@@ -8,7 +8,7 @@ teacher later). :func:`apply_budget` wraps a teacher as the intent file's ``teac
 section says (``max_calls_per_minute``, ``daily_budget``).
 
 The limits are per process, shared by every thread of it. A fleet of replicas is not
-coordinated: each replica enforces its own share (see README.md, "LLM budget"); a hard
+coordinated: each replica enforces its own share (see docs/guides/teacher.md, "LLM budget"); a hard
 global cap needs a shared limiter in front of the LLM (a gateway), not flywheel.
 """
 

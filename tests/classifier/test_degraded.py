@@ -81,7 +81,7 @@ def test_stats_show_the_degraded_share_per_window(tmp_path):
 
 
 def test_the_tier_table_says_what_the_pipeline_serves_without_a_teacher_answer():
-    """README's "Results come in tiers" and the pipeline say one thing (issue 32): a teacher
+    """The docs' "Results come in tiers" (docs/guides/decisions.md) and the pipeline say one thing (issue 32): a teacher
     that does not answer makes layer 2's unsure answer ``weak`` (its prediction set kept as
     the alternatives); with no teacher configured layer 2's tier stays."""
     import re
@@ -94,7 +94,7 @@ def test_the_tier_table_says_what_the_pipeline_serves_without_a_teacher_answer()
     assert (alone.tier, alone.degraded) == (Tier.AMBIGUOUS, "no_teacher")   # ratio 0.0: every intent close
     assert (down.tier, down.degraded) == (Tier.WEAK, "timeout")
     assert down.alternatives == alone.alternatives and down.alternatives[0].label == down.label
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "guides" / "decisions.md").read_text(encoding="utf-8")
     section = " ".join(readme.split("## Results come in tiers", 1)[1].split("\n## ", 1)[0].split())
     assert "served with its tier" not in section
     assert f"tier `{down.tier.value}` even where layer 2 said `{alone.tier.value}`" in section

@@ -1,8 +1,8 @@
-"""README.md against the command line: every ``flywheel <command> [<subcommand>]`` and every
-``--flag`` the README names exists, every option and argument has help text, and each
-group's help names all its subcommands.
+"""README.md and the documentation site (``docs/**/*.md``) against the command line: every
+``flywheel <command> [<subcommand>]`` and every ``--flag`` they name exists, every option and
+argument has help text, and each group's help names all its subcommands.
 
-The README is read as Markdown: fenced code blocks (shell lines split at ``&&``, ``||``,
+Each page is read as Markdown: fenced code blocks (shell lines split at ``&&``, ``||``,
 ``;``, pipes and redirections, continuation lines joined) and inline code spans (table
 cells included, where ``\\|`` is an alternation: ``flywheel models list\\|push DIR``). In a
 span, ``flywheel CMD`` or a span that starts with a command and a flag or subcommand
@@ -23,8 +23,12 @@ from flywheel.cli import app
 from tests.support.paths import ROOT
 
 README = ROOT / "README.md"
+#: the README and every page of the documentation site: what a reader copies commands from
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+#: where the Protocols are listed (the architecture page)
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-#: flags the README names that belong to other tools, with where they come from
+#: flags the pages name that belong to other tools, with where they come from
 FOREIGN_FLAGS = {"--model_alias": "llama-cpp-python's server"}
 ALWAYS = {"--help"}   # click adds it to every command; it is not among the params
 
@@ -105,15 +109,15 @@ def spans(markdown: str) -> list[Span]:
     return out
 
 
-def check_readme(markdown: str, cli: Cli) -> tuple[list[str], set[str]]:
-    """``(problems, commands named)``: each problem names the README line, the span and
-    the command or flag that does not exist."""
+def check_readme(markdown: str, cli: Cli, name: str = "README.md") -> tuple[list[str], set[str]]:
+    """``(problems, commands named)``: each problem names the page (``name``) and line, the
+    span and the command or flag that does not exist."""
     problems: list[str] = []
     named: set[str] = set()
     every_flag = cli.all_flags()
 
     def bad(span: Span, what: str) -> None:
-        problems.append(f"README.md:{span.line}: `{span.text}`: {what}")
+        problems.append(f"{name}:{span.line}: `{span.text}`: {what}")
 
     def check_flags(span: Span, text: str, command: str | None) -> None:
         for flag in _FLAG.findall(text):
@@ -171,9 +175,15 @@ def check_readme(markdown: str, cli: Cli) -> tuple[list[str], set[str]]:
 
 
 # ----------------------------------------------------------------------------- tests
-def test_every_command_and_flag_the_readme_names_exists(cli):
-    problems, named = check_readme(README.read_text(encoding="utf-8"), cli)
-    assert not problems, "the README names commands or flags the CLI does not have:\n" + "\n".join(problems)
+def test_every_command_and_flag_the_pages_name_exists(cli):
+    problems: list[str] = []
+    named: set[str] = set()
+    assert len(PAGES) > 10, PAGES   # the README and the site's pages
+    for page in PAGES:
+        found, names = check_readme(page.read_text(encoding="utf-8"), cli, str(page.relative_to(ROOT)))
+        problems += found
+        named |= names
+    assert not problems, "the pages name commands or flags the CLI does not have:\n" + "\n".join(problems)
     # the parser really read the command table and the prose (not a vacuous pass)
     assert {"classify", "serve", "train", "eval", "retrain", "stats", "prune-log", "models push",
             "models shadow", "models promote", "models prune"} <= named, sorted(named)
@@ -213,9 +223,9 @@ def test_each_group_help_names_all_its_subcommands(cli):
         assert not absent, f"`flywheel --help` describes {group} as {short!r}, without {absent}"
 
 
-def test_the_readme_names_every_protocol_seam():
+def test_the_architecture_page_names_every_protocol_seam():
     # the seams are classes deriving from typing.Protocol in the library packages
-    readme = README.read_text(encoding="utf-8")
+    readme = ARCHITECTURE.read_text(encoding="utf-8")
     found = {}
     for package in ("classifier", "logstore", "fleet", "training", "service"):
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -224,4 +234,4 @@ def test_the_readme_names_every_protocol_seam():
                     found[name] = path.relative_to(ROOT)
     assert {"Embedder", "Teacher", "LogSink", "Registry"} <= set(found), found
     absent = {n: str(p) for n, p in found.items() if f"`{n}`" not in readme}
-    assert not absent, f"Protocols the README does not name: {absent}"
+    assert not absent, f"Protocols docs/architecture.md does not name: {absent}"
