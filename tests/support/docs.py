@@ -51,6 +51,28 @@ def topic_examples(words: list[str], n: int = 12) -> list[str]:
             for i in range(n)]
 
 
+def toy_embedder():
+    """The bag-of-words HashEmbedder (64 buckets) :data:`TOPICS` are separated by."""
+    from tests.support.fakes import HashEmbedder
+
+    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
+
+
+def write_jsonl(path, rows: list[dict]):
+    """``rows`` as a JSON-lines file at ``path`` (returned)."""
+    import json
+
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def toy_train_file(path):
+    """A training file of :data:`TOPICS` (12 examples each) and out-of-scope rows, at ``path``."""
+    rows = [{"text": t, "label": name} for name, words in TOPICS.items() for t in topic_examples(words)]
+    rows += [{"text": t, "label": "oos"} for t in topic_examples(OOS_WORDS)]
+    return write_jsonl(path, rows)
+
+
 NONSENSE_LIST = DATA / "nonsense.txt"
 
 

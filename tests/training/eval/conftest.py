@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.fakes import HashEmbedder
-
-
-def toy_embedder() -> HashEmbedder:
-    """The bag-of-words HashEmbedder the toy topics (``tests.support.docs.TOPICS``) are separated by."""
-    return HashEmbedder(64, "test:hash-64", bag_of_words=True)
+from tests.support.docs import toy_embedder
 
 
 @pytest.fixture()

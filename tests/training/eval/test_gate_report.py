@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
-from tests.training.eval.test_sessions import _train, _write_jsonl
+from tests.support.docs import OOS_WORDS, TOPICS, topic_examples, toy_train_file, write_jsonl
 
 
 def test_eval_reports_the_gates_in_scope_rejections_by_language(tmp_path, fake_encoder, capsys):
@@ -19,8 +18,9 @@ def test_eval_reports_the_gates_in_scope_rejections_by_language(tmp_path, fake_e
             # labelled in scope, worded out of scope: the gate throws it away
             {"text": off_topic[15], "label": "weather", "lang": "de"},
             {"text": off_topic[16], "label": "oos", "lang": "de"}]
-    test = _write_jsonl(tmp_path / "test.jsonl", rows)
-    args = ["eval", "--train", str(_train(tmp_path)), "--test", str(test), "--quiet", "--latency-sample", "0"]
+    test = write_jsonl(tmp_path / "test.jsonl", rows)
+    train = toy_train_file(tmp_path / "train.jsonl")
+    args = ["eval", "--train", str(train), "--test", str(test), "--quiet", "--latency-sample", "0"]
     assert main([*args, "--json"]) == 0
     gate = json.loads(capsys.readouterr().out)["gate"]
     assert (gate["n_in_scope"], gate["rejected_sure"], gate["served_out_of_scope"]) == (3, 0.3333, 0.3333)

@@ -21,9 +21,8 @@ from flywheel.training.eval.loaders import DatasetError, LabelledData
 from flywheel.training.eval.measure import evaluate
 from flywheel.training.eval.render import eval_text, format_report, format_tradeoff, tuning_lines, write_plots
 from flywheel.training.metrics import classification_metrics
-from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
+from tests.support.docs import OOS_WORDS, TOPICS, topic_examples, toy_embedder
 from tests.support.fakes import HashEmbedder
-from tests.training.eval.conftest import toy_embedder
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

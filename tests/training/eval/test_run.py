@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docs import OOS_WORDS, TOPICS, topic_examples
+from tests.support.docs import OOS_WORDS, TOPICS, topic_examples, toy_embedder
 from tests.support.fakes import HashEmbedder
-from tests.training.eval.conftest import toy_embedder
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
