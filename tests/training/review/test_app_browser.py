@@ -230,3 +230,52 @@ def test_long_rows_are_clipped_and_the_page_opens_at_its_title(browser, tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---------------------------------------------------------------- issue 44: a new user's first hour
+
+#: the widths the walk looked at: a laptop, a narrow window, a small tablet
+WIDTHS = (1280, 800, 600)
+
+
+def _fits(browser) -> list:
+    """``[scrollWidth, innerWidth]``: the page needs no sideways scroll when the first is not larger."""
+    return browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+
+
+def test_the_dashboard_fits_and_keeps_version_names_on_one_line(browser, tmp_path):
+    """The dashboard with languages and a retrain history at 1280, 800 and 600 px: no sideways
+    scroll, each retrain's version name on one line."""
+    from selenium.webdriver.common.by import By
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    write(store, [review_record(f"{i:032x}", f"query {i}", "RETRIEVAL", language="en" if i % 3 else "de",
+                                age_days=i / 100) for i in range(120)])
+    history = [{"version": f"v2026112{i}-104901-12345{i}", "created_at": f"2026-11-2{i}T10:49:01Z",
+                "outcome": "promoted" if i % 2 else "kept", "reason": "the challenger beats the champion "
+                "on the gate's held-out set by more than the margin", "challenger_accuracy": 0.8 + i / 100,
+                "champion_accuracy": 0.8, "champion_version": None, "n": 100} for i in range(4)]
+    server = make_server(ReviewApp(store, HumanLabels(store, lambda: ("RETRIEVAL",)), history=lambda: history),
+                         "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_address[1]}/dashboard")
+        assert "de" in [c.text for c in browser.find_elements(By.CSS_SELECTOR, "table.languages td")]
+        for width in WIDTHS:
+            browser.set_window_size(width, 900)
+            browser.execute_script("window.scrollTo(0, 0)")
+            _shot(browser, tmp_path, f"dashboard-{width}.png")
+            browser.execute_script("document.querySelector('table.languages').scrollIntoView()")
+            _shot(browser, tmp_path, f"dashboard-{width}-tables.png")
+            scroll, inner = _fits(browser)
+            assert scroll <= inner, (width, scroll, inner)
+            lines = browser.execute_script(
+                "return Array.from(document.querySelectorAll('td.version')).map(td => {"
+                "const r = document.createRange(); r.selectNodeContents(td);"
+                "return new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top))).size; })")
+            assert lines == [1] * len(history), (width, lines)
+    finally:
+        server.shutdown()
+        server.server_close()
