@@ -14,7 +14,9 @@ label is sent for every one of them. Long texts are clipped to a few lines with 
 ``more`` control (``f`` on the keyboard, as in ``flywheel review``). ``s`` or ``j`` next item, ``k`` previous.
 Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
 the tab only). A language select (the logged languages) reloads the page with
-``?language=``; each row shows its query's language under the layer.
+``?language=``; each row shows its query's language under the layer. In a window
+:data:`NARROW_PX` wide or narrower each row is a card (its cells stacked, each named, the
+label buttons under the text), so no row needs a sideways scroll.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CLIP_CHARS", "CLIP_LINES", "render_page"]
+__all__ = ["CLIP_CHARS", "CLIP_LINES", "NARROW_PX", "render_page"]
 
 #: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
 CLIP_CHARS = 300
 #: the lines a clipped text shows
 CLIP_LINES = 3
+#: at this window width (CSS px) or narrower each row is a card: its cells stacked, the label buttons under the text
+NARROW_PX = 900
 
-_STYLE = """
+_STYLE = ("""
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em} table{border-collapse:collapse;width:100%;min-width:80em;table-layout:fixed}
 td,th{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
@@ -46,7 +50,16 @@ tr.current{background:#fff5cc} tr.done{opacity:.45}
        font-size:.85em;font-family:system-ui,sans-serif}
 .choice{margin:0 .3em .3em 0;padding:.1em .45em} .choice kbd{color:#666;margin-right:.25em}
 .other input{width:13em} .why{color:#666} td{overflow-wrap:anywhere} #status{margin:.5em 0;min-height:1.2em}
+@media (max-width:@NARROWpx){
+  body{margin:1em} table{min-width:0} thead{display:none}
+  table,tbody,tr.item,tr.item>td{display:block}
+  tr.item{border:1px solid #ddd;border-radius:.4em;margin:0 0 .8em;padding:.3em 0}
+  tr.item>td{border:0;padding:.15em .6em} tr.item>td:empty{display:none}
+  tr.item>td[data-th]::before{content:attr(data-th) ": ";color:#666;font-size:.85em}
+  td.n{float:right;color:#666}
+}
 """.replace("@LINES", str(CLIP_LINES)).replace("@HEIGHT", f"{CLIP_LINES * 1.4:.1f}")
+          .replace("@NARROW", str(NARROW_PX)))
 
 _SCRIPT = """
 (function(){
@@ -177,10 +190,13 @@ def _row(i: int, item: dict[str, Any]) -> str:
     said = item.get("l2_label") if item.get("l2_answered") else None
     l2 = "" if said is None or said == str(item["label"]) else \
         f'<br><span class="why">layer 2: {e(said)}</span>'
-    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
-            f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"] + lang)}</span>{l2}</td>'
-            f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
-            f'<td>{choices}{oos}{other}</td><td class="outcome"></td></tr>')
+    # data-th: the column's name, shown before the cell when the rows are stacked (narrow windows)
+    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td class="n">{i + 1}</td>{_text(item)}'
+            f'<td data-th="served">{e(str(item["label"]))}{e(conf)}<br><span class="why">'
+            f'{e(item["layer"] + lang)}</span>{l2}</td>'
+            f'<td data-th="teacher">{e(_teacher(item))}</td>'
+            f'<td class="why" data-th="why">{e(", ".join(item["reasons"]))}</td>'
+            f'<td class="label">{choices}{oos}{other}</td><td class="outcome" data-th="labelled"></td></tr>')
 
 
 def _intents(items: Sequence[dict[str, Any]], labels: Sequence[str] | None) -> list[str]:
@@ -217,6 +233,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     data = {"items": list(items), "intents": None if labels is None else _intents(items, labels)}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel review</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_STYLE}</style></head>
 <body>
 <h1>flywheel review queue</h1>

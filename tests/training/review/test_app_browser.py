@@ -243,6 +243,43 @@ def _fits(browser) -> list:
     return browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
 
 
+def _right_edges(browser, el) -> list:
+    """The right edge of every label control of row ``el`` (its buttons and the any-intent box)."""
+    return browser.execute_script("return Array.from(arguments[0].querySelectorAll('button.choice, form.other *'))"
+                                  ".map(b => b.getBoundingClientRect().right)", el)
+
+
+def test_the_label_buttons_are_on_screen_at_every_width(browser, tmp_path):
+    """At 800 and 600 px the table's rows become stacked cards (the label buttons under the
+    text); at 1280 px it stays a table; at none is a sideways scroll needed."""
+    from selenium.webdriver.common.by import By
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    write(store, [review_record(str(i) * 32, f"question {i}: where do I see my invoices or my plan's quota",
+                                "RETRIEVAL", teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM")),
+                                age_days=i) for i in range(1, 4)])
+    server, base = _serve(store, ("RETRIEVAL", "PLATFORM", "CODE_GENERATION", "CONVERSATIONAL"))
+    try:
+        browser.get(base + "/")
+        for width in WIDTHS:
+            browser.set_window_size(width, 900)
+            _shot(browser, tmp_path, f"review-page-{width}.png")
+            inner = browser.execute_script("return window.innerWidth")
+            assert inner <= width, inner
+            scroll, inner = _fits(browser)
+            assert scroll <= inner, (width, scroll, inner)
+            first = browser.find_element(By.CSS_SELECTOR, "tr.item")
+            edges = _right_edges(browser, first)
+            assert len(edges) >= 4 and max(edges) <= inner, (width, edges, inner)
+            stacked = browser.execute_script("return getComputedStyle(arguments[0]).display", first)
+            assert (stacked == "table-row") == (width > 900), (width, stacked)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_dashboard_fits_and_keeps_version_names_on_one_line(browser, tmp_path):
     """The dashboard with languages and a retrain history at 1280, 800 and 600 px: no sideways
     scroll, each retrain's version name on one line."""
