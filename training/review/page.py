@@ -7,9 +7,9 @@ Every logged text is user input: it reaches the page only through :func:`html.es
 logged ``<script>`` shows as text and never runs.
 
 Each row offers its likely intents as buttons (``1``-``9``, as ``flywheel review``),
-``o`` out of scope, and a box that takes any intent of the served set (type to filter,
-Enter to label; ``/`` jumps to it), so the right label is there when neither model had
-it. A row that merges several decisions with the same text says how many (``×N``); its
+``0`` (or ``o``, as ``flywheel review``) out of scope, and a box that takes any intent of
+the served set (type to filter, Enter to label; ``/`` jumps to it), so the right label is
+there when neither model had it. A row that merges several decisions with the same text says how many (``×N``); its
 label is sent for every one of them. Long texts are clipped to a few lines with a
 ``more`` control (``f`` on the keyboard, as in ``flywheel review``). ``s`` or ``j`` next item, ``k`` previous.
 Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
@@ -26,12 +26,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CLIP_CHARS", "CLIP_LINES", "NARROW_PX", "render_page"]
+__all__ = ["CLIP_CHARS", "CLIP_LINES", "NARROW_PX", "OUT_OF_SCOPE_KEYS", "render_page"]
 
 #: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
 CLIP_CHARS = 300
 #: the lines a clipped text shows
 CLIP_LINES = 3
+#: the keys that label a row out of scope; its button's badge shows the first (a digit, as the
+#: other buttons' badges: a small grey ``o`` beside them reads as ``0``), the help names both
+OUT_OF_SCOPE_KEYS = ("0", "o")
 #: at this window width (CSS px) or narrower each row is a card: its cells stacked, the label buttons under the text
 NARROW_PX = 900
 
@@ -63,6 +66,7 @@ tr.current{background:#fff5cc} tr.done{opacity:.45}
 
 _SCRIPT = """
 (function(){
+  const OUT_OF_SCOPE_KEYS = @OOS_KEYS;
   const data = JSON.parse(document.getElementById('items').textContent);
   const items = data.items, intents = data.intents;
   const rows = Array.from(document.querySelectorAll('tr.item'));
@@ -142,7 +146,7 @@ _SCRIPT = """
     if (e.key >= '1' && e.key <= '9') {
       const c = item.choices[Number(e.key) - 1];
       if (c !== undefined) label(at, c);
-    } else if (e.key === 'o') { label(at, 'OUT_OF_SCOPE'); }
+    } else if (OUT_OF_SCOPE_KEYS.includes(e.key)) { label(at, 'OUT_OF_SCOPE'); }
     else if (e.key === '/') { e.preventDefault(); rows[at].querySelector('form.other input').focus(); }
     else if (e.key === 'f') { toggle(at); }
     else if (e.key === 's' || e.key === 'j') { focus(at + 1, true); }
@@ -150,7 +154,7 @@ _SCRIPT = """
   });
   focus(0, false);     // no scroll on load: the page opens at its title and token box
 })();
-"""
+""".replace("@OOS_KEYS", json.dumps(list(OUT_OF_SCOPE_KEYS)))
 
 
 def _json_for_script(value: Any) -> str:
@@ -180,7 +184,8 @@ def _row(i: int, item: dict[str, Any]) -> str:
     e = html.escape
     choices = "".join(f'<button type="button" class="choice" data-label="{e(c)}"><kbd>{n}</kbd>{e(c)}</button>'
                       for n, c in enumerate(item["choices"][:9], 1))
-    oos = '<button type="button" class="choice" data-label="OUT_OF_SCOPE"><kbd>o</kbd>OUT_OF_SCOPE</button>'
+    oos = (f'<button type="button" class="choice" data-label="OUT_OF_SCOPE"><kbd>{OUT_OF_SCOPE_KEYS[0]}</kbd>'
+           'OUT_OF_SCOPE</button>')
     other = ('<form class="other"><input list="intents" placeholder="any intent (/)" aria-label="any intent"'
              ' autocomplete="off"> <button type="submit">label</button></form>')
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
@@ -224,7 +229,8 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     the select's choices, ``language`` the one the queue is filtered by (``None``: any)."""
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'
-    note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, o out of scope, "
+    note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, "
+            f"{' or '.join(OUT_OF_SCOPE_KEYS)} out of scope, "
             "/ type any other intent (Enter labels), f show a long text whole, s or j next, k previous. "
             "A row marked \u00d7N stands for N decisions with the same text; its label answers all of them."
             ) if writable else "Read-only: start flywheel ui with --admin-token to label here."

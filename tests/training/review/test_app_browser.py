@@ -251,7 +251,9 @@ def _right_edges(browser, el) -> list:
 
 def test_the_label_buttons_are_on_screen_at_every_width(browser, tmp_path):
     """At 800 and 600 px the table's rows become stacked cards (the label buttons under the
-    text); at 1280 px it stays a table; at none is a sideways scroll needed."""
+    text); at 1280 px it stays a table; at none is a sideways scroll needed. The out-of-scope
+    badge's key (``0``) labels the row out of scope."""
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     from flywheel.logstore import LogStore
@@ -275,6 +277,13 @@ def test_the_label_buttons_are_on_screen_at_every_width(browser, tmp_path):
             assert len(edges) >= 4 and max(edges) <= inner, (width, edges, inner)
             stacked = browser.execute_script("return getComputedStyle(arguments[0]).display", first)
             assert (stacked == "table-row") == (width > 900), (width, stacked)
+        # the out-of-scope button's badge is the key that labels out of scope
+        badge = first.find_element(By.CSS_SELECTOR, 'button.choice[data-label="OUT_OF_SCOPE"] kbd').text
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.TAG_NAME, "h1").click()
+        ActionChains(browser).send_keys(badge).perform()
+        assert _wait(lambda: "done" in first.get_attribute("class")), browser.find_element(By.ID, "status").text
+        assert badge == "0" and _human(store, {"1" * 32}) == {"1" * 32: None}
     finally:
         server.shutdown()
         server.server_close()
