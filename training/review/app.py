@@ -22,6 +22,7 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
                         log: :func:`~training.review.dashboard.auto_window`; ``languages``: per
                         logged language)
 ``GET /api/health``     ``{"ok": true, "writable": bool}``
+``GET /favicon.ico``    the pages' icon (an SVG; the pages also declare it inline)
 ======================  =====================================================================
 
 The labels the page offers and the API takes are those of the version served now, as the
@@ -55,7 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 from flywheel.classifier.errors import ConfigError, FlywheelError, UnknownLabelError
 from flywheel.classifier.settings.listen import check_listen, check_port
 from flywheel.logstore.errors import UnknownDecisionError
-from flywheel.training.review.page import render_page
+from flywheel.training.review.page import ICON_SVG, render_page
 from flywheel.training.review.queue import ReviewError, ReviewFilters, review_queue
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class ReviewApp:
             "/api/health": {"GET": lambda: Response.json(200, {"ok": True, "writable": bool(self.admin_token)})},
             "/dashboard": {"GET": lambda: self._dashboard(query, page=True)},
             "/api/dashboard": {"GET": lambda: self._dashboard(query, page=False)},
+            "/favicon.ico": {"GET": lambda: Response(200, "image/svg+xml", ICON_SVG.encode("utf-8"))},
         }
         route = routes.get(url.path)
         if route is None:

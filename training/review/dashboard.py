@@ -240,6 +240,8 @@ def _languages(section: dict[str, dict[str, Any]]) -> str:
 
 def render_dashboard(data: dict[str, Any]) -> str:
     """The dashboard page (pictures inlined, tables escaped)."""
+    from flywheel.training.review.page import ICON_LINK
+
     e = html.escape
     pics = charts(data)
     s, err = data["stats"], data["errors"]
@@ -260,7 +262,7 @@ def render_dashboard(data: dict[str, Any]) -> str:
     hs = _pairs(s.get("confused_human_served") or [], "served", "human")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel dashboard</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="viewport" content="width=device-width, initial-scale=1">{ICON_LINK}
 <style>body{{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
 td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}}
 .grid{{display:flex;flex-wrap:wrap;gap:1.5em}}

@@ -25,13 +25,19 @@ import html
 import json
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
-__all__ = ["CLIP_CHARS", "CLIP_LINES", "NARROW_PX", "OUT_OF_SCOPE_KEYS", "render_page"]
+__all__ = ["CLIP_CHARS", "CLIP_LINES", "ICON_LINK", "ICON_SVG", "NARROW_PX", "OUT_OF_SCOPE_KEYS", "render_page"]
 
 #: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
 CLIP_CHARS = 300
 #: the lines a clipped text shows
 CLIP_LINES = 3
+#: the pages' icon (a ring: the flywheel), served at ``/favicon.ico`` too
+ICON_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><circle cx="8" cy="8" r="5.5" '
+            'fill="none" stroke="#3366cc" stroke-width="3"/><circle cx="8" cy="8" r="1.5" fill="#3366cc"/></svg>')
+#: the ``<link>`` that declares it inline in a page's head (nothing fetched)
+ICON_LINK = f'<link rel="icon" type="image/svg+xml" href="data:image/svg+xml,{quote(ICON_SVG)}">'
 #: the keys that label a row out of scope; its button's badge shows the first (a digit, as the
 #: other buttons' badges: a small grey ``o`` beside them reads as ``0``), the help names both
 OUT_OF_SCOPE_KEYS = ("0", "o")
@@ -239,7 +245,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     data = {"items": list(items), "intents": None if labels is None else _intents(items, labels)}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel review</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="viewport" content="width=device-width, initial-scale=1">{ICON_LINK}
 <style>{_STYLE}</style></head>
 <body>
 <h1>flywheel review queue</h1>

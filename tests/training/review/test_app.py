@@ -383,3 +383,11 @@ def test_the_out_of_scope_badge_is_a_key_the_help_names(store):
     assert badges and set(badges) == {"0"}            # a digit beside the 1-9 badges (a grey o read as 0)
     assert keys[0] == "0" and "o" in keys             # the help names the badge's key, and o still works
 
+
+def test_the_pages_have_an_icon(store):
+    app = _app(store)
+    icon = app.handle("GET", "/favicon.ico", {})
+    assert icon.status == 200 and icon.content_type == "image/svg+xml" and icon.body.startswith(b"<svg")
+    for path in ("/", "/dashboard"):
+        head = app.handle("GET", path, {}).body.decode().split("</head>")[0]
+        assert re.search(r'<link rel="icon" [^>]*href="data:image/svg\+xml,', head), path
