@@ -77,8 +77,8 @@ class TrafficCount(NamedTuple):
 class LanguageCounts(NamedTuple):
     """One logged language of :meth:`NamedReads.language_breakdown` (``"none"``: rows logged
     before the column): its decisions, those the teacher decided (``llm``), at tier
-    ``confident``, degraded, with both layer 2's answer and a teacher label (``judged``) and
-    of those where the two agree."""
+    ``confident``, degraded, with both layer 2's answer and a teacher label (``judged``), of
+    those where the two agree, and those served out of scope (no label)."""
 
     language: str
     n: int
@@ -87,6 +87,7 @@ class LanguageCounts(NamedTuple):
     degraded: int
     judged: int
     agree: int
+    out_of_scope: int
 
 
 class AnchoringCount(NamedTuple):
@@ -293,7 +294,8 @@ SELECT coalesce(d.language, 'none') AS lang, count(*) AS n,
        count(*) FILTER (WHERE d.degraded IS NOT NULL) AS degraded,
        count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)) AS judged,
        count(*) FILTER (WHERE d.l2_confidence IS NOT NULL AND coalesce(l.has_teacher, false)
-                        AND d.l2_label IS NOT DISTINCT FROM l.teacher_label) AS agree
+                        AND d.l2_label IS NOT DISTINCT FROM l.teacher_label) AS agree,
+       count(*) FILTER (WHERE d.label IS NULL) AS out_of_scope
 FROM decisions d LEFT JOIN decision_labels l ON l.decision_id = d.decision_id
 GROUP BY 1 ORDER BY n DESC, lang
 """
@@ -525,7 +527,8 @@ class LogReader(Protocol):
         ...
 
     def language_breakdown(self) -> list[LanguageCounts]:
-        """Per logged language: decisions, teacher-decided, confident, degraded, layer 2 vs teacher."""
+        """Per logged language: decisions, teacher-decided, confident, degraded, layer 2 vs
+        teacher, served out of scope."""
         ...
 
     def anchoring_observations(self) -> list[AnchoringCount]:

@@ -86,9 +86,9 @@ def test_a_log_store_is_the_reader_the_offline_side_types_against(store):
 def test_languages(store):
     assert store.logged_languages() == ["en", "es"]
     assert store.language_breakdown() == [
-        LanguageCounts("en", n=3, llm=3, confident=3, degraded=0, judged=3, agree=2),
-        LanguageCounts("es", n=2, llm=1, confident=1, degraded=0, judged=0, agree=0),
-        LanguageCounts("none", n=1, llm=0, confident=0, degraded=1, judged=0, agree=0)]
+        LanguageCounts("en", n=3, llm=3, confident=3, degraded=0, judged=3, agree=2, out_of_scope=0),
+        LanguageCounts("es", n=2, llm=1, confident=1, degraded=0, judged=0, agree=0, out_of_scope=1),
+        LanguageCounts("none", n=1, llm=0, confident=0, degraded=1, judged=0, agree=0, out_of_scope=0)]
 
 
 def test_anchoring_observations_are_grouped(store):

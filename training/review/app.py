@@ -18,8 +18,11 @@ server around it, so tests call it directly; :func:`make_server` puts it behind 
                         labels (they win at the next retrain); needs
                         ``Authorization: Bearer <admin token>``
 ``GET /dashboard``      the dashboard (:mod:`training.review.dashboard`): pictures drawn on the server
-``GET /api/dashboard``  what it shows, as JSON (``window``: decisions per window, default 1000)
+``GET /api/dashboard``  what it shows, as JSON (``window``: decisions per window, default sized to the
+                        log: :func:`~training.review.dashboard.auto_window`; ``languages``: per
+                        logged language)
 ``GET /api/health``     ``{"ok": true, "writable": bool}``
+``GET /favicon.ico``    the pages' icon (an SVG; the pages also declare it inline)
 ======================  =====================================================================
 
 The labels the page offers and the API takes are those of the version served now, as the
@@ -53,7 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 from flywheel.classifier.errors import ConfigError, FlywheelError, UnknownLabelError
 from flywheel.classifier.settings.listen import check_listen, check_port
 from flywheel.logstore.errors import UnknownDecisionError
-from flywheel.training.review.page import render_page
+from flywheel.training.review.page import ICON_SVG, render_page
 from flywheel.training.review.queue import ReviewError, ReviewFilters, review_queue
 
 if TYPE_CHECKING:
@@ -137,6 +140,7 @@ class ReviewApp:
             "/api/health": {"GET": lambda: Response.json(200, {"ok": True, "writable": bool(self.admin_token)})},
             "/dashboard": {"GET": lambda: self._dashboard(query, page=True)},
             "/api/dashboard": {"GET": lambda: self._dashboard(query, page=False)},
+            "/favicon.ico": {"GET": lambda: Response(200, "image/svg+xml", ICON_SVG.encode("utf-8"))},
         }
         route = routes.get(url.path)
         if route is None:
@@ -207,10 +211,11 @@ class ReviewApp:
         unknown = sorted(set(query) - {"window"})
         if unknown:
             raise _BadRequest(400, f"unknown query parameter(s) {', '.join(unknown)} (known: window)")
-        raw = (query.get("window") or ["1000"])[-1]
-        if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        given = query.get("window")
+        raw = given[-1] if given else None
+        if raw is not None and (not raw.isdigit() or not 1 <= int(raw) <= 1_000_000):
             raise _BadRequest(400, f"window must be a whole number of decisions from 1 to 1000000, got {raw!r}")
-        data = dashboard_data(self.store, self.history(), window=int(raw))
+        data = dashboard_data(self.store, self.history(), window=None if raw is None else int(raw))
         if not page:
             return Response.json(200, data)
         return Response(200, "text/html; charset=utf-8", render_dashboard(data).encode("utf-8"))

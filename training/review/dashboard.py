@@ -19,8 +19,16 @@ most confused intent pairs (layer 2 against the teacher, served against humans),
 shadow version's answers by direction (permissive, abstaining, flips), the teacher-noise
 estimate (and, when the teacher is above the retrain's default ``--max-teacher-noise``, that
 the next retrain drops its labels), and errors by direction (confident answers people corrected; teacher calls
-whose answer layer 2 already had). The log records no language per decision, so there
-are no per-language slices yet; the page says so.
+whose answer layer 2 already had). Languages: the
+log's decisions per logged language (:func:`training.stats.language.language_section`, what
+``flywheel stats`` prints per language: share, LLM share, out-of-scope share, layer 2 against
+the teacher), under ``languages`` in the data too; a sentence instead while every decision
+was logged before the language column (``none``).
+
+Windows: unless a ``window`` is given, :func:`auto_window` sizes them to the log, about
+:data:`POINTS` points (at least :data:`MIN_WINDOW` decisions, rounded to 1, 2, 2.5 or 5 times a
+power of ten), so a small log is several points, not one; the charts' axis says how many
+decisions a point is.
 """
 
 from __future__ import annotations
@@ -28,16 +36,34 @@ from __future__ import annotations
 import html
 import io
 import json
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flywheel.logstore.reads import LogReader
 
-__all__ = ["MIN_POINT", "charts", "dashboard_data", "figures", "render_dashboard", "retrain_history"]
+__all__ = ["MIN_POINT", "MIN_WINDOW", "POINTS", "auto_window", "charts", "dashboard_data", "figures",
+           "render_dashboard", "retrain_history"]
 
 #: the fewest labelled decisions a window needs for an accuracy point (fewer: no point drawn)
 MIN_POINT = 5
+#: about how many windows :func:`auto_window` cuts the log into
+POINTS = 20
+#: the fewest decisions :func:`auto_window` puts in a window
+MIN_WINDOW = 50
+
+
+def auto_window(n: int) -> int:
+    """Decisions per window for a log of ``n``: about :data:`POINTS` windows, at least
+    :data:`MIN_WINDOW` decisions each, rounded up to 1, 2, 2.5 or 5 times a power of ten.
+
+    >>> [auto_window(n) for n in (0, 300, 1_500, 20_000, 1_000_000)]
+    [50, 50, 100, 1000, 50000]
+    """
+    want = max(MIN_WINDOW, math.ceil(n / POINTS))
+    scale = 10 ** (len(str(want)) - 1)
+    return next(int(m * scale) for m in (1, 2, 2.5, 5, 10) if m * scale >= want)
 
 
 def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -54,14 +80,17 @@ def retrain_history(reports: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[
     return sorted(out, key=lambda h: (h["created_at"] or "", h["version"]))
 
 
-def dashboard_data(store: LogReader, history: list[dict[str, Any]], *, window: int = 1000) -> dict[str, Any]:
-    """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`);
+def dashboard_data(store: LogReader, history: list[dict[str, Any]], *, window: int | None = None) -> dict[str, Any]:
+    """What the dashboard shows (see the module docs; ``history``: :func:`retrain_history`;
+    ``window``: decisions per window, ``None``: :func:`auto_window` of the log's size);
     JSON-ready."""
     from flywheel.training.stats.traffic import convergence
 
+    if window is None:
+        window = auto_window(sum(r.n for r in store.language_breakdown()))
     stats = convergence(store, window=window, top=8)
     e = store.error_directions()
-    return {"stats": stats, "history": history,
+    return {"stats": stats, "history": history, "languages": stats.get("by_language") or {},
             "errors": {"teacher_calls": e.teacher_calls, "teacher_calls_layer2_had": e.teacher_calls_layer2_had,
                        "confident_layer2": e.confident_layer2,
                        "confident_layer2_corrected": e.confident_layer2_corrected}}
@@ -94,6 +123,12 @@ def _axes(xlabel: str, ylabel: str, n: int) -> tuple[Any, Any]:
     return fig, ax
 
 
+def _per_window(stats: dict[str, Any]) -> str:
+    """The windowed charts' x label: what one point is ("per 50 decisions", "per day")."""
+    w = stats.get("window")
+    return f"window, oldest first (per {w:,} decisions)" if isinstance(w, int) else f"window (per {w})"
+
+
 def figures(data: dict[str, Any]) -> dict[str, Any]:
     """The dashboard's charts as matplotlib figures by name, or, where there is nothing to
     draw yet, the sentence that says so (a ``str``) instead of an empty chart. Counts
@@ -109,7 +144,7 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
     if not windows:
         out["llm_share"] = "No decisions logged yet: the LLM share is drawn per window once there are some."
     else:
-        fig, ax = _axes(f"window ({data['stats'].get('window')} decisions)", "share of decisions", len(x))
+        fig, ax = _axes(_per_window(data["stats"]), "share of decisions", len(x))
         ax.plot(x, [100 * w["llm_share"] for w in windows], marker="o", label="LLM share", clip_on=False)
         ax.plot(x, [100 * w["degraded_share"] for w in windows], marker="s", label="degraded share",
                 clip_on=False)
@@ -124,7 +159,7 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
         out["accuracy"] = (f"No window has {MIN_POINT} or more audits or human labels yet: accuracy against "
                            "labels is drawn once one has.")
     else:
-        fig, ax = _axes("window", "agreeing", len(x))
+        fig, ax = _axes(_per_window(data["stats"]), "agreeing", len(x))
         if agree:
             ax.plot(*zip(*agree), marker="o", label="layer 2 vs teacher (audits)", clip_on=False)
         if human:
@@ -169,12 +204,44 @@ def _history_row(h: dict[str, Any]) -> str:
     e = html.escape
     acc = h.get("challenger_accuracy")
     shown = "" if acc is None else f"{100 * acc:.1f}%"
-    return (f"<tr><td>{e(str(h['version']))}</td><td>{e(str(h['outcome']))}</td><td>{shown}</td>"
+    version = e(str(h["version"]))
+    return (f'<tr><td class="version" title="{version}">{version}</td><td>{e(str(h["outcome"]))}</td>'
+            f"<td>{shown}</td>"
             f"<td>{e(str(h.get('reason') or ''))}</td></tr>")
+
+
+def _window_line(stats: dict[str, Any]) -> str:
+    w = stats.get("window")
+    per = f"{w:,} decisions" if isinstance(w, int) else str(w)
+    return f"one point per {per} ({int(stats.get('n_windows') or 0):,} windows; ?window=N sets another size)"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _judged(s: dict[str, Any]) -> str:
+    return "none judged yet" if not s["l2_judged"] else f"{_pct(s['l2_agreement'])} of {s['l2_judged']:,}"
+
+
+def _languages(section: dict[str, dict[str, Any]]) -> str:
+    """The Languages table (:func:`training.stats.language.language_section`), or the sentence
+    that there is none while no decision has a logged language (``none``: before the column)."""
+    e = html.escape
+    if not set(section) - {"none"}:
+        return "<p>The log records no language per decision yet, so there are no per-language slices.</p>"
+    body = "".join(
+        f"<tr><td>{e(lang if lang != 'none' else 'none (logged before languages)')}</td><td>{s['n']:,}</td>"
+        f"<td>{_pct(s['share'])}</td><td>{_pct(s['llm_share'])}</td><td>{_pct(s.get('out_of_scope_share'))}</td>"
+        f"<td>{_judged(s)}</td></tr>" for lang, s in section.items())
+    return ('<table class="languages"><tr><th>language</th><th>decisions</th><th>share</th><th>LLM share</th>'
+            f"<th>out of scope</th><th>layer 2 agrees with the teacher</th></tr>{body}</table>")
 
 
 def render_dashboard(data: dict[str, Any]) -> str:
     """The dashboard page (pictures inlined, tables escaped)."""
+    from flywheel.training.review.page import ICON_LINK
+
     e = html.escape
     pics = charts(data)
     s, err = data["stats"], data["errors"]
@@ -195,12 +262,15 @@ def render_dashboard(data: dict[str, Any]) -> str:
     hs = _pairs(s.get("confused_human_served") or [], "served", "human")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel dashboard</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">{ICON_LINK}
 <style>body{{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
-td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left}} .grid{{display:flex;flex-wrap:wrap;gap:1.5em}}
-svg{{max-width:100%;height:auto}} .empty{{color:#666;max-width:34em}}</style></head>
+td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}}
+.grid{{display:flex;flex-wrap:wrap;gap:1.5em}}
+svg{{max-width:100%;height:auto}} .empty{{color:#666;max-width:34em}}
+td.version{{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:16em}}</style></head>
 <body><h1>flywheel dashboard</h1>
 <p><a href="/">review queue</a> &middot; {int(s.get('total') or 0):,} decisions logged,
-LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall</p>
+LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall; {e(_window_line(s))}</p>
 <div class="grid">
 <section><h2>LLM and degraded share</h2>{pics['llm_share']}</section>
 <section><h2>Accuracy against labels</h2>{pics['accuracy']}</section>
@@ -215,7 +285,7 @@ LLM share {100 * float(s.get('llm_share') or 0):.1f}% overall</p>
 </table>
 <h2>Teacher noise</h2><p>{e(noise_line)}</p>{guard_line}
 <h2>Shadow version</h2><p>{shadow_line}</p>
-<h2>Languages</h2><p>The log records no language per decision yet, so there are no per-language slices.</p>
+<h2>Languages</h2>{_languages(data.get("languages") or {})}
 </section></div>
 <h2>Retrain history (newest first)</h2>
 <table><tr><th>version</th><th>outcome</th><th>challenger</th><th>why</th></tr>{hist_rows}</table>

@@ -7,14 +7,16 @@ Every logged text is user input: it reaches the page only through :func:`html.es
 logged ``<script>`` shows as text and never runs.
 
 Each row offers its likely intents as buttons (``1``-``9``, as ``flywheel review``),
-``o`` out of scope, and a box that takes any intent of the served set (type to filter,
-Enter to label; ``/`` jumps to it), so the right label is there when neither model had
-it. A row that merges several decisions with the same text says how many (``×N``); its
+``0`` (or ``o``, as ``flywheel review``) out of scope, and a box that takes any intent of
+the served set (type to filter, Enter to label; ``/`` jumps to it), so the right label is
+there when neither model had it. A row that merges several decisions with the same text says how many (``×N``); its
 label is sent for every one of them. Long texts are clipped to a few lines with a
 ``more`` control (``f`` on the keyboard, as in ``flywheel review``). ``s`` or ``j`` next item, ``k`` previous.
 Labels are sent to ``POST /api/labels`` with the admin token typed into the page (kept for
 the tab only). A language select (the logged languages) reloads the page with
-``?language=``; each row shows its query's language under the layer.
+``?language=``; each row shows its query's language under the layer. In a window
+:data:`NARROW_PX` wide or narrower each row is a card (its cells stacked, each named, the
+label buttons under the text), so no row needs a sideways scroll.
 """
 
 from __future__ import annotations
@@ -23,15 +25,26 @@ import html
 import json
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
-__all__ = ["CLIP_CHARS", "CLIP_LINES", "render_page"]
+__all__ = ["CLIP_CHARS", "CLIP_LINES", "ICON_LINK", "ICON_SVG", "NARROW_PX", "OUT_OF_SCOPE_KEYS", "render_page"]
 
 #: a text longer than this (or with more lines than :data:`CLIP_LINES`) is clipped, with a "more" control
 CLIP_CHARS = 300
 #: the lines a clipped text shows
 CLIP_LINES = 3
+#: the pages' icon (a ring: the flywheel), served at ``/favicon.ico`` too
+ICON_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><circle cx="8" cy="8" r="5.5" '
+            'fill="none" stroke="#3366cc" stroke-width="3"/><circle cx="8" cy="8" r="1.5" fill="#3366cc"/></svg>')
+#: the ``<link>`` that declares it inline in a page's head (nothing fetched)
+ICON_LINK = f'<link rel="icon" type="image/svg+xml" href="data:image/svg+xml,{quote(ICON_SVG)}">'
+#: the keys that label a row out of scope; its button's badge shows the first (a digit, as the
+#: other buttons' badges: a small grey ``o`` beside them reads as ``0``), the help names both
+OUT_OF_SCOPE_KEYS = ("0", "o")
+#: at this window width (CSS px) or narrower each row is a card: its cells stacked, the label buttons under the text
+NARROW_PX = 900
 
-_STYLE = """
+_STYLE = ("""
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em} table{border-collapse:collapse;width:100%;min-width:80em;table-layout:fixed}
 td,th{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top}
@@ -46,10 +59,20 @@ tr.current{background:#fff5cc} tr.done{opacity:.45}
        font-size:.85em;font-family:system-ui,sans-serif}
 .choice{margin:0 .3em .3em 0;padding:.1em .45em} .choice kbd{color:#666;margin-right:.25em}
 .other input{width:13em} .why{color:#666} td{overflow-wrap:anywhere} #status{margin:.5em 0;min-height:1.2em}
+@media (max-width:@NARROWpx){
+  body{margin:1em} table{min-width:0} thead{display:none}
+  table,tbody,tr.item,tr.item>td{display:block}
+  tr.item{border:1px solid #ddd;border-radius:.4em;margin:0 0 .8em;padding:.3em 0}
+  tr.item>td{border:0;padding:.15em .6em} tr.item>td:empty{display:none}
+  tr.item>td[data-th]::before{content:attr(data-th) ": ";color:#666;font-size:.85em}
+  td.n{float:right;color:#666}
+}
 """.replace("@LINES", str(CLIP_LINES)).replace("@HEIGHT", f"{CLIP_LINES * 1.4:.1f}")
+          .replace("@NARROW", str(NARROW_PX)))
 
 _SCRIPT = """
 (function(){
+  const OUT_OF_SCOPE_KEYS = @OOS_KEYS;
   const data = JSON.parse(document.getElementById('items').textContent);
   const items = data.items, intents = data.intents;
   const rows = Array.from(document.querySelectorAll('tr.item'));
@@ -129,7 +152,7 @@ _SCRIPT = """
     if (e.key >= '1' && e.key <= '9') {
       const c = item.choices[Number(e.key) - 1];
       if (c !== undefined) label(at, c);
-    } else if (e.key === 'o') { label(at, 'OUT_OF_SCOPE'); }
+    } else if (OUT_OF_SCOPE_KEYS.includes(e.key)) { label(at, 'OUT_OF_SCOPE'); }
     else if (e.key === '/') { e.preventDefault(); rows[at].querySelector('form.other input').focus(); }
     else if (e.key === 'f') { toggle(at); }
     else if (e.key === 's' || e.key === 'j') { focus(at + 1, true); }
@@ -137,7 +160,7 @@ _SCRIPT = """
   });
   focus(0, false);     // no scroll on load: the page opens at its title and token box
 })();
-"""
+""".replace("@OOS_KEYS", json.dumps(list(OUT_OF_SCOPE_KEYS)))
 
 
 def _json_for_script(value: Any) -> str:
@@ -167,7 +190,8 @@ def _row(i: int, item: dict[str, Any]) -> str:
     e = html.escape
     choices = "".join(f'<button type="button" class="choice" data-label="{e(c)}"><kbd>{n}</kbd>{e(c)}</button>'
                       for n, c in enumerate(item["choices"][:9], 1))
-    oos = '<button type="button" class="choice" data-label="OUT_OF_SCOPE"><kbd>o</kbd>OUT_OF_SCOPE</button>'
+    oos = (f'<button type="button" class="choice" data-label="OUT_OF_SCOPE"><kbd>{OUT_OF_SCOPE_KEYS[0]}</kbd>'
+           'OUT_OF_SCOPE</button>')
     other = ('<form class="other"><input list="intents" placeholder="any intent (/)" aria-label="any intent"'
              ' autocomplete="off"> <button type="submit">label</button></form>')
     conf = "" if item.get("confidence") is None else f" ({item['confidence']:.2f})"
@@ -177,10 +201,13 @@ def _row(i: int, item: dict[str, Any]) -> str:
     said = item.get("l2_label") if item.get("l2_answered") else None
     l2 = "" if said is None or said == str(item["label"]) else \
         f'<br><span class="why">layer 2: {e(said)}</span>'
-    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td>{i + 1}</td>{_text(item)}'
-            f'<td>{e(str(item["label"]))}{e(conf)}<br><span class="why">{e(item["layer"] + lang)}</span>{l2}</td>'
-            f'<td>{e(_teacher(item))}</td><td class="why">{e(", ".join(item["reasons"]))}</td>'
-            f'<td>{choices}{oos}{other}</td><td class="outcome"></td></tr>')
+    # data-th: the column's name, shown before the cell when the rows are stacked (narrow windows)
+    return (f'<tr class="item" data-id="{e(item["decision_id"])}"><td class="n">{i + 1}</td>{_text(item)}'
+            f'<td data-th="served">{e(str(item["label"]))}{e(conf)}<br><span class="why">'
+            f'{e(item["layer"] + lang)}</span>{l2}</td>'
+            f'<td data-th="teacher">{e(_teacher(item))}</td>'
+            f'<td class="why" data-th="why">{e(", ".join(item["reasons"]))}</td>'
+            f'<td class="label">{choices}{oos}{other}</td><td class="outcome" data-th="labelled"></td></tr>')
 
 
 def _intents(items: Sequence[dict[str, Any]], labels: Sequence[str] | None) -> list[str]:
@@ -208,7 +235,8 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     the select's choices, ``language`` the one the queue is filtered by (``None``: any)."""
     rows = "\n".join(_row(i, it) for i, it in enumerate(items)) or \
         '<tr><td colspan="7">The review queue is empty.</td></tr>'
-    note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, o out of scope, "
+    note = ("Type the admin token, then label the highlighted row: 1-9 pick a likely intent, "
+            f"{' or '.join(OUT_OF_SCOPE_KEYS)} out of scope, "
             "/ type any other intent (Enter labels), f show a long text whole, s or j next, k previous. "
             "A row marked \u00d7N stands for N decisions with the same text; its label answers all of them."
             ) if writable else "Read-only: start flywheel ui with --admin-token to label here."
@@ -217,6 +245,7 @@ def render_page(items: Sequence[dict[str, Any]], *, writable: bool, labels: Sequ
     data = {"items": list(items), "intents": None if labels is None else _intents(items, labels)}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>flywheel review</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">{ICON_LINK}
 <style>{_STYLE}</style></head>
 <body>
 <h1>flywheel review queue</h1>

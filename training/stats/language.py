@@ -5,9 +5,10 @@ declared ``languages`` or ``unknown``; ``none`` for rows logged before the colum
 the whole log like the totals of :func:`training.stats.traffic.convergence`, read by its
 own statement (:meth:`~logstore.reads.NamedReads.language_breakdown`): ``n`` and ``share``
 of the decisions, ``llm_share`` (the teacher decided), ``confident_share``,
-``degraded_share``, and layer 2 against the teacher: ``l2_judged`` decisions with both
-layer 2's answer and a teacher label (the ``decision_labels`` view), ``l2_agreement`` the
-share of those where they agree (``None`` when none is judged).
+``degraded_share``, ``out_of_scope_share`` (served out of scope), and layer 2 against the
+teacher: ``l2_judged`` decisions with both layer 2's answer and a teacher label (the
+``decision_labels`` view), ``l2_agreement`` the share of those where they agree (``None``
+when none is judged). The dashboard (:mod:`training.review.dashboard`) shows the same section.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ def _share(k: int, n: int) -> float:
 
 
 def language_section(store: "LogReader") -> dict[str, dict[str, Any]]:
-    """``{language: {n, share, llm_share, confident_share, degraded_share, l2_judged,
-    l2_agreement}}``, largest first."""
+    """``{language: {n, share, llm_share, confident_share, degraded_share, out_of_scope_share,
+    l2_judged, l2_agreement}}``, largest first."""
     rows = store.language_breakdown()
     total = sum(r.n for r in rows)
     return {str(lang): {"n": int(n), "share": _share(n, total), "llm_share": _share(llm, n),
                         "confident_share": _share(conf, n), "degraded_share": _share(deg, n),
+                        "out_of_scope_share": _share(oos, n),
                         "l2_judged": int(judged), "l2_agreement": round(agree / judged, 6) if judged else None}
-            for lang, n, llm, conf, deg, judged, agree in rows}
+            for lang, n, llm, conf, deg, judged, agree, oos in rows}
 
 
 def format_languages(section: dict[str, dict[str, Any]]) -> list[list[str]]:

@@ -371,3 +371,23 @@ def test_the_served_column_shows_layer_2s_own_answer_where_it_differs(tmp_path):
     by_id = {it["decision_id"]: row for it, row in zip(_script_data(page)["items"], parsed.rows)}
     assert "layer 2: OUT_OF_SCOPE" in by_id[differs][2]
     assert "layer 2" not in by_id[agrees][2]
+
+
+# ---------------------------------------------------------------- issue 44: a new user's first hour
+
+
+def test_the_out_of_scope_badge_is_a_key_the_help_names(store):
+    page, _ = _page(_app(store))
+    badges = re.findall(r'data-label="OUT_OF_SCOPE"><kbd>([^<]*)</kbd>', page)
+    keys = re.search(r"1-9 pick a likely intent, (.+?) out of scope", page).group(1).split(" or ")
+    assert badges and set(badges) == {"0"}            # a digit beside the 1-9 badges (a grey o read as 0)
+    assert keys[0] == "0" and "o" in keys             # the help names the badge's key, and o still works
+
+
+def test_the_pages_have_an_icon(store):
+    app = _app(store)
+    icon = app.handle("GET", "/favicon.ico", {})
+    assert icon.status == 200 and icon.content_type == "image/svg+xml" and icon.body.startswith(b"<svg")
+    for path in ("/", "/dashboard"):
+        head = app.handle("GET", path, {}).body.decode().split("</head>")[0]
+        assert re.search(r'<link rel="icon" [^>]*href="data:image/svg\+xml,', head), path

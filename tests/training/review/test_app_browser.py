@@ -230,3 +230,98 @@ def test_long_rows_are_clipped_and_the_page_opens_at_its_title(browser, tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---------------------------------------------------------------- issue 44: a new user's first hour
+
+#: the widths the walk looked at: a laptop, a narrow window, a small tablet
+WIDTHS = (1280, 800, 600)
+
+
+def _fits(browser) -> list:
+    """``[scrollWidth, innerWidth]``: the page needs no sideways scroll when the first is not larger."""
+    return browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+
+
+def _right_edges(browser, el) -> list:
+    """The right edge of every label control of row ``el`` (its buttons and the any-intent box)."""
+    return browser.execute_script("return Array.from(arguments[0].querySelectorAll('button.choice, form.other *'))"
+                                  ".map(b => b.getBoundingClientRect().right)", el)
+
+
+def test_the_label_buttons_are_on_screen_at_every_width(browser, tmp_path):
+    """At 800 and 600 px the table's rows become stacked cards (the label buttons under the
+    text); at 1280 px it stays a table; at none is a sideways scroll needed. The out-of-scope
+    badge's key (``0``) labels the row out of scope."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    write(store, [review_record(str(i) * 32, f"question {i}: where do I see my invoices or my plan's quota",
+                                "RETRIEVAL", teacher=teacher_call(None, False, candidates=("RETRIEVAL", "PLATFORM")),
+                                age_days=i) for i in range(1, 4)])
+    server, base = _serve(store, ("RETRIEVAL", "PLATFORM", "CODE_GENERATION", "CONVERSATIONAL"))
+    try:
+        browser.get(base + "/")
+        for width in WIDTHS:
+            browser.set_window_size(width, 900)
+            _shot(browser, tmp_path, f"review-page-{width}.png")
+            inner = browser.execute_script("return window.innerWidth")
+            assert inner <= width, inner
+            scroll, inner = _fits(browser)
+            assert scroll <= inner, (width, scroll, inner)
+            first = browser.find_element(By.CSS_SELECTOR, "tr.item")
+            edges = _right_edges(browser, first)
+            assert len(edges) >= 4 and max(edges) <= inner, (width, edges, inner)
+            stacked = browser.execute_script("return getComputedStyle(arguments[0]).display", first)
+            assert (stacked == "table-row") == (width > 900), (width, stacked)
+        # the out-of-scope button's badge is the key that labels out of scope
+        badge = first.find_element(By.CSS_SELECTOR, 'button.choice[data-label="OUT_OF_SCOPE"] kbd').text
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.TAG_NAME, "h1").click()
+        ActionChains(browser).send_keys(badge).perform()
+        assert _wait(lambda: "done" in first.get_attribute("class")), browser.find_element(By.ID, "status").text
+        assert badge == "0" and _human(store, {"1" * 32}) == {"1" * 32: None}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_dashboard_fits_and_keeps_version_names_on_one_line(browser, tmp_path):
+    """The dashboard with languages and a retrain history at 1280, 800 and 600 px: no sideways
+    scroll, each retrain's version name on one line."""
+    from selenium.webdriver.common.by import By
+
+    from flywheel.logstore import LogStore
+
+    store = LogStore(tmp_path / "log.duckdb")
+    write(store, [review_record(f"{i:032x}", f"query {i}", "RETRIEVAL", language="en" if i % 3 else "de",
+                                age_days=i / 100) for i in range(120)])
+    history = [{"version": f"v2026112{i}-104901-12345{i}", "created_at": f"2026-11-2{i}T10:49:01Z",
+                "outcome": "promoted" if i % 2 else "kept", "reason": "the challenger beats the champion "
+                "on the gate's held-out set by more than the margin", "challenger_accuracy": 0.8 + i / 100,
+                "champion_accuracy": 0.8, "champion_version": None, "n": 100} for i in range(4)]
+    server = make_server(ReviewApp(store, HumanLabels(store, lambda: ("RETRIEVAL",)), history=lambda: history),
+                         "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_address[1]}/dashboard")
+        assert "de" in [c.text for c in browser.find_elements(By.CSS_SELECTOR, "table.languages td")]
+        for width in WIDTHS:
+            browser.set_window_size(width, 900)
+            browser.execute_script("window.scrollTo(0, 0)")
+            _shot(browser, tmp_path, f"dashboard-{width}.png")
+            browser.execute_script("document.querySelector('table.languages').scrollIntoView()")
+            _shot(browser, tmp_path, f"dashboard-{width}-tables.png")
+            scroll, inner = _fits(browser)
+            assert scroll <= inner, (width, scroll, inner)
+            lines = browser.execute_script(
+                "return Array.from(document.querySelectorAll('td.version')).map(td => {"
+                "const r = document.createRange(); r.selectNodeContents(td);"
+                "return new Set(Array.from(r.getClientRects()).map(x => Math.round(x.top))).size; })")
+            assert lines == [1] * len(history), (width, lines)
+    finally:
+        server.shutdown()
+        server.server_close()

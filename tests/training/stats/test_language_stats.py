@@ -33,6 +33,7 @@ def test_stats_per_language(tmp_path):
     es = by["es"]
     assert (es["n"], es["share"], es["llm_share"], es["degraded_share"]) == (3, 0.5, round(2 / 3, 6),
                                                                              round(1 / 3, 6))
+    assert es["out_of_scope_share"] == round(1 / 3, 6) and by["en"]["out_of_scope_share"] == 0.0   # es3
     assert (es["l2_judged"], es["l2_agreement"]) == (2, 0.5)    # es1: layer 2 said RETRIEVAL, teacher PLATFORM
     assert (by["en"]["n"], by["en"]["llm_share"], by["en"]["l2_judged"], by["en"]["l2_agreement"]) == (
         2, 0.0, 0, None)
