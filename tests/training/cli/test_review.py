@@ -111,6 +111,31 @@ def test_show_prints_text_as_text():
     assert "1) PLATFORM  2) RETRIEVAL  o) OUT_OF_SCOPE" in out and "teacher: PLATFORM, OUT_OF_SCOPE" in out
 
 
+SERVED = ("RETRIEVAL", "PLATFORM", "CODE_GENERATION", "CONVERSATIONAL", "BILLING_DISPUTE_ESCALATION",
+          "ACCOUNT_RECOVERY", "OUT_OF_OFFICE_HOURS", "DATA_EXPORT", "TEAM_MANAGEMENT", "SSO_SETUP")
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_walk_fits_the_terminal_and_never_splits_a_name_or_a_key_hint(logged, width):
+    from flywheel.training.cli.review import KEY_HINTS
+
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="xq",
+                             env={"COLUMNS": str(width)})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert all(len(line) <= width for line in lines if not line.startswith("[")), res.output   # the text aside
+    for hint in KEY_HINTS:      # the header and the unknown key's answer: every hint whole on one line
+        assert sum(hint in line for line in lines) == 2, (hint, res.output)
+    assert any("o) OUT_OF_SCOPE" in line for line in lines) and any("/) find any intent" in line for line in lines)
+    # many long intent names: each numbered choice whole on one line
+    item = review_queue(LogStore(logged), now=NOW, labels=SERVED)[0]
+    out = show(item, 0, 1, SERVED, width=width).splitlines()
+    assert all(len(line) <= width for line in out[1:]), out
+    for n, name in enumerate([*item.choices, *(s for s in SERVED if s not in item.choices)][:9], 1):
+        assert any(f"{n}) {name}" in line for line in out), (name, out)
+    assert any("o) OUT_OF_SCOPE" in line for line in out) and any("/) find any intent" in line for line in out)
+
+
 def test_label_studio_round_trip(logged, tmp_path, capsys):
     from flywheel.cli import main
 
@@ -176,7 +201,8 @@ def test_an_intent_outside_the_items_choices_reaches_the_log_from_the_terminal(l
     items = review_queue(LogStore(logged), now=NOW, labels=("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL",
                                                             "PLATFORM"))
     assert items[0].decision_id == IDS[0] and "CONVERSATIONAL" not in items[0].choices
-    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="/conv\n/quo\x7f\x7f\x7fret\nq")
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="/conv\n/quo\x7f\x7f\x7fret\nq",
+                             env={"COLUMNS": "200"})     # a wide terminal: the choices on one line
     assert res.exit_code == 0, res.output
     assert "find 'conv': CONVERSATIONAL; Enter picks CONVERSATIONAL" in res.output
     assert _human(logged) == {IDS[0]: "CONVERSATIONAL", IDS[1]: "RETRIEVAL"}
