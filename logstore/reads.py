@@ -137,7 +137,8 @@ class ReviewCandidate(NamedTuple):
     ``candidates`` the latest unsure teacher answer's set that no valid answer followed
     (``None``: there is none), ``shadow_label`` the latest shadow answer (any version),
     ``human_label`` the latest human label (``has_human``), ``alternatives`` the labels of
-    the logged alternatives, ``created_at`` unix seconds."""
+    the logged alternatives, ``created_at`` unix seconds, ``l2_confidence`` layer 2's
+    confidence in ``l2`` (``None`` when layer 2 did not answer)."""
 
     decision_id: str
     created_at: float
@@ -159,6 +160,7 @@ class ReviewCandidate(NamedTuple):
     alternatives: list[str | None]
     l2_answered: bool
     language: str | None
+    l2_confidence: float | None = None
 
 
 class LabelCoverage(NamedTuple):
@@ -379,7 +381,8 @@ SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier
        sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
        [a.label FOR a IN coalesce(d.alternatives, [])],
        d.l2_confidence IS NOT NULL OR d.layer = 'embedding',  -- layer 2 answered (not rules, declared)
-       d.language
+       d.language,
+       CASE WHEN d.l2_confidence IS NOT NULL THEN d.l2_confidence WHEN d.layer = 'embedding' THEN d.confidence END
 FROM d
 LEFT JOIN decision_labels dl USING (decision_id)
 LEFT JOIN sh USING (decision_id)

@@ -245,6 +245,9 @@ def show(item: ReviewItem, index: int, total: int, labels: Sequence[str] | None 
         lines.append(f"  {item.count} decisions with this text: one label answers them all")
     lines.append(fit(f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}",
                      width))
+    if item.l2_answered and item.l2_label != item.label:   # what teacher_vs_l2 compares, as the page shows it
+        l2_conf = "" if item.l2_confidence is None else f" ({item.l2_confidence:.2f})"
+        lines.append(fit(f"  layer 2: {label_name(item.l2_label)}{l2_conf}", width))
     if item.teacher_answered or item.candidates:
         said = ", ".join(label_name(c) for c in item.candidates) if item.candidates \
             else label_name(item.teacher_label)

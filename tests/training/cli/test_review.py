@@ -111,6 +111,25 @@ def test_show_prints_text_as_text():
     assert "1) PLATFORM  2) RETRIEVAL  o) OUT_OF_SCOPE" in out and "teacher: PLATFORM, OUT_OF_SCOPE" in out
 
 
+def test_the_walk_shows_layer_2s_own_answer_where_it_differs_from_the_served_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "log.duckdb"
+    write(LogStore(path), [
+        review_record(IDS[0], "show my quota", "PLATFORM", l2="RETRIEVAL", teacher=teacher_call("PLATFORM")),
+        review_record(IDS[1], "tell me a joke", "PLATFORM", l2=None, teacher=teacher_call("PLATFORM"), age_days=1),
+        review_record(IDS[2], "my plan", "PLATFORM", l2="PLATFORM", teacher=teacher_call("CODE_GENERATION"),
+                      age_days=2),
+    ])
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(path)], input="sssq")
+    assert res.exit_code == 0, res.output
+    items = res.output.split("[")[1:]
+    assert "layer 2: RETRIEVAL (0.50)" in items[0] and "teacher: PLATFORM" in items[0]
+    assert "layer 2: OUT_OF_SCOPE (0.50)" in items[1]
+    assert "layer 2:" not in items[2]            # the same as the served answer: said once
+    doc = json.loads(CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(path)]).output)
+    assert [it["l2_confidence"] for it in doc["items"]] == [0.5, 0.5, 0.5]
+
+
 SERVED = ("RETRIEVAL", "PLATFORM", "CODE_GENERATION", "CONVERSATIONAL", "BILLING_DISPUTE_ESCALATION",
           "ACCOUNT_RECOVERY", "OUT_OF_OFFICE_HOURS", "DATA_EXPORT", "TEAM_MANAGEMENT", "SSO_SETUP")
 
