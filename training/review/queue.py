@@ -12,14 +12,17 @@ first. A decision is in the queue for one or more *reasons*
 ``teacher_vs_l2``   layer 3 answered something else than layer 2's top intent
 ``audit_vs_l2``     a background audit disagreed with layer 2's confident answer
 ``shadow_vs_l2``    the shadow version answered something else than the champion
-``degraded``        the answer did not get the layer it needed (the teacher was down, ...)
-``pending``         it still waits for the teacher
+``degraded``        the answer did not get the layer it needed (the teacher was down, ...), and
+                    no back-filled teacher answer agreeing with layer 2 and the served one
+                    settled it since
+``pending``         it still waits for the teacher (no back-filled answer, not resolved)
 ``corrected``       a person already corrected it (``flywheel feedback``): a second look
 ==================  ========================================================================
 
 Decisions with a human label are left out, except for ``corrected`` (which is shown only
-when asked for with ``reasons=("corrected",)``), and so are decisions whose text
-retention erased.
+when asked for with ``reasons=("corrected",)``), and so are decisions whose text a person
+already labelled on another decision (the same text after stripping blanks: a newer
+decision repeating it is not asked about again) and decisions whose text retention erased.
 
 **What a label is worth** (:attr:`ReviewItem.worth`), the product of:
 
