@@ -309,10 +309,17 @@ def review_command(
         _export_label_studio(export_ls, items, served)
         return
     if as_json:
-        echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
+        echo_json({"items": [it.to_dict() for it in items], "n": len(items), "intents": intents(items, served)})
         return
     check_terminal()
     walk(Reviewer(items, lambda did, label: writer.record(did, label, author=author), served))
+
+
+def intents(items: Sequence[ReviewItem], labels: Sequence[str] | None) -> list[str]:
+    """Every label a reviewer may give, once for the whole queue (``--json``'s ``intents``): the
+    served set in its order (``None``, unknown: every item's choices), then ``OUT_OF_SCOPE``."""
+    names = list(labels) if labels is not None else [c for it in items for c in all_choices(it, None)]
+    return [n for n in dict.fromkeys(names) if n != OUT_OF_SCOPE] + [OUT_OF_SCOPE]
 
 
 def check_terminal() -> None:

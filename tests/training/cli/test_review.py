@@ -44,6 +44,21 @@ def test_review_json_lists_the_queue(logged):
     assert doc["items"][0]["reasons"] == ["unsure"] and doc["items"][0]["choices"][:2] == ["RETRIEVAL", "PLATFORM"]
 
 
+def test_review_json_lists_every_intent_a_label_may_be_once(logged, tmp_path):
+    from flywheel.training.cli.review import intents
+
+    res = CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(logged)])
+    doc = json.loads(res.output)
+    # the starter intents are served: all of them, CONVERSATIONAL too though no item offers it, then out of scope
+    assert doc["intents"] == ["RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM", "OUT_OF_SCOPE"]
+    assert not any("CONVERSATIONAL" in it["choices"] for it in doc["items"])
+    assert set(doc) == {"items", "n", "intents"} and "choices" in doc["items"][0]
+    items = review_queue(LogStore(logged), now=NOW)
+    served = ("BOOK", "PLATFORM", "HOURS", "RETRIEVAL", "CODE_GENERATION")
+    assert intents(items, served) == [*served, "OUT_OF_SCOPE"]       # the served set whole, the items' or not
+    assert intents(items, None) == ["RETRIEVAL", "PLATFORM", "CODE_GENERATION", "OUT_OF_SCOPE"]   # unknown: choices
+
+
 def test_keystrokes_label_skip_and_undo(logged):
     # item 1: pick 2 (PLATFORM); item 2: out of scope, then undo it and skip; item 3: pick 1
     res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged), "--author", "ana"], input="2ous1q")
