@@ -111,10 +111,23 @@ class TeacherError(FlywheelError):
         super().__init__(f"{kind}: {message}")
 
     def reason(self) -> str:
-        """The words a degraded decision's reason gets: ``llm unavailable: <kind>: <detail>``,
-        the kind left out where it would say ``unavailable`` twice."""
-        said = self.detail if self.kind == "unavailable" else f"{self.kind}: {self.detail}"
-        return f"llm unavailable: {said}" if said else "llm unavailable"
+        """The words a degraded decision's reason gets, by what went wrong
+        (:data:`TEACHER_FAILURE_WORDS`): ``llm unavailable: <detail>`` when it could not be
+        reached, ``llm unavailable (timeout): <detail>`` (and ``circuit_open``) when it did
+        not answer in time or is held off, ``llm not asked (budget): ...`` when the call
+        budget is spent, ``llm answer unusable (malformed): ...`` (and ``unknown_label``) when
+        it answered something that is no label, ``llm failed (error): ...`` otherwise."""
+        words = TEACHER_FAILURE_WORDS.get(self.kind, "llm failed")
+        said = words if self.kind == "unavailable" else f"{words} ({self.kind})"
+        return f"{said}: {self.detail}" if self.detail else said
+
+
+#: What a degraded reason says of the teacher, by :class:`TeacherError` kind ("unavailable"
+#: only where it could not answer: a malformed answer is an answer, just not a usable one).
+TEACHER_FAILURE_WORDS = {"unavailable": "llm unavailable", "timeout": "llm unavailable",
+                         "circuit_open": "llm unavailable", "budget": "llm not asked",
+                         "malformed": "llm answer unusable", "unknown_label": "llm answer unusable",
+                         "error": "llm failed"}
 
 
 #: :class:`TeacherError` kinds raised before any call reached the LLM (its circuit breaker

@@ -383,14 +383,15 @@ class Classifier:
         t0 = time.perf_counter()
         self._assign_layer2(todo)
         total = _ms(t0)
-        load = 0.0      # loading the encoder is not query latency
+        load = earlier = 0.0    # loading the encoder is not query latency
         for emb in {id(p.rt.embedder): p.rt.embedder for p in todo}.values():
             if isinstance(emb, LoadTimed):
                 load += emb.pop_load_ms()
+                earlier += emb.pop_earlier_load_ms()   # paid before this pass: not taken off it
         per_item = max(total - load, 0.0) / len(todo)
         for p in todo:
-            if load > 0:
-                p.latency["load"] = load
+            if load + earlier > 0:
+                p.latency["load"] = load + earlier
             p.latency["embedding"] = per_item
             res = _scored(p)
             if res.sure:

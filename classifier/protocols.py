@@ -80,6 +80,10 @@ class DelegatingEmbedder:
         (0.0 when it is not :class:`LoadTimed`): a wrapper is :class:`LoadTimed` itself."""
         return self.inner.pop_load_ms() if isinstance(self.inner, LoadTimed) else 0.0
 
+    def pop_earlier_load_ms(self) -> float:
+        """The inner embedder's load paid before its first decision (see :class:`LoadTimed`)."""
+        return self.inner.pop_earlier_load_ms() if isinstance(self.inner, LoadTimed) else 0.0
+
 
 @runtime_checkable
 class CachingEmbedder(Protocol):
@@ -109,9 +113,17 @@ class LoadTimed(Protocol):
     lazy embedder of :mod:`classifier.encoders` is one, and so is every
     :class:`DelegatingEmbedder` (passing on the inner embedder's). Only the capability is
     named here, as for :class:`CachingEmbedder`.
+
+    ``pop_earlier_load_ms()`` is, once per process, the time spent loading this embedder's
+    model before any decision reported it, by another embedder that shares the loaded model
+    (the default model's training on first use loads the encoder the first query then finds
+    loaded), else 0.0: the first decision reports it as its ``load`` without taking it off
+    its encoding time (it was not part of it).
     """
 
     def pop_load_ms(self) -> float: ...
+
+    def pop_earlier_load_ms(self) -> float: ...
 
 
 @dataclass(frozen=True)

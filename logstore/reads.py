@@ -138,7 +138,10 @@ class ReviewCandidate(NamedTuple):
     ``candidates`` the latest unsure teacher answer's set that no valid answer followed
     (``None``: there is none), ``shadow_label`` the latest shadow answer (any version),
     ``human_label`` the latest human label (``has_human``), ``alternatives`` the labels of
-    the logged alternatives, ``created_at`` unix seconds."""
+    the logged alternatives, ``created_at`` unix seconds, ``pending`` whether it still waits
+    for the teacher, ``degraded`` its degraded reason while no back-filled teacher answer
+    agreeing with layer 2 and the served answer settled it, ``l2_confidence`` layer 2's
+    confidence in ``l2`` (``None`` when layer 2 did not answer)."""
 
     decision_id: str
     created_at: float
@@ -160,6 +163,7 @@ class ReviewCandidate(NamedTuple):
     alternatives: list[str | None]
     l2_answered: bool
     language: str | None
+    l2_confidence: float | None = None
 
 
 class LabelCoverage(NamedTuple):
@@ -373,25 +377,46 @@ WITH sh AS (
     FROM unsure_answers ua LEFT JOIN decision_labels t USING (decision_id)
     WHERE t.teacher_at IS NULL OR ua.created_at >= t.teacher_at
     GROUP BY ua.decision_id
+), res AS (
+    SELECT DISTINCT decision_id FROM resolutions
+), ht AS (  -- the texts (blanks stripped) a person labelled on some decision
+    SELECT DISTINCT regexp_replace(x.text, '^\\s+|\\s+$', '', 'g') AS t
+    FROM decisions x JOIN decision_labels xl USING (decision_id) WHERE xl.has_human AND x.text <> ''
 ), d AS (   -- l2: layer 2's own answer (the served one when layer 2 decided)
     SELECT *, CASE WHEN l2_confidence IS NOT NULL THEN l2_label ELSE label END AS l2 FROM decisions
+), c AS (
+    SELECT d.decision_id, d.created_at, d.text, d.label, d.confidence, d.tier, d.layer, d.l2, d.audit,
+           d.alternatives, d.l2_confidence, d.language,
+           dl.teacher_label, coalesce(dl.has_teacher, false) AS has_teacher, dl.human_label,
+           coalesce(dl.has_human, false) AS has_human, u.candidates, sh.shadow_label,
+           -- a back-filled teacher answer takes a decision off the pending list (as in the traffic counts)
+           d.pending AND res.decision_id IS NULL AND NOT coalesce(dl.has_teacher, false) AS pending_open,
+           -- degraded is settled once layer 2, the (back-filled) teacher and the served answer agree
+           CASE WHEN coalesce(dl.has_teacher, false) AND dl.teacher_label IS NOT DISTINCT FROM d.l2
+                     AND d.l2 IS NOT DISTINCT FROM d.label THEN NULL ELSE d.degraded END AS degraded_open,
+           ht.t IS NOT NULL AS text_labelled
+    FROM d
+    LEFT JOIN decision_labels dl USING (decision_id)
+    LEFT JOIN sh USING (decision_id)
+    LEFT JOIN u USING (decision_id)
+    LEFT JOIN res USING (decision_id)
+    LEFT JOIN ht ON ht.t = regexp_replace(d.text, '^\\s+|\\s+$', '', 'g')
+    WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ? AND (?::VARCHAR IS NULL OR d.language = ?)
 )
-SELECT d.decision_id, epoch(d.created_at), d.text, d.label, d.confidence, d.tier, d.layer, d.l2,
-       dl.teacher_label, coalesce(dl.has_teacher, false), u.candidates, d.audit, d.pending, d.degraded,
-       sh.shadow_label, dl.human_label, coalesce(dl.has_human, false),
-       [a.label FOR a IN coalesce(d.alternatives, [])],
-       d.l2_confidence IS NOT NULL OR d.layer = 'embedding',  -- layer 2 answered (not rules, declared)
-       d.language
-FROM d
-LEFT JOIN decision_labels dl USING (decision_id)
-LEFT JOIN sh USING (decision_id)
-LEFT JOIN u USING (decision_id)
-WHERE d.text <> '' AND d.created_at >= ? AND d.created_at <= ? AND (?::VARCHAR IS NULL OR d.language = ?)
-  AND (u.candidates IS NOT NULL
-       OR (dl.has_teacher AND dl.teacher_label IS DISTINCT FROM d.l2)   -- inline, an audit's, a back-fill's
-       OR (sh.shadow_label IS NOT NULL AND sh.shadow_label IS DISTINCT FROM d.label)
-       OR d.degraded IS NOT NULL OR d.pending OR coalesce(dl.has_human, false))
-ORDER BY d.created_at DESC, d.decision_id DESC
+SELECT decision_id, epoch(created_at), text, label, confidence, tier, layer, l2,
+       teacher_label, has_teacher, candidates, audit, pending_open, degraded_open,
+       shadow_label, human_label, has_human,
+       [a.label FOR a IN coalesce(alternatives, [])],
+       l2_confidence IS NOT NULL OR layer = 'embedding',  -- layer 2 answered (not rules, declared)
+       language,
+       CASE WHEN l2_confidence IS NOT NULL THEN l2_confidence WHEN layer = 'embedding' THEN confidence END
+FROM c
+WHERE (has_human OR NOT text_labelled)  -- a text a person labelled is not asked about again
+  AND (candidates IS NOT NULL
+       OR (has_teacher AND teacher_label IS DISTINCT FROM l2)   -- inline, an audit's, a back-fill's
+       OR (shadow_label IS NOT NULL AND shadow_label IS DISTINCT FROM label)
+       OR degraded_open IS NOT NULL OR pending_open OR has_human)
+ORDER BY created_at DESC, decision_id DESC
 LIMIT ?
 """
 
@@ -486,9 +511,13 @@ class NamedReads:
         """The newest ``limit`` decisions created from ``since`` to ``until`` (unix seconds,
         both included) that may deserve a review, newest first (ties by decision id,
         descending): an unsure teacher answer no valid one followed, a valid teacher label
-        other than layer 2's answer, a shadow answer other than the served label, degraded,
-        pending, or a human label. Decisions whose text retention erased are left out; with
-        ``language``, only decisions logged in it (:class:`ReviewCandidate`)."""
+        other than layer 2's answer, a shadow answer other than the served label, degraded
+        (unless a back-filled teacher answer agrees with layer 2 and the served one: then
+        ``degraded`` is ``None``), pending (still open: no resolution, no back-filled teacher
+        answer), or a human label. Decisions whose text retention erased are left out, and so
+        are those without a human label whose text (blanks stripped) a person labelled on
+        another decision; with ``language``, only decisions logged in it
+        (:class:`ReviewCandidate`)."""
         rows = self._rows(_REVIEW_CANDIDATES_SQL, [_utc(since), _utc(until), language, language, int(limit)])
         return [ReviewCandidate(*r) for r in rows]
 

@@ -54,6 +54,8 @@ def classify_command(
             raise typer.BadParameter(f"--history is not valid JSON: {exc}") from None
     items = [t for t in (texts or []) if t != "-"]
     from_stdin = not texts or "-" in texts
+    if not texts and _typing():
+        typer.echo(STDIN_HINT, err=True)
     from flywheel.service.runtime import open_runtime  # duckdb and pyarrow: only for this command
 
     # reading stdin can run for hours: then follow promotions on the watcher's thread
@@ -67,6 +69,21 @@ def classify_command(
             echo_json(d.to_dict())
     finally:
         runtime.close()
+
+
+#: What ``flywheel classify`` without a query says when a person types at it: stdin is read
+#: either way (a session of typed queries is a use, not a mistake, so no usage error), and the
+#: line goes to stderr so that stdout stays one JSON decision per line.
+STDIN_HINT = ("flywheel classify: reading queries from standard input, one per line (Ctrl-D ends; "
+              "or pass them as arguments)")
+
+
+def _typing() -> bool:
+    """Whether stdin is a terminal (a person types the queries)."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):    # closed or detached
+        return False
 
 
 def serve_command(

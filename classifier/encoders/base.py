@@ -15,6 +15,7 @@ Imports nothing heavy, not even inside a function: :func:`resolve_runtime` only 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -41,6 +42,8 @@ __all__ = [
     "check_texts",
     "Runner",
     "shared_runner",
+    "claim_load_ms",
+    "claim_earlier_load_ms",
     "loaded_models",
     "clear_loaded_models",
 ]
@@ -132,6 +135,19 @@ _KEY_LOCKS: dict[Hashable, threading.Lock] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
+class _Load:
+    """How long loading one shared runner took, who loaded it (an embedder's token) and
+    whether a decision has reported it yet (:func:`claim_load_ms`)."""
+
+    __slots__ = ("ms", "by", "reported")
+
+    def __init__(self, ms: float, by: object) -> None:
+        self.ms, self.by, self.reported = ms, by, False
+
+
+_LOADS: dict[Hashable, _Load] = {}
+
+
 def loaded_models() -> dict[Hashable, Any]:
     """Return a snapshot of the process-wide model registry (key -> loaded runner)."""
     with _REGISTRY_LOCK:
@@ -142,10 +158,13 @@ def clear_loaded_models() -> None:
     """Forget every loaded model (tests, benchmarks); embedders already holding one keep it."""
     with _REGISTRY_LOCK:
         _MODELS.clear()
+        _LOADS.clear()
 
 
-def shared_runner(key: Hashable, loader: Callable[[], Runner]) -> Runner:
-    """The runner loaded under ``key``, loading it with ``loader`` at most once per process."""
+def shared_runner(key: Hashable, loader: Callable[[], Runner], owner: object = None) -> Runner:
+    """The runner loaded under ``key``, loading it with ``loader`` at most once per process;
+    the time that took is kept, with ``owner`` (the loading embedder's token), for
+    :func:`claim_load_ms`."""
     runner = _MODELS.get(key)
     if runner is not None:
         return runner
@@ -154,7 +173,37 @@ def shared_runner(key: Hashable, loader: Callable[[], Runner]) -> Runner:
     with lock:
         runner = _MODELS.get(key)
         if runner is None:
+            t0 = time.perf_counter()
             runner = loader()
             with _REGISTRY_LOCK:
                 _MODELS[key] = runner
+                _LOADS[key] = _Load((time.perf_counter() - t0) * 1e3, owner)
     return runner
+
+
+def claim_load_ms(key: Hashable, owner: object, paid_ms: float) -> float:
+    """``paid_ms``, what the calling thread itself spent loading the runner under ``key``
+    through ``owner`` (an embedder's token), as a decision reports it: 0.0 when a decision of
+    another embedder reported that load already (:func:`claim_earlier_load_ms`), else
+    ``paid_ms``, the load then counting as reported."""
+    with _REGISTRY_LOCK:
+        rec = _LOADS.get(key)
+        if rec is None or paid_ms <= 0.0:
+            return paid_ms
+        if rec.by is owner and rec.reported:
+            return 0.0
+        rec.reported = True
+        return paid_ms
+
+
+def claim_earlier_load_ms(key: Hashable, owner: object) -> float:
+    """Once per process, the time another embedder than ``owner`` spent loading the runner
+    under ``key`` before any decision reported it (0.0 otherwise): the default model's
+    training on first use loads the encoder the first query then finds loaded; that load
+    belongs on the first decision."""
+    with _REGISTRY_LOCK:
+        rec = _LOADS.get(key)
+        if rec is None or rec.reported or rec.by is owner:
+            return 0.0
+        rec.reported = True
+        return rec.ms

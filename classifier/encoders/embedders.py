@@ -49,6 +49,8 @@ from flywheel.classifier.encoders.base import (
     USE_ID,
     Runner,
     check_texts,
+    claim_earlier_load_ms,
+    claim_load_ms,
     resolve_runtime,
     shared_runner,
 )
@@ -106,6 +108,7 @@ class _LazyEmbedder:
         self.num_threads = num_threads
         self._loaded: Runner | None = None
         self._tls = threading.local()
+        self._token = object()    # who loaded a shared runner (see claim_load_ms)
 
     def _opts(self) -> tuple[str, bool, bool, bool]:
         return (self.device or "auto", self.use_fp16, self.quantize, self.pack_weights)
@@ -226,7 +229,7 @@ class _LazyEmbedder:
                 finally:  # reported once, to the calling thread (see pop_load_ms)
                     self._tls.load_ms = getattr(self._tls, "load_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
-            runner = shared_runner(self._key(), load)
+            runner = shared_runner(self._key(), load, self._token)
             if self.num_threads is not None and getattr(runner, "uses_torch", True):
                 import torch
 
@@ -239,7 +242,13 @@ class _LazyEmbedder:
         nothing was loaded), so a caller can report loading apart from encoding."""
         ms = getattr(self._tls, "load_ms", 0.0)
         self._tls.load_ms = 0.0
-        return ms
+        return ms if self._loaded is None else claim_load_ms(self._key(), self._token, ms)
+
+    def pop_earlier_load_ms(self) -> float:
+        """Once per process, the time another embedder spent loading the model this one
+        found loaded (the default model's training on first use), before any decision
+        reported it; else 0.0 (:func:`~classifier.encoders.base.claim_earlier_load_ms`)."""
+        return 0.0 if self._loaded is None else claim_earlier_load_ms(self._key(), self._token)
 
     def __repr__(self) -> str:
         state = "loaded" if self.is_loaded else "not loaded"

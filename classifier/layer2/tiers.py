@@ -95,19 +95,40 @@ class Layer2Result:
     sure: bool                      # layer 2 decides; otherwise the teacher is asked
 
 
-def fmt_probs(*values: float, digits: int = 2) -> list[str]:
-    """``values`` (probabilities, cutoffs) as text for a reason or a report: ``digits``
-    decimals, more (up to 6) where fewer would round a value strictly between 0 and 1 to
-    0 or 1, or show two different values as equal. ``fmt_probs(0.9999)`` is ``['0.9999']``
-    (never a misleading ``1.00``); ``fmt_probs(0.996, 0.995)`` is ``['0.996', '0.995']``."""
+#: Decimals of every probability, confidence and cutoff a reason or a report prints: one
+#: format in one run, whichever layer or path wrote the reason (issue 44).
+PROB_DIGITS = 3
+
+
+def fmt_probs(*values: float, digits: int = PROB_DIGITS) -> list[str]:
+    """``values`` (probabilities, confidences, cutoffs) as text for a reason or a report,
+    each with exactly ``digits`` decimals. Rounded to the nearest, except that a value
+    strictly between 0 and 1 never prints as 0 or 1 (``fmt_probs(0.9999)`` is
+    ``['>0.999']``, never a misleading ``1.000``; ``fmt_probs(0.00004)`` is ``['<0.001']``)
+    and that two different values never print alike where a step apart tells them (the
+    smaller rounded down, the larger up: ``fmt_probs(0.996, 0.9961)`` is
+    ``['0.996', '0.997']``, never ``0.996 < 0.996``)."""
     vals = [float(v) for v in values]
-    for d in range(digits, max(digits, 6) + 1):
-        out = [f"{v:.{d}f}" for v in vals]
-        edge = any(0.0 < v < 1.0 and float(t) in (0.0, 1.0) for v, t in zip(vals, out))
-        alike = len(set(out)) < len(set(vals))
-        if not edge and not alike:
-            break
-    return out
+    step = 10.0 ** -digits
+    near = [round(v, digits) for v in vals]
+    shown = list(near)
+    for i, v in enumerate(vals):
+        alike = [w for w, n in zip(vals, near) if n == near[i] and w != v]
+        if alike and v < min(alike):        # rounded apart: the smallest down, the largest up
+            shown[i] = float(np.floor(v / step + 1e-9)) * step
+        elif alike and v > max(alike):
+            shown[i] = float(np.ceil(v / step - 1e-9)) * step
+    return [_text(v, x, digits) for v, x in zip(vals, shown)]
+
+
+def _text(v: float, shown: float, digits: int) -> str:
+    """``shown`` (``v`` rounded) with ``digits`` decimals; ``<0.001``/``>0.999`` (for 3) when
+    ``v`` is strictly between 0 and 1 and would print as one of them."""
+    text = f"{shown:.{digits}f}"
+    if 0.0 < v < 1.0 and float(text) in (0.0, 1.0):
+        step = 10.0 ** -digits
+        return f"<{step:.{digits}f}" if float(text) == 0.0 else f">{1.0 - step:.{digits}f}"
+    return text
 
 
 def cut_at_drop(cands: Sequence[Candidate], ratio: float, max_n: int = 10) -> list[Candidate]:
@@ -289,13 +310,14 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
     else:
         alts = cut_at_drop(cands, th.ambiguous_ratio)
     if tier is Tier.AMBIGUOUS:
+        ratio = fmt_probs(th.ambiguous_ratio)[0]
         why = (f"{len(alts)} intents in the {th.coverage:.0%} prediction set" if batch.in_set is not None
-               and th.coverage is not None else f"{len(alts)} intents within ratio {th.ambiguous_ratio:.2f} of the top")
+               and th.coverage is not None else f"{len(alts)} intents within ratio {ratio} of the top")
         return Layer2Result(top.label, top.confidence, tier, alts, why + why_risk, cands, float(p_oos), False)
     if by_risk:
         why = why_risk[2:]
     elif top.confidence >= cutoff:
-        why = f"runner-up within ratio {th.ambiguous_ratio:.2f} of the top"
+        why = f"runner-up within ratio {fmt_probs(th.ambiguous_ratio)[0]} of the top"
     else:
         why = "confidence {} < cutoff {}".format(*fmt_probs(top.confidence, cutoff))
     return Layer2Result(top.label, top.confidence, Tier.WEAK, alts, why, cands, float(p_oos), False)

@@ -8,6 +8,8 @@ behind the call budget (:mod:`~classifier.teachers.budget`). Nothing is connecte
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flywheel.classifier.errors import ConfigError
 from flywheel.classifier.protocols import Teacher
 from flywheel.classifier.settings.config import Config
@@ -43,7 +45,7 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
     host = cfg.teacher_host_for(backend) or file_host
     if backend == "openai":
         if not host or not str(host).strip():
-            raise ConfigError(f"{intents.source}: the openai teacher needs the server's base URL: set "
+            raise ConfigError(f"{_intent_file(cfg, intents)}: the openai teacher needs the server's base URL: set "
                               "teacher.host (e.g. http://127.0.0.1:8000/v1), FLYWHEEL_TEACHER_HOST or "
                               "--teacher-host")
         teacher: Teacher = OpenAITeacher(model=model, host=str(host), timeout_s=timeout_s, breaker=breaker,
@@ -52,3 +54,10 @@ def build_teacher(cfg: Config, intents: IntentSet) -> Teacher | None:
         teacher = OllamaTeacher(model=model, host=host, timeout_s=timeout_s,
                                 breaker=breaker, keep_alive=t.keep_alive, system_prompt=t.system_prompt)
     return apply_budget(teacher, t)   # max_calls_per_minute / daily_budget, per process
+
+
+def _intent_file(cfg: Config, intents: IntentSet) -> str:
+    """The intent file a person edits for ``intents``: the configured one (``cfg.intents``),
+    not the copy a model version or the default model's cache holds (``intents.source`` of a
+    loaded model), else the set's own source."""
+    return str(Path(cfg.intents).expanduser()) if cfg.intents else intents.source

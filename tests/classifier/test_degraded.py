@@ -101,3 +101,29 @@ def test_the_tier_table_says_what_the_pipeline_serves_without_a_teacher_answer()
     assert f"its tier is kept and `degraded` is `{alone.degraded}`" in section
     assert re.search(r"`alternatives` is empty for a sure answer and, for an unsure one, "
                      r"starts with the served `label`", section)
+
+
+def test_every_reason_prints_its_numbers_with_the_same_decimals():
+    """Layer 2's, the teacher's (which quote layer 2), the unsure teacher's and the degraded
+    paths' reasons in one run: every probability, confidence, cutoff and ratio with the same
+    number of decimals (issue 44: a run printed 6, 5 and 2)."""
+    import re
+
+    from flywheel.classifier.layer2.tiers import PROB_DIGITS
+
+    sure = {"confident": 0.0, "ambiguous_ratio": 1.0, "oos": 1.0}
+    weak = {"confident": 0.99999, "ambiguous_ratio": 1.0, "oos": 1.0}       # a cutoff near 1, layer 2 unsure
+    ambiguous = {"confident": 1.0, "ambiguous_ratio": 0.0, "oos": 1.0}      # every intent close
+    decisions = [
+        clf(sure).classify("show my invoices"),
+        clf(weak, teacher=ScriptedTeacher()).classify("show my invoices"),
+        clf(weak, teacher=ScriptedTeacher(lambda req: [o.name for o in req.options[:2]])).classify("x y"),
+        clf(weak, teacher=ScriptedTeacher(error=TeacherError("timeout", "slow"))).classify("show my invoices"),
+        clf(ambiguous, teacher=ScriptedTeacher(error=TeacherError("malformed", "not JSON"))).classify("x y"),
+        clf(weak).classify("show my invoices"),
+        clf(ambiguous).classify("x y"),
+    ]
+    assert {d.layer for d in decisions} == {Layer.EMBEDDING, Layer.LLM}
+    assert {d.degraded for d in decisions} >= {None, "timeout", "malformed", "no_teacher"}
+    decimals = {len(m) for d in decisions for m in re.findall(r"\d\.(\d+)", d.reason)}
+    assert decimals == {PROB_DIGITS}, [d.reason for d in decisions]

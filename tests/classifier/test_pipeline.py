@@ -57,8 +57,13 @@ def test_teacher_failure_degrades_to_layer2(kind):
     clf = make_classifier(ALWAYS_UNSURE, teacher=ScriptedTeacher(error=TeacherError(kind, "boom")), log_sink=sink)
     d = clf.classify("explain addparam")
     assert d.layer is Layer.EMBEDDING and d.tier is Tier.WEAK  # ambiguous is downgraded: the teacher failed
-    said = "boom" if kind == "unavailable" else f"{kind}: boom"   # never "unavailable: unavailable" (issue 26)
-    assert d.reason.endswith(f"; llm unavailable: {said}") and "unavailable: unavailable" not in d.reason
+    said = {"unavailable": "llm unavailable: boom",       # never "unavailable: unavailable" (issue 26)
+            "timeout": "llm unavailable (timeout): boom", "circuit_open": "llm unavailable (circuit_open): boom",
+            "budget": "llm not asked (budget): boom",
+            # an answer that is no label is not "unavailable" (issue 44)
+            "malformed": "llm answer unusable (malformed): boom",
+            "unknown_label": "llm answer unusable (unknown_label): boom"}[kind]
+    assert d.reason.endswith(f"; {said}") and "unavailable: unavailable" not in d.reason, d.reason
     rec = sink.records[-1]
     assert rec.pending == (kind in ("unavailable", "timeout", "circuit_open", "budget"))
     assert rec.decision.degraded == kind

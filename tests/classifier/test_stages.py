@@ -152,6 +152,25 @@ def test_loading_is_reported_apart_from_query_latency():
     clear_loaded_models()
 
 
+def test_the_first_decision_reports_a_load_paid_before_it():
+    """The default model is trained on first use: its training loads the encoder (another
+    embedder of the same model) before the first query, which then loads nothing. That load is
+    reported on the first decision all the same, once (issue 44: it showed no ``load``)."""
+    clear_loaded_models()
+    d = copy.deepcopy(META_DOC)
+    d["thresholds"] = ALWAYS_SURE
+    trainer = _SlowLoadingHash(batch_size=8, device="cpu", max_chars=None)
+    model = fit_model(parse_intents(d), embedder=trainer)            # loads the encoder while training
+    clf = Classifier(model, embedder=CachedEmbedder(_SlowLoadingHash(batch_size=8, device="cpu", max_chars=None)))
+    first = clf.classify("what is addvar")
+    assert first.latency_ms["load"] >= 300.0 and 0.0 < first.latency_ms["embedding"] < 300.0   # not taken off
+    assert "load" not in clf.classify("show my invoices").latency_ms     # once
+    assert trainer.pop_load_ms() == 0.0          # the trainer's own count is not reported a second time
+    other = Classifier(model, embedder=_SlowLoadingHash(batch_size=8, device="cpu", max_chars=None))
+    assert "load" not in other.classify("what is addvar").latency_ms    # once per process
+    clear_loaded_models()
+
+
 def test_a_decision_is_built_once_and_never_changed():
     """Each stage builds its decision with every field it knows (degraded, pending); ``finish``
     returns it completed (language, total latency) as a new frozen decision with the same id."""

@@ -35,7 +35,7 @@ _WIRE_NUMBERS = {"id": 1, "label": 2, "confidence": 3, "tier": 4, "layer": 5, "a
 def _full() -> Decision:
     """A decision whose every public field holds a value that is not its default."""
     return Decision(label="RETRIEVAL", confidence=0.40625, tier=Tier.WEAK, layer=Layer.EMBEDDING,
-                    reason="confidence 0.41 < cutoff 0.59; llm unavailable: timeout: slow",
+                    reason="confidence 0.41 < cutoff 0.59; llm unavailable (timeout): slow",
                     alternatives=[Candidate("RETRIEVAL", 0.40625), Candidate(None, 0.25)],
                     model_version="v20261126-000000-000001", latency_ms={"embedding": 3.5, "llm": 800.0},
                     metadata={"rag": "true"}, degraded="timeout", language="es", pending=True,

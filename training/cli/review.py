@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NoTerminalError", "Reviewer", "review_command", "ui_app", "ui_command"]
 
-KEYS_HELP = "1-9 pick, / find any intent, o out of scope, s skip, u undo, f full text, q quit"
+KEY_HINTS = ("1-9 pick", "/ find any intent", "o out of scope", "s skip", "u undo", "f full text", "q quit")
+KEYS_HELP = ", ".join(KEY_HINTS)
 CLIP = 300          # characters of a text shown before ``f``
 ENTER, ESCAPE, BACKSPACE = ("\r", "\n"), "\x1b", ("\x7f", "\x08")
 
@@ -192,34 +195,73 @@ class Reviewer:
         self._flush()
 
 
+def columns() -> int:
+    """The terminal's width in columns (``COLUMNS``, else the terminal's, else 80; at least 40)."""
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+def flow(parts: Sequence[str], width: int, *, first: str = "  ", indent: str = "    ", sep: str = "  ") -> str:
+    """``parts`` laid out on lines of at most ``width`` columns, ``sep`` between them, each
+    part whole (an intent name, a key hint: a part wider than a line has a line to itself);
+    the first line starts with ``first``, the others with ``indent``."""
+    lines: list[str] = []
+    line = first
+    for part in parts:
+        if line.strip() and len(line) + len(sep) + len(part) > width:
+            lines.append(line.rstrip())
+            line = indent
+        line += (sep if line.strip() else "") + part
+    lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def fit(line: str, width: int, *, indent: str = "    ") -> str:
+    """``line`` wrapped on blanks to ``width`` columns (later lines start with ``indent``),
+    never inside a word (an intent name, a reason) nor inside one of :data:`KEY_HINTS`."""
+    nbsp = "\xa0"      # textwrap breaks on ASCII blanks only: a hint's own blanks hold it together
+    for hint in KEY_HINTS:
+        line = line.replace(hint, hint.replace(" ", nbsp))
+    lines = textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False,
+                          drop_whitespace=True) or [""]
+    return "\n".join(x.replace(nbsp, " ") for x in lines)
+
+
 def _clipped(text: str) -> str:
     if len(text) <= CLIP:
         return repr(text)
     return f"{text[:CLIP]!r}... (+{len(text) - CLIP:,} characters: f shows all)"
 
 
-def show(item: ReviewItem, index: int, total: int, labels: Sequence[str] | None = None) -> str:
+def show(item: ReviewItem, index: int, total: int, labels: Sequence[str] | None = None,
+         width: int | None = None) -> str:
     """The lines a person reads for one item (plain text: a terminal shows no markup); a long
-    text is clipped to :data:`CLIP` characters."""
+    text is clipped to :data:`CLIP` characters. flywheel's own lines fit ``width`` columns
+    (``None``: the terminal's), broken between words and between choices, never inside an
+    intent name or a key hint; the text itself is shown as it is (the terminal wraps it)."""
+    width = columns() if width is None else width
     conf = "" if item.confidence is None else f" ({item.confidence:.2f})"
     lines = [f"[{index + 1}/{total}] {_clipped(item.text)}"]
     if item.count > 1:
         lines.append(f"  {item.count} decisions with this text: one label answers them all")
-    lines.append(f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}")
+    lines.append(fit(f"  served {label_name(item.label)}{conf} by {item.layer}; why: {', '.join(item.reasons)}",
+                     width))
+    if item.l2_answered and item.l2_label != item.label:   # what teacher_vs_l2 compares, as the page shows it
+        l2_conf = "" if item.l2_confidence is None else f" ({item.l2_confidence:.2f})"
+        lines.append(fit(f"  layer 2: {label_name(item.l2_label)}{l2_conf}", width))
     if item.teacher_answered or item.candidates:
         said = ", ".join(label_name(c) for c in item.candidates) if item.candidates \
             else label_name(item.teacher_label)
-        lines.append(f"  teacher: {said}")
+        lines.append(fit(f"  teacher: {said}", width))
     if item.shadow_label is not None:
-        lines.append(f"  shadow: {label_name(item.shadow_label)}")
+        lines.append(fit(f"  shadow: {label_name(item.shadow_label)}", width))
     every = all_choices(item, labels)
     picks = [f"{i}) {c}" for i, c in enumerate(every[:9], 1)]
     likely = sum(1 for c in every[:9] if c in item.choices)
     if 0 < likely < len(picks):        # the likely ones, then the rest of the served set
         picks.insert(likely, "|")
     rest = len(every) - min(len(every), 9)
-    lines.append("  " + "  ".join([*picks, f"o) {OUT_OF_SCOPE}", "/) find any intent"
-                                   + (f" ({rest} more)" if rest else "")]))
+    lines.append(flow([*picks, f"o) {OUT_OF_SCOPE}", "/) find any intent" + (f" ({rest} more)" if rest else "")],
+                      width))
     return "\n".join(lines)
 
 
@@ -267,10 +309,17 @@ def review_command(
         _export_label_studio(export_ls, items, served)
         return
     if as_json:
-        echo_json({"items": [it.to_dict() for it in items], "n": len(items)})
+        echo_json({"items": [it.to_dict() for it in items], "n": len(items), "intents": intents(items, served)})
         return
     check_terminal()
     walk(Reviewer(items, lambda did, label: writer.record(did, label, author=author), served))
+
+
+def intents(items: Sequence[ReviewItem], labels: Sequence[str] | None) -> list[str]:
+    """Every label a reviewer may give, once for the whole queue (``--json``'s ``intents``): the
+    served set in its order (``None``, unknown: every item's choices), then ``OUT_OF_SCOPE``."""
+    names = list(labels) if labels is not None else [c for it in items for c in all_choices(it, None)]
+    return [n for n in dict.fromkeys(names) if n != OUT_OF_SCOPE] + [OUT_OF_SCOPE]
 
 
 def check_terminal() -> None:
@@ -354,28 +403,33 @@ def _merged_ids(path: Path, doc: Any) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def walk(reviewer: Reviewer, getchar: Callable[[], str] = typer.getchar) -> None:
+def walk(reviewer: Reviewer, getchar: Callable[[], str] = typer.getchar, width: int | None = None) -> None:
     """Show each item and apply keys until the queue is done, ``q`` or end of input. An item
-    is shown when the walk comes to it; any other key answers in a line of its own."""
+    is shown when the walk comes to it; any other key answers in a line of its own. Lines fit
+    ``width`` columns (``None``: the terminal's; see :func:`show`)."""
     total = len(reviewer.items)
     if not total:
         typer.echo("the review queue is empty")
         return
-    typer.echo(f"{total} items to review ({KEYS_HELP})")
+    width = columns() if width is None else width
+    typer.echo(flow([f"{total} items to review:", *(h + "," for h in KEY_HINTS[:-1]), KEY_HINTS[-1]], width,
+                    first="", indent="  ", sep=" "))
     shown = -1
     try:
         while True:
             if reviewer.position != shown:
                 item, shown = reviewer.current, reviewer.position
-                typer.echo(show(item, reviewer.position, total, reviewer.labels) if item is not None
-                           else "the queue is done: u undoes the last label, q quits")
+                typer.echo(show(item, reviewer.position, total, reviewer.labels, width) if item is not None
+                           else fit("the queue is done: u undoes the last label, q quits", width))
             try:
                 key = getchar()
             except EOFError:
                 break
             if not key or key in ("\x04", "\x03") or (key == "q" and not reviewer.finding):
                 break
-            typer.echo("  " + reviewer.press(key if reviewer.finding else key.lower()))
+            full = key.lower() == "f" and not reviewer.finding     # the text as it is, as the item shows it
+            reply = reviewer.press(key if reviewer.finding else key.lower())
+            typer.echo("  " + reply if full else fit("  " + reply, width))
     finally:
         reviewer.close()
     answered = f" ({reviewer.answered} decisions)" if reviewer.answered != reviewer.labelled else ""

@@ -12,7 +12,9 @@ Formats
     ``split="test"`` reads ``test`` + ``oos_test`` (and ``"val"``: ``val`` + ``oos_val``).
 ``csv``
     A header row naming at least ``text_column`` and ``label_column``; an optional
-    ``lang_column`` (default ``lang``) gives each row's language.
+    ``lang_column`` (default ``lang``) gives each row's language. Fields are separated by
+    commas, semicolons (German Excel's default) or tabs, as the header shows
+    (:func:`csv_delimiter`).
 ``jsonl``
     One JSON object per line with ``text_column`` and ``label_column`` keys; blank
     lines are skipped. A JSON ``null`` label means out of scope. An optional
@@ -40,13 +42,16 @@ from flywheel.classifier.errors import FlywheelError
 from flywheel.classifier.settings.intents import Intent, IntentSet, ThresholdSettings
 from flywheel.classifier.settings.label_names import parse_label
 
-__all__ = ["DatasetError", "LabelledData", "FORMATS", "SPLITS", "infer_format", "load_labelled",
+__all__ = ["CSV_DELIMITERS", "DatasetError", "LabelledData", "FORMATS", "SPLITS", "csv_delimiter", "infer_format",
+           "load_labelled",
            "load_unlabelled", "drop_unknown_labels", "intent_set_from_data"]
 
 FORMATS = ("clinc150", "csv", "jsonl")
 # split name -> the CLINC150 lists it reads (in-scope first, then out of scope)
 SPLITS = {"train": ("train", "oos_train"), "val": ("val", "oos_val"), "test": ("test", "oos_test")}
 _EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "clinc150"}
+# the field delimiters a CSV file may use (read from its header: csv_delimiter), with their names
+CSV_DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab"}
 
 
 class DatasetError(FlywheelError):
@@ -290,9 +295,30 @@ def _read_clinc150(p: Path, raw: str, *, split: str, **_: Any) -> Row:
             yield where, item[0], item[1], None
 
 
+def csv_delimiter(raw: str, columns: Sequence[str] = ()) -> str:
+    """The field delimiter of CSV text ``raw``, one of :data:`CSV_DELIMITERS`, read from its
+    header: the first whose header names every one of ``columns``, else the one that splits
+    the header into the most columns (a comma on a tie). So a comma-separated file is always
+    read as one, and a semicolon-separated one (German Excel's default) or a tab-separated
+    one is read as such without an option: only the header decides, never the rows' text."""
+    best, most = ",", 0
+    for delimiter in CSV_DELIMITERS:
+        try:
+            header = next(csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter), None) or []
+        except csv.Error:
+            continue
+        names = [h.strip() for h in header]
+        if columns and all(c in names for c in columns):
+            return delimiter
+        if len(names) > most:
+            best, most = delimiter, len(names)
+    return best
+
+
 def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, lang_column: str | None = None,
               **_: Any) -> Row:
-    reader = csv.reader(io.StringIO(raw, newline=""))
+    delimiter = csv_delimiter(raw, (text_column, label_column))
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter)
     try:
         header = next(reader, None)
     except csv.Error as exc:
@@ -302,8 +328,9 @@ def _read_csv(p: Path, raw: str, *, text_column: str, label_column: str, lang_co
     names = [h.strip() for h in header]
     missing = [c for c in (text_column, label_column) if c not in names]
     if missing:
-        raise DatasetError(p, f"missing column {missing[0]!r} (columns: {', '.join(repr(n) for n in names)})",
-                           "header (line 1)")
+        read_as = "" if delimiter == "," else f"; read as {CSV_DELIMITERS[delimiter]}-separated"
+        raise DatasetError(p, f"missing column {missing[0]!r} (columns: {', '.join(repr(n) for n in names)}"
+                              f"{read_as})", "header (line 1)")
     ti, li = names.index(text_column), names.index(label_column)
     gi = names.index(lang_column) if lang_column is not None and lang_column in names else None
     last = max(ti, li) if gi is None else max(ti, li, gi)

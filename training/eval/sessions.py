@@ -36,7 +36,7 @@ from typing import Any, Iterator
 from flywheel.classifier.errors import InvalidInputError
 from flywheel.classifier.history import SNIPPET_CHARS, history_entries
 from flywheel.classifier.protocols import HistoryEntry
-from flywheel.training.eval.loaders import DatasetError, LabelledData, infer_format
+from flywheel.training.eval.loaders import DatasetError, LabelledData, csv_delimiter, infer_format
 
 __all__ = ["FOLLOWUP_KIND", "Turns", "followup_figures", "followup_mask", "read_turns"]
 
@@ -167,7 +167,7 @@ def _rows(p: Path, fmt: str) -> Iterator[tuple[str, dict[str, Any]]]:
             if line.strip():
                 yield f"line {n}", json.loads(line)
         return
-    reader = csv.reader(io.StringIO(raw, newline=""))
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=csv_delimiter(raw))   # as the loader read it
     names = [h.strip() for h in next(reader)]
     while True:
         start = reader.line_num + 1

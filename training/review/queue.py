@@ -12,14 +12,17 @@ first. A decision is in the queue for one or more *reasons*
 ``teacher_vs_l2``   layer 3 answered something else than layer 2's top intent
 ``audit_vs_l2``     a background audit disagreed with layer 2's confident answer
 ``shadow_vs_l2``    the shadow version answered something else than the champion
-``degraded``        the answer did not get the layer it needed (the teacher was down, ...)
-``pending``         it still waits for the teacher
+``degraded``        the answer did not get the layer it needed (the teacher was down, ...), and
+                    no back-filled teacher answer agreeing with layer 2 and the served one
+                    settled it since
+``pending``         it still waits for the teacher (no back-filled answer, not resolved)
 ``corrected``       a person already corrected it (``flywheel feedback``): a second look
 ==================  ========================================================================
 
 Decisions with a human label are left out, except for ``corrected`` (which is shown only
-when asked for with ``reasons=("corrected",)``), and so are decisions whose text
-retention erased.
+when asked for with ``reasons=("corrected",)``), and so are decisions whose text a person
+already labelled on another decision (the same text after stripping blanks: a newer
+decision repeating it is not asked about again) and decisions whose text retention erased.
 
 **What a label is worth** (:attr:`ReviewItem.worth`), the product of:
 
@@ -117,7 +120,8 @@ class ReviewItem:
     ``None`` = out of scope; ``teacher_answered`` tells the teacher's valid out-of-scope
     answer (``teacher_label`` ``None``) from no valid answer (it is set whenever
     ``teacher_label`` is not ``None``), and ``l2_answered`` layer 2's out-of-scope answer
-    from none (rules or a declared type decided: layer 2 did not run). ``decision_ids``: every
+    from none (rules or a declared type decided: layer 2 did not run), ``l2_confidence`` its
+    confidence (``None`` with no answer). ``decision_ids``: every
     decision this item answers, the representative ``decision_id`` first (``()``: just
     ``decision_id``)."""
 
@@ -140,6 +144,7 @@ class ReviewItem:
     decision_ids: tuple[str, ...] = ()
     l2_answered: bool = False
     language: str | None = None
+    l2_confidence: float | None = None
 
     def __post_init__(self) -> None:
         if self.teacher_label is not None and not self.teacher_answered:
@@ -250,7 +255,7 @@ def all_choices(item: ReviewItem, labels: Sequence[str] | None) -> tuple[str, ..
 def _item(row: ReviewCandidate, reasons: tuple[str, ...], traffic: dict, labelled: dict, confusable: set,
           now: float, labels: Sequence[str] | None) -> ReviewItem:
     (did, created, text, label, conf, tier, layer, l2, teacher, t_valid, unsure, _, _, _, shadow, human, _,
-     alts, l2_ran, language) = row
+     alts, l2_ran, language, l2_conf) = row
     cands: tuple[str | None, ...] = tuple(unsure or ())
     other = teacher if t_valid else shadow if shadow is not None else (cands[0] if cands else l2)
     stake = teacher if t_valid else label
@@ -266,7 +271,7 @@ def _item(row: ReviewCandidate, reasons: tuple[str, ...], traffic: dict, labelle
                       teacher_label=teacher if t_valid else None,
                       shadow_label=shadow, human_label=human, candidates=cands, reasons=reasons, worth=worth,
                       choices=tuple(choices[:9]), teacher_answered=bool(t_valid), l2_answered=bool(l2_ran),
-                      language=language)
+                      language=language, l2_confidence=l2_conf if l2_ran else None)
 
 
 def _keep(item: ReviewItem, f: ReviewFilters) -> bool:

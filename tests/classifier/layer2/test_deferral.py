@@ -112,7 +112,7 @@ def test_the_risk_rule_defers_on_p_wrong_alone():
     assert [x.value for x in t.tier] == ["confident", "ambiguous", "weak", "no_match"]
     r = tier_rows(s, ["A", "B", "C"], th)
     assert [c.label for c in r[1].alternatives] == ["A", "B"]   # the prediction set
-    assert "P(wrong) 0.30 > cutoff 0.20" in r[1].reason and "prediction set" in r[1].reason
+    assert "P(wrong) 0.300 > cutoff 0.200" in r[1].reason and "prediction set" in r[1].reason
     # a per-intent cutoff still has the last word on its intent
     t2 = assign_tiers(s, ["A", "B", "C"], replace(th, per_intent={"A": 0.6}))
     assert t2.sure.tolist() == [False, False, False, True]

@@ -50,7 +50,7 @@ def test_a_rejection_in_an_undertrained_language_is_an_unsure_no_match():
     res = tier_rows(_scores(0.9), LABELS, th, np.array([True]))[0]
     assert (res.tier, res.label, res.sure) == (Tier.NO_MATCH, None, False)
     assert res.reason == ("out of scope unsure, the query's language is undertrained (es): "
-                          "out of scope: probability 0.90 >= cutoff 0.50")
+                          "out of scope: probability 0.900 >= cutoff 0.500")
     same = tier_rows(_scores(0.9), LABELS, th, np.array([False]))[0]   # a well-trained language: as before
     assert (same.tier, same.label, same.sure) == (Tier.NO_MATCH, None, True)
 

@@ -63,16 +63,18 @@ def test_zero_threshold_is_a_threshold():
 
 
 def test_reasons_never_round_a_cutoff_to_a_value_it_is_not():
-    """0.9999 is not printed as 1.00, and 0.996 < 0.9961 does not read as 1.00 < 1.00 (issue 26)."""
+    """0.9999 is not printed as 1.000, and 0.996 < 0.9961 does not read as 0.996 < 0.996 (issue 26), with
+    the same number of decimals every time (issue 44)."""
     th = Thresholds(confident=0.9999, ambiguous_ratio=1.0, oos=1.0)
     r = assign_tier(np.array([0.996, 0.004]), ["A", "B"], 0.0, 0.0, th)
-    assert r.tier is Tier.WEAK and r.reason == "confidence 0.9960 < cutoff 0.9999", r.reason
+    assert r.tier is Tier.WEAK and r.reason == "confidence 0.996 < cutoff >0.999", r.reason
     th = Thresholds(confident=0.9961, ambiguous_ratio=1.0, oos=1.0)
-    assert assign_tier(np.array([0.996, 0.004]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.9960 < cutoff 0.9961"
+    assert assign_tier(np.array([0.996, 0.004]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.996 < cutoff 0.997"
     th = Thresholds(confident=0.7, ambiguous_ratio=1.0, oos=1.0)
-    assert assign_tier(np.array([0.8, 0.2]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.80 >= cutoff 0.70"
-    assert fmt_probs(0.9999) == ["0.9999"] and fmt_probs(0.9999, digits=3) == ["0.9999"]
-    assert fmt_probs(0.0, 1.0, 0.5) == ["0.00", "1.00", "0.50"] and fmt_probs(0.00004) == ["0.00004"]
+    assert assign_tier(np.array([0.8, 0.2]), ["A", "B"], 0.0, 0.0, th).reason == "confidence 0.800 >= cutoff 0.700"
+    assert fmt_probs(0.9999) == [">0.999"] and fmt_probs(0.99951, 0.9999) == ["0.999", ">0.999"]
+    assert fmt_probs(0.0, 1.0, 0.5) == ["0.000", "1.000", "0.500"] and fmt_probs(0.00004) == ["<0.001"]
+    assert fmt_probs(0.83051, 0.83049) == ["0.831", "0.830"] and fmt_probs(0.5, 0.5) == ["0.500", "0.500"]
 
 
 def test_tiers():

@@ -430,6 +430,28 @@ def test_build_teacher_without_a_host_names_teacher_host():
         build_teacher(load_config(), parse_intents({**INTENTS, "teacher": {"backend": "openai"}}))
 
 
+def test_a_missing_host_names_the_configured_intent_file_not_a_cached_copy(tmp_path):
+    """A model serves the copy of the intent file it was trained on (the default model's is
+    under ``<home>/cache``): the error names the file the person configured and edits."""
+    import yaml
+
+    from flywheel.classifier.settings.config import load_config
+    from flywheel.classifier.settings.intents import load_intents
+    from flywheel.classifier.teachers import build_teacher
+
+    doc = {**INTENTS, "teacher": {"backend": "openai"}}
+    mine = tmp_path / "intents_hi.yaml"
+    copy = tmp_path / "home" / "cache" / "intents_hi-0123abcd" / "intents.yaml"
+    copy.parent.mkdir(parents=True)
+    for path in (mine, copy):
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    with pytest.raises(ConfigError) as ei:
+        build_teacher(load_config(intents=str(mine)), load_intents(copy))
+    assert str(ei.value).startswith(f"{mine}: the openai teacher needs") and "cache" not in str(ei.value)
+    with pytest.raises(ConfigError, match=f"^{copy}: "):      # no intent file configured: the set's own
+        build_teacher(load_config(), load_intents(copy))
+
+
 def test_the_intent_file_refuses_an_api_key():
     from flywheel.classifier.errors import IntentFileError
     from flywheel.classifier.settings.intents import parse_intents

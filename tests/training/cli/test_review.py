@@ -44,6 +44,21 @@ def test_review_json_lists_the_queue(logged):
     assert doc["items"][0]["reasons"] == ["unsure"] and doc["items"][0]["choices"][:2] == ["RETRIEVAL", "PLATFORM"]
 
 
+def test_review_json_lists_every_intent_a_label_may_be_once(logged, tmp_path):
+    from flywheel.training.cli.review import intents
+
+    res = CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(logged)])
+    doc = json.loads(res.output)
+    # the starter intents are served: all of them, CONVERSATIONAL too though no item offers it, then out of scope
+    assert doc["intents"] == ["RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM", "OUT_OF_SCOPE"]
+    assert not any("CONVERSATIONAL" in it["choices"] for it in doc["items"])
+    assert set(doc) == {"items", "n", "intents"} and "choices" in doc["items"][0]
+    items = review_queue(LogStore(logged), now=NOW)
+    served = ("BOOK", "PLATFORM", "HOURS", "RETRIEVAL", "CODE_GENERATION")
+    assert intents(items, served) == [*served, "OUT_OF_SCOPE"]       # the served set whole, the items' or not
+    assert intents(items, None) == ["RETRIEVAL", "PLATFORM", "CODE_GENERATION", "OUT_OF_SCOPE"]   # unknown: choices
+
+
 def test_keystrokes_label_skip_and_undo(logged):
     # item 1: pick 2 (PLATFORM); item 2: out of scope, then undo it and skip; item 3: pick 1
     res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged), "--author", "ana"], input="2ous1q")
@@ -111,6 +126,50 @@ def test_show_prints_text_as_text():
     assert "1) PLATFORM  2) RETRIEVAL  o) OUT_OF_SCOPE" in out and "teacher: PLATFORM, OUT_OF_SCOPE" in out
 
 
+def test_the_walk_shows_layer_2s_own_answer_where_it_differs_from_the_served_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    path = tmp_path / "log.duckdb"
+    write(LogStore(path), [
+        review_record(IDS[0], "show my quota", "PLATFORM", l2="RETRIEVAL", teacher=teacher_call("PLATFORM")),
+        review_record(IDS[1], "tell me a joke", "PLATFORM", l2=None, teacher=teacher_call("PLATFORM"), age_days=1),
+        review_record(IDS[2], "my plan", "PLATFORM", l2="PLATFORM", teacher=teacher_call("CODE_GENERATION"),
+                      age_days=2),
+    ])
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(path)], input="sssq")
+    assert res.exit_code == 0, res.output
+    items = res.output.split("[")[1:]
+    assert "layer 2: RETRIEVAL (0.50)" in items[0] and "teacher: PLATFORM" in items[0]
+    assert "layer 2: OUT_OF_SCOPE (0.50)" in items[1]
+    assert "layer 2:" not in items[2]            # the same as the served answer: said once
+    doc = json.loads(CliRunner().invoke(build_app(), ["review", "--json", "--log-db", str(path)]).output)
+    assert [it["l2_confidence"] for it in doc["items"]] == [0.5, 0.5, 0.5]
+
+
+SERVED = ("RETRIEVAL", "PLATFORM", "CODE_GENERATION", "CONVERSATIONAL", "BILLING_DISPUTE_ESCALATION",
+          "ACCOUNT_RECOVERY", "OUT_OF_OFFICE_HOURS", "DATA_EXPORT", "TEAM_MANAGEMENT", "SSO_SETUP")
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_walk_fits_the_terminal_and_never_splits_a_name_or_a_key_hint(logged, width):
+    from flywheel.training.cli.review import KEY_HINTS
+
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="xq",
+                             env={"COLUMNS": str(width)})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert all(len(line) <= width for line in lines if not line.startswith("[")), res.output   # the text aside
+    for hint in KEY_HINTS:      # the header and the unknown key's answer: every hint whole on one line
+        assert sum(hint in line for line in lines) == 2, (hint, res.output)
+    assert any("o) OUT_OF_SCOPE" in line for line in lines) and any("/) find any intent" in line for line in lines)
+    # many long intent names: each numbered choice whole on one line
+    item = review_queue(LogStore(logged), now=NOW, labels=SERVED)[0]
+    out = show(item, 0, 1, SERVED, width=width).splitlines()
+    assert all(len(line) <= width for line in out[1:]), out
+    for n, name in enumerate([*item.choices, *(s for s in SERVED if s not in item.choices)][:9], 1):
+        assert any(f"{n}) {name}" in line for line in out), (name, out)
+    assert any("o) OUT_OF_SCOPE" in line for line in out) and any("/) find any intent" in line for line in out)
+
+
 def test_label_studio_round_trip(logged, tmp_path, capsys):
     from flywheel.cli import main
 
@@ -176,7 +235,8 @@ def test_an_intent_outside_the_items_choices_reaches_the_log_from_the_terminal(l
     items = review_queue(LogStore(logged), now=NOW, labels=("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL",
                                                             "PLATFORM"))
     assert items[0].decision_id == IDS[0] and "CONVERSATIONAL" not in items[0].choices
-    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="/conv\n/quo\x7f\x7f\x7fret\nq")
+    res = CliRunner().invoke(build_app(), ["review", "--log-db", str(logged)], input="/conv\n/quo\x7f\x7f\x7fret\nq",
+                             env={"COLUMNS": "200"})     # a wide terminal: the choices on one line
     assert res.exit_code == 0, res.output
     assert "find 'conv': CONVERSATIONAL; Enter picks CONVERSATIONAL" in res.output
     assert _human(logged) == {IDS[0]: "CONVERSATIONAL", IDS[1]: "RETRIEVAL"}

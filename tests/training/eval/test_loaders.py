@@ -265,3 +265,24 @@ def test_the_heldout_sets_carry_their_language():
     es = load_labelled(DATA / "heldout_queries_es.jsonl")
     assert len(en) == 65 and en.langs == ["en"] * 65
     assert len(es) == 75 and es.langs == ["es"] * 75
+
+
+@pytest.mark.parametrize("sep", [";", "\t"])
+def test_a_semicolon_or_tab_separated_csv_is_read_as_such(tmp_path, sep):
+    """German Excel saves CSV with semicolons: the header shows it, and the file reads the same
+    as its comma-separated twin (a comma inside a text stays text) (issue 44)."""
+    rows = [("text", "label", "lang"), ("hola, ¿qué tal?", "greet", "es"), ("bye; for now", "bye", "en")]
+    p = tmp_path / "d.csv"
+    p.write_text("\n".join(sep.join(f'"{c}"' if sep in c else c for c in r) for r in rows) + "\n", encoding="utf-8")
+    d = load_labelled(p)
+    assert d.texts == ["hola, ¿qué tal?", "bye; for now"] and d.labels == ["greet", "bye"] and d.langs == ["es", "en"]
+
+
+def test_a_csv_without_the_columns_says_how_it_was_split(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("texto;etiqueta\nhola;greet\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"missing column 'text' \(columns: 'texto', 'etiqueta'; read as "
+                                           r"semicolon-separated\)"):
+        load_labelled(p)
+    p.write_text("text,label,note;x;y\nhi,greet,z\n", encoding="utf-8")  # the header names the columns split on commas
+    assert load_labelled(p).labels == ["greet"]

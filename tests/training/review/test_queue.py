@@ -173,3 +173,29 @@ def test_a_background_audit_written_as_a_label_reaches_the_queue(tmp_path):
     items = {it.decision_id: it for it in review_queue(s, now=NOW)}
     assert set(items) == {"audited"}
     assert items["audited"].reasons == ("audit_vs_l2",) and items["audited"].teacher_label == "RETRIEVAL"
+
+
+def test_a_text_a_person_labelled_is_not_asked_about_again(tmp_path):
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [review_record("old", "what are your hours", "RETRIEVAL", teacher=teacher_call("PLATFORM"), age_days=2),
+              review_record("new", " what are your hours\n", "RETRIEVAL", teacher=teacher_call("PLATFORM")),
+              review_record("other", "what are your hours?", "RETRIEVAL", teacher=teacher_call("PLATFORM"))])
+    assert {it.decision_id for it in review_queue(s, now=NOW)} == {"new", "other"}   # merged: new answers old
+    s.add_human_label("old", "PLATFORM", author="ana")
+    assert [it.decision_id for it in review_queue(s, now=NOW)] == ["other"]         # "new" repeats a labelled text
+    got = review_queue(s, ReviewFilters(reasons=("corrected",)), now=NOW)
+    assert [it.decision_id for it in got] == ["old"]                               # the labelled one, when asked
+
+
+def test_a_degraded_decision_everyone_agrees_on_since_leaves_the_queue(tmp_path):
+    s = LogStore(tmp_path / "log.duckdb")
+    write(s, [review_record(did, f"query {did}", "RETRIEVAL", layer=Layer.EMBEDDING, l2="RETRIEVAL",
+                            tier=Tier.WEAK, confidence=0.4, degraded="teacher_down", pending=True)
+              for did in ("agreed", "disagreed", "waiting")])
+    assert {it.decision_id for it in review_queue(s, now=NOW)} == {"agreed", "disagreed", "waiting"}
+    s.add_teacher_label("agreed", "RETRIEVAL", "llm", True)        # the back-fill: the same as layer 2 and served
+    s.add_teacher_label("disagreed", "PLATFORM", "llm", True)
+    items = {it.decision_id: it for it in review_queue(s, now=NOW)}
+    assert set(items) == {"disagreed", "waiting"}
+    assert items["disagreed"].reasons == ("teacher_vs_l2", "degraded")     # answered: no longer pending
+    assert items["waiting"].reasons == ("degraded", "pending")
