@@ -63,6 +63,12 @@ class LanguageDetector:
             found = (self._high if self._high is not None else self._build_high()).detect_language_of(text)
         return self._codes.get(found, UNKNOWN) if found is not None else UNKNOWN
 
+    def warm(self) -> None:
+        """Build both passes now (a promoted version's bundle, before it is swapped in), so no
+        served query pays for loading the high-accuracy models."""
+        if len(self.languages) > 1 and self._build() is not None and not isinstance(self._lingua, _One):
+            self._build_high().detect_language_of("warm-up")
+
     @property
     def high_accuracy_loaded(self) -> bool:
         """Whether a query has needed the high-accuracy pass yet (its models are loaded)."""

@@ -80,3 +80,12 @@ def test_the_two_passes_answer_as_the_accurate_one_on_the_held_out_queries():
     codes = {Language.ENGLISH: "en", Language.SPANISH: "es", None: UNKNOWN}
     det = LanguageDetector(("en", "es"))
     assert [det.detect(r["text"]) for r in rows] == [codes[high.detect_language_of(r["text"])] for r in rows]
+
+
+def test_warming_builds_both_passes_and_a_one_language_set_has_nothing_to_build():
+    det = LanguageDetector(("en", "es"))
+    det.warm()
+    assert det.high_accuracy_loaded
+    one = LanguageDetector(("en",))
+    one.warm()
+    assert not one.high_accuracy_loaded and one._lingua is None
