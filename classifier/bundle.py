@@ -80,7 +80,7 @@ def warmed_bundle(model: IntentModel, known: Iterable[Embedder | None],
         model.check_encoder(embedder.id, embedder.dim)
         rt = ModelBundle.build(model, embedder)
         rt.model.head.scores(embedder.encode(["warm-up"]))
-        rt.language.detect("warm-up")   # builds the language models before the swap
+        rt.language.warm()   # builds both passes' language models before the swap
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken encoder or head is refused, never served

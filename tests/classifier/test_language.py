@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flywheel.classifier.language import UNKNOWN, LanguageDetector, language_labels
+from flywheel.classifier.language import CASCADE_CONFIDENCE, UNKNOWN, LanguageDetector, language_labels
 from tests.support.docs import DOC
 from tests.support.fakes import ListSink, make_classifier
 from tests.support.paths import DATA
@@ -53,3 +53,39 @@ def test_the_decision_and_its_logged_record_carry_the_language():
     assert es.to_dict()["language"] == "es"
     assert [r.decision.language for r in sink.records] == ["es", "en", "en"]
     assert make_classifier().classify("quiero ver mis facturas").language == "en"   # DOC declares [en]
+
+
+def test_a_clear_query_is_told_by_the_cheap_pass_and_an_unclear_one_by_the_accurate_one():
+    """Issue 44: lingua's high-accuracy models (0.4 s to load) are loaded only for a query the
+    low-accuracy pass is unsure of, and the answer is then the high-accuracy one."""
+    from lingua import Language, LanguageDetectorBuilder
+
+    det = LanguageDetector(("en", "es"))
+    assert det.detect("How do I declare a variable in AVAP and call it from a function?") == "en"
+    assert not det.high_accuracy_loaded
+    high = LanguageDetectorBuilder.from_languages(Language.ENGLISH, Language.SPANISH).build()
+    low = LanguageDetectorBuilder.from_languages(Language.ENGLISH, Language.SPANISH).with_low_accuracy_mode().build()
+    unclear = next(r["text"] for r in _heldout()
+                   if low.compute_language_confidence_values(r["text"])[0].value < CASCADE_CONFIDENCE)
+    answer = det.detect(unclear)
+    assert det.high_accuracy_loaded
+    assert answer == {Language.ENGLISH: "en", Language.SPANISH: "es"}[high.detect_language_of(unclear)]
+
+
+def test_the_two_passes_answer_as_the_accurate_one_on_the_held_out_queries():
+    from lingua import Language, LanguageDetectorBuilder
+
+    rows = _heldout()
+    high = LanguageDetectorBuilder.from_languages(Language.ENGLISH, Language.SPANISH).build()
+    codes = {Language.ENGLISH: "en", Language.SPANISH: "es", None: UNKNOWN}
+    det = LanguageDetector(("en", "es"))
+    assert [det.detect(r["text"]) for r in rows] == [codes[high.detect_language_of(r["text"])] for r in rows]
+
+
+def test_warming_builds_both_passes_and_a_one_language_set_has_nothing_to_build():
+    det = LanguageDetector(("en", "es"))
+    det.warm()
+    assert det.high_accuracy_loaded
+    one = LanguageDetector(("en",))
+    one.warm()
+    assert not one.high_accuracy_loaded and one._lingua is None

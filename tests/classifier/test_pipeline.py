@@ -221,3 +221,13 @@ def test_one_intent_trains_classifies_and_evaluates(tmp_path):
     assert report["n"] == 4 and 0.0 <= report["accuracy"] <= 1.0
     synthetic_only = _one_intent(out_of_scope={"synthetic": 30})
     assert make_classifier(doc=synthetic_only).classify("what is addvar").label in ("RETRIEVAL", None)
+
+
+def test_a_swapped_in_version_has_both_language_passes_built_before_it_serves():
+    """Issue 44: the detector answers cheaply when sure and loads its high-accuracy models
+    on the first unsure query; a promoted version builds both before the swap, so no served
+    query pays for that load."""
+    clf = make_classifier(ALWAYS_SURE)
+    new = fit_model(parse_intents({**DOC, "languages": ["en", "es"]}), embedder=HashEmbedder(), version="v-es")
+    clf.swap_model(new)
+    assert clf._rt.language.high_accuracy_loaded
