@@ -299,8 +299,10 @@ def _result(batch: TierBatch, j: int, probs: np.ndarray, labels: Sequence[str], 
         else:
             o_txt, t_txt = fmt_probs(oos_class, top.confidence)
             why = f"out-of-scope class most likely ({o_txt} >= {top.label} {t_txt})"
-        return Layer2Result(None, float(batch.confidence[j]), Tier.NO_MATCH, [], why + why_risk, cands,
-                            float(p_oos), sure)
+        conf = float(batch.confidence[j])
+        if not sure and not by_risk and conf < th.oos_confident:   # say why it goes to the teacher
+            why += "; unsure: out-of-scope confidence {} < cutoff {}".format(*fmt_probs(conf, th.oos_confident))
+        return Layer2Result(None, conf, Tier.NO_MATCH, [], why + why_risk, cands, float(p_oos), sure)
     cutoff = th.confident_for(labels[order[0]])   # top.label, never None here
     if tier is Tier.CONFIDENT:
         why = why_risk[2:] if by_risk else "confidence {} >= cutoff {}".format(*fmt_probs(top.confidence, cutoff))

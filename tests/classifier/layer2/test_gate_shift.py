@@ -122,3 +122,13 @@ def test_a_retrain_counts_languages_from_its_rows_texts(fitted):
     counted = fit_head(model.intents, replace(rows, texts=texts), encoder_id=emb.id)
     assert counted.manifest.metrics["language_rows"] == {"en": 8, "es": 0}
     assert "language_rows" not in fit_head(model.intents, rows, encoder_id=emb.id).manifest.metrics
+
+
+def test_an_unsure_rejection_says_why_it_is_unsure_and_a_sure_one_does_not():
+    """A rejection below ``oos_confident`` goes to the teacher; its reason says so (a newcomer
+    saw a sure and an unsure rejection with the same reason and confidence)."""
+    unsure = tier_rows(_scores(0.9, oos_class=0.0), LABELS, replace(TH, oos_confident=0.95))[0]
+    assert (unsure.tier, unsure.sure) == (Tier.NO_MATCH, False)
+    assert unsure.reason.endswith("; unsure: out-of-scope confidence 0.900 < cutoff 0.950")
+    sure = tier_rows(_scores(0.9, oos_class=0.0), LABELS, TH)[0]
+    assert sure.sure and "unsure" not in sure.reason
