@@ -62,6 +62,7 @@ from flywheel.training.eval.loaders import intent_set_from_data, load_labelled
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.bench_crosslingual import STARTER, spanish_examples  # noqa: E402
+from benchmarks.bench_sidecar import write_json  # noqa: E402
 
 HELDOUT = [ROOT / "tests/data/heldout_queries.jsonl", ROOT / "tests/data/heldout_queries_es.jsonl"]
 CLINC = Path("/work/shared/datasets/clinc150/data_full.json")
@@ -182,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_clinc:
         res["clinc150"] = clinc(args.clinc)
     print_tables(res)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(res, indent=1), encoding="utf-8")
+    write_json(res, args.json_out)
     return 0
 
 

@@ -38,6 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_sidecar import write_json  # noqa: E402
+
 QUERIES = ("What is addVar in AVAP?", "¿Cuánto me queda de cuota este mes?")
 
 
@@ -126,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     s = res["sidecar"]
     print(f"sidecar ({last}): Classify p50 {s['p50_ms']} ms, p95 {s['p95_ms']} ms over {s['calls']} calls "
           f"(first {s['first_ms']} ms)")
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(res, indent=1), encoding="utf-8")
+    write_json(res, args.json_out)
     return 0
 
 
