@@ -13,6 +13,7 @@ Modules: :mod:`~logstore.errors`, :mod:`~logstore.connection` (opening the file,
 retries), :mod:`~logstore.schema` (migrations and the ``decision_labels`` view),
 :mod:`~logstore.label_records` (label records), :mod:`~logstore.segments` (the spool's Arrow
 segments, their wire format and how their rows get in, exactly once),
+:mod:`~logstore.arrow_build` (their arrays, built from buffers: no pandas import),
 :mod:`~logstore.drain` (the :class:`SpoolDrain` and :class:`LabelSink` seams and
 :class:`LocalIngest`), :mod:`~logstore.sink` (the non-blocking write path),
 :mod:`~logstore.store` (the store: opening, ingesting, labels, retention, and the reads of

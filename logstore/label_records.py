@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from flywheel.logstore.arrow_build import build, numeric
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.schema import SCHEMA_VERSION
 
@@ -148,26 +149,26 @@ def conform_labels(table: pa.Table) -> pa.Table:
 
 def _created_at(records: Sequence[LabelRecord], t: pa.DataType) -> pa.Array:
     created = np.fromiter((r.created_at for r in records), dtype=np.float64, count=len(records))
-    return pa.array((created * 1e6).astype(np.int64), t)
+    return numeric((created * 1e6).astype(np.int64), t)
 
 
 #: How each column of :data:`LABEL_SCHEMA` is filled, by name: ``(records, arrow type) ->
 #: array``. :func:`label_records_to_table` refuses a schema column missing here, and one
 #: here missing from the schema.
 _COLUMNS: dict[str, Callable[[Sequence[LabelRecord], pa.DataType], pa.Array]] = {
-    "label_uid": lambda rs, t: pa.array([r.label_uid for r in rs], t),
-    "decision_id": lambda rs, t: pa.array([r.decision_id for r in rs], t),
-    "source": lambda rs, t: pa.array([r.source for r in rs], t),
-    "label": lambda rs, t: pa.array([r.label for r in rs], t),
-    "model": lambda rs, t: pa.array([r.model for r in rs], t),
-    "valid": lambda rs, t: pa.array([bool(r.valid) for r in rs], t),
-    "latency_ms": lambda rs, t: pa.array([None if r.latency_ms is None else float(r.latency_ms) for r in rs], t),
-    "author": lambda rs, t: pa.array([r.author for r in rs], t),
+    "label_uid": lambda rs, t: build([r.label_uid for r in rs], t),
+    "decision_id": lambda rs, t: build([r.decision_id for r in rs], t),
+    "source": lambda rs, t: build([r.source for r in rs], t),
+    "label": lambda rs, t: build([r.label for r in rs], t),
+    "model": lambda rs, t: build([r.model for r in rs], t),
+    "valid": lambda rs, t: build([bool(r.valid) for r in rs], t),
+    "latency_ms": lambda rs, t: build([None if r.latency_ms is None else float(r.latency_ms) for r in rs], t),
+    "author": lambda rs, t: build([r.author for r in rs], t),
     "created_at": _created_at,
-    "confidence": lambda rs, t: pa.array([r.confidence for r in rs], t),
-    "tier": lambda rs, t: pa.array([r.tier for r in rs], t),
-    "sure": lambda rs, t: pa.array([r.sure for r in rs], t),
-    "teacher_candidates": lambda rs, t: pa.array([None if r.teacher_candidates is None
+    "confidence": lambda rs, t: build([r.confidence for r in rs], t),
+    "tier": lambda rs, t: build([r.tier for r in rs], t),
+    "sure": lambda rs, t: build([r.sure for r in rs], t),
+    "teacher_candidates": lambda rs, t: build([None if r.teacher_candidates is None
                                                   else list(r.teacher_candidates) for r in rs], t),
 }
 

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord
+from flywheel.logstore.arrow_build import build, numeric
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.label_records import conform_labels
 from flywheel.logstore.schema import SCHEMA_VERSION, UNSURE_FROM_ERROR, utcnow
@@ -119,7 +120,7 @@ class _Batch:
 def _created_at(b: _Batch, t: pa.DataType) -> pa.Array:
     created = np.fromiter(((time.time() if r.created_at is None else r.created_at)
                            for r in b.records), dtype=np.float64, count=len(b.records))
-    return pa.array((created * 1e6).astype(np.int64), t)
+    return numeric((created * 1e6).astype(np.int64), t)
 
 
 def _embedding(b: _Batch, t: pa.DataType) -> pa.Array:
@@ -132,45 +133,46 @@ def _embedding(b: _Batch, t: pa.DataType) -> pa.Array:
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
     value_type = cast(pa.ListType, t).value_type  # the column is a list<float>
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type),
-                                    mask=pa.array(mask) if mask.any() else None)
+    validity = pa.py_buffer(np.packbits(~mask, bitorder="little")) if mask.any() else None
+    return pa.Array.from_buffers(t, len(embs), [validity, pa.py_buffer(offsets)],
+                                 children=[numeric(values.astype(np.float32, copy=False), value_type)])
 
 
 #: How each column of :data:`SEGMENT_SCHEMA` is filled, by name: ``(batch, arrow type) ->
 #: array``. :func:`records_to_table` refuses a schema column missing here, and one here
 #: missing from the schema.
 _COLUMNS: dict[str, Callable[[_Batch, pa.DataType], pa.Array]] = {
-    "decision_id": lambda b, t: pa.array([d.id for d in b.ds], t),
+    "decision_id": lambda b, t: build([d.id for d in b.ds], t),
     "created_at": _created_at,
-    "session_id": lambda b, t: pa.array([r.session_id for r in b.records], t),
-    "text": lambda b, t: pa.array([r.text for r in b.records], t),
-    "history": lambda b, t: pa.array([[{"label": h.label, "snippet": h.snippet} for h in r.history]
+    "session_id": lambda b, t: build([r.session_id for r in b.records], t),
+    "text": lambda b, t: build([r.text for r in b.records], t),
+    "history": lambda b, t: build([[{"label": h.label, "snippet": h.snippet} for h in r.history]
                                       for r in b.records], t),
-    "declared_type": lambda b, t: pa.array([_v(r.declared_type) for r in b.records], t),
-    "layer": lambda b, t: pa.array([_v(d.layer) for d in b.ds], t),
-    "label": lambda b, t: pa.array([d.label for d in b.ds], t),
-    "confidence": lambda b, t: pa.array([float(d.confidence) for d in b.ds], t),
-    "tier": lambda b, t: pa.array([_v(d.tier) for d in b.ds], t),
-    "reason": lambda b, t: pa.array([d.reason for d in b.ds], t),
-    "alternatives": lambda b, t: pa.array([[{"label": c.label, "confidence": float(c.confidence)}
+    "declared_type": lambda b, t: build([_v(r.declared_type) for r in b.records], t),
+    "layer": lambda b, t: build([_v(d.layer) for d in b.ds], t),
+    "label": lambda b, t: build([d.label for d in b.ds], t),
+    "confidence": lambda b, t: build([float(d.confidence) for d in b.ds], t),
+    "tier": lambda b, t: build([_v(d.tier) for d in b.ds], t),
+    "reason": lambda b, t: build([d.reason for d in b.ds], t),
+    "alternatives": lambda b, t: build([[{"label": c.label, "confidence": float(c.confidence)}
                                             for c in d.alternatives] for d in b.ds], t),
-    "model_version": lambda b, t: pa.array([d.model_version for d in b.ds], t),
-    "encoder_id": lambda b, t: pa.array([r.encoder_id for r in b.records], t),
-    "latency_ms": lambda b, t: pa.array([list(d.latency_ms.items()) for d in b.ds], t),
-    "teacher_model": lambda b, t: pa.array([x.model if x else None for x in b.ts], t),
-    "teacher_label": lambda b, t: pa.array([x.label if x else None for x in b.ts], t),
-    "teacher_valid": lambda b, t: pa.array([bool(x.valid) if x else None for x in b.ts], t),
-    "teacher_latency_ms": lambda b, t: pa.array([float(x.latency_ms) if x else None for x in b.ts], t),
-    "teacher_error": lambda b, t: pa.array([x.error if x else None for x in b.ts], t),
-    "audit": lambda b, t: pa.array([bool(r.audit) for r in b.records], t),
-    "pending": lambda b, t: pa.array([bool(r.pending) for r in b.records], t),
-    "l2_label": lambda b, t: pa.array([a.label if a else None for a in b.l2], t),
-    "l2_confidence": lambda b, t: pa.array([float(a.confidence) if a else None for a in b.l2], t),
-    "l2_tier": lambda b, t: pa.array([_v(a.tier) if a else None for a in b.l2], t),
+    "model_version": lambda b, t: build([d.model_version for d in b.ds], t),
+    "encoder_id": lambda b, t: build([r.encoder_id for r in b.records], t),
+    "latency_ms": lambda b, t: build([list(d.latency_ms.items()) for d in b.ds], t),
+    "teacher_model": lambda b, t: build([x.model if x else None for x in b.ts], t),
+    "teacher_label": lambda b, t: build([x.label if x else None for x in b.ts], t),
+    "teacher_valid": lambda b, t: build([bool(x.valid) if x else None for x in b.ts], t),
+    "teacher_latency_ms": lambda b, t: build([float(x.latency_ms) if x else None for x in b.ts], t),
+    "teacher_error": lambda b, t: build([x.error if x else None for x in b.ts], t),
+    "audit": lambda b, t: build([bool(r.audit) for r in b.records], t),
+    "pending": lambda b, t: build([bool(r.pending) for r in b.records], t),
+    "l2_label": lambda b, t: build([a.label if a else None for a in b.l2], t),
+    "l2_confidence": lambda b, t: build([float(a.confidence) if a else None for a in b.l2], t),
+    "l2_tier": lambda b, t: build([_v(a.tier) if a else None for a in b.l2], t),
     "embedding": _embedding,
-    "degraded": lambda b, t: pa.array([d.degraded for d in b.ds], t),
-    "language": lambda b, t: pa.array([d.language for d in b.ds], t),
-    "teacher_candidates": lambda b, t: pa.array([list(x.candidates) if x and x.candidates is not None else None
+    "degraded": lambda b, t: build([d.degraded for d in b.ds], t),
+    "language": lambda b, t: build([d.language for d in b.ds], t),
+    "teacher_candidates": lambda b, t: build([list(x.candidates) if x and x.candidates is not None else None
                                                  for x in b.ts], t),
 }
 
@@ -378,7 +380,7 @@ _LABEL_COLUMNS = ("decision_id, source, label, model, valid, latency_ms, author,
 def _first_new(con: duckdb.DuckDBPyConnection, table: pa.Table, column: str, sql: str) -> pa.Table:
     """The rows of ``table`` whose ``column`` value is not in the log yet (``sql`` selects
     those that are, from the registered ``_flywheel_ids(id)``), the first of each value."""
-    index = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    index = numeric(np.arange(table.num_rows, dtype=np.int64), pa.int64())
     firsts = table.select([column]).append_column("_i", index).group_by(column, use_threads=False) \
         .aggregate([("_i", "min")])
     ids = firsts.column(column)
@@ -387,7 +389,7 @@ def _first_new(con: duckdb.DuckDBPyConnection, table: pa.Table, column: str, sql
         known = [r[0] for r in con.execute(sql).fetchall()]
     finally:
         con.unregister("_flywheel_ids")
-    keep = pc.filter(firsts.column("_i_min"), pc.invert(pc.is_in(ids, value_set=pa.array(known, pa.string()))))
+    keep = pc.filter(firsts.column("_i_min"), pc.invert(pc.is_in(ids, value_set=build(list(known), pa.string()))))
     if len(keep) == table.num_rows:
         return table
     return table.take(np.sort(keep.to_numpy()))
@@ -472,8 +474,8 @@ def insert_segments(con: duckdb.DuckDBPyConnection, chunk: Sequence[tuple[str, p
     ``clear_names`` first forget the names of earlier segments (their files are gone)."""
     dec, lab = _split(chunk, segment_kind)
     old = _unsure_as_prose(chunk, segment_kind)
-    names = pa.table({"name": pa.array([n for n, _ in chunk], pa.string()),
-                      "rows": pa.array([t.num_rows for _, t in chunk], pa.int64())})
+    names = pa.table({"name": build([n for n, _ in chunk], pa.string()),
+                      "rows": build([t.num_rows for _, t in chunk], pa.int64())})
     now = utcnow()
 
     def body() -> int:
@@ -511,9 +513,9 @@ def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, st
     firsts = list({key: (key, kind, t) for key, kind, t in reversed(items)}.values())[::-1]
     if not firsts:
         return 0
-    keys = pa.table({"key": pa.array([k for k, _, _ in firsts], pa.string()),
-                     "kind": pa.array([kd for _, kd, _ in firsts], pa.string()),
-                     "rows": pa.array([t.num_rows for _, _, t in firsts], pa.int64())})
+    keys = pa.table({"key": build([k for k, _, _ in firsts], pa.string()),
+                     "kind": build([kd for _, kd, _ in firsts], pa.string()),
+                     "rows": build([t.num_rows for _, _, t in firsts], pa.int64())})
     con.register("_flywheel_keys", keys)
     try:
         done = {r[0] for r in con.execute("SELECT o.key FROM ingested_objects o "
@@ -523,7 +525,7 @@ def insert_objects(con: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, st
     todo = [(k, kd, t) for k, kd, t in firsts if k not in done]
     if not todo:
         return 0
-    keys = keys.filter(pa.array([k not in done for k, _, _ in firsts]))
+    keys = keys.filter(build([k not in done for k, _, _ in firsts], pa.bool_()))
     kinds = {k: kd for k, kd, _ in todo}
     dec, lab = _split([(k, t) for k, _, t in todo], kinds.__getitem__)
     old = _unsure_as_prose([(k, t) for k, _, t in todo], kinds.__getitem__)
