@@ -11,12 +11,12 @@ against ``pa.array`` value for value.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["build", "numeric"]
+__all__ = ["build", "buffer_of", "numeric"]
 
 _NUMPY = {pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64, pa.int32(): np.int32}
 
@@ -26,19 +26,19 @@ def build(values: Sequence[Any], t: pa.DataType) -> pa.Array:
     makes it. Raises ``TypeError`` for a type it does not build."""
     n = len(values)
     valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
-    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    validity = None if valid.all() else buffer_of(np.packbits(valid, bitorder="little"))
     if pa.types.is_string(t):
         data = [v.encode("utf-8") for v in values if v is not None]
         lengths = np.zeros(n, dtype=np.int64)
         lengths[valid] = [len(b) for b in data]
-        return pa.Array.from_buffers(t, n, [validity, _offsets(lengths), pa.py_buffer(b"".join(data))])
+        return pa.Array.from_buffers(t, n, [validity, _offsets(lengths), buffer_of(b"".join(data))])
     if pa.types.is_boolean(t):
         bits = np.fromiter((bool(v) for v in values), dtype=bool, count=n)
-        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(np.packbits(bits, bitorder="little"))])
+        return pa.Array.from_buffers(t, n, [validity, buffer_of(np.packbits(bits, bitorder="little"))])
     if t in _NUMPY or pa.types.is_timestamp(t):
         dtype = _NUMPY.get(t, np.int64)
         arr = np.fromiter((0 if v is None else v for v in values), dtype=dtype, count=n)
-        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(arr)])
+        return pa.Array.from_buffers(t, n, [validity, buffer_of(arr)])
     if pa.types.is_map(t):
         entries = [[{"key": k, "value": x} for k, x in v] if v is not None else None for v in values]
         return _nested(t, entries, validity, pa.struct([t.key_field, t.item_field]))
@@ -52,8 +52,8 @@ def build(values: Sequence[Any], t: pa.DataType) -> pa.Array:
 
 def numeric(arr: np.ndarray, t: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
     """A numpy array of ``t``'s width as an Arrow array (``valid``: False where null)."""
-    validity = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(t, len(arr), [validity, pa.py_buffer(np.ascontiguousarray(arr))])
+    validity = None if valid is None or valid.all() else buffer_of(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(t, len(arr), [validity, buffer_of(np.ascontiguousarray(arr))])
 
 
 def _nested(t: pa.DataType, values: Sequence[Any], validity: pa.Buffer | None, child_t: pa.DataType) -> pa.Array:
@@ -63,7 +63,12 @@ def _nested(t: pa.DataType, values: Sequence[Any], validity: pa.Buffer | None, c
     return pa.Array.from_buffers(t, len(values), [validity, _offsets(lengths)], children=[child])
 
 
+def buffer_of(data: np.ndarray | bytes) -> pa.Buffer:
+    """An Arrow buffer over ``data`` (a numpy array is not copied)."""
+    return pa.py_buffer(cast(Any, data))   # numpy arrays export the buffer protocol; pyarrow's stubs miss it
+
+
 def _offsets(lengths: np.ndarray) -> pa.Buffer:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.py_buffer(offsets)
+    return buffer_of(offsets)

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from flywheel.classifier.decision import Decision, Layer, Layer2Answer, TeacherCall, Tier
 from flywheel.classifier.protocols import DecisionRecord
-from flywheel.logstore.arrow_build import build, numeric
+from flywheel.logstore.arrow_build import buffer_of, build, numeric
 from flywheel.logstore.errors import LogStoreError
 from flywheel.logstore.label_records import conform_labels
 from flywheel.logstore.schema import SCHEMA_VERSION, UNSURE_FROM_ERROR, utcnow
@@ -133,8 +133,8 @@ def _embedding(b: _Batch, t: pa.DataType) -> pa.Array:
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
     value_type = cast(pa.ListType, t).value_type  # the column is a list<float>
-    validity = pa.py_buffer(np.packbits(~mask, bitorder="little")) if mask.any() else None
-    return pa.Array.from_buffers(t, len(embs), [validity, pa.py_buffer(offsets)],
+    validity = buffer_of(np.packbits(~mask, bitorder="little")) if mask.any() else None
+    return pa.Array.from_buffers(t, len(embs), [validity, buffer_of(offsets)],
                                  children=[numeric(values.astype(np.float32, copy=False), value_type)])
 
 
