@@ -124,9 +124,23 @@ def _axes(xlabel: str, ylabel: str, n: int) -> tuple[Any, Any]:
 
 
 def _per_window(stats: dict[str, Any]) -> str:
-    """The windowed charts' x label: what one point is ("per 50 decisions", "per day")."""
+    """The windowed charts' x label: what one point is ("per 50 decisions", "per day"), and
+    how many decisions the last point holds when it is a window still filling (its share
+    is over fewer decisions than the others')."""
     w = stats.get("window")
-    return f"window, oldest first (per {w:,} decisions)" if isinstance(w, int) else f"window (per {w})"
+    label = f"window, oldest first (per {w:,} decisions)" if isinstance(w, int) else f"window (per {w})"
+    partial = _partial_last(stats)
+    return label if partial is None else f"{label}; the last: {partial:,} so far"
+
+
+def _partial_last(stats: dict[str, Any]) -> int | None:
+    """The decisions in the last window when it holds fewer than a full window (``None``
+    otherwise, and for calendar windows)."""
+    w, windows = stats.get("window"), stats.get("windows") or []
+    if not isinstance(w, int) or len(windows) < 2:
+        return None
+    n = int(windows[-1].get("n") or 0)
+    return n if n < w else None
 
 
 def figures(data: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +162,9 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
         ax.plot(x, [100 * w["llm_share"] for w in windows], marker="o", label="LLM share", clip_on=False)
         ax.plot(x, [100 * w["degraded_share"] for w in windows], marker="s", label="degraded share",
                 clip_on=False)
+        if _partial_last(data["stats"]) is not None:   # a filling window: a hollow point, not a full one
+            ax.plot(x[-1:], [100 * windows[-1]["llm_share"]], marker="o", markersize=11, fillstyle="none",
+                    linestyle="none", color="grey", label="last window, still filling", clip_on=False)
         ax.legend(loc="upper right")
         out["llm_share"] = fig
 

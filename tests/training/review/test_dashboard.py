@@ -118,6 +118,16 @@ def test_a_small_log_is_several_points_and_the_axis_says_per_how_many(tmp_path):
     assert (given["window"], len(given["windows"])) == (100, 3)                  # ?window= still sets it
 
 
+def test_a_last_window_still_filling_says_how_many_decisions_it_holds(tmp_path):
+    """56 decisions in windows of 50: the second point is a share over 6, drawn hollow and
+    named on the axis (a screenshot showed it as a full window at 50%)."""
+    page = _app(_log(tmp_path, ["en"] * 56)).handle("GET", "/dashboard", {}).body.decode()
+    assert "per 50 decisions); the last: 6 so far" in page
+    assert "last window, still filling" in page
+    full = _app(_log(tmp_path / "full", ["en"] * 100)).handle("GET", "/dashboard", {}).body.decode()
+    assert "so far" not in full and "still filling" not in full
+
+
 def test_retrain_version_names_do_not_wrap(tmp_path):
     long = "v20261122-104901-123456"
     page = render_dashboard(dashboard_data(LogStore(tmp_path / "empty.duckdb"), [
