@@ -90,7 +90,8 @@ def score(model: IntentModel, embedder: Embedder, texts: Sequence[str], truth: S
     scores = model.head.scores(X)
     th = Thresholds.for_model(model)
     labels = [str(c) for c in model.manifest.labels]
-    shifted = shifted_rows(LanguageDetector(model.intents.languages), texts, th.undertrained)
+    detector = LanguageDetector(model.intents.languages)
+    shifted = shifted_rows([detector.detect(t) for t in texts], th.undertrained)
     arms = {"before": tier_rows(scores, labels, replace(th, undertrained=frozenset())),
             "after": tier_rows(scores, labels, th, shifted)}
     top = np.asarray(labels, dtype=object)[scores.probs.argmax(axis=1)]

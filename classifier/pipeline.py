@@ -109,6 +109,7 @@ class Pending:
     vector: np.ndarray | None = None
     layer2: Layer2Result | None = None
     followup: Followup | None = None            # the turn it leans on, when it is a follow-up
+    language: str | None = None                 # detected before finish() when scoring needed it
 
 
 class Classifier:
@@ -415,7 +416,12 @@ class Classifier:
 
             def score(texts: list[str], rt: ModelBundle = rt) -> list[Layer2Result]:
                 return tier_rows(rt.model.head.scores(rt.embedder.encode(texts)), rt.labels, rt.thresholds)
-            shifted = shifted_rows(rt.language, [p.clean.text for p in group], rt.thresholds.undertrained)
+            languages = None
+            if rt.thresholds.undertrained:   # detected once: finish() logs the same answer
+                languages = [rt.language.detect(p.clean.text) for p in group]
+                for p, lang in zip(group, languages):
+                    p.language = lang
+            shifted = shifted_rows(languages, rt.thresholds.undertrained)
             alone = tier_rows(s, rt.labels, rt.thresholds, shifted)
             mode = self.followups or rt.model.intents.followups
             for p, (res, f) in zip(group, followup_results(mode, self.followup_detector, [p.clean.text for p in group],
@@ -449,7 +455,8 @@ class Classifier:
         ``total``, the whole call's latency as ``latency_ms["total"]``."""
         made = decision if decision is not None else p.decision
         assert made is not None, "finish needs a decision"
-        d = replace(made, language=p.rt.language.detect(p.clean.text),
+        language = p.language if p.language is not None else p.rt.language.detect(p.clean.text)
+        d = replace(made, language=language,
                     latency_ms={**made.latency_ms, "total": _ms(p.t_start)} if total else made.latency_ms)
         p.decision = d
         l2 = Layer2Answer(p.layer2.label, p.layer2.confidence, p.layer2.tier) if p.layer2 is not None else None

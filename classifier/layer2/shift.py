@@ -56,9 +56,9 @@ def undertrained_languages(rows: Mapping[str, Any] | None, declared: Sequence[st
     return frozenset(code for code, n in counts.items() if n < UNDERTRAINED_SHARE * most)
 
 
-def shifted_rows(detector: LanguageDetector, texts: Sequence[str], undertrained: frozenset[str]) -> np.ndarray | None:
-    """One flag per text: its language is undertrained. ``None`` (nothing shifted, and no
-    detection done) when no language is."""
-    if not undertrained:
+def shifted_rows(languages: Sequence[str] | None, undertrained: frozenset[str]) -> np.ndarray | None:
+    """One flag per query: its language (``languages``, as the bundle's detector answers
+    them) is undertrained. ``None`` when no language is (then nobody needs to detect one)."""
+    if not undertrained or languages is None:
         return None
-    return np.array([detector.detect(t) in undertrained for t in texts], dtype=bool)
+    return np.array([lang in undertrained for lang in languages], dtype=bool)

@@ -132,3 +132,14 @@ def test_an_unsure_rejection_says_why_it_is_unsure_and_a_sure_one_does_not():
     assert unsure.reason.endswith("; unsure: out-of-scope confidence 0.900 < cutoff 0.950")
     sure = tier_rows(_scores(0.9, oos_class=0.0), LABELS, TH)[0]
     assert sure.sure and "unsure" not in sure.reason
+
+
+def test_a_query_scored_under_shift_has_its_language_detected_once(fitted, monkeypatch):
+    model, emb = fitted
+    clf = Classifier(model, embedder=emb, teacher=None)
+    asked: list[str] = []
+    detector = clf._rt.language
+    real = detector.detect
+    monkeypatch.setattr(detector, "detect", lambda text: asked.append(text) or real(text))
+    d = clf.classify("¿dónde está mi pedido? quiero saberlo ya")
+    assert d.language == "es" and asked == ["¿dónde está mi pedido? quiero saberlo ya"]
