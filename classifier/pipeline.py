@@ -416,11 +416,9 @@ class Classifier:
 
             def score(texts: list[str], rt: ModelBundle = rt) -> list[Layer2Result]:
                 return tier_rows(rt.model.head.scores(rt.embedder.encode(texts)), rt.labels, rt.thresholds)
-            languages = None
-            if rt.thresholds.undertrained:   # detected once: finish() logs the same answer
-                languages = [rt.language.detect(p.clean.text) for p in group]
-                for p, lang in zip(group, languages):
-                    p.language = lang
+            languages = [rt.language.detect(p.clean.text) for p in group] if rt.thresholds.undertrained else None
+            for p, lang in zip(group, languages or ()):   # detected once: finish() logs the same answer
+                p.language = lang
             shifted = shifted_rows(languages, rt.thresholds.undertrained)
             alone = tier_rows(s, rt.labels, rt.thresholds, shifted)
             mode = self.followups or rt.model.intents.followups
